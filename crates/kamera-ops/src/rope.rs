@@ -1,0 +1,254 @@
+//! Rotary position embedding (RoPE) as a spec: pair layout, partial rotary, per-layer base,
+//! linear scaling and M-RoPE sections. Angles are computed in f64 so large positions do not drift.
+//! Paper: KAMERA.md "Relocation R(δ)": rotations compose, R(p+q) = R(p)R(q).
+
+use crate::error::{Result, invalid};
+
+/// Which two dims of a head form a rotary pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PairLayout {
+    /// Pairs (2i, 2i+1): llama weights as llama.cpp stores them, GPT-J.
+    Interleaved,
+    /// Pairs (i, i + rotary_dims/2): HF llama, NeoX, Qwen, Gemma.
+    HalfSplit,
+}
+
+/// Position scaling a model declares.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RopeScaling {
+    None,
+    /// Positions divided by `factor` (equivalently θ_i / factor).
+    Linear { factor: f64 },
+    /// A scaling the model declares that this crate does not implement (e.g. "yarn", "llama3");
+    /// every operation on such a spec is an error.
+    Other { kind: String },
+}
+
+/// How one model rotates its keys and queries.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RopeSpec {
+    /// Dims of one rotary head vector (for MLA: the decoupled k_rope dims).
+    pub head_dim: usize,
+    /// The first `rotary_dims` dims of each head rotate; the rest pass through (partial rotary).
+    pub rotary_dims: usize,
+    pub layout: PairLayout,
+    /// RoPE base per layer, or a single base for every layer.
+    pub bases: Vec<f64>,
+    pub scaling: RopeScaling,
+    /// M-RoPE (Qwen2-VL): number of rotary pairs for the (temporal, height, width) position ids.
+    pub mrope_sections: Option<[usize; 3]>,
+}
+
+impl RopeSpec {
+    /// Full rotary, one base for all layers, no scaling.
+    pub fn new(head_dim: usize, base: f64, layout: PairLayout) -> RopeSpec {
+        RopeSpec {
+            head_dim,
+            rotary_dims: head_dim,
+            layout,
+            bases: vec![base],
+            scaling: RopeScaling::None,
+            mrope_sections: None,
+        }
+    }
+    pub fn with_layer_bases(mut self, bases: Vec<f64>) -> RopeSpec {
+        self.bases = bases;
+        self
+    }
+    pub fn with_rotary_dims(mut self, rotary_dims: usize) -> RopeSpec {
+        self.rotary_dims = rotary_dims;
+        self
+    }
+    pub fn with_scaling(mut self, scaling: RopeScaling) -> RopeSpec {
+        self.scaling = scaling;
+        self
+    }
+    pub fn with_mrope(mut self, sections: [usize; 3]) -> RopeSpec {
+        self.mrope_sections = Some(sections);
+        self
+    }
+
+    /// Rotary pairs per head.
+    pub fn pairs(&self) -> usize {
+        self.rotary_dims / 2
+    }
+
+    /// Checks the spec is one this crate computes exactly.
+    pub fn validate(&self) -> Result<()> {
+        const OP: &str = "RopeSpec::validate";
+        if self.rotary_dims == 0 || self.rotary_dims % 2 != 0 || self.rotary_dims > self.head_dim {
+            return Err(invalid(
+                OP,
+                "rotary_dims",
+                format!("{} must be even, > 0 and <= head_dim {}", self.rotary_dims, self.head_dim),
+            ));
+        }
+        if self.bases.is_empty() || self.bases.iter().any(|b| !(b.is_finite() && *b > 1.0)) {
+            return Err(invalid(OP, "base", format!("{:?}: need at least one finite base > 1", self.bases)));
+        }
+        match &self.scaling {
+            RopeScaling::None => {}
+            RopeScaling::Linear { factor } if factor.is_finite() && *factor > 0.0 => {}
+            RopeScaling::Linear { factor } => {
+                return Err(invalid(OP, "linear scaling factor", format!("{factor} must be finite and > 0")));
+            }
+            RopeScaling::Other { kind } => {
+                return Err(invalid(OP, "rope scaling", format!("'{kind}' is not implemented (supported: none, linear)")));
+            }
+        }
+        if let Some(s) = self.mrope_sections
+            && s.iter().sum::<usize>() != self.pairs()
+        {
+            return Err(invalid(
+                OP,
+                "mrope_sections",
+                format!("{s:?} must sum to rotary_dims/2 = {}", self.pairs()),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The base used by `layer`.
+    pub fn base(&self, layer: usize) -> Result<f64> {
+        match self.bases.as_slice() {
+            [b] => Ok(*b),
+            bs => bs.get(layer).copied().ok_or_else(|| {
+                invalid("RopeSpec::base", "layer", format!("layer {layer} but {} per-layer bases", bs.len()))
+            }),
+        }
+    }
+
+    /// θ_i = base^(-2i/rotary_dims) / scaling, for each rotary pair i of `layer`.
+    pub fn inv_freqs(&self, layer: usize) -> Result<Vec<f64>> {
+        self.validate()?;
+        let base = self.base(layer)?;
+        let factor = match self.scaling {
+            RopeScaling::Linear { factor } => factor,
+            _ => 1.0,
+        };
+        let d = self.rotary_dims as f64;
+        Ok((0..self.pairs()).map(|i| base.powf(-2.0 * i as f64 / d) / factor).collect())
+    }
+
+    /// Which M-RoPE section (0 = t, 1 = h, 2 = w) each rotary pair reads its position from.
+    fn pair_sections(&self) -> Vec<usize> {
+        match self.mrope_sections {
+            None => vec![0; self.pairs()],
+            Some(s) => (0..3).flat_map(|k| std::iter::repeat_n(k, s[k])).collect(),
+        }
+    }
+
+    /// cos and sin of every (token, pair) angle for scalar positions (M-RoPE: t = h = w = pos).
+    /// Each output is `[positions.len(), rotary_dims/2]`, row-major.
+    pub fn cos_sin(&self, layer: usize, positions: &[i64]) -> Result<(Vec<f32>, Vec<f32>)> {
+        let pos3: Vec<[i64; 3]> = positions.iter().map(|&p| [p, p, p]).collect();
+        self.cos_sin_mrope(layer, &pos3)
+    }
+
+    /// cos and sin for 3-D M-RoPE position ids (t, h, w); without sections only t is read.
+    pub fn cos_sin_mrope(&self, layer: usize, positions: &[[i64; 3]]) -> Result<(Vec<f32>, Vec<f32>)> {
+        let theta = self.inv_freqs(layer)?;
+        let sec = self.pair_sections();
+        let half = theta.len();
+        let mut cos = Vec::with_capacity(positions.len() * half);
+        let mut sin = Vec::with_capacity(positions.len() * half);
+        for p in positions {
+            for i in 0..half {
+                let a = p[sec[i]] as f64 * theta[i];
+                cos.push(a.cos() as f32);
+                sin.push(a.sin() as f32);
+            }
+        }
+        Ok((cos, sin))
+    }
+
+    /// Rotates the rows of `x` (`[n, n_heads * head_dim]`) to scalar `positions` in place.
+    pub fn apply(&self, layer: usize, x: &mut [f32], n_heads: usize, positions: &[i64]) -> Result<()> {
+        let (cos, sin) = self.cos_sin(layer, positions)?;
+        self.apply_table(x, n_heads, positions.len(), &cos, &sin)
+    }
+
+    /// Rotates the rows of `x` to 3-D M-RoPE positions in place.
+    pub fn apply_mrope(&self, layer: usize, x: &mut [f32], n_heads: usize, positions: &[[i64; 3]]) -> Result<()> {
+        let (cos, sin) = self.cos_sin_mrope(layer, positions)?;
+        self.apply_table(x, n_heads, positions.len(), &cos, &sin)
+    }
+
+    fn apply_table(&self, x: &mut [f32], n_heads: usize, n: usize, cos: &[f32], sin: &[f32]) -> Result<()> {
+        let width = n_heads * self.head_dim;
+        if x.len() != n * width {
+            return Err(crate::error::shape(
+                "RopeSpec::apply",
+                "x",
+                format!("{n} positions x {n_heads} heads x {} = {}", self.head_dim, n * width),
+                x.len(),
+            ));
+        }
+        let half = self.pairs();
+        for (t, row) in x.chunks_exact_mut(width.max(1)).enumerate() {
+            let (c, s) = (&cos[t * half..(t + 1) * half], &sin[t * half..(t + 1) * half]);
+            rotate_row(row, n_heads, self.head_dim, self.layout, c, s);
+        }
+        Ok(())
+    }
+}
+
+/// A rotation by a fixed shift δ: every token of a relocated chunk turns by the same angles.
+#[derive(Debug, Clone)]
+pub struct Rotation {
+    pub(crate) cos: Vec<f32>,
+    pub(crate) sin: Vec<f32>,
+    pub(crate) layout: PairLayout,
+    pub(crate) head_dim: usize,
+}
+
+impl Rotation {
+    /// R(δ) for `layer`: angle δ·θ_i per pair, in f64. Under M-RoPE a chunk shift adds δ to
+    /// every section's id, so each pair still turns by δ·θ_i.
+    pub fn new(spec: &RopeSpec, layer: usize, delta: i64) -> Result<Rotation> {
+        let (cos, sin) = spec.cos_sin(layer, &[delta])?;
+        Ok(Rotation {
+            cos,
+            sin,
+            layout: spec.layout,
+            head_dim: spec.head_dim,
+        })
+    }
+
+    /// Whether this rotation is the identity (δ = 0).
+    pub fn is_identity(&self) -> bool {
+        self.sin.iter().all(|&s| s == 0.0) && self.cos.iter().all(|&c| c == 1.0)
+    }
+
+    /// Rotates one row of `n_heads` head vectors in place.
+    #[inline]
+    pub fn rotate(&self, row: &mut [f32], n_heads: usize) {
+        rotate_row(row, n_heads, self.head_dim, self.layout, &self.cos, &self.sin);
+    }
+}
+
+/// Rotates each head of `row` by per-pair (cos, sin): (a, b) -> (a·c − b·s, a·s + b·c).
+#[inline]
+pub(crate) fn rotate_row(row: &mut [f32], n_heads: usize, head_dim: usize, layout: PairLayout, cos: &[f32], sin: &[f32]) {
+    let half = cos.len();
+    for h in 0..n_heads {
+        let head = &mut row[h * head_dim..h * head_dim + 2 * half];
+        match layout {
+            PairLayout::Interleaved => {
+                for (i, pair) in head.chunks_exact_mut(2).enumerate() {
+                    let (a, b) = (pair[0], pair[1]);
+                    pair[0] = a * cos[i] - b * sin[i];
+                    pair[1] = a * sin[i] + b * cos[i];
+                }
+            }
+            PairLayout::HalfSplit => {
+                let (lo, hi) = head.split_at_mut(half);
+                for i in 0..half {
+                    let (a, b) = (lo[i], hi[i]);
+                    lo[i] = a * cos[i] - b * sin[i];
+                    hi[i] = a * sin[i] + b * cos[i];
+                }
+            }
+        }
+    }
+}
