@@ -1,0 +1,176 @@
+//! The one transformer block shared by llama, qwen2 and gemma3 (config flags select QKV bias,
+//! QK-norm, sandwich norms, activation). Attention runs over explicit past K/V plus the new tokens.
+
+use candle_core::{D, Tensor};
+use candle_nn::ops::{rms_norm, softmax_last_dim};
+use kamera_ops::RopeSpec;
+
+use crate::config::{Activation, Config};
+use crate::error::{CandleCtx, OpsCtx, Result};
+use crate::weights::LayerWeights;
+
+const OP: &str = "block";
+
+/// `x @ w^T (+ b)` for `x: [n, in]`, `w: [out, in]`.
+pub(crate) fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
+    let y = x.matmul(&w.t().ctx(OP)?).ctx("linear")?;
+    match b {
+        Some(b) => y.broadcast_add(b).ctx("linear bias"),
+        None => Ok(y),
+    }
+}
+
+pub(crate) fn norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
+    rms_norm(&x.contiguous().ctx(OP)?, w, eps as f32).ctx("rms_norm")
+}
+
+fn rope(
+    spec: &RopeSpec,
+    layer: usize,
+    x: &Tensor,
+    heads: usize,
+    positions: &[i64],
+) -> Result<Tensor> {
+    let dims = x.dims2().ctx(OP)?;
+    let mut v = x.flatten_all().ctx(OP)?.to_vec1::<f32>().ctx(OP)?;
+    spec.apply(layer, &mut v, heads, positions)
+        .ops("block rope")?;
+    Tensor::from_vec(v, dims, x.device()).ctx(OP)
+}
+
+/// Output of one layer: the new hidden states and the new tokens' post-RoPE K and V (`[n, kv_dim]`).
+pub(crate) struct LayerOut {
+    pub x: Tensor,
+    pub k: Tensor,
+    pub v: Tensor,
+}
+
+/// One layer over `x: [n, hidden]` at `positions`, attending to `past` (`[t, kv_dim]` each)
+/// followed by the new tokens, with additive `mask: [n, t + n]`.
+pub(crate) fn layer_forward(
+    cfg: &Config,
+    w: &LayerWeights,
+    layer: usize,
+    spec: &RopeSpec,
+    x: &Tensor,
+    positions: &[i64],
+    past: Option<(&Tensor, &Tensor)>,
+    mask: &Tensor,
+) -> Result<LayerOut> {
+    let n = positions.len();
+    let (hd, heads, kvh) = (cfg.head_dim, cfg.heads, cfg.kv_heads);
+    let h = norm(x, &w.attn_norm, cfg.rms_eps)?;
+    let mut q = linear(&h, &w.wq, w.bq.as_ref())?;
+    let mut k = linear(&h, &w.wk, w.bk.as_ref())?;
+    let v = linear(&h, &w.wv, w.bv.as_ref())?;
+    if let (Some(qn), Some(kn)) = (&w.q_norm, &w.k_norm) {
+        q = norm(&q.reshape((n * heads, hd)).ctx(OP)?, qn, cfg.rms_eps)?
+            .reshape((n, heads * hd))
+            .ctx(OP)?;
+        k = norm(&k.reshape((n * kvh, hd)).ctx(OP)?, kn, cfg.rms_eps)?
+            .reshape((n, kvh * hd))
+            .ctx(OP)?;
+    }
+    let q = rope(spec, layer, &q, heads, positions)?;
+    let k = rope(spec, layer, &k, kvh, positions)?;
+    let (k_all, v_all) = match past {
+        Some((pk, pv)) if pk.dim(0).ctx(OP)? > 0 => (
+            Tensor::cat(&[pk, &k], 0).ctx("cat past k")?,
+            Tensor::cat(&[pv, &v], 0).ctx("cat past v")?,
+        ),
+        _ => (k.clone(), v.clone()),
+    };
+    let t = k_all.dim(0).ctx(OP)?;
+    let g = heads / kvh;
+    // q: [n, heads, hd] -> [heads, n, hd] -> [kvh, g*n, hd] (heads of a group are adjacent).
+    let qh = q
+        .reshape((n, heads, hd))
+        .ctx(OP)?
+        .transpose(0, 1)
+        .ctx(OP)?
+        .contiguous()
+        .ctx(OP)?;
+    let qh = qh.reshape((kvh, g * n, hd)).ctx(OP)?;
+    let kh = k_all
+        .reshape((t, kvh, hd))
+        .ctx(OP)?
+        .transpose(0, 1)
+        .ctx(OP)?
+        .contiguous()
+        .ctx(OP)?;
+    let vh = v_all
+        .reshape((t, kvh, hd))
+        .ctx(OP)?
+        .transpose(0, 1)
+        .ctx(OP)?
+        .contiguous()
+        .ctx(OP)?;
+    let scores = qh.matmul(&kh.t().ctx(OP)?).ctx("attn scores")?;
+    let scores = (scores * cfg.attn_scale).ctx(OP)?;
+    let scores = scores
+        .reshape((kvh, g, n, t))
+        .ctx(OP)?
+        .broadcast_add(mask)
+        .ctx("attn mask")?;
+    let probs = softmax_last_dim(&scores)
+        .ctx("softmax")?
+        .reshape((kvh, g * n, t))
+        .ctx(OP)?;
+    let att = probs.matmul(&vh).ctx("attn values")?; // [kvh, g*n, hd]
+    let att = att
+        .reshape((heads, n, hd))
+        .ctx(OP)?
+        .transpose(0, 1)
+        .ctx(OP)?
+        .contiguous()
+        .ctx(OP)?;
+    let att = att.reshape((n, heads * hd)).ctx(OP)?;
+    let mut a = linear(&att, &w.wo, None)?;
+    if let Some(pn) = &w.post_attn_norm {
+        a = norm(&a, pn, cfg.rms_eps)?;
+    }
+    let x = (x + a).ctx(OP)?;
+    let h = norm(&x, &w.ffn_norm, cfg.rms_eps)?;
+    let gate = linear(&h, &w.w_gate, None)?;
+    let gate = match cfg.activation {
+        Activation::Silu => gate.silu(),
+        Activation::GeluTanh => gate.gelu(),
+    }
+    .ctx("activation")?;
+    let up = linear(&h, &w.w_up, None)?;
+    let mut m = linear(&(gate * up).ctx(OP)?, &w.w_down, None)?;
+    if let Some(pn) = &w.post_ffn_norm {
+        m = norm(&m, pn, cfg.rms_eps)?;
+    }
+    let x = (x + m).ctx(OP)?;
+    Ok(LayerOut { x, k, v })
+}
+
+/// Additive mask `[n, t]`: 0 where query `q_pos[i]` may see key `k_pos[j]`, -inf elsewhere.
+/// A key is visible when it is not in the future and, with a window, `q - k < window`.
+pub(crate) fn mask(
+    q_pos: &[i64],
+    k_pos: &[i64],
+    window: Option<usize>,
+    dev: &candle_core::Device,
+) -> Result<Tensor> {
+    let mut m = Vec::with_capacity(q_pos.len() * k_pos.len());
+    for &q in q_pos {
+        for &k in k_pos {
+            let ok = k <= q && window.is_none_or(|w| q - k < w as i64);
+            m.push(if ok { 0f32 } else { f32::NEG_INFINITY });
+        }
+    }
+    Tensor::from_vec(m, (q_pos.len(), k_pos.len()), dev).ctx("mask")
+}
+
+/// Final norm and LM head over `x: [n, hidden]` -> `[n, vocab]`.
+pub(crate) fn head(x: &Tensor, out_norm: &Tensor, lm_head: &Tensor, eps: f64) -> Result<Tensor> {
+    let h = norm(x, out_norm, eps)?;
+    linear(&h, lm_head, None)
+}
+
+#[allow(dead_code)]
+pub(crate) fn last_dim(x: &Tensor) -> Result<usize> {
+    x.dim(D::Minus1).ctx(OP)
+}

@@ -1,0 +1,175 @@
+//! Byte-level BPE (GPT-2 style) with the pre-tokenizer regexes llama.cpp uses per `pre` name.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use fancy_regex::Regex;
+
+use crate::error::{Error, Result};
+
+const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
+const QWEN2: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const DIGITS: &str = r"\p{N}";
+
+/// GPT-2 byte-level BPE.
+#[derive(Debug)]
+pub(crate) struct ByteBpe {
+    vocab: HashMap<String, u32>,
+    ranks: HashMap<(String, String), u32>,
+    /// Applied in order: each splits the pieces the previous one produced.
+    regexes: Vec<Regex>,
+    byte_to_char: [char; 256],
+    char_to_byte: HashMap<char, u8>,
+    cache: Mutex<HashMap<String, Vec<u32>>>,
+}
+
+fn bytes_to_unicode() -> [char; 256] {
+    let mut out = ['\0'; 256];
+    let mut n = 0u32;
+    for b in 0..256u32 {
+        let keep = (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+        out[b as usize] = if keep {
+            char::from_u32(b).unwrap_or('\0')
+        } else {
+            n += 1;
+            char::from_u32(255 + n).unwrap_or('\0')
+        };
+    }
+    out
+}
+
+impl ByteBpe {
+    pub fn new(tokens: &[String], merges: &[String], pre: &str) -> Result<ByteBpe> {
+        let vocab = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.clone(), i as u32))
+            .collect();
+        let mut ranks = HashMap::with_capacity(merges.len());
+        for (i, m) in merges.iter().enumerate() {
+            let Some((a, b)) = m.split_once(' ') else {
+                return Err(Error::Tokenizer(format!(
+                    "merge {i} {m:?} is not two space-separated tokens"
+                )));
+            };
+            ranks.insert((a.to_string(), b.to_string()), i as u32);
+        }
+        let pats: &[&str] = match pre {
+            "qwen2" => &[QWEN2],
+            "smollm" => &[DIGITS, GPT2],
+            _ => &[GPT2],
+        };
+        let regexes = pats
+            .iter()
+            .map(|p| {
+                Regex::new(p).map_err(|e| Error::Tokenizer(format!("pre-tokenizer regex: {e}")))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let byte_to_char = bytes_to_unicode();
+        let char_to_byte = byte_to_char
+            .iter()
+            .enumerate()
+            .map(|(b, &c)| (c, b as u8))
+            .collect();
+        Ok(ByteBpe {
+            vocab,
+            ranks,
+            regexes,
+            byte_to_char,
+            char_to_byte,
+            cache: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn split<'a>(&self, text: &'a str) -> Result<Vec<&'a str>> {
+        let mut pieces = vec![text];
+        for re in &self.regexes {
+            let mut next = Vec::new();
+            for p in pieces {
+                let mut last = 0;
+                for m in re.find_iter(p) {
+                    let m = m.map_err(|e| Error::Tokenizer(format!("pre-tokenizer: {e}")))?;
+                    if m.start() > last {
+                        next.push(&p[last..m.start()]);
+                    }
+                    next.push(m.as_str());
+                    last = m.end();
+                }
+                if last < p.len() {
+                    next.push(&p[last..]);
+                }
+            }
+            pieces = next;
+        }
+        Ok(pieces)
+    }
+
+    pub fn encode(&self, text: &str, out: &mut Vec<u32>) -> Result<()> {
+        for piece in self.split(text)? {
+            if let Ok(cache) = self.cache.lock()
+                && let Some(ids) = cache.get(piece)
+            {
+                out.extend_from_slice(ids);
+                continue;
+            }
+            let ids = self.bpe(piece)?;
+            out.extend_from_slice(&ids);
+            if let Ok(mut cache) = self.cache.lock()
+                && cache.len() < 100_000
+            {
+                cache.insert(piece.to_string(), ids);
+            }
+        }
+        Ok(())
+    }
+
+    fn bpe(&self, piece: &str) -> Result<Vec<u32>> {
+        let mut syms: Vec<String> = piece
+            .bytes()
+            .map(|b| self.byte_to_char[b as usize].to_string())
+            .collect();
+        loop {
+            let best = syms
+                .windows(2)
+                .enumerate()
+                .filter_map(|(i, w)| {
+                    self.ranks
+                        .get(&(w[0].clone(), w[1].clone()))
+                        .map(|&r| (r, i))
+                })
+                .min();
+            let Some((rank, _)) = best else { break };
+            let mut merged = Vec::with_capacity(syms.len());
+            let mut i = 0;
+            while i < syms.len() {
+                if i + 1 < syms.len()
+                    && self.ranks.get(&(syms[i].clone(), syms[i + 1].clone())) == Some(&rank)
+                {
+                    merged.push(format!("{}{}", syms[i], syms[i + 1]));
+                    i += 2;
+                } else {
+                    merged.push(std::mem::take(&mut syms[i]));
+                    i += 1;
+                }
+            }
+            syms = merged;
+        }
+        syms.iter()
+            .map(|s| {
+                self.vocab
+                    .get(s)
+                    .copied()
+                    .ok_or_else(|| Error::Tokenizer(format!("BPE symbol {s:?} not in vocabulary")))
+            })
+            .collect()
+    }
+
+    pub fn decode_token(&self, tok: &str, out: &mut Vec<u8>) {
+        for c in tok.chars() {
+            match self.char_to_byte.get(&c) {
+                Some(&b) => out.push(b),
+                None => out.extend_from_slice(c.to_string().as_bytes()),
+            }
+        }
+    }
+}

@@ -1,0 +1,240 @@
+//! GGUF reading on top of candle's parser: metadata accessors, up-front truncation checks, and
+//! tensors dequantized to f32 (candle's CPU quantized matmul is slow for these block types).
+
+use std::io::Cursor;
+use std::path::{Path, PathBuf};
+
+use candle_core::quantized::gguf_file::{Content, Value};
+use candle_core::{Device, Tensor};
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, Result};
+
+/// An opened GGUF file held in memory.
+pub struct Gguf {
+    path: PathBuf,
+    bytes: Vec<u8>,
+    content: Content,
+    sha256: String,
+}
+
+impl std::fmt::Debug for Gguf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gguf")
+            .field("path", &self.path)
+            .field("tensors", &self.content.tensor_infos.len())
+            .finish()
+    }
+}
+
+impl Gguf {
+    /// Read and parse `path`; a truncated or malformed file is an [`Error::Gguf`].
+    pub fn open(path: &Path) -> Result<Gguf> {
+        let bytes = std::fs::read(path).map_err(|e| Error::Io {
+            op: "read gguf",
+            path: path.to_path_buf(),
+            source: e,
+        })?;
+        Self::from_bytes(path, bytes)
+    }
+
+    /// Parse GGUF bytes (`path` only names them in errors).
+    pub fn from_bytes(path: &Path, bytes: Vec<u8>) -> Result<Gguf> {
+        let err = |detail: String| Error::Gguf {
+            path: path.to_path_buf(),
+            detail,
+        };
+        if bytes.len() < 4 || &bytes[..4] != b"GGUF" {
+            return Err(err(format!(
+                "not a GGUF file (bad magic, {} bytes)",
+                bytes.len()
+            )));
+        }
+        let content = Content::read(&mut Cursor::new(&bytes))
+            .map_err(|e| err(format!("malformed header: {e}")))?;
+        let mut need = content.tensor_data_offset;
+        for (name, info) in &content.tensor_infos {
+            let elems = info.shape.elem_count();
+            let bs = info.ggml_dtype.block_size();
+            if elems % bs != 0 {
+                return Err(err(format!(
+                    "tensor {name}: {elems} elements not a multiple of block size {bs}"
+                )));
+            }
+            let size = (elems / bs * info.ggml_dtype.type_size()) as u64;
+            need = need.max(
+                content
+                    .tensor_data_offset
+                    .saturating_add(info.offset)
+                    .saturating_add(size),
+            );
+        }
+        if need > bytes.len() as u64 {
+            return Err(err(format!(
+                "truncated: tensor data needs {need} bytes, file has {}",
+                bytes.len()
+            )));
+        }
+        let sha256 = Sha256::digest(&bytes)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        Ok(Gguf {
+            path: path.to_path_buf(),
+            bytes,
+            content,
+            sha256,
+        })
+    }
+
+    /// The file this was read from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// sha256 of the whole file.
+    pub fn sha256(&self) -> &str {
+        &self.sha256
+    }
+
+    fn meta(&self, key: &str) -> Result<&Value> {
+        self.content
+            .metadata
+            .get(key)
+            .ok_or_else(|| Error::MissingMeta {
+                path: self.path.clone(),
+                key: key.to_string(),
+            })
+    }
+
+    fn bad(&self, key: &str, want: &str) -> Error {
+        Error::Gguf {
+            path: self.path.clone(),
+            detail: format!("metadata {key}: expected {want}"),
+        }
+    }
+
+    /// Whether the metadata has `key`.
+    pub fn has_meta(&self, key: &str) -> bool {
+        self.content.metadata.contains_key(key)
+    }
+
+    /// An integer metadata value.
+    pub fn u64(&self, key: &str) -> Result<u64> {
+        match self.meta(key)? {
+            Value::U8(v) => Ok(*v as u64),
+            Value::U16(v) => Ok(*v as u64),
+            Value::U32(v) => Ok(*v as u64),
+            Value::U64(v) => Ok(*v),
+            Value::I8(v) if *v >= 0 => Ok(*v as u64),
+            Value::I16(v) if *v >= 0 => Ok(*v as u64),
+            Value::I32(v) if *v >= 0 => Ok(*v as u64),
+            Value::I64(v) if *v >= 0 => Ok(*v as u64),
+            _ => Err(self.bad(key, "a non-negative integer")),
+        }
+    }
+
+    /// An integer metadata value as usize.
+    pub fn usize(&self, key: &str) -> Result<usize> {
+        usize::try_from(self.u64(key)?).map_err(|_| self.bad(key, "an integer that fits usize"))
+    }
+
+    /// A float metadata value.
+    pub fn f64(&self, key: &str) -> Result<f64> {
+        match self.meta(key)? {
+            Value::F32(v) => Ok(*v as f64),
+            Value::F64(v) => Ok(*v),
+            _ => self
+                .u64(key)
+                .map(|v| v as f64)
+                .map_err(|_| self.bad(key, "a number")),
+        }
+    }
+
+    /// A boolean metadata value.
+    pub fn bool(&self, key: &str) -> Result<bool> {
+        match self.meta(key)? {
+            Value::Bool(b) => Ok(*b),
+            _ => Err(self.bad(key, "a bool")),
+        }
+    }
+
+    /// A string metadata value.
+    pub fn str(&self, key: &str) -> Result<&str> {
+        match self.meta(key)? {
+            Value::String(s) => Ok(s),
+            _ => Err(self.bad(key, "a string")),
+        }
+    }
+
+    /// A string-array metadata value.
+    pub fn strings(&self, key: &str) -> Result<Vec<String>> {
+        match self.meta(key)? {
+            Value::Array(a) => a
+                .iter()
+                .map(|v| match v {
+                    Value::String(s) => Ok(s.clone()),
+                    _ => Err(self.bad(key, "an array of strings")),
+                })
+                .collect(),
+            _ => Err(self.bad(key, "an array of strings")),
+        }
+    }
+
+    /// A numeric-array metadata value as f32.
+    pub fn f32s(&self, key: &str) -> Result<Vec<f32>> {
+        match self.meta(key)? {
+            Value::Array(a) => a
+                .iter()
+                .map(|v| match v {
+                    Value::F32(x) => Ok(*x),
+                    Value::F64(x) => Ok(*x as f32),
+                    Value::I32(x) => Ok(*x as f32),
+                    Value::U32(x) => Ok(*x as f32),
+                    Value::I8(x) => Ok(*x as f32),
+                    Value::U8(x) => Ok(*x as f32),
+                    _ => Err(self.bad(key, "an array of numbers")),
+                })
+                .collect(),
+            _ => Err(self.bad(key, "an array of numbers")),
+        }
+    }
+
+    /// Whether a tensor exists.
+    pub fn has_tensor(&self, name: &str) -> bool {
+        self.content.tensor_infos.contains_key(name)
+    }
+
+    /// Tensor names, sorted.
+    pub fn tensor_names(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.content.tensor_infos.keys().cloned().collect();
+        v.sort();
+        v
+    }
+
+    /// A tensor dequantized to f32, in candle's (row-major, outermost first) shape.
+    pub fn tensor_f32(&self, name: &str, device: &Device) -> Result<Tensor> {
+        if !self.has_tensor(name) {
+            return Err(Error::MissingTensor {
+                path: self.path.clone(),
+                name: name.to_string(),
+            });
+        }
+        let q = self
+            .content
+            .tensor(&mut Cursor::new(&self.bytes), name, device)
+            .map_err(|e| Error::Gguf {
+                path: self.path.clone(),
+                detail: format!("tensor {name}: {e}"),
+            })?;
+        q.dequantize(device).map_err(|e| Error::Gguf {
+            path: self.path.clone(),
+            detail: format!("dequantize {name}: {e}"),
+        })
+    }
+
+    /// Drop the raw bytes once all tensors are loaded.
+    pub fn release(&mut self) {
+        self.bytes = Vec::new();
+    }
+}

@@ -1,0 +1,35 @@
+//! kamera-model: real pretrained transformers (llama, qwen2, gemma3 GGUF) on candle, CPU, with
+//! the per-layer KV of every chunk readable and writable in kamera-ops layout.
+//!
+//! ```no_run
+//! use kamera_model::{Model, ModelName, fetch, default_home};
+//! let path = fetch(ModelName::Smollm2_135m, &default_home())?;
+//! let model = Model::load(&path)?;
+//! let ids = model.tokenizer().encode("The capital of France is")?;
+//! let out = model.prefill(&ids, 0, &model.empty_context())?;
+//! println!("next: {}", kamera_model::argmax(&out.logits));
+//! # Ok::<(), kamera_model::Error>(())
+//! ```
+
+mod block;
+mod bpe;
+mod config;
+mod context;
+mod error;
+mod fetch;
+mod generate;
+mod gguf;
+mod model;
+mod spm;
+mod tokenizer;
+mod weights;
+
+pub use config::{Activation, Config, Family};
+pub use context::Context;
+pub use error::{Error, Result};
+pub use fetch::{CacheState, ModelName, cache_state, default_home, fetch, model_path, sha256_file};
+pub use generate::{Sampling, argmax};
+pub use gguf::Gguf;
+pub use kamera_ops::{ChunkKv, KvLayout, Patch, Placement, RopeSpec};
+pub use model::{Input, Model, Prefill, PrefillOptions};
+pub use tokenizer::Tokenizer;

@@ -1,0 +1,242 @@
+//! The runner: a loaded model that prefills tokens (or embeddings) at a start position on top of
+//! a [`Context`], returning logits and the new tokens' per-layer KV as a kamera-ops chunk.
+
+use std::path::Path;
+
+use candle_core::{Device, Tensor};
+use kamera_ops::{ChunkKv, KvLayout, LayerKv, RopeSpec};
+use sha2::{Digest, Sha256};
+
+use crate::block::{head, layer_forward, mask};
+use crate::config::Config;
+use crate::context::{Context, tensor_to_mat};
+use crate::error::{CandleCtx, Error, OpsCtx, Result};
+use crate::gguf::Gguf;
+use crate::tokenizer::Tokenizer;
+use crate::weights::Weights;
+
+/// What to prefill.
+#[derive(Debug, Clone, Copy)]
+pub enum Input<'a> {
+    /// Token ids.
+    Tokens(&'a [u32]),
+    /// Ready-made input embeddings, `n x hidden` row-major (used as is, no embedding scale).
+    Embeddings { data: &'a [f32], n: usize },
+}
+
+/// Prefill options.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PrefillOptions {
+    /// Also return logits at every position (costs an LM-head matmul per token).
+    pub all_logits: bool,
+}
+
+/// Result of a prefill.
+#[derive(Debug, Clone)]
+pub struct Prefill {
+    /// Logits at the last position (`vocab`).
+    pub logits: Vec<f32>,
+    /// Logits at every position (`n x vocab`, row-major) when asked for.
+    pub all_logits: Option<Vec<f32>>,
+    /// The new tokens' K (post-RoPE, post QK-norm) and V per layer, at `start_pos..`.
+    pub chunk: ChunkKv,
+}
+
+/// A loaded model.
+#[derive(Debug)]
+pub struct Model {
+    cfg: Config,
+    weights: Weights,
+    rope: RopeSpec,
+    layout: KvLayout,
+    tokenizer: Tokenizer,
+    fingerprint: String,
+    device: Device,
+}
+
+impl Model {
+    /// Load a GGUF file (dequantized to f32 on CPU).
+    pub fn load(path: &Path) -> Result<Model> {
+        let mut g = Gguf::open(path)?;
+        let cfg = Config::from_gguf(&g)?;
+        let tokenizer = Tokenizer::from_gguf(&g)?;
+        let device = Device::Cpu;
+        let weights = Weights::load(&g, &cfg, &device)?;
+        let cfg_json = serde_json::to_string(&cfg).unwrap_or_default();
+        let digest = Sha256::new()
+            .chain_update(g.sha256())
+            .chain_update(cfg_json)
+            .finalize();
+        let fingerprint = digest.iter().take(16).map(|b| format!("{b:02x}")).collect();
+        g.release();
+        let rope = cfg.rope();
+        rope.validate().ops("Model::load rope")?;
+        let layout = cfg.kv_layout();
+        tracing::debug!(?cfg.family, layers = cfg.n_layers, "loaded {}", path.display());
+        Ok(Model {
+            cfg,
+            weights,
+            rope,
+            layout,
+            tokenizer,
+            fingerprint,
+            device,
+        })
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+    pub fn layout(&self) -> KvLayout {
+        self.layout
+    }
+    pub fn rope(&self) -> &RopeSpec {
+        &self.rope
+    }
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+    /// Hash of the weights file and the configuration (hex, 128 bits): the store's key.
+    pub fn fingerprint(&self) -> &str {
+        &self.fingerprint
+    }
+    /// An empty context starting at position 0.
+    pub fn empty_context(&self) -> Context {
+        Context::empty(self.layout, 0)
+    }
+
+    /// Prefill `tokens` at `start_pos..` after `context`; logits at the last position.
+    pub fn prefill(&self, tokens: &[u32], start_pos: i64, context: &Context) -> Result<Prefill> {
+        self.prefill_with(
+            Input::Tokens(tokens),
+            start_pos,
+            context,
+            PrefillOptions::default(),
+        )
+    }
+
+    /// Prefill tokens or embeddings at `start_pos..` after `context` (which, when not empty,
+    /// must end at `start_pos`).
+    pub fn prefill_with(
+        &self,
+        input: Input<'_>,
+        start_pos: i64,
+        context: &Context,
+        opts: PrefillOptions,
+    ) -> Result<Prefill> {
+        const OP: &str = "Model::prefill";
+        if *context.layout() != self.layout {
+            return Err(Error::Shape {
+                op: OP,
+                detail: format!(
+                    "context layout {:?} != model layout {:?}",
+                    context.layout(),
+                    self.layout
+                ),
+            });
+        }
+        if !context.is_empty() && context.end() != start_pos {
+            return Err(Error::Invalid {
+                op: OP,
+                detail: format!("start_pos {start_pos} != context end {}", context.end()),
+            });
+        }
+        let mut x = self.embed(input)?;
+        let n = x.dim(0).ctx(OP)?;
+        if n == 0 {
+            return Err(Error::Invalid {
+                op: OP,
+                detail: "empty input".into(),
+            });
+        }
+        let positions: Vec<i64> = (0..n as i64).map(|i| start_pos + i).collect();
+        let k_pos: Vec<i64> = (context.offset()..context.end())
+            .chain(positions.iter().copied())
+            .collect();
+        let global = mask(&positions, &k_pos, None, &self.device)?;
+        let local = match self.cfg.sliding_window {
+            Some(w) => Some(mask(&positions, &k_pos, Some(w), &self.device)?),
+            None => None,
+        };
+        let mut layers = Vec::with_capacity(self.cfg.n_layers);
+        for (l, w) in self.weights.layers.iter().enumerate() {
+            let m = match (&local, self.cfg.local_layers[l]) {
+                (Some(lm), true) => lm,
+                _ => &global,
+            };
+            let out = layer_forward(
+                &self.cfg,
+                w,
+                l,
+                &self.rope,
+                &x,
+                &positions,
+                context.layer(l),
+                m,
+            )?;
+            layers.push(LayerKv {
+                k: tensor_to_mat(&out.k)?,
+                v: tensor_to_mat(&out.v)?,
+            });
+            x = out.x;
+        }
+        let lm = self.weights.lm_head.as_ref().unwrap_or(&self.weights.embed);
+        let eps = self.cfg.rms_eps;
+        let (logits, all_logits) = if opts.all_logits {
+            let all = head(&x, &self.weights.out_norm, lm, eps)?
+                .flatten_all()
+                .ctx(OP)?
+                .to_vec1::<f32>()
+                .ctx(OP)?;
+            (all[(n - 1) * self.cfg.vocab..].to_vec(), Some(all))
+        } else {
+            let last = x.narrow(0, n - 1, 1).ctx(OP)?;
+            (
+                head(&last, &self.weights.out_norm, lm, eps)?
+                    .flatten_all()
+                    .ctx(OP)?
+                    .to_vec1::<f32>()
+                    .ctx(OP)?,
+                None,
+            )
+        };
+        let chunk = ChunkKv::new(self.layout, start_pos, layers).ops(OP)?;
+        Ok(Prefill {
+            logits,
+            all_logits,
+            chunk,
+        })
+    }
+
+    fn embed(&self, input: Input<'_>) -> Result<Tensor> {
+        const OP: &str = "Model::embed";
+        match input {
+            Input::Tokens(ids) => {
+                let vocab = self.cfg.vocab;
+                if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab) {
+                    return Err(Error::TokenOutOfRange { op: OP, id, vocab });
+                }
+                let idx = Tensor::from_slice(ids, ids.len(), &self.device).ctx(OP)?;
+                let x = self.weights.embed.index_select(&idx, 0).ctx(OP)?;
+                match self.cfg.embed_scale {
+                    Some(s) => (x * s as f64).ctx(OP),
+                    None => Ok(x),
+                }
+            }
+            Input::Embeddings { data, n } => {
+                if data.len() != n * self.cfg.hidden {
+                    return Err(Error::Shape {
+                        op: OP,
+                        detail: format!(
+                            "embeddings: expected {n} x {} = {} values, got {}",
+                            self.cfg.hidden,
+                            n * self.cfg.hidden,
+                            data.len()
+                        ),
+                    });
+                }
+                Tensor::from_slice(data, (n, self.cfg.hidden), &self.device).ctx(OP)
+            }
+        }
+    }
+}

@@ -1,0 +1,101 @@
+//! Model weights as dense f32 candle tensors, named as llama.cpp names them in GGUF.
+
+use candle_core::{Device, Tensor};
+
+use crate::config::{Config, Family};
+use crate::error::{Error, Result};
+use crate::gguf::Gguf;
+
+/// One transformer layer's weights; linear weights are `[out, in]`.
+#[derive(Debug)]
+pub(crate) struct LayerWeights {
+    pub attn_norm: Tensor,
+    pub wq: Tensor,
+    pub wk: Tensor,
+    pub wv: Tensor,
+    pub bq: Option<Tensor>,
+    pub bk: Option<Tensor>,
+    pub bv: Option<Tensor>,
+    pub q_norm: Option<Tensor>,
+    pub k_norm: Option<Tensor>,
+    pub wo: Tensor,
+    pub post_attn_norm: Option<Tensor>,
+    pub ffn_norm: Tensor,
+    pub w_gate: Tensor,
+    pub w_up: Tensor,
+    pub w_down: Tensor,
+    pub post_ffn_norm: Option<Tensor>,
+}
+
+/// All weights of a model.
+#[derive(Debug)]
+pub(crate) struct Weights {
+    /// `[vocab, hidden]`.
+    pub embed: Tensor,
+    pub layers: Vec<LayerWeights>,
+    pub out_norm: Tensor,
+    /// `[vocab, hidden]`; `None` when tied to `embed`.
+    pub lm_head: Option<Tensor>,
+}
+
+impl Weights {
+    pub fn load(g: &Gguf, cfg: &Config, dev: &Device) -> Result<Weights> {
+        let t = |name: &str, shape: &[usize]| -> Result<Tensor> {
+            let x = g.tensor_f32(name, dev)?;
+            if x.dims() != shape {
+                return Err(Error::Gguf {
+                    path: g.path().to_path_buf(),
+                    detail: format!(
+                        "tensor {name}: expected shape {shape:?}, got {:?}",
+                        x.dims()
+                    ),
+                });
+            }
+            Ok(x)
+        };
+        let opt = |name: &str, shape: &[usize], want: bool| -> Result<Option<Tensor>> {
+            if want {
+                t(name, shape).map(Some)
+            } else {
+                Ok(None)
+            }
+        };
+        let (h, f, hd) = (cfg.hidden, cfg.ffn, cfg.head_dim);
+        let (qd, kvd) = (cfg.heads * hd, cfg.kv_dim());
+        let gemma = cfg.family == Family::Gemma3;
+        let mut layers = Vec::with_capacity(cfg.n_layers);
+        for l in 0..cfg.n_layers {
+            let n = |s: &str| format!("blk.{l}.{s}");
+            layers.push(LayerWeights {
+                attn_norm: t(&n("attn_norm.weight"), &[h])?,
+                wq: t(&n("attn_q.weight"), &[qd, h])?,
+                wk: t(&n("attn_k.weight"), &[kvd, h])?,
+                wv: t(&n("attn_v.weight"), &[kvd, h])?,
+                bq: opt(&n("attn_q.bias"), &[qd], cfg.qkv_bias)?,
+                bk: opt(&n("attn_k.bias"), &[kvd], cfg.qkv_bias)?,
+                bv: opt(&n("attn_v.bias"), &[kvd], cfg.qkv_bias)?,
+                q_norm: opt(&n("attn_q_norm.weight"), &[hd], cfg.qk_norm)?,
+                k_norm: opt(&n("attn_k_norm.weight"), &[hd], cfg.qk_norm)?,
+                wo: t(&n("attn_output.weight"), &[h, qd])?,
+                post_attn_norm: opt(&n("post_attention_norm.weight"), &[h], gemma)?,
+                ffn_norm: t(&n("ffn_norm.weight"), &[h])?,
+                w_gate: t(&n("ffn_gate.weight"), &[f, h])?,
+                w_up: t(&n("ffn_up.weight"), &[f, h])?,
+                w_down: t(&n("ffn_down.weight"), &[h, f])?,
+                post_ffn_norm: opt(&n("post_ffw_norm.weight"), &[h], gemma)?,
+            });
+        }
+        let embed = t("token_embd.weight", &[cfg.vocab, h])?;
+        let lm_head = if g.has_tensor("output.weight") {
+            Some(t("output.weight", &[cfg.vocab, h])?)
+        } else {
+            None
+        };
+        Ok(Weights {
+            embed,
+            layers,
+            out_norm: t("output_norm.weight", &[h])?,
+            lm_head,
+        })
+    }
+}

