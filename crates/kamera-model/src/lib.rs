@@ -33,3 +33,11 @@ pub use gguf::Gguf;
 pub use kamera_ops::{ChunkKv, KvLayout, Patch, Placement, RopeSpec};
 pub use model::{Input, Model, Prefill, PrefillOptions};
 pub use tokenizer::Tokenizer;
+
+/// `kamera_ops::relocate` with this crate's error type.
+pub fn kamera_ops_relocate(chunk: &ChunkKv, rope: &RopeSpec, to: i64) -> Result<ChunkKv> {
+    kamera_ops::relocate(chunk, rope, to).map_err(|source| Error::Ops {
+        op: "relocate",
+        source,
+    })
+}

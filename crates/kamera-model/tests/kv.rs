@@ -1,0 +1,184 @@
+//! Explicit KV on real models: relocation exactness, contexts assembled from chunks, and Gemma's
+//! sliding-window layers masking far chunks exactly as a full prefill does.
+
+mod common;
+
+use anyhow::Result;
+use kamera_model::{ChunkKv, Context, Model, ModelName, Placement, kamera_ops_relocate};
+use kamera_ops::{LayerKv, Mat};
+
+const A: &str = "Alice keeps her bicycle in the blue shed behind the library. ";
+const B: &str = "Bob borrowed it on Tuesday and returned it with a flat tyre. ";
+const C: &str = "The shed is locked every night at nine o'clock by the caretaker. ";
+const Q: &str = "Question: who borrowed the bicycle? Answer:";
+
+fn toks(m: &Model, s: &str) -> Result<Vec<u32>> {
+    Ok(m.tokenizer().encode_raw(s)?)
+}
+
+fn max_kv_err(a: &ChunkKv, b: &ChunkKv) -> (f32, f32) {
+    let (mut ek, mut ev) = (0f32, 0f32);
+    for (x, y) in a.layers().iter().zip(b.layers()) {
+        ek = ek.max(common::max_abs(&x.k.to_f32_vec(), &y.k.to_f32_vec()));
+        ev = ev.max(common::max_abs(&x.v.to_f32_vec(), &y.v.to_f32_vec()));
+    }
+    (ek, ev)
+}
+
+/// A chunk prefilled alone at 0 and relocated to p equals the chunk prefilled alone at p.
+fn relocation(name: ModelName) -> Result<()> {
+    let m = common::load(name)?;
+    let b = toks(&m, B)?;
+    let q = toks(&m, Q)?;
+    let n = b.len() as i64;
+    for p in [7i64, 300, 4093] {
+        let at0 = m.prefill(&b, 0, &m.empty_context())?;
+        let atp = m.prefill(&b, p, &m.empty_context())?;
+        let moved = kamera_model::kamera_ops_relocate(&at0.chunk, m.rope(), p)?;
+        let (ek, ev) = max_kv_err(&moved, &atp.chunk);
+        let ctx_moved = Context::from_chunk(&moved)?;
+        let ctx_true = Context::from_chunk(&atp.chunk)?;
+        let l_moved = m.prefill(&q, p + n, &ctx_moved)?.logits;
+        let l_true = m.prefill(&q, p + n, &ctx_true)?.logits;
+        let kl = common::kl(&l_true, &l_moved);
+        let el = common::max_abs(&l_true, &l_moved);
+        eprintln!(
+            "{name}: relocate 0 -> {p}: max |dK| {ek:.2e}, max |dV| {ev:.2e}, next-token KL {kl:.2e}, max |dlogit| {el:.2e}"
+        );
+        anyhow::ensure!(
+            kl < 1e-5,
+            "{name}: next-token KL {kl:.3e} >= 1e-5 after relocation to {p}"
+        );
+        anyhow::ensure!(
+            common::argmax(&l_true) == common::argmax(&l_moved),
+            "{name}: top-1 differs after relocation"
+        );
+    }
+    Ok(())
+}
+
+/// Chunks each prefilled with their true prefix, stored canonically (offset 0), relocated back
+/// into a context, reproduce the full prefill's logits.
+fn chunked_context(name: ModelName, texts: &[String]) -> Result<()> {
+    chunked_context_with(name, texts, false)
+}
+
+/// With `blank_far_local`, also checks that zeroing the first chunk's K/V in the sliding-window
+/// layers changes no logit bit when that chunk lies beyond the window of every query token.
+fn chunked_context_with(name: ModelName, texts: &[String], blank_far_local: bool) -> Result<()> {
+    let m = common::load(name)?;
+    let mut ids = Vec::new();
+    let mut ctx = m.empty_context();
+    let mut canon = Vec::new();
+    for t in texts {
+        let c = toks(&m, t)?;
+        let out = m.prefill(&c, ctx.end(), &ctx)?;
+        ctx.push(&out.chunk)?;
+        canon.push(kamera_model_relocate(&out.chunk, &m, 0)?);
+        ids.extend(c);
+    }
+    let q = toks(&m, Q)?;
+    let run = |chunks: &[ChunkKv]| -> Result<Vec<f32>> {
+        let parts: Vec<Placement<'_>> = chunks
+            .iter()
+            .map(|c| Placement {
+                chunk: c,
+                patch: None,
+            })
+            .collect();
+        let rebuilt = Context::from_chunks(&parts, m.rope(), 0)?;
+        Ok(m.prefill(&q, rebuilt.end(), &rebuilt)?.logits)
+    };
+    let l_chunked = run(&canon)?;
+    let mut all = ids.clone();
+    all.extend(&q);
+    let l_full = m.prefill(&all, 0, &m.empty_context())?.logits;
+    let kl = common::kl(&l_full, &l_chunked);
+    let el = common::max_abs(&l_full, &l_chunked);
+    eprintln!(
+        "{name}: {} tokens in {} chunks + query: KL vs full prefill {kl:.2e}, max |dlogit| {el:.2e}",
+        ids.len(),
+        texts.len()
+    );
+    anyhow::ensure!(kl < 1e-5, "{name}: chunked context KL {kl:.3e} >= 1e-5");
+    anyhow::ensure!(
+        common::argmax(&l_full) == common::argmax(&l_chunked),
+        "{name}: top-1 differs"
+    );
+    if blank_far_local {
+        let cfg = m.config();
+        let window = cfg.sliding_window.unwrap_or(usize::MAX) as i64;
+        let first = canon[0].n_tokens() as i64;
+        anyhow::ensure!(
+            first <= ctx.end() - window,
+            "setup: first chunk ({first} tokens) not beyond the window of a query at {}",
+            ctx.end()
+        );
+        let layers = canon[0]
+            .layers()
+            .iter()
+            .enumerate()
+            .map(|(l, kv)| match cfg.local_layers[l] {
+                true => LayerKv {
+                    k: Mat::zeros(kv.k.rows(), kv.k.cols(), kv.k.dtype()),
+                    v: Mat::zeros(kv.v.rows(), kv.v.cols(), kv.v.dtype()),
+                },
+                false => kv.clone(),
+            })
+            .collect();
+        let mut blanked = canon.clone();
+        blanked[0] = ChunkKv::new(*canon[0].layout(), 0, layers)?;
+        let l_blank = run(&blanked)?;
+        let diff = common::max_abs(&l_blank, &l_chunked);
+        eprintln!(
+            "{name}: first chunk ({first} tokens) blanked in local layers: max |dlogit| {diff:.2e} (must be 0)"
+        );
+        anyhow::ensure!(
+            diff == 0.0,
+            "{name}: sliding-window layers see a chunk beyond the window (max |dlogit| {diff:.3e})"
+        );
+    }
+    Ok(())
+}
+
+fn kamera_model_relocate(c: &ChunkKv, m: &Model, to: i64) -> Result<ChunkKv> {
+    Ok(kamera_ops_relocate(c, m.rope(), to)?)
+}
+
+fn abc() -> Vec<String> {
+    vec![A.to_string(), B.to_string(), C.to_string()]
+}
+
+#[test]
+fn relocation_smollm2() -> Result<()> {
+    relocation(ModelName::Smollm2_135m)
+}
+
+#[test]
+fn relocation_qwen25() -> Result<()> {
+    relocation(ModelName::Qwen25_05b)
+}
+
+#[test]
+fn relocation_gemma3() -> Result<()> {
+    relocation(ModelName::Gemma3_270m)
+}
+
+#[test]
+fn chunked_context_smollm2() -> Result<()> {
+    chunked_context(ModelName::Smollm2_135m, &abc())
+}
+
+#[test]
+fn chunked_context_qwen25() -> Result<()> {
+    chunked_context(ModelName::Qwen25_05b, &abc())
+}
+
+/// Gemma 3: ~800 tokens in four chunks, so the query's local (window 512) layers must mask the
+/// first chunk entirely and the second partly, exactly as the full prefill does.
+#[test]
+fn sliding_window_gemma3() -> Result<()> {
+    let long = |s: &str, k: usize| (0..k).map(|i| format!("{i}. {s}")).collect::<String>();
+    let texts = vec![long(A, 16), long(C, 16), long(B, 16), A.to_string()];
+    chunked_context_with(ModelName::Gemma3_270m, &texts, true)
+}
