@@ -31,13 +31,28 @@ impl ChunkKv {
         let n = layers.first().map_or(0, |l| l.k.rows());
         for (i, l) in layers.iter().enumerate() {
             if l.k.rows() != n || l.v.rows() != n {
-                return Err(shape(OP, format!("layer {i} token rows (k, v)"), n, format!("({}, {})", l.k.rows(), l.v.rows())));
+                return Err(shape(
+                    OP,
+                    format!("layer {i} token rows (k, v)"),
+                    n,
+                    format!("({}, {})", l.k.rows(), l.v.rows()),
+                ));
             }
             if l.k.cols() != layout.k_features() {
-                return Err(shape(OP, format!("layer {i} k features"), layout.k_features(), l.k.cols()));
+                return Err(shape(
+                    OP,
+                    format!("layer {i} k features"),
+                    layout.k_features(),
+                    l.k.cols(),
+                ));
             }
             if l.v.cols() != layout.v_features() {
-                return Err(shape(OP, format!("layer {i} v features"), layout.v_features(), l.v.cols()));
+                return Err(shape(
+                    OP,
+                    format!("layer {i} v features"),
+                    layout.v_features(),
+                    l.v.cols(),
+                ));
             }
         }
         Ok(ChunkKv { layout, offset, layers })
@@ -114,7 +129,12 @@ impl ChunkKv {
     /// Checks that `other` has the same layout and token count.
     pub(crate) fn check_same_shape(&self, op: &'static str, what: &str, other: &ChunkKv) -> Result<()> {
         if self.layout != other.layout {
-            return Err(shape(op, format!("{what} layout"), format!("{:?}", self.layout), format!("{:?}", other.layout)));
+            return Err(shape(
+                op,
+                format!("{what} layout"),
+                format!("{:?}", self.layout),
+                format!("{:?}", other.layout),
+            ));
         }
         if self.n_tokens() != other.n_tokens() {
             return Err(shape(op, format!("{what} tokens"), self.n_tokens(), other.n_tokens()));

@@ -44,7 +44,11 @@ impl Deficit {
             .first()
             .ok_or_else(|| shape(OP, "deficits", "at least one", 0))?;
         let scale = 1.0 / deficits.len() as f32;
-        let mut acc: Vec<(Vec<f32>, Vec<f32>)> = first.layers.iter().map(|(k, v)| (k.to_f32_vec(), v.to_f32_vec())).collect();
+        let mut acc: Vec<(Vec<f32>, Vec<f32>)> = first
+            .layers
+            .iter()
+            .map(|(k, v)| (k.to_f32_vec(), v.to_f32_vec()))
+            .collect();
         for (i, d) in deficits.iter().enumerate().skip(1) {
             if d.layers.len() != acc.len() {
                 return Err(shape(OP, format!("deficit {i} layers"), acc.len(), d.layers.len()));

@@ -27,11 +27,7 @@ pub enum Error {
     },
     /// The truncated SVD failed to converge.
     #[error("{op}: SVD of a {rows}x{cols} matrix did not converge")]
-    Svd {
-        op: &'static str,
-        rows: usize,
-        cols: usize,
-    },
+    Svd { op: &'static str, rows: usize, cols: usize },
 }
 
 /// Result with the kamera-ops [`Error`].

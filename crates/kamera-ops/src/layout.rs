@@ -13,7 +13,11 @@ pub enum Attention {
     Gqa { heads: usize, kv_heads: usize },
     /// DeepSeek-V2 latent attention: the cache holds c_KV (`latent_dim`, no position) and a
     /// single decoupled rotary key shared by all heads (`rope_dim`).
-    Mla { heads: usize, latent_dim: usize, rope_dim: usize },
+    Mla {
+        heads: usize,
+        latent_dim: usize,
+        rope_dim: usize,
+    },
 }
 
 /// Shape of one chunk's cached KV in every layer.
@@ -110,7 +114,11 @@ impl KvLayout {
             } => heads == 0 || latent_dim == 0 || rope_dim == 0,
         };
         if bad || self.n_layers == 0 || self.head_dim == 0 || self.v_head_dim == 0 {
-            return Err(invalid(OP, "layout", format!("{self:?}: heads must be > 0 and divisible by kv_heads; dims and layers > 0")));
+            return Err(invalid(
+                OP,
+                "layout",
+                format!("{self:?}: heads must be > 0 and divisible by kv_heads; dims and layers > 0"),
+            ));
         }
         Ok(())
     }

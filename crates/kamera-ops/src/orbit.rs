@@ -13,7 +13,10 @@ pub fn orbit_patch(conditioned: &[ChunkKv], canonical: &ChunkKv, rope: &RopeSpec
     if conditioned.is_empty() {
         return Err(shape("orbit_patch", "conditioned orderings", "at least one", 0));
     }
-    let deficits = conditioned.iter().map(|c| deficit(c, canonical, rope)).collect::<Result<Vec<_>>>()?;
+    let deficits = conditioned
+        .iter()
+        .map(|c| deficit(c, canonical, rope))
+        .collect::<Result<Vec<_>>>()?;
     let mean = Deficit::mean(&deficits)?;
     patch_from_deficit(&mean, canonical.layout(), canonical.kv_bytes(), cfg)
 }

@@ -32,7 +32,10 @@ pub struct PatchConfig {
 
 impl PatchConfig {
     pub fn fixed(rank: usize, dtype: DType) -> PatchConfig {
-        PatchConfig { rank: RankPolicy::Fixed(rank), dtype }
+        PatchConfig {
+            rank: RankPolicy::Fixed(rank),
+            dtype,
+        }
     }
 }
 
@@ -71,7 +74,11 @@ impl Patch {
                 }
             }
         }
-        Ok(Patch { layout, n_tokens, layers })
+        Ok(Patch {
+            layout,
+            n_tokens,
+            layers,
+        })
     }
     pub fn layout(&self) -> &KvLayout {
         &self.layout
@@ -96,7 +103,12 @@ impl Patch {
     }
     pub(crate) fn check_fits(&self, op: &'static str, chunk: &ChunkKv) -> Result<()> {
         if self.layout != *chunk.layout() {
-            return Err(shape(op, "patch layout", format!("{:?}", chunk.layout()), format!("{:?}", self.layout)));
+            return Err(shape(
+                op,
+                "patch layout",
+                format!("{:?}", chunk.layout()),
+                format!("{:?}", self.layout),
+            ));
         }
         if self.n_tokens != chunk.n_tokens() {
             return Err(shape(op, "patch tokens", chunk.n_tokens(), self.n_tokens));
@@ -130,7 +142,11 @@ pub fn patch_from_deficit(d: &Deficit, layout: &KvLayout, kv_bytes: usize, cfg: 
         RankPolicy::PerLayer(rs) => return Err(shape(OP, "per-layer ranks", layout.n_layers, rs.len())),
         RankPolicy::Budget { fraction } => {
             if !(fraction.is_finite() && *fraction >= 0.0) {
-                return Err(invalid(OP, "budget fraction", format!("{fraction} must be finite and >= 0")));
+                return Err(invalid(
+                    OP,
+                    "budget fraction",
+                    format!("{fraction} must be finite and >= 0"),
+                ));
             }
             let budget = (*fraction * kv_bytes as f64).floor() as usize;
             budget_ranks(&svds, n, layout, budget, cfg.dtype.size())
@@ -182,7 +198,12 @@ pub fn apply_patch(chunk: &ChunkKv, patch: &Patch) -> Result<ChunkKv> {
         .layers()
         .iter()
         .zip(patch.layers())
-        .map(|(kv, lp)| Ok(LayerKv { k: add_dense(&kv.k, &lp.k)?, v: add_dense(&kv.v, &lp.v)? }))
+        .map(|(kv, lp)| {
+            Ok(LayerKv {
+                k: add_dense(&kv.k, &lp.k)?,
+                v: add_dense(&kv.v, &lp.v)?,
+            })
+        })
         .collect::<Result<_>>()?;
     let out = ChunkKv::new(*chunk.layout(), chunk.offset(), layers)?;
     out.check_finite(OP)?;

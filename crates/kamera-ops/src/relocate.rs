@@ -9,8 +9,14 @@ use crate::with_buf;
 
 /// The shift from `from` to `to`, as an error rather than an overflow.
 pub(crate) fn shift(op: &'static str, from: i64, to: i64) -> Result<i64> {
-    to.checked_sub(from)
-        .ok_or_else(|| shape(op, "position shift", "a shift that fits in i64", format!("{from} -> {to}")))
+    to.checked_sub(from).ok_or_else(|| {
+        shape(
+            op,
+            "position shift",
+            "a shift that fits in i64",
+            format!("{from} -> {to}"),
+        )
+    })
 }
 
 /// The chunk with its keys rotated so that its first token sits at position `to`.
@@ -46,6 +52,22 @@ pub(crate) fn rotate_mat(m: &mut Mat, rot: &Rotation, n_heads: usize) -> Option<
 }
 
 fn rotate_rows<T: Elem>(v: &mut [T], cols: usize, rot: &Rotation, n_heads: usize) -> Option<usize> {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports the feature this function is compiled for.
+        return unsafe { rotate_rows_avx2(v, cols, rot, n_heads) };
+    }
+    rotate_rows_generic(v, cols, rot, n_heads)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn rotate_rows_avx2<T: Elem>(v: &mut [T], cols: usize, rot: &Rotation, n_heads: usize) -> Option<usize> {
+    rotate_rows_generic(v, cols, rot, n_heads)
+}
+
+#[inline(always)]
+fn rotate_rows_generic<T: Elem>(v: &mut [T], cols: usize, rot: &Rotation, n_heads: usize) -> Option<usize> {
     if cols == 0 {
         return None;
     }

@@ -17,16 +17,32 @@ pub fn reuse(canonical: &ChunkKv, patch: Option<&Patch>, rope: &RopeSpec, to: i6
 
 /// Writes the relocated, patched chunk into rows `dst_row..dst_row + n` of `dst`; the chunk
 /// lands at position `dst.offset() + dst_row`. `dst` may be stored in another dtype.
-pub fn reuse_into(canonical: &ChunkKv, patch: Option<&Patch>, rope: &RopeSpec, dst: &mut ChunkKv, dst_row: usize) -> Result<()> {
+pub fn reuse_into(
+    canonical: &ChunkKv,
+    patch: Option<&Patch>,
+    rope: &RopeSpec,
+    dst: &mut ChunkKv,
+    dst_row: usize,
+) -> Result<()> {
     const OP: &str = "reuse_into";
     let layout = *canonical.layout();
     layout.check_rope(OP, rope)?;
     if *dst.layout() != layout {
-        return Err(shape(OP, "destination layout", format!("{layout:?}"), format!("{:?}", dst.layout())));
+        return Err(shape(
+            OP,
+            "destination layout",
+            format!("{layout:?}"),
+            format!("{:?}", dst.layout()),
+        ));
     }
     let n = canonical.n_tokens();
     if dst_row.checked_add(n).is_none_or(|end| end > dst.n_tokens()) {
-        return Err(shape(OP, "destination rows", format!("at least {dst_row} + {n}"), dst.n_tokens()));
+        return Err(shape(
+            OP,
+            "destination rows",
+            format!("at least {dst_row} + {n}"),
+            dst.n_tokens(),
+        ));
     }
     if let Some(p) = patch {
         p.check_fits(OP, canonical)?;
@@ -38,18 +54,30 @@ pub fn reuse_into(canonical: &ChunkKv, patch: Option<&Patch>, rope: &RopeSpec, d
     let delta = shift(OP, canonical.offset(), to)?;
     let (n_heads, _) = layout.rope_heads();
     for (l, (src, out)) in canonical.layers().iter().zip(dst.layers_mut()).enumerate() {
-        let rot = if delta == 0 { None } else { Some(Rotation::new(rope, l, delta)?) };
+        let rot = if delta == 0 {
+            None
+        } else {
+            Some(Rotation::new(rope, l, delta)?)
+        };
         let lp = patch.map(|p| &p.layers()[l]);
         let k = Fuse {
             patch: lp.map(|lp| (lp.k.p.to_f32_vec(), lp.k.wt.to_f32_vec(), lp.k.rank())),
             rot: rot.as_ref().map(|r| (r, n_heads)),
         };
-        k.run(&src.k, &mut out.k, dst_row).map_err(|index| Error::NonFinite { op: OP, what: format!("layer {l} k"), index })?;
+        k.run(&src.k, &mut out.k, dst_row).map_err(|index| Error::NonFinite {
+            op: OP,
+            what: format!("layer {l} k"),
+            index,
+        })?;
         let v = Fuse {
             patch: lp.map(|lp| (lp.v.p.to_f32_vec(), lp.v.wt.to_f32_vec(), lp.v.rank())),
             rot: None,
         };
-        v.run(&src.v, &mut out.v, dst_row).map_err(|index| Error::NonFinite { op: OP, what: format!("layer {l} v"), index })?;
+        v.run(&src.v, &mut out.v, dst_row).map_err(|index| Error::NonFinite {
+            op: OP,
+            what: format!("layer {l} v"),
+            index,
+        })?;
     }
     Ok(())
 }
@@ -83,7 +111,24 @@ impl Fuse<'_> {
         }
     }
 
+    /// Dispatches to an AVX2+FMA build of the same loop where the CPU has it.
     fn rows<S: Elem, D: Elem>(&self, src: &[S], dst: &mut [D], cols: usize) -> Result<(), usize> {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU supports the features this function is compiled for.
+            return unsafe { self.rows_avx2(src, dst, cols) };
+        }
+        self.rows_generic(src, dst, cols)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn rows_avx2<S: Elem, D: Elem>(&self, src: &[S], dst: &mut [D], cols: usize) -> Result<(), usize> {
+        self.rows_generic(src, dst, cols)
+    }
+
+    #[inline(always)]
+    fn rows_generic<S: Elem, D: Elem>(&self, src: &[S], dst: &mut [D], cols: usize) -> Result<(), usize> {
         if cols == 0 {
             return Ok(());
         }
@@ -127,7 +172,9 @@ pub struct Placement<'a> {
 /// into one KV buffer of `dtype`.
 pub fn assemble(parts: &[Placement<'_>], rope: &RopeSpec, start: i64, dtype: DType) -> Result<ChunkKv> {
     const OP: &str = "assemble";
-    let first = parts.first().ok_or_else(|| shape(OP, "parts", "at least one chunk", 0))?;
+    let first = parts
+        .first()
+        .ok_or_else(|| shape(OP, "parts", "at least one chunk", 0))?;
     let total = parts.iter().map(|p| p.chunk.n_tokens()).sum();
     let mut dst = ChunkKv::zeros(*first.chunk.layout(), start, total, dtype)?;
     let mut row = 0;

@@ -18,10 +18,14 @@ pub enum PairLayout {
 pub enum RopeScaling {
     None,
     /// Positions divided by `factor` (equivalently θ_i / factor).
-    Linear { factor: f64 },
+    Linear {
+        factor: f64,
+    },
     /// A scaling the model declares that this crate does not implement (e.g. "yarn", "llama3");
     /// every operation on such a spec is an error.
-    Other { kind: String },
+    Other {
+        kind: String,
+    },
 }
 
 /// How one model rotates its keys and queries.
@@ -80,20 +84,35 @@ impl RopeSpec {
             return Err(invalid(
                 OP,
                 "rotary_dims",
-                format!("{} must be even, > 0 and <= head_dim {}", self.rotary_dims, self.head_dim),
+                format!(
+                    "{} must be even, > 0 and <= head_dim {}",
+                    self.rotary_dims, self.head_dim
+                ),
             ));
         }
         if self.bases.is_empty() || self.bases.iter().any(|b| !(b.is_finite() && *b > 1.0)) {
-            return Err(invalid(OP, "base", format!("{:?}: need at least one finite base > 1", self.bases)));
+            return Err(invalid(
+                OP,
+                "base",
+                format!("{:?}: need at least one finite base > 1", self.bases),
+            ));
         }
         match &self.scaling {
             RopeScaling::None => {}
             RopeScaling::Linear { factor } if factor.is_finite() && *factor > 0.0 => {}
             RopeScaling::Linear { factor } => {
-                return Err(invalid(OP, "linear scaling factor", format!("{factor} must be finite and > 0")));
+                return Err(invalid(
+                    OP,
+                    "linear scaling factor",
+                    format!("{factor} must be finite and > 0"),
+                ));
             }
             RopeScaling::Other { kind } => {
-                return Err(invalid(OP, "rope scaling", format!("'{kind}' is not implemented (supported: none, linear)")));
+                return Err(invalid(
+                    OP,
+                    "rope scaling",
+                    format!("'{kind}' is not implemented (supported: none, linear)"),
+                ));
             }
         }
         if let Some(s) = self.mrope_sections
@@ -113,7 +132,11 @@ impl RopeSpec {
         match self.bases.as_slice() {
             [b] => Ok(*b),
             bs => bs.get(layer).copied().ok_or_else(|| {
-                invalid("RopeSpec::base", "layer", format!("layer {layer} but {} per-layer bases", bs.len()))
+                invalid(
+                    "RopeSpec::base",
+                    "layer",
+                    format!("layer {layer} but {} per-layer bases", bs.len()),
+                )
             }),
         }
     }
@@ -127,7 +150,9 @@ impl RopeSpec {
             _ => 1.0,
         };
         let d = self.rotary_dims as f64;
-        Ok((0..self.pairs()).map(|i| base.powf(-2.0 * i as f64 / d) / factor).collect())
+        Ok((0..self.pairs())
+            .map(|i| base.powf(-2.0 * i as f64 / d) / factor)
+            .collect())
     }
 
     /// Which M-RoPE section (0 = t, 1 = h, 2 = w) each rotary pair reads its position from.
@@ -221,15 +246,22 @@ impl Rotation {
     }
 
     /// Rotates one row of `n_heads` head vectors in place.
-    #[inline]
+    #[inline(always)]
     pub fn rotate(&self, row: &mut [f32], n_heads: usize) {
         rotate_row(row, n_heads, self.head_dim, self.layout, &self.cos, &self.sin);
     }
 }
 
 /// Rotates each head of `row` by per-pair (cos, sin): (a, b) -> (a·c − b·s, a·s + b·c).
-#[inline]
-pub(crate) fn rotate_row(row: &mut [f32], n_heads: usize, head_dim: usize, layout: PairLayout, cos: &[f32], sin: &[f32]) {
+#[inline(always)]
+pub(crate) fn rotate_row(
+    row: &mut [f32],
+    n_heads: usize,
+    head_dim: usize,
+    layout: PairLayout,
+    cos: &[f32],
+    sin: &[f32],
+) {
     let half = cos.len();
     for h in 0..n_heads {
         let head = &mut row[h * head_dim..h * head_dim + 2 * half];

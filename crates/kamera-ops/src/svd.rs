@@ -23,17 +23,31 @@ impl Svd {
         let (rows, cols) = (m.rows(), m.cols());
         let k = rows.min(cols);
         if k == 0 {
-            return Ok(Svd { rows, cols, us: vec![], vt: vec![], singular: vec![] });
+            return Ok(Svd {
+                rows,
+                cols,
+                us: vec![],
+                vt: vec![],
+                singular: vec![],
+            });
         }
         let data = m.to_f32_vec();
         let a = faer::Mat::<f32>::from_fn(rows, cols, |i, j| data[i * cols + j]);
-        let svd = a.thin_svd().map_err(|_| Error::Svd { op: "Svd::compute", rows, cols })?;
+        let svd = a.thin_svd().map_err(|_| Error::Svd {
+            op: "Svd::compute",
+            rows,
+            cols,
+        })?;
         let (u, s, v) = (svd.U(), svd.S().column_vector(), svd.V());
         let mut order: Vec<usize> = (0..k).collect();
         order.sort_by(|&x, &y| s[y].total_cmp(&s[x]));
         let singular: Vec<f32> = order.iter().map(|&j| s[j]).collect();
         if singular.iter().any(|x| !x.is_finite()) {
-            return Err(Error::Svd { op: "Svd::compute", rows, cols });
+            return Err(Error::Svd {
+                op: "Svd::compute",
+                rows,
+                cols,
+            });
         }
         let mut us = vec![0.0f32; rows * k];
         let mut vt = vec![0.0f32; k * cols];
@@ -45,7 +59,13 @@ impl Svd {
                 vt[jj * cols + c] = v[(c, j)];
             }
         }
-        Ok(Svd { rows, cols, us, vt, singular })
+        Ok(Svd {
+            rows,
+            cols,
+            us,
+            vt,
+            singular,
+        })
     }
 
     /// The most directions this decomposition holds.

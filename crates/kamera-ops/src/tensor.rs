@@ -142,9 +142,16 @@ pub struct Mat {
 impl Mat {
     /// Wraps typed storage; its length must be rows * cols.
     pub fn new(rows: usize, cols: usize, data: Buf) -> Result<Mat> {
-        let want = rows.checked_mul(cols).ok_or_else(|| shape("Mat::new", "rows*cols", "no overflow", format!("{rows}x{cols}")))?;
+        let want = rows
+            .checked_mul(cols)
+            .ok_or_else(|| shape("Mat::new", "rows*cols", "no overflow", format!("{rows}x{cols}")))?;
         if data.len() != want {
-            return Err(shape("Mat::new", "data length", format!("{rows}x{cols}={want}"), data.len()));
+            return Err(shape(
+                "Mat::new",
+                "data length",
+                format!("{rows}x{cols}={want}"),
+                data.len(),
+            ));
         }
         Ok(Mat { rows, cols, data })
     }

@@ -11,8 +11,14 @@ fn rope() -> RopeSpec {
 #[test]
 fn shape_mismatches_are_errors() {
     let layout = KvLayout::gqa(2, 4, 2, 16);
-    assert!(matches!(Mat::from_f32(2, 3, vec![0.0; 5]), Err(Error::Shape { op: "Mat::new", .. })));
-    let bad_layer = LayerKv { k: Mat::zeros(2, 31, DType::F32), v: Mat::zeros(2, 32, DType::F32) };
+    assert!(matches!(
+        Mat::from_f32(2, 3, vec![0.0; 5]),
+        Err(Error::Shape { op: "Mat::new", .. })
+    ));
+    let bad_layer = LayerKv {
+        k: Mat::zeros(2, 31, DType::F32),
+        v: Mat::zeros(2, 32, DType::F32),
+    };
     let e = ChunkKv::new(layout, 0, vec![bad_layer.clone(), bad_layer]).unwrap_err();
     assert!(e.to_string().contains("k features"), "{e}");
     let a = chunk(layout, 4, 0, 1, DType::F32);
@@ -22,18 +28,33 @@ fn shape_mismatches_are_errors() {
     let other = chunk(KvLayout::gqa(2, 4, 4, 16), 4, 0, 3, DType::F32);
     assert!(matches!(deficit(&other, &a, &rope()), Err(Error::Shape { .. })));
     let wrong_dim = RopeSpec::new(8, 1e4, PairLayout::HalfSplit);
-    assert!(matches!(relocate(&a, &wrong_dim, 3), Err(Error::Shape { op: "relocate", .. })));
+    assert!(matches!(
+        relocate(&a, &wrong_dim, 3),
+        Err(Error::Shape { op: "relocate", .. })
+    ));
     let three_bases = rope().with_layer_bases(vec![1e4, 1e5, 1e6]);
     assert!(relocate(&a, &three_bases, 3).is_err());
     let mut small = ChunkKv::zeros(layout, 0, 5, DType::F32).unwrap();
-    assert!(matches!(reuse_into(&a, None, &rope(), &mut small, 2), Err(Error::Shape { op: "reuse_into", .. })));
+    assert!(matches!(
+        reuse_into(&a, None, &rope(), &mut small, 2),
+        Err(Error::Shape { op: "reuse_into", .. })
+    ));
     let patch = form_patch(&a, &a, &rope(), &PatchConfig::fixed(1, DType::F32)).unwrap();
     assert!(reuse(&b, Some(&patch), &rope(), 0).is_err());
     assert!(assemble(&[], &rope(), 0, DType::F32).is_err());
-    assert!(matches!(relocate(&chunk(layout, 1, 1, 1, DType::F32), &rope(), i64::MIN), Err(Error::Shape { .. })));
-    let per_layer = PatchConfig { rank: RankPolicy::PerLayer(vec![1]), dtype: DType::F32 };
+    assert!(matches!(
+        relocate(&chunk(layout, 1, 1, 1, DType::F32), &rope(), i64::MIN),
+        Err(Error::Shape { .. })
+    ));
+    let per_layer = PatchConfig {
+        rank: RankPolicy::PerLayer(vec![1]),
+        dtype: DType::F32,
+    };
     assert!(form_patch(&a, &a, &rope(), &per_layer).is_err());
-    let neg = PatchConfig { rank: RankPolicy::Budget { fraction: f64::NAN }, dtype: DType::F32 };
+    let neg = PatchConfig {
+        rank: RankPolicy::Budget { fraction: f64::NAN },
+        dtype: DType::F32,
+    };
     assert!(form_patch(&a, &a, &rope(), &neg).is_err());
 }
 
@@ -42,15 +63,39 @@ fn non_finite_input_is_an_error() {
     let layout = KvLayout::gqa(1, 2, 1, 16);
     let mut k = vec![0.5f32; 3 * 16];
     k[17] = f32::NAN;
-    let layer = LayerKv { k: Mat::from_f32(3, 16, k).unwrap(), v: Mat::zeros(3, 16, DType::F32) };
+    let layer = LayerKv {
+        k: Mat::from_f32(3, 16, k).unwrap(),
+        v: Mat::zeros(3, 16, DType::F32),
+    };
     let bad = ChunkKv::new(layout, 0, vec![layer]).unwrap();
     let good = chunk(layout, 3, 0, 9, DType::F32);
-    assert!(matches!(relocate(&bad, &rope(), 5), Err(Error::NonFinite { op: "relocate", index: 17, .. })));
+    assert!(matches!(
+        relocate(&bad, &rope(), 5),
+        Err(Error::NonFinite {
+            op: "relocate",
+            index: 17,
+            ..
+        })
+    ));
     assert!(matches!(relocate(&bad, &rope(), 0), Err(Error::NonFinite { .. })));
     assert!(matches!(reuse(&bad, None, &rope(), 5), Err(Error::NonFinite { .. })));
-    assert!(matches!(form_patch(&bad, &good, &rope(), &PatchConfig::fixed(1, DType::F32)), Err(Error::NonFinite { op: "deficit", .. })));
-    let inf = ChunkKv::new(layout, 0, vec![LayerKv { k: Mat::zeros(3, 16, DType::F32), v: Mat::from_f32(3, 16, vec![f32::INFINITY; 48]).unwrap() }]).unwrap();
-    assert!(matches!(form_patch(&good, &inf, &rope(), &PatchConfig::fixed(1, DType::F32)), Err(Error::NonFinite { .. })));
+    assert!(matches!(
+        form_patch(&bad, &good, &rope(), &PatchConfig::fixed(1, DType::F32)),
+        Err(Error::NonFinite { op: "deficit", .. })
+    ));
+    let inf = ChunkKv::new(
+        layout,
+        0,
+        vec![LayerKv {
+            k: Mat::zeros(3, 16, DType::F32),
+            v: Mat::from_f32(3, 16, vec![f32::INFINITY; 48]).unwrap(),
+        }],
+    )
+    .unwrap();
+    assert!(matches!(
+        form_patch(&good, &inf, &rope(), &PatchConfig::fixed(1, DType::F32)),
+        Err(Error::NonFinite { .. })
+    ));
 }
 
 #[test]
@@ -59,7 +104,12 @@ fn unsupported_specs_are_errors() {
     let e = yarn.validate().unwrap_err();
     assert!(e.to_string().contains("yarn"), "{e}");
     assert!(yarn.inv_freqs(0).is_err());
-    assert!(rope().with_scaling(RopeScaling::Linear { factor: 0.0 }).validate().is_err());
+    assert!(
+        rope()
+            .with_scaling(RopeScaling::Linear { factor: 0.0 })
+            .validate()
+            .is_err()
+    );
     assert!(rope().with_rotary_dims(7).validate().is_err());
     assert!(rope().with_rotary_dims(32).validate().is_err());
     assert!(rope().with_mrope([2, 2, 2]).validate().is_err());

@@ -31,7 +31,10 @@ fn conditioned(canonical: &ChunkKv, rope: &RopeSpec, r: usize, offset: i64, seed
                 let d = low_rank(n, m.cols(), r, rng);
                 Mat::from_f32(n, m.cols(), m.to_f32_vec().iter().zip(d).map(|(x, y)| x + y).collect()).unwrap()
             };
-            LayerKv { k: add(&kv.k, &mut rng), v: add(&kv.v, &mut rng) }
+            LayerKv {
+                k: add(&kv.k, &mut rng),
+                v: add(&kv.v, &mut rng),
+            }
         })
         .collect();
     let c = ChunkKv::new(*canonical.layout(), canonical.offset(), layers).unwrap();
@@ -39,7 +42,10 @@ fn conditioned(canonical: &ChunkKv, rope: &RopeSpec, r: usize, offset: i64, seed
 }
 
 fn cfg() -> ProptestConfig {
-    ProptestConfig { cases: 24, ..ProptestConfig::default() }
+    ProptestConfig {
+        cases: 24,
+        ..ProptestConfig::default()
+    }
 }
 
 proptest! {
@@ -152,11 +158,32 @@ fn budget_prefers_energetic_layers() {
     // Shrink layer 0's deficit tenfold.
     let l0 = &canonical.layers()[0];
     let scaled = |c: &Mat, b: &Mat| {
-        Mat::from_f32(c.rows(), c.cols(), c.to_f32_vec().iter().zip(b.to_f32_vec()).map(|(x, y)| y + 0.1 * (x - y)).collect()).unwrap()
+        Mat::from_f32(
+            c.rows(),
+            c.cols(),
+            c.to_f32_vec()
+                .iter()
+                .zip(b.to_f32_vec())
+                .map(|(x, y)| y + 0.1 * (x - y))
+                .collect(),
+        )
+        .unwrap()
     };
-    let new0 = LayerKv { k: scaled(&cond.layers()[0].k, &l0.k), v: scaled(&cond.layers()[0].v, &l0.v) };
+    let new0 = LayerKv {
+        k: scaled(&cond.layers()[0].k, &l0.k),
+        v: scaled(&cond.layers()[0].v, &l0.v),
+    };
     cond.layers_mut()[0] = new0;
-    let patch = form_patch(&cond, &canonical, &rope, &PatchConfig { rank: RankPolicy::Budget { fraction: 0.3 }, dtype: DType::F32 }).unwrap();
+    let patch = form_patch(
+        &cond,
+        &canonical,
+        &rope,
+        &PatchConfig {
+            rank: RankPolicy::Budget { fraction: 0.3 },
+            dtype: DType::F32,
+        },
+    )
+    .unwrap();
     let r = patch.ranks();
     assert!(r[1].0 + r[1].1 > r[0].0 + r[0].1, "{r:?}");
 }
@@ -171,13 +198,30 @@ fn orbit_patch_averages_deficits() {
     let cfg = PatchConfig::fixed(10, DType::F32);
     let single = orbit_patch(std::slice::from_ref(&a), &canonical, &rope, &cfg).unwrap();
     let plain = form_patch(&a, &canonical, &rope, &cfg).unwrap();
-    assert!(chunk_diff(&reuse(&canonical, Some(&single), &rope, 0).unwrap(), &reuse(&canonical, Some(&plain), &rope, 0).unwrap()) < 1e-5);
+    assert!(
+        chunk_diff(
+            &reuse(&canonical, Some(&single), &rope, 0).unwrap(),
+            &reuse(&canonical, Some(&plain), &rope, 0).unwrap()
+        ) < 1e-5
+    );
     // Rank 4 holds both rank-2 deficits, so the orbit patch reproduces their exact mean.
-    let orbit = orbit_patch(&[a.clone(), b.clone()], &canonical, &rope, &PatchConfig::fixed(4, DType::F32)).unwrap();
+    let orbit = orbit_patch(
+        &[a.clone(), b.clone()],
+        &canonical,
+        &rope,
+        &PatchConfig::fixed(4, DType::F32),
+    )
+    .unwrap();
     let rebuilt = reuse(&canonical, Some(&orbit), &rope, 0).unwrap();
     let (a0, b0) = (relocate(&a, &rope, 0).unwrap(), relocate(&b, &rope, 0).unwrap());
     for l in 0..2 {
-        let mean: Vec<f32> = a0.layers()[l].k.to_f32_vec().iter().zip(b0.layers()[l].k.to_f32_vec()).map(|(x, y)| 0.5 * (x + y)).collect();
+        let mean: Vec<f32> = a0.layers()[l]
+            .k
+            .to_f32_vec()
+            .iter()
+            .zip(b0.layers()[l].k.to_f32_vec())
+            .map(|(x, y)| 0.5 * (x + y))
+            .collect();
         assert!(max_abs_diff(&mean, &rebuilt.layers()[l].k.to_f32_vec()) < 1e-4);
     }
 }
@@ -187,9 +231,23 @@ fn orbit_patch_averages_deficits() {
 fn assemble_places_chunks_contiguously() {
     let (_, layout, rope) = flavours(2).swap_remove(0);
     let (a, b) = (chunk(layout, 3, 0, 1, DType::F32), chunk(layout, 5, 0, 2, DType::Bf16));
-    let ctx = assemble(&[Placement { chunk: &a, patch: None }, Placement { chunk: &b, patch: None }], &rope, 10, DType::F32).unwrap();
+    let ctx = assemble(
+        &[
+            Placement { chunk: &a, patch: None },
+            Placement { chunk: &b, patch: None },
+        ],
+        &rope,
+        10,
+        DType::F32,
+    )
+    .unwrap();
     assert_eq!((ctx.offset(), ctx.n_tokens()), (10, 8));
     let kf = layout.k_features();
     let kb = reuse(&b.to_dtype(DType::F32), None, &rope, 13).unwrap();
-    assert!(max_abs_diff(&ctx.layers()[1].k.to_f32_vec()[3 * kf..], &kb.layers()[1].k.to_f32_vec()) < 1e-6);
+    assert!(
+        max_abs_diff(
+            &ctx.layers()[1].k.to_f32_vec()[3 * kf..],
+            &kb.layers()[1].k.to_f32_vec()
+        ) < 1e-6
+    );
 }

@@ -7,7 +7,10 @@ use kamera_ops::{DType, KvLayout, PairLayout, RopeSpec, relocate};
 use proptest::prelude::*;
 
 fn cfg() -> ProptestConfig {
-    ProptestConfig { cases: 48, ..ProptestConfig::default() }
+    ProptestConfig {
+        cases: 48,
+        ..ProptestConfig::default()
+    }
 }
 
 proptest! {

@@ -24,8 +24,12 @@ pub fn chunk(layout: KvLayout, n: usize, offset: i64, seed: u64, dtype: DType) -
     let mut rng = Rng(seed);
     let layers = (0..layout.n_layers)
         .map(|_| LayerKv {
-            k: Mat::from_f32(n, layout.k_features(), rng.vec(n * layout.k_features())).unwrap().to_dtype(dtype),
-            v: Mat::from_f32(n, layout.v_features(), rng.vec(n * layout.v_features())).unwrap().to_dtype(dtype),
+            k: Mat::from_f32(n, layout.k_features(), rng.vec(n * layout.k_features()))
+                .unwrap()
+                .to_dtype(dtype),
+            v: Mat::from_f32(n, layout.v_features(), rng.vec(n * layout.v_features()))
+                .unwrap()
+                .to_dtype(dtype),
         })
         .collect();
     ChunkKv::new(layout, offset, layers).unwrap()
@@ -43,7 +47,10 @@ pub fn prefilled(layout: KvLayout, rope: &RopeSpec, n: usize, offset: i64, seed:
         .map(|(l, kv)| {
             let mut k = kv.k.to_f32_vec();
             rope.apply(l, &mut k, heads, &positions).unwrap();
-            LayerKv { k: Mat::from_f32(n, layout.k_features(), k).unwrap(), v: kv.v.clone() }
+            LayerKv {
+                k: Mat::from_f32(n, layout.k_features(), k).unwrap(),
+                v: kv.v.clone(),
+            }
         })
         .collect();
     ChunkKv::new(layout, offset, layers).unwrap()
@@ -59,15 +66,25 @@ pub fn chunk_diff(a: &ChunkKv, b: &ChunkKv) -> f32 {
     a.layers()
         .iter()
         .zip(b.layers())
-        .map(|(x, y)| max_abs_diff(&x.k.to_f32_vec(), &y.k.to_f32_vec()).max(max_abs_diff(&x.v.to_f32_vec(), &y.v.to_f32_vec())))
+        .map(|(x, y)| {
+            max_abs_diff(&x.k.to_f32_vec(), &y.k.to_f32_vec()).max(max_abs_diff(&x.v.to_f32_vec(), &y.v.to_f32_vec()))
+        })
         .fold(0.0, f32::max)
 }
 
 /// The RoPE flavours the operator must handle, with a matching layout.
 pub fn flavours(n_layers: usize) -> Vec<(&'static str, KvLayout, RopeSpec)> {
     vec![
-        ("interleaved-gqa", KvLayout::gqa(n_layers, 6, 2, 16), RopeSpec::new(16, 1e5, PairLayout::Interleaved)),
-        ("half-split-mha", KvLayout::mha(n_layers, 3, 16), RopeSpec::new(16, 1e4, PairLayout::HalfSplit)),
+        (
+            "interleaved-gqa",
+            KvLayout::gqa(n_layers, 6, 2, 16),
+            RopeSpec::new(16, 1e5, PairLayout::Interleaved),
+        ),
+        (
+            "half-split-mha",
+            KvLayout::mha(n_layers, 3, 16),
+            RopeSpec::new(16, 1e4, PairLayout::HalfSplit),
+        ),
         (
             "partial-half-split",
             KvLayout::gqa(n_layers, 4, 1, 32),
@@ -76,7 +93,8 @@ pub fn flavours(n_layers: usize) -> Vec<(&'static str, KvLayout, RopeSpec)> {
         (
             "per-layer-base",
             KvLayout::gqa(n_layers, 4, 1, 16),
-            RopeSpec::new(16, 1e4, PairLayout::HalfSplit).with_layer_bases((0..n_layers).map(|l| if l % 2 == 0 { 1e4 } else { 1e6 }).collect()),
+            RopeSpec::new(16, 1e4, PairLayout::HalfSplit)
+                .with_layer_bases((0..n_layers).map(|l| if l % 2 == 0 { 1e4 } else { 1e6 }).collect()),
         ),
         (
             "mrope",
@@ -85,7 +103,16 @@ pub fn flavours(n_layers: usize) -> Vec<(&'static str, KvLayout, RopeSpec)> {
         ),
         (
             "mla",
-            KvLayout { attention: Attention::Mla { heads: 4, latent_dim: 24, rope_dim: 8 }, head_dim: 8, v_head_dim: 24, n_layers },
+            KvLayout {
+                attention: Attention::Mla {
+                    heads: 4,
+                    latent_dim: 24,
+                    rope_dim: 8,
+                },
+                head_dim: 8,
+                v_head_dim: 24,
+                n_layers,
+            },
             RopeSpec::new(8, 1e4, PairLayout::Interleaved),
         ),
     ]
