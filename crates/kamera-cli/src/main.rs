@@ -1,1 +1,54 @@
-fn main() {}
+//! `kamera`: the command-line front of the Kamera runtime. One module per subcommand group;
+//! add a group by adding a module and a variant of [`Command`].
+
+mod generate;
+mod logits;
+mod models;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "kamera", version, about = "Position-invariant KV cache runtime")]
+struct Cli {
+    /// More logging on stderr (-v info, -vv debug, -vvv trace); RUST_LOG wins when set.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Fetch and list models.
+    Models(models::ModelsArgs),
+    /// Print a prompt's token ids and the top-K next-token logits.
+    Logits(logits::LogitsArgs),
+    /// Generate text from a prompt.
+    Generate(generate::GenerateArgs),
+}
+
+fn init_tracing(verbose: u8) {
+    use tracing_subscriber::EnvFilter;
+    let level = match verbose {
+        0 => "warn",
+        1 => "info",
+        2 => "debug",
+        _ => "trace",
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    init_tracing(cli.verbose);
+    match cli.command {
+        Command::Models(a) => models::run(a),
+        Command::Logits(a) => logits::run(a),
+        Command::Generate(a) => generate::run(a),
+    }
+}
