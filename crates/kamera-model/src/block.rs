@@ -24,17 +24,10 @@ pub(crate) fn norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
     rms_norm(&x.contiguous().ctx(OP)?, w, eps as f32).ctx("rms_norm")
 }
 
-fn rope(
-    spec: &RopeSpec,
-    layer: usize,
-    x: &Tensor,
-    heads: usize,
-    positions: &[i64],
-) -> Result<Tensor> {
+fn rope(spec: &RopeSpec, layer: usize, x: &Tensor, heads: usize, positions: &[i64]) -> Result<Tensor> {
     let dims = x.dims2().ctx(OP)?;
     let mut v = x.flatten_all().ctx(OP)?.to_vec1::<f32>().ctx(OP)?;
-    spec.apply(layer, &mut v, heads, positions)
-        .ops("block rope")?;
+    spec.apply(layer, &mut v, heads, positions).ops("block rope")?;
     Tensor::from_vec(v, dims, x.device()).ctx(OP)
 }
 
@@ -148,12 +141,7 @@ pub(crate) fn layer_forward(
 
 /// Additive mask `[n, t]`: 0 where query `q_pos[i]` may see key `k_pos[j]`, -inf elsewhere.
 /// A key is visible when it is not in the future and, with a window, `q - k < window`.
-pub(crate) fn mask(
-    q_pos: &[i64],
-    k_pos: &[i64],
-    window: Option<usize>,
-    dev: &candle_core::Device,
-) -> Result<Tensor> {
+pub(crate) fn mask(q_pos: &[i64], k_pos: &[i64], window: Option<usize>, dev: &candle_core::Device) -> Result<Tensor> {
     let mut m = Vec::with_capacity(q_pos.len() * k_pos.len());
     for &q in q_pos {
         for &k in k_pos {
@@ -173,4 +161,24 @@ pub(crate) fn head(x: &Tensor, out_norm: &Tensor, lm_head: &Tensor, eps: f64) ->
 #[allow(dead_code)]
 pub(crate) fn last_dim(x: &Tensor) -> Result<usize> {
     x.dim(D::Minus1).ctx(OP)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mask_is_causal_and_windowed_by_position() {
+        let dev = candle_core::Device::Cpu;
+        let m = mask(&[10, 11], &[7, 8, 9, 10, 11], Some(3), &dev)
+            .unwrap()
+            .to_vec2::<f32>()
+            .unwrap();
+        let inf = f32::NEG_INFINITY;
+        // Query 10 sees 8, 9, 10 (10 - k < 3); query 11 sees 9, 10, 11.
+        assert_eq!(m[0], vec![inf, 0.0, 0.0, 0.0, inf]);
+        assert_eq!(m[1], vec![inf, inf, 0.0, 0.0, 0.0]);
+        let g = mask(&[10], &[0, 10, 11], None, &dev).unwrap().to_vec2::<f32>().unwrap();
+        assert_eq!(g[0], vec![0.0, 0.0, inf]);
+    }
 }

@@ -8,7 +8,8 @@ use fancy_regex::Regex;
 use crate::error::{Error, Result};
 
 const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
-const QWEN2: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN2: &str =
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const DIGITS: &str = r"\p{N}";
 
 /// GPT-2 byte-level BPE.
@@ -40,11 +41,7 @@ fn bytes_to_unicode() -> [char; 256] {
 
 impl ByteBpe {
     pub fn new(tokens: &[String], merges: &[String], pre: &str) -> Result<ByteBpe> {
-        let vocab = tokens
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (t.clone(), i as u32))
-            .collect();
+        let vocab = tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
         let mut ranks = HashMap::with_capacity(merges.len());
         for (i, m) in merges.iter().enumerate() {
             let Some((a, b)) = m.split_once(' ') else {
@@ -61,16 +58,10 @@ impl ByteBpe {
         };
         let regexes = pats
             .iter()
-            .map(|p| {
-                Regex::new(p).map_err(|e| Error::Tokenizer(format!("pre-tokenizer regex: {e}")))
-            })
+            .map(|p| Regex::new(p).map_err(|e| Error::Tokenizer(format!("pre-tokenizer regex: {e}"))))
             .collect::<Result<Vec<_>>>()?;
         let byte_to_char = bytes_to_unicode();
-        let char_to_byte = byte_to_char
-            .iter()
-            .enumerate()
-            .map(|(b, &c)| (c, b as u8))
-            .collect();
+        let char_to_byte = byte_to_char.iter().enumerate().map(|(b, &c)| (c, b as u8)).collect();
         Ok(ByteBpe {
             vocab,
             ranks,
@@ -132,19 +123,13 @@ impl ByteBpe {
             let best = syms
                 .windows(2)
                 .enumerate()
-                .filter_map(|(i, w)| {
-                    self.ranks
-                        .get(&(w[0].clone(), w[1].clone()))
-                        .map(|&r| (r, i))
-                })
+                .filter_map(|(i, w)| self.ranks.get(&(w[0].clone(), w[1].clone())).map(|&r| (r, i)))
                 .min();
             let Some((rank, _)) = best else { break };
             let mut merged = Vec::with_capacity(syms.len());
             let mut i = 0;
             while i < syms.len() {
-                if i + 1 < syms.len()
-                    && self.ranks.get(&(syms[i].clone(), syms[i + 1].clone())) == Some(&rank)
-                {
+                if i + 1 < syms.len() && self.ranks.get(&(syms[i].clone(), syms[i + 1].clone())) == Some(&rank) {
                     merged.push(format!("{}{}", syms[i], syms[i + 1]));
                     i += 2;
                 } else {

@@ -102,9 +102,7 @@ impl Config {
                 });
             }
         }
-        if g.has_meta(&k("rope.dimension_count"))
-            && g.usize(&k("rope.dimension_count"))? != head_dim
-        {
+        if g.has_meta(&k("rope.dimension_count")) && g.usize(&k("rope.dimension_count"))? != head_dim {
             return Err(Error::Gguf {
                 path: g.path().to_path_buf(),
                 detail: "partial rotary is not supported yet".into(),
@@ -161,8 +159,7 @@ impl Config {
 
     /// RoPE of this model (one base per layer).
     pub fn rope(&self) -> RopeSpec {
-        RopeSpec::new(self.head_dim, self.rope_bases[0], self.rope_layout)
-            .with_layer_bases(self.rope_bases.clone())
+        RopeSpec::new(self.head_dim, self.rope_bases[0], self.rope_layout).with_layer_bases(self.rope_bases.clone())
     }
 
     /// Features of one token's keys (= values) in one layer.

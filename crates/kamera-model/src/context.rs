@@ -56,11 +56,7 @@ impl Context {
         if *chunk.layout() != self.layout {
             return Err(Error::Shape {
                 op: "Context::push",
-                detail: format!(
-                    "chunk layout {:?} != context layout {:?}",
-                    chunk.layout(),
-                    self.layout
-                ),
+                detail: format!("chunk layout {:?} != context layout {:?}", chunk.layout(), self.layout),
             });
         }
         if self.len > 0 && chunk.offset() != self.end() {
@@ -83,10 +79,9 @@ impl Context {
         for (i, l) in chunk.layers().iter().enumerate() {
             let (k, v) = (to_t(&l.k)?, to_t(&l.v)?);
             layers.push(match self.layers.get(i) {
-                Some((pk, pv)) if self.len > 0 => (
-                    Tensor::cat(&[pk, &k], 0).ctx(OP)?,
-                    Tensor::cat(&[pv, &v], 0).ctx(OP)?,
-                ),
+                Some((pk, pv)) if self.len > 0 => {
+                    (Tensor::cat(&[pk, &k], 0).ctx(OP)?, Tensor::cat(&[pv, &v], 0).ctx(OP)?)
+                }
                 _ => (k, v),
             });
         }
@@ -122,10 +117,7 @@ impl Context {
 
     /// K and V of `layer`, or `None` while empty.
     pub(crate) fn layer(&self, layer: usize) -> Option<(&Tensor, &Tensor)> {
-        self.layers
-            .get(layer)
-            .filter(|_| self.len > 0)
-            .map(|(k, v)| (k, v))
+        self.layers.get(layer).filter(|_| self.len > 0).map(|(k, v)| (k, v))
     }
 
     /// The whole context as one chunk.

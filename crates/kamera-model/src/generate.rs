@@ -48,9 +48,7 @@ impl Sampler {
                 if !(*temperature > 0.0) || !(*top_p > 0.0 && *top_p <= 1.0) {
                     return Err(Error::Invalid {
                         op: "sample",
-                        detail: format!(
-                            "need temperature > 0 and 0 < top_p <= 1, got {sampling:?}"
-                        ),
+                        detail: format!("need temperature > 0 and 0 < top_p <= 1, got {sampling:?}"),
                     });
                 }
                 *seed

@@ -45,13 +45,10 @@ impl Gguf {
             detail,
         };
         if bytes.len() < 4 || &bytes[..4] != b"GGUF" {
-            return Err(err(format!(
-                "not a GGUF file (bad magic, {} bytes)",
-                bytes.len()
-            )));
+            return Err(err(format!("not a GGUF file (bad magic, {} bytes)", bytes.len())));
         }
-        let content = Content::read(&mut Cursor::new(&bytes))
-            .map_err(|e| err(format!("malformed header: {e}")))?;
+        let content =
+            Content::read(&mut Cursor::new(&bytes)).map_err(|e| err(format!("truncated or malformed header: {e}")))?;
         let mut need = content.tensor_data_offset;
         for (name, info) in &content.tensor_infos {
             let elems = info.shape.elem_count();
@@ -75,10 +72,7 @@ impl Gguf {
                 bytes.len()
             )));
         }
-        let sha256 = Sha256::digest(&bytes)
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let sha256 = Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
         Ok(Gguf {
             path: path.to_path_buf(),
             bytes,
@@ -98,13 +92,10 @@ impl Gguf {
     }
 
     fn meta(&self, key: &str) -> Result<&Value> {
-        self.content
-            .metadata
-            .get(key)
-            .ok_or_else(|| Error::MissingMeta {
-                path: self.path.clone(),
-                key: key.to_string(),
-            })
+        self.content.metadata.get(key).ok_or_else(|| Error::MissingMeta {
+            path: self.path.clone(),
+            key: key.to_string(),
+        })
     }
 
     fn bad(&self, key: &str, want: &str) -> Error {
@@ -144,10 +135,7 @@ impl Gguf {
         match self.meta(key)? {
             Value::F32(v) => Ok(*v as f64),
             Value::F64(v) => Ok(*v),
-            _ => self
-                .u64(key)
-                .map(|v| v as f64)
-                .map_err(|_| self.bad(key, "a number")),
+            _ => self.u64(key).map(|v| v as f64).map_err(|_| self.bad(key, "a number")),
         }
     }
 

@@ -27,17 +27,14 @@ mod weights;
 pub use config::{Activation, Config, Family};
 pub use context::Context;
 pub use error::{Error, Result};
-pub use fetch::{CacheState, ModelName, cache_state, default_home, fetch, model_path, sha256_file};
+pub use fetch::{CacheState, ModelName, cache_state, default_home, fetch, fetch_with, model_path, sha256_file};
 pub use generate::{Sampling, argmax};
 pub use gguf::Gguf;
-pub use kamera_ops::{ChunkKv, KvLayout, Patch, Placement, RopeSpec};
+pub use kamera_ops::{ChunkKv, KvLayout, PairLayout, Patch, Placement, RopeSpec};
 pub use model::{Input, Model, Prefill, PrefillOptions};
 pub use tokenizer::Tokenizer;
 
 /// `kamera_ops::relocate` with this crate's error type.
 pub fn kamera_ops_relocate(chunk: &ChunkKv, rope: &RopeSpec, to: i64) -> Result<ChunkKv> {
-    kamera_ops::relocate(chunk, rope, to).map_err(|source| Error::Ops {
-        op: "relocate",
-        source,
-    })
+    kamera_ops::relocate(chunk, rope, to).map_err(|source| Error::Ops { op: "relocate", source })
 }

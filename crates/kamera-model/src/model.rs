@@ -63,10 +63,7 @@ impl Model {
         let device = Device::Cpu;
         let weights = Weights::load(&g, &cfg, &device)?;
         let cfg_json = serde_json::to_string(&cfg).unwrap_or_default();
-        let digest = Sha256::new()
-            .chain_update(g.sha256())
-            .chain_update(cfg_json)
-            .finalize();
+        let digest = Sha256::new().chain_update(g.sha256()).chain_update(cfg_json).finalize();
         let fingerprint = digest.iter().take(16).map(|b| format!("{b:02x}")).collect();
         g.release();
         let rope = cfg.rope();
@@ -107,12 +104,7 @@ impl Model {
 
     /// Prefill `tokens` at `start_pos..` after `context`; logits at the last position.
     pub fn prefill(&self, tokens: &[u32], start_pos: i64, context: &Context) -> Result<Prefill> {
-        self.prefill_with(
-            Input::Tokens(tokens),
-            start_pos,
-            context,
-            PrefillOptions::default(),
-        )
+        self.prefill_with(Input::Tokens(tokens), start_pos, context, PrefillOptions::default())
     }
 
     /// Prefill tokens or embeddings at `start_pos..` after `context` (which, when not empty,
@@ -164,16 +156,7 @@ impl Model {
                 (Some(lm), true) => lm,
                 _ => &global,
             };
-            let out = layer_forward(
-                &self.cfg,
-                w,
-                l,
-                &self.rope,
-                &x,
-                &positions,
-                context.layer(l),
-                m,
-            )?;
+            let out = layer_forward(&self.cfg, w, l, &self.rope, &x, &positions, context.layer(l), m)?;
             layers.push(LayerKv {
                 k: tensor_to_mat(&out.k)?,
                 v: tensor_to_mat(&out.v)?,

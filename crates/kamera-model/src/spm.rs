@@ -29,9 +29,7 @@ impl PartialOrd for Bigram {
 }
 impl Ord for Bigram {
     fn cmp(&self, o: &Self) -> Ordering {
-        self.score
-            .total_cmp(&o.score)
-            .then_with(|| o.left.cmp(&self.left))
+        self.score.total_cmp(&o.score).then_with(|| o.left.cmp(&self.left))
     }
 }
 
@@ -43,12 +41,7 @@ struct Sym {
 }
 
 impl Spm {
-    pub fn new(
-        tokens: &[String],
-        scores: &[f32],
-        byte_ids: &[u32],
-        add_space_prefix: bool,
-    ) -> Result<Spm> {
+    pub fn new(tokens: &[String], scores: &[f32], byte_ids: &[u32], add_space_prefix: bool) -> Result<Spm> {
         if scores.len() != tokens.len() {
             return Err(Error::Tokenizer(format!(
                 "{} scores for {} tokens",
@@ -142,9 +135,7 @@ impl Spm {
                     for b in piece.bytes() {
                         let id = self.byte_ids[b as usize];
                         if id == u32::MAX {
-                            return Err(Error::Tokenizer(format!(
-                                "no byte-fallback token for byte 0x{b:02X}"
-                            )));
+                            return Err(Error::Tokenizer(format!("no byte-fallback token for byte 0x{b:02X}")));
                         }
                         out.push(id);
                     }

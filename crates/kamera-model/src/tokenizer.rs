@@ -97,9 +97,7 @@ impl Tokenizer {
             specials,
             bos: id("tokenizer.ggml.bos_token_id"),
             eos: id("tokenizer.ggml.eos_token_id"),
-            add_bos: g
-                .bool("tokenizer.ggml.add_bos_token")
-                .unwrap_or(default_bos),
+            add_bos: g.bool("tokenizer.ggml.add_bos_token").unwrap_or(default_bos),
         })
     }
 

@@ -45,20 +45,13 @@ impl Weights {
             if x.dims() != shape {
                 return Err(Error::Gguf {
                     path: g.path().to_path_buf(),
-                    detail: format!(
-                        "tensor {name}: expected shape {shape:?}, got {:?}",
-                        x.dims()
-                    ),
+                    detail: format!("tensor {name}: expected shape {shape:?}, got {:?}", x.dims()),
                 });
             }
             Ok(x)
         };
         let opt = |name: &str, shape: &[usize], want: bool| -> Result<Option<Tensor>> {
-            if want {
-                t(name, shape).map(Some)
-            } else {
-                Ok(None)
-            }
+            if want { t(name, shape).map(Some) } else { Ok(None) }
         };
         let (h, f, hd) = (cfg.hidden, cfg.ffn, cfg.head_dim);
         let (qd, kvd) = (cfg.heads * hd, cfg.kv_dim());

@@ -79,13 +79,7 @@ fn chunked_context_with(name: ModelName, texts: &[String], blank_far_local: bool
     }
     let q = toks(&m, Q)?;
     let run = |chunks: &[ChunkKv]| -> Result<Vec<f32>> {
-        let parts: Vec<Placement<'_>> = chunks
-            .iter()
-            .map(|c| Placement {
-                chunk: c,
-                patch: None,
-            })
-            .collect();
+        let parts: Vec<Placement<'_>> = chunks.iter().map(|c| Placement { chunk: c, patch: None }).collect();
         let rebuilt = Context::from_chunks(&parts, m.rope(), 0)?;
         Ok(m.prefill(&q, rebuilt.end(), &rebuilt)?.logits)
     };
@@ -130,9 +124,7 @@ fn chunked_context_with(name: ModelName, texts: &[String], blank_far_local: bool
         blanked[0] = ChunkKv::new(*canon[0].layout(), 0, layers)?;
         let l_blank = run(&blanked)?;
         let diff = common::max_abs(&l_blank, &l_chunked);
-        eprintln!(
-            "{name}: first chunk ({first} tokens) blanked in local layers: max |dlogit| {diff:.2e} (must be 0)"
-        );
+        eprintln!("{name}: first chunk ({first} tokens) blanked in local layers: max |dlogit| {diff:.2e} (must be 0)");
         anyhow::ensure!(
             diff == 0.0,
             "{name}: sliding-window layers see a chunk beyond the window (max |dlogit| {diff:.3e})"

@@ -31,20 +31,19 @@ pub fn log_softmax(x: &[f32]) -> Vec<f64> {
 /// KL(p || q) over full logit rows.
 pub fn kl(p_logits: &[f32], q_logits: &[f32]) -> f64 {
     let (lp, lq) = (log_softmax(p_logits), log_softmax(q_logits));
-    lp.iter()
-        .zip(&lq)
-        .map(|(a, b)| a.exp() * (a - b))
-        .sum::<f64>()
-        .max(0.0)
+    lp.iter().zip(&lq).map(|(a, b)| a.exp() * (a - b)).sum::<f64>().max(0.0)
 }
 
 pub fn max_abs(a: &[f32], b: &[f32]) -> f32 {
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
 
 pub fn argmax(x: &[f32]) -> usize {
     kamera_model::argmax(x) as usize
+}
+
+/// Fetch `name` (cached) and return its GGUF path.
+pub fn path(name: ModelName) -> Result<PathBuf> {
+    let home = default_home();
+    fetch(name, &home).with_context(|| format!("fetching {name} into {} failed", home.display()))
 }
