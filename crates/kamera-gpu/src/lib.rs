@@ -1,0 +1,29 @@
+//! kamera-gpu: the operator's hot ops (fused relocate + patch, context gather) behind one
+//! `Backend` trait, on the CPU (kamera-ops, always built) or on CUDA (cudarc + NVRTC, `cuda`
+//! feature). Without the feature or a driver, `CudaBackend::new` is a clear error, never a panic.
+//!
+//! ```
+//! use kamera_gpu::{Backend, CpuBackend, CudaBackend};
+//! let backend: Box<dyn Backend> = match CudaBackend::new(0) {
+//!     Ok(cuda) => Box::new(cuda),
+//!     Err(e) => { eprintln!("using the CPU: {e}"); Box::new(CpuBackend) }
+//! };
+//! assert!(!backend.name().is_empty());
+//! ```
+
+mod backend;
+#[cfg(feature = "cuda")]
+mod cuda;
+mod error;
+#[cfg(not(feature = "cuda"))]
+mod stub;
+
+pub use backend::{Backend, CpuBackend, tolerance};
+#[cfg(feature = "cuda")]
+pub use cuda::{BenchFigures, CudaBackend};
+pub use error::{Error, Result};
+#[cfg(not(feature = "cuda"))]
+pub use stub::{BenchFigures, CudaBackend};
+
+/// The CUDA sources, compiled by NVRTC at first use.
+pub const KERNEL_SOURCE: &str = include_str!("../../../kernels/reuse.cu");

@@ -1,0 +1,52 @@
+//! The CUDA backend when built without the `cuda` feature: every call is a clear error.
+
+use crate::backend::Backend;
+use crate::error::{Error, Result};
+use kamera_ops::{ChunkKv, DType, Patch, RopeSpec};
+
+/// Stand-in for the CUDA backend; [`CudaBackend::new`] always fails with [`Error::NotCompiled`].
+#[derive(Debug)]
+pub struct CudaBackend {
+    _private: (),
+}
+
+/// Bandwidth figures of the device benchmark (see the `cuda` build).
+#[derive(Debug, Clone)]
+pub struct BenchFigures {
+    pub fused_gbs: f64,
+    pub copy_gbs: f64,
+    pub fused_ms: f64,
+}
+
+impl CudaBackend {
+    pub fn new(_ordinal: usize) -> Result<CudaBackend> {
+        Err(Error::NotCompiled { op: "CudaBackend::new" })
+    }
+    pub fn device_name(&self) -> String {
+        String::new()
+    }
+    pub fn bench_reuse(
+        &self,
+        _tokens: usize,
+        _layers: usize,
+        _features: usize,
+        _rank: usize,
+        _dtype: DType,
+        _iters: usize,
+    ) -> Result<BenchFigures> {
+        Err(Error::NotCompiled {
+            op: "CudaBackend::bench_reuse",
+        })
+    }
+}
+
+impl Backend for CudaBackend {
+    fn name(&self) -> &'static str {
+        "cuda (not compiled)"
+    }
+    fn reuse_into(&self, _: &ChunkKv, _: Option<&Patch>, _: &RopeSpec, _: &mut ChunkKv, _: usize) -> Result<()> {
+        Err(Error::NotCompiled {
+            op: "CudaBackend::reuse_into",
+        })
+    }
+}

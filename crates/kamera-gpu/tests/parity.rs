@@ -1,0 +1,166 @@
+//! Every GPU kernel against the CPU reference (kamera-ops), for every dtype pair and layout, with
+//! one tolerance table. Reports itself skipped where no GPU (or no `cuda` feature) exists.
+
+use kamera_gpu::{Backend, CpuBackend, CudaBackend, Error, tolerance};
+use kamera_ops::*;
+
+fn val(seed: u64, i: usize) -> f32 {
+    let x = (i as u64 ^ seed.wrapping_mul(0x9E37_79B9_7F4A_7C15)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    ((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+}
+
+fn chunk(layout: KvLayout, n: usize, seed: u64, dtype: DType) -> ChunkKv {
+    let layers = (0..layout.n_layers)
+        .map(|l| LayerKv {
+            k: Mat::from_f32(
+                n,
+                layout.k_features(),
+                (0..n * layout.k_features()).map(|i| val(seed + l as u64, i)).collect(),
+            )
+            .unwrap()
+            .to_dtype(dtype),
+            v: Mat::from_f32(
+                n,
+                layout.v_features(),
+                (0..n * layout.v_features())
+                    .map(|i| val(seed + 99 + l as u64, i))
+                    .collect(),
+            )
+            .unwrap()
+            .to_dtype(dtype),
+        })
+        .collect();
+    ChunkKv::new(layout, 0, layers).unwrap()
+}
+
+fn flavours() -> Vec<(&'static str, KvLayout, RopeSpec)> {
+    vec![
+        (
+            "interleaved-gqa",
+            KvLayout::gqa(2, 9, 3, 64),
+            RopeSpec::new(64, 1e5, PairLayout::Interleaved),
+        ),
+        (
+            "half-split-mqa",
+            KvLayout::gqa(2, 4, 1, 256),
+            RopeSpec::new(256, 1e6, PairLayout::HalfSplit),
+        ),
+        (
+            "partial",
+            KvLayout::mha(2, 2, 64),
+            RopeSpec::new(64, 1e4, PairLayout::HalfSplit).with_rotary_dims(32),
+        ),
+        (
+            "mrope",
+            KvLayout::gqa(2, 4, 2, 32),
+            RopeSpec::new(32, 1e6, PairLayout::HalfSplit).with_mrope([4, 6, 6]),
+        ),
+        (
+            "mla",
+            KvLayout::mla(2, 8, 128, 64),
+            RopeSpec::new(64, 1e4, PairLayout::Interleaved),
+        ),
+    ]
+}
+
+fn cuda() -> Option<CudaBackend> {
+    match CudaBackend::new(0) {
+        Ok(b) => Some(b),
+        Err(e) => {
+            eprintln!("SKIPPED: no GPU for the parity test: {e}");
+            None
+        }
+    }
+}
+
+fn within(op: &str, got: &ChunkKv, want: &ChunkKv) {
+    let (abs, rel) = tolerance(want.dtype());
+    for (l, (g, w)) in got.layers().iter().zip(want.layers()).enumerate() {
+        for (ch, a, b) in [("k", &g.k, &w.k), ("v", &g.v, &w.v)] {
+            for (i, (x, y)) in a.to_f32_vec().iter().zip(b.to_f32_vec()).enumerate() {
+                assert!(
+                    (x - y).abs() <= abs + rel * y.abs(),
+                    "{op}: layer {l} {ch}[{i}]: gpu {x} vs cpu {y}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn fused_reuse_matches_cpu_reference() {
+    let Some(gpu) = cuda() else { return };
+    let dtypes = [DType::F32, DType::F16, DType::Bf16];
+    for (name, layout, rope) in flavours() {
+        let canonical = chunk(layout, 37, 1, DType::F32);
+        let cond = relocate(&chunk(layout, 37, 2, DType::F32), &rope, 500).unwrap();
+        let patch = form_patch(&cond, &canonical, &rope, &PatchConfig::fixed(16, DType::F32)).unwrap();
+        for src in dtypes {
+            for dst in dtypes {
+                for p in [None, Some(&patch)] {
+                    let c = canonical.to_dtype(src);
+                    let mut want = ChunkKv::zeros(layout, 1000 - 3, 37 + 5, dst).unwrap();
+                    let mut got = want.clone();
+                    CpuBackend.reuse_into(&c, p, &rope, &mut want, 3).unwrap();
+                    gpu.reuse_into(&c, p, &rope, &mut got, 3).unwrap();
+                    within(&format!("{name} {src:?}->{dst:?} patch={}", p.is_some()), &got, &want);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn gather_matches_cpu_reference() {
+    let Some(gpu) = cuda() else { return };
+    let (_, layout, rope) = flavours().swap_remove(0);
+    let (a, b) = (chunk(layout, 11, 3, DType::Bf16), chunk(layout, 29, 4, DType::Bf16));
+    let parts = [
+        Placement { chunk: &a, patch: None },
+        Placement { chunk: &b, patch: None },
+    ];
+    let want = CpuBackend.assemble(&parts, &rope, 77, DType::Bf16).unwrap();
+    let got = gpu.assemble(&parts, &rope, 77, DType::Bf16).unwrap();
+    within("gather", &got, &want);
+}
+
+#[test]
+fn gpu_rejects_what_the_reference_rejects() {
+    let Some(gpu) = cuda() else { return };
+    let (_, layout, rope) = flavours().swap_remove(0);
+    let mut small = ChunkKv::zeros(layout, 0, 4, DType::F32).unwrap();
+    assert!(
+        gpu.reuse_into(&chunk(layout, 8, 1, DType::F32), None, &rope, &mut small, 0)
+            .is_err()
+    );
+    let mut nan = chunk(layout, 2, 1, DType::F32);
+    if let Buf::F32(v) = nan.layers_mut()[0].k.data_mut() {
+        v[3] = f32::NAN;
+    }
+    assert!(matches!(
+        gpu.reuse(&nan, None, &rope, 5),
+        Err(Error::Ops(kamera_ops::Error::NonFinite { .. }))
+    ));
+}
+
+/// The CPU backend is kamera-ops itself, and the CUDA backend without a GPU is an error, not a panic.
+#[test]
+fn cpu_backend_is_the_reference_and_cuda_fails_cleanly() {
+    let (_, layout, rope) = flavours().swap_remove(1);
+    let c = chunk(layout, 5, 9, DType::Bf16);
+    assert_eq!(
+        CpuBackend.reuse(&c, None, &rope, 42).unwrap(),
+        reuse(&c, None, &rope, 42).unwrap()
+    );
+    assert!(CpuBackend.assemble(&[], &rope, 0, DType::F32).is_err());
+    match CudaBackend::new(0) {
+        Ok(gpu) => eprintln!("GPU present: {}", gpu.device_name()),
+        Err(e) => {
+            let msg = e.to_string();
+            assert!(
+                msg.contains("cuda") || msg.contains("CUDA") || msg.contains("NVRTC"),
+                "{msg}"
+            );
+        }
+    }
+}

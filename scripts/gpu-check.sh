@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# GPU checks for kamera-gpu, as one prepared script for a lent device (which has no Rust
+# toolchain and no registry).
+#   here:   scripts/gpu-check.sh --build    builds the parity tests and the bandwidth bench with
+#                                           `--features cuda` into .gpu/ (git-ignored; carry it)
+#   device: scripts/gpu-check.sh            runs the parity tests, then the bandwidth bench
+#                                           (T = 1024..16384, 28 layers, F = 512, rank 16/32);
+#                                           finishes well inside 8 minutes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "${1:-}" = "--build" ]; then
+  mkdir -p .gpu
+  grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
+  cargo build --release -p kamera-gpu --features cuda --bin kamera-gpu-bench
+  test_bin=$(cargo test --release -p kamera-gpu --features cuda --test parity --no-run --message-format=json 2>/dev/null \
+    | python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "parity":
+        print(m["executable"])' | tail -n 1)
+  cp "$test_bin" .gpu/parity
+  cp "${CARGO_TARGET_DIR:-target}/release/kamera-gpu-bench" .gpu/kamera-gpu-bench
+  ls -la .gpu
+  echo "built; on the device run: scripts/gpu-check.sh   (carry .gpu)"
+  exit 0
+fi
+
+[ -x .gpu/parity ] || { echo "gpu-check: .gpu/parity missing: run 'scripts/gpu-check.sh --build' here and carry .gpu" >&2; exit 1; }
+# NVRTC and the driver: the toolkit's lib64 and any pip-installed nvidia-cuda-nvrtc.
+extra=$(python3 - <<'PY' 2>/dev/null || true
+import glob, site
+dirs = set()
+for s in site.getsitepackages():
+    for p in glob.glob(s + "/nvidia/**/libnvrtc*.so*", recursive=True):
+        dirs.add(p.rsplit("/", 1)[0])
+print(":".join(sorted(dirs)))
+PY
+)
+export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${extra}:${LD_LIBRARY_PATH:-}"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+echo "== parity (GPU vs kamera-ops CPU reference)"
+timeout 180 .gpu/parity --nocapture --test-threads 1
+echo "== bandwidth (fused relocate + patch vs device copy)"
+timeout 300 .gpu/kamera-gpu-bench
