@@ -1,6 +1,8 @@
 //! `kamera`: the command-line front of the Kamera runtime. One module per subcommand group;
 //! add a group by adding a module and a variant of [`Command`].
 
+mod bench_reuse;
+mod eval;
 mod generate;
 mod logits;
 mod models;
@@ -26,6 +28,8 @@ enum Command {
     Logits(logits::LogitsArgs),
     /// Generate text from a prompt.
     Generate(generate::GenerateArgs),
+    /// Reuse experiments: every method side by side on a task suite.
+    Eval(eval::EvalArgs),
 }
 
 fn init_tracing(verbose: u8) {
@@ -50,5 +54,6 @@ fn main() -> Result<()> {
         Command::Models(a) => models::run(a),
         Command::Logits(a) => logits::run(a),
         Command::Generate(a) => generate::run(a),
+        Command::Eval(a) => eval::run(a),
     }
 }

@@ -20,6 +20,7 @@ mod fetch;
 mod generate;
 mod gguf;
 mod model;
+mod selective;
 mod spm;
 mod tokenizer;
 mod weights;
@@ -32,6 +33,7 @@ pub use generate::{Sampling, argmax};
 pub use gguf::Gguf;
 pub use kamera_ops::{ChunkKv, KvLayout, PairLayout, Patch, Placement, RopeSpec};
 pub use model::{Input, Model, Prefill, PrefillOptions};
+pub use selective::{Selection, Selective};
 pub use tokenizer::Tokenizer;
 
 /// `kamera_ops::relocate` with this crate's error type.

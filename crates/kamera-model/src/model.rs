@@ -191,7 +191,11 @@ impl Model {
         })
     }
 
-    fn embed(&self, input: Input<'_>) -> Result<Tensor> {
+    pub(crate) fn weights(&self) -> &Weights {
+        &self.weights
+    }
+
+    pub(crate) fn embed(&self, input: Input<'_>) -> Result<Tensor> {
         const OP: &str = "Model::embed";
         match input {
             Input::Tokens(ids) => {

