@@ -6,6 +6,7 @@ mod eval;
 mod generate;
 mod logits;
 mod models;
+mod run;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -30,6 +31,12 @@ enum Command {
     Generate(generate::GenerateArgs),
     /// Reuse experiments: every method side by side on a task suite.
     Eval(eval::EvalArgs),
+    /// Run a scenario end to end on real Chromium (scripted or model policy).
+    Run(run::RunArgs),
+    /// Run a scenario and keep its trace (NDJSON + resources/ + DevTools Recorder JSON).
+    Record(run::RecordArgs),
+    /// Re-run the agent on a recorded trace, no browser; check the actions match.
+    Replay(run::ReplayArgs),
 }
 
 fn init_tracing(verbose: u8) {
@@ -52,6 +59,9 @@ fn main() -> Result<()> {
     init_tracing(cli.verbose);
     match cli.command {
         Command::Models(a) => models::run(a),
+        Command::Run(a) => run::run(a),
+        Command::Record(a) => run::record(a),
+        Command::Replay(a) => run::replay(a),
         Command::Logits(a) => logits::run(a),
         Command::Generate(a) => generate::run(a),
         Command::Eval(a) => eval::run(a),

@@ -1,0 +1,61 @@
+//! The one error type of kamera-agent.
+
+use std::path::PathBuf;
+
+/// What went wrong loading, running or replaying a scenario.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A scenario file that does not parse or does not make sense.
+    #[error("scenario {path}: {detail}")]
+    Scenario { path: PathBuf, detail: String },
+    /// A trace that does not parse; `line` is 1-based.
+    #[error("trace {path} line {line}: {detail}")]
+    Trace { path: PathBuf, line: usize, detail: String },
+    /// The browser failed.
+    #[error(transparent)]
+    Browser(#[from] kamera_browser::Error),
+    /// The model failed.
+    #[error("model {op}: {source}")]
+    Model {
+        op: &'static str,
+        #[source]
+        source: kamera_model::Error,
+    },
+    /// The operator failed.
+    #[error("kv {op}: {source}")]
+    Ops {
+        op: &'static str,
+        #[source]
+        source: kamera_ops::Error,
+    },
+    /// The model policy produced no valid action within its retries.
+    #[error("policy: no valid action after {tries} tries; last output {last:?}")]
+    Policy { tries: usize, last: String },
+    /// A scripted step that cannot be carried out on the current page.
+    #[error("step {step}: {detail}")]
+    Step { step: usize, detail: String },
+    /// Fetching or unpacking MiniWoB++ failed.
+    #[error("miniwob: {0}")]
+    MiniWob(String),
+    #[error("{op} {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cancelled")]
+    Cancelled,
+}
+
+/// `Result` with [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;
+
+pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Error {
+    let path = path.into();
+    move |source| Error::Io { op, path, source }
+}
+
+pub(crate) fn model(op: &'static str) -> impl FnOnce(kamera_model::Error) -> Error {
+    move |source| Error::Model { op, source }
+}

@@ -1,0 +1,257 @@
+//! The model side of the loop: pages become canonical KV chunks; questions and action prompts are
+//! answered over a context assembled from relocated chunks (no re-prefill of cached pages).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use kamera_model::{Context, Input, Model, PrefillOptions};
+use kamera_ops::{ChunkKv, Placement};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result, model};
+
+/// Timings of one model call, in milliseconds.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CallTimings {
+    /// Assembling the context from cached chunks (relocation).
+    pub reuse_ms: f64,
+    /// Prefilling the question / instruction suffix.
+    pub prefill_ms: f64,
+    /// Decoding or scoring the answer.
+    pub decode_ms: f64,
+}
+
+/// What the model was asked and what it said.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ModelCall {
+    /// Tokens in the context (prefix + page chunks) the call reused.
+    pub context_tokens: usize,
+    /// The suffix prefilled fresh (question or instruction).
+    pub prompt: String,
+    pub prompt_tokens: usize,
+    /// Raw output (generated text, or the chosen candidate).
+    pub output: String,
+    pub output_tokens: Vec<u32>,
+    /// Per-choice mean log-likelihood, when choices were scored.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub scores: Vec<(String, f32)>,
+    pub timings: CallTimings,
+}
+
+/// The embedded model plus the chat framing the agent uses.
+pub struct Llm {
+    model: Arc<Model>,
+}
+
+fn ms(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
+}
+
+fn log_softmax_at(logits: &[f32], id: u32) -> f32 {
+    let m = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let z: f32 = logits.iter().map(|x| (x - m).exp()).sum();
+    logits[id as usize] - m - z.ln()
+}
+
+impl Llm {
+    pub fn new(model: Arc<Model>) -> Llm {
+        Llm { model }
+    }
+
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    /// The fixed prefix chunk text: system turn and the opening of the user turn with the goal.
+    pub fn prefix_text(&self, goal: &str) -> String {
+        let chat = self.model.chat_prompt("\u{0}");
+        let open = chat.split('\u{0}').next().unwrap_or("").to_string();
+        format!("{open}Goal: {goal}\nPages seen so far:\n")
+    }
+
+    /// Tokens of a chunk text (no BOS; the prefix carries it).
+    pub fn tokens(&self, text: &str, bos: bool) -> Result<Vec<u32>> {
+        let t = self.model.tokenizer();
+        if bos { t.encode(text) } else { t.encode_raw(text) }.map_err(model("encode"))
+    }
+
+    /// Canonical KV of `tokens`: prefilled alone at positions 0..n.
+    pub fn canonical(&self, tokens: &[u32]) -> Result<ChunkKv> {
+        let p = self
+            .model
+            .prefill(tokens, 0, &self.model.empty_context())
+            .map_err(model("prefill"))?;
+        Ok(p.chunk)
+    }
+
+    /// The context: `chunks` laid out from position 0, each relocated to its slot.
+    pub fn assemble(&self, chunks: &[Arc<ChunkKv>]) -> Result<Context> {
+        let parts: Vec<Placement<'_>> = chunks.iter().map(|c| Placement { chunk: c, patch: None }).collect();
+        Context::from_chunks(&parts, self.model.rope(), 0).map_err(model("assemble"))
+    }
+
+    fn close_turn(&self, text: &str) -> String {
+        // "<|im_end|>\n<|im_start|>assistant\n" etc.: the tail of the chat template after the user text.
+        let chat = self.model.chat_prompt("\u{0}");
+        let tail = chat.split('\u{0}').nth(1).unwrap_or("\n");
+        format!("{text}{tail}")
+    }
+
+    /// Picks the choice the model finds most likely after `question` (mean token log-likelihood).
+    pub fn choose(&self, chunks: &[Arc<ChunkKv>], question: &str, choices: &[String]) -> Result<ModelCall> {
+        let t0 = Instant::now();
+        let ctx = self.assemble(chunks)?;
+        let reuse_ms = ms(t0);
+        let prompt = self.close_turn(&format!(
+            "Question: {question}\nAnswer with one of: {}.",
+            choices.join(", ")
+        ));
+        let ptoks = self.tokens(&prompt, false)?;
+        let t1 = Instant::now();
+        let q = self.model.prefill(&ptoks, ctx.end(), &ctx).map_err(model("prefill"))?;
+        let mut qctx = ctx.clone();
+        qctx.push(&q.chunk).map_err(model("push"))?;
+        let prefill_ms = ms(t1);
+        let t2 = Instant::now();
+        let mut scores = Vec::new();
+        for c in choices {
+            let ct = self.tokens(c, false)?;
+            let mut lp = log_softmax_at(&q.logits, ct[0]);
+            if ct.len() > 1 {
+                let out = self
+                    .model
+                    .prefill_with(
+                        Input::Tokens(&ct[..ct.len() - 1]),
+                        qctx.end(),
+                        &qctx,
+                        PrefillOptions { all_logits: true },
+                    )
+                    .map_err(model("score"))?;
+                let all = out.all_logits.unwrap_or_default();
+                let vocab = q.logits.len();
+                for (i, &tok) in ct[1..].iter().enumerate() {
+                    lp += log_softmax_at(&all[i * vocab..(i + 1) * vocab], tok);
+                }
+            }
+            scores.push((c.clone(), lp / ct.len() as f32));
+        }
+        let best = scores
+            .iter()
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+            .map(|s| s.0.clone())
+            .unwrap_or_default();
+        let output_tokens = self.tokens(&best, false)?;
+        Ok(ModelCall {
+            context_tokens: ctx.len(),
+            prompt_tokens: ptoks.len(),
+            prompt,
+            output: best,
+            output_tokens,
+            scores,
+            timings: CallTimings {
+                reuse_ms,
+                prefill_ms,
+                decode_ms: ms(t2),
+            },
+        })
+    }
+
+    /// Greedy generation (or seeded sampling when `seed > 0`) after `instruction`.
+    pub fn generate(&self, chunks: &[Arc<ChunkKv>], instruction: &str, max_new: usize, seed: u64) -> Result<ModelCall> {
+        let t0 = Instant::now();
+        let ctx = self.assemble(chunks)?;
+        let reuse_ms = ms(t0);
+        let prompt = self.close_turn(instruction);
+        let ptoks = self.tokens(&prompt, false)?;
+        let t1 = Instant::now();
+        let mut step = self.model.prefill(&ptoks, ctx.end(), &ctx).map_err(model("prefill"))?;
+        let mut gctx = ctx.clone();
+        gctx.push(&step.chunk).map_err(model("push"))?;
+        let prefill_ms = ms(t1);
+        let t2 = Instant::now();
+        let stop = self.model.chat_stop_tokens();
+        let eos = self.model.tokenizer().eos();
+        let mut rng = seed;
+        let mut out = Vec::new();
+        while out.len() < max_new {
+            let next = if seed == 0 {
+                kamera_model::argmax(&step.logits)
+            } else {
+                sample_top(&step.logits, &mut rng)
+            };
+            if Some(next) == eos || stop.contains(&next) {
+                break;
+            }
+            out.push(next);
+            step = self
+                .model
+                .prefill(&[next], gctx.end(), &gctx)
+                .map_err(model("decode"))?;
+            gctx.push(&step.chunk).map_err(model("push"))?;
+        }
+        let output = self.model.tokenizer().decode(&out, true).map_err(model("decode"))?;
+        Ok(ModelCall {
+            context_tokens: ctx.len(),
+            prompt_tokens: ptoks.len(),
+            prompt,
+            output,
+            output_tokens: out,
+            scores: Vec::new(),
+            timings: CallTimings {
+                reuse_ms,
+                prefill_ms,
+                decode_ms: ms(t2),
+            },
+        })
+    }
+}
+
+/// Deterministic top-8 sampling with a splitmix64 state (for bounded retries of the model policy).
+fn sample_top(logits: &[f32], state: &mut u64) -> u32 {
+    let mut idx: Vec<usize> = (0..logits.len()).collect();
+    idx.sort_unstable_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+    idx.truncate(8);
+    let m = logits[idx[0]];
+    let p: Vec<f64> = idx.iter().map(|&i| ((logits[i] - m) as f64 / 0.8).exp()).collect();
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    let u = ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64;
+    let mut r = u * p.iter().sum::<f64>();
+    for (j, x) in p.iter().enumerate() {
+        r -= x;
+        if r <= 0.0 {
+            return idx[j] as u32;
+        }
+    }
+    idx[0] as u32
+}
+
+/// Strict JSON action parsing for the model policy: the first `{...}` object in `text`.
+pub fn parse_action(text: &str) -> std::result::Result<kamera_browser::Action, String> {
+    let start = text.find('{').ok_or("no JSON object")?;
+    let mut depth = 0;
+    let mut end = None;
+    for (i, ch) in text[start..].char_indices() {
+        match ch {
+            '{' => depth += 1,
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    end = Some(start + i + 1);
+                    break;
+                }
+            }
+            _ => {}
+        }
+    }
+    let end = end.ok_or("unterminated JSON object")?;
+    serde_json::from_str(&text[start..end]).map_err(|e| e.to_string())
+}
+
+impl From<kamera_ops::Error> for Error {
+    fn from(source: kamera_ops::Error) -> Self {
+        Error::Ops { op: "kv", source }
+    }
+}

@@ -1,0 +1,339 @@
+//! [`ChromiumBrowser`]: Debian's chromium, headless, driven over the DevTools protocol.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chromiumoxide::cdp::browser_protocol::input::InsertTextParams;
+use chromiumoxide::cdp::browser_protocol::page::CaptureScreenshotFormat;
+use chromiumoxide::handler::viewport::Viewport;
+use chromiumoxide::layout::Point;
+use chromiumoxide::page::ScreenshotParams;
+use chromiumoxide::{Browser as CdpBrowser, BrowserConfig, Page};
+use futures::StreamExt;
+use serde::Deserialize;
+
+use crate::Browser;
+use crate::error::{Error, Result, cdp};
+use crate::origin::Origins;
+use crate::types::{Action, Element, Observation};
+
+const OBSERVE_JS: &str = include_str!("observe.js");
+
+/// How to launch Chromium.
+#[derive(Debug, Clone)]
+pub struct ChromiumConfig {
+    /// The executable; `KAMERA_CHROMIUM` or `/usr/bin/chromium` by default.
+    pub executable: PathBuf,
+    pub width: u32,
+    pub height: u32,
+    /// Limit for one browser call (navigation, script, screenshot).
+    pub timeout: Duration,
+    /// Where navigations may go.
+    pub origins: Origins,
+}
+
+impl ChromiumConfig {
+    /// Defaults (800x600 viewport, 20 s per call) for `origins`.
+    pub fn new(origins: Origins) -> ChromiumConfig {
+        let executable = std::env::var_os("KAMERA_CHROMIUM")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("/usr/bin/chromium"));
+        ChromiumConfig {
+            executable,
+            width: 800,
+            height: 600,
+            timeout: Duration::from_secs(20),
+            origins,
+        }
+    }
+}
+
+/// A headless Chromium with one page, its own temporary user-data-dir, background networking off.
+pub struct ChromiumBrowser {
+    cfg: ChromiumConfig,
+    browser: CdpBrowser,
+    page: Page,
+    handler: tokio::task::JoinHandle<()>,
+    _profile: tempfile::TempDir,
+    last: Option<Observation>,
+}
+
+#[derive(Deserialize)]
+struct RawObservation {
+    title: String,
+    url: String,
+    text: String,
+    elements: Vec<Element>,
+}
+
+impl ChromiumBrowser {
+    /// Launches Chromium; fails with [`Error::ChromiumMissing`] (which names
+    /// scripts/install-chromium.sh) when the executable is not there.
+    pub async fn launch(cfg: ChromiumConfig) -> Result<ChromiumBrowser> {
+        if !cfg.executable.exists() {
+            return Err(Error::ChromiumMissing {
+                path: cfg.executable.display().to_string(),
+            });
+        }
+        let profile = tempfile::Builder::new()
+            .prefix("kamera-chromium-")
+            .tempdir()
+            .map_err(|source| Error::Io {
+                op: "ChromiumBrowser::launch",
+                source,
+            })?;
+        let mut builder = BrowserConfig::builder()
+            .chrome_executable(&cfg.executable)
+            .user_data_dir(profile.path())
+            .window_size(cfg.width, cfg.height)
+            .viewport(Viewport {
+                width: cfg.width,
+                height: cfg.height,
+                device_scale_factor: Some(1.0),
+                emulating_mobile: false,
+                is_landscape: true,
+                has_touch: false,
+            })
+            // Newer Chromium sends events chromiumoxide does not know: hand them to our handler loop
+            // (logged at trace) instead of warning about each.
+            .surface_invalid_messages()
+            .launch_timeout(cfg.timeout)
+            .request_timeout(cfg.timeout)
+            .args([
+                "disable-background-networking",
+                "disable-component-update",
+                "disable-sync",
+                "no-first-run",
+                "disable-gpu",
+                "disable-quic",
+                "disable-dev-shm-usage",
+                "no-default-browser-check",
+                "disable-features=Translate,MediaRouter,OptimizationHints",
+                "font-render-hinting=none",
+            ]);
+        if is_root() {
+            builder = builder.no_sandbox();
+        }
+        let config = builder
+            .build()
+            .map_err(|detail| Error::Chromium { op: "config", detail })?;
+        let (browser, mut handler) = with_timeout("launch", cfg.timeout, async {
+            CdpBrowser::launch(config).await.map_err(cdp("launch"))
+        })
+        .await?;
+        // The handler loop must run before anything else is awaited.
+        let handler = tokio::spawn(async move {
+            while let Some(ev) = handler.next().await {
+                if let Err(e) = ev {
+                    tracing::trace!(error = %e, "chromium handler");
+                }
+            }
+        });
+        let page = with_timeout("new_page", cfg.timeout, async {
+            browser.new_page("about:blank").await.map_err(cdp("new_page"))
+        })
+        .await?;
+        Ok(ChromiumBrowser {
+            cfg,
+            browser,
+            page,
+            handler,
+            _profile: profile,
+            last: None,
+        })
+    }
+
+    async fn eval_value(&self, op: &'static str, js: &str) -> Result<serde_json::Value> {
+        let page = &self.page;
+        with_timeout(op, self.cfg.timeout, async {
+            let r = page.evaluate(js).await.map_err(cdp(op))?;
+            Ok(r.value().cloned().unwrap_or(serde_json::Value::Null))
+        })
+        .await
+    }
+
+    async fn settle(&self) {
+        // Wait (bounded) for the document to finish loading after an action.
+        for _ in 0..50 {
+            match self.eval_value("settle", "document.readyState").await {
+                Ok(serde_json::Value::String(s)) if s == "complete" => break,
+                _ => tokio::time::sleep(Duration::from_millis(40)).await,
+            }
+        }
+    }
+
+    fn element(&self, op: &'static str, id: u32) -> Result<Element> {
+        self.last
+            .as_ref()
+            .and_then(|o| o.element(id))
+            .cloned()
+            .ok_or(Error::NoElement { op, id })
+    }
+
+    async fn goto(&mut self, url: &str) -> Result<()> {
+        self.cfg.origins.check(url)?;
+        let page = &self.page;
+        with_timeout("navigate", self.cfg.timeout, async {
+            page.goto(url).await.map_err(cdp("navigate"))?;
+            Ok(())
+        })
+        .await?;
+        self.settle().await;
+        Ok(())
+    }
+
+    async fn key(&self, key: &str) -> Result<()> {
+        let page = &self.page;
+        with_timeout("key", self.cfg.timeout, async {
+            let body = page.find_element("body").await.map_err(cdp("key"))?;
+            body.press_key(key).await.map_err(cdp("key"))?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// After an action the page may have moved: refuse (and leave) a page off the allowed origins.
+    async fn check_location(&mut self) -> Result<()> {
+        let url = self.eval_value("location", "location.href").await?;
+        let url = url.as_str().unwrap_or("").to_string();
+        if let Err(e) = self.cfg.origins.check(&url) {
+            let _ = self.page.goto("about:blank").await;
+            return Err(e);
+        }
+        Ok(())
+    }
+}
+
+fn is_root() -> bool {
+    // Chromium refuses to start sandboxed as root; the effective uid decides.
+    std::fs::read_to_string("/proc/self/status")
+        .map(|s| {
+            s.lines()
+                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"))
+        })
+        .unwrap_or(false)
+}
+
+async fn with_timeout<T>(op: &'static str, limit: Duration, f: impl Future<Output = Result<T>>) -> Result<T> {
+    match tokio::time::timeout(limit, f).await {
+        Ok(r) => r,
+        Err(_) => Err(Error::Timeout {
+            op,
+            ms: limit.as_millis() as u64,
+        }),
+    }
+}
+
+#[async_trait]
+impl Browser for ChromiumBrowser {
+    async fn navigate(&mut self, url: &str) -> Result<()> {
+        self.goto(url).await
+    }
+
+    async fn act(&mut self, action: &Action) -> Result<()> {
+        match action {
+            Action::ClickXy { x, y } => {
+                let page = &self.page;
+                with_timeout("click", self.cfg.timeout, async {
+                    page.click(Point::new(*x, *y)).await.map_err(cdp("click"))?;
+                    Ok(())
+                })
+                .await?;
+            }
+            Action::Click { id } => {
+                let el = self.element("click", *id)?;
+                // Scroll into view and click the element's centre through real input events.
+                let js = format!(
+                    "(() => {{ const e = document.querySelector('[data-kid=\"{id}\"]'); if (!e) return null; \
+                     e.scrollIntoView({{block: 'center'}}); const r = e.getBoundingClientRect(); \
+                     return [r.left + r.width / 2, r.top + r.height / 2]; }})()"
+                );
+                let at = self.eval_value("click", &js).await?;
+                let (x, y) = match at.as_array().map(|a| (a[0].as_f64(), a[1].as_f64())) {
+                    Some((Some(x), Some(y))) => (x, y),
+                    _ => (el.x, el.y),
+                };
+                let page = &self.page;
+                with_timeout("click", self.cfg.timeout, async {
+                    page.click(Point::new(x, y)).await.map_err(cdp("click"))?;
+                    Ok(())
+                })
+                .await?;
+            }
+            Action::Type { id, text } => {
+                if let Some(id) = id {
+                    self.element("type", *id)?;
+                    let js = format!(
+                        "(() => {{ const e = document.querySelector('[data-kid=\"{id}\"]'); if (!e) return false; \
+                         e.focus(); if ('value' in e) {{ e.value = ''; }} return true; }})()"
+                    );
+                    self.eval_value("type", &js).await?;
+                }
+                let page = &self.page;
+                with_timeout("type", self.cfg.timeout, async {
+                    page.execute(InsertTextParams::new(text.clone()))
+                        .await
+                        .map_err(cdp("type"))?;
+                    Ok(())
+                })
+                .await?;
+            }
+            Action::Key { key } => self.key(key).await?,
+            Action::Scroll { dy } => {
+                self.eval_value("scroll", &format!("window.scrollBy(0, {dy})")).await?;
+            }
+            Action::Navigate { url } => self.goto(url).await?,
+            Action::Back => {
+                self.eval_value("back", "history.back()").await?;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Action::Wait { ms } => tokio::time::sleep(Duration::from_millis(*ms)).await,
+            Action::Done { .. } => {}
+        }
+        self.settle().await;
+        self.check_location().await
+    }
+
+    async fn observe(&mut self) -> Result<Observation> {
+        let raw = self.eval_value("observe", OBSERVE_JS).await?;
+        let raw: RawObservation = serde_json::from_str(raw.as_str().unwrap_or("null")).map_err(|e| Error::Invalid {
+            op: "observe",
+            detail: format!("page script returned malformed JSON: {e}"),
+        })?;
+        let page = &self.page;
+        let png = with_timeout("screenshot", self.cfg.timeout, async {
+            page.screenshot(ScreenshotParams::builder().format(CaptureScreenshotFormat::Png).build())
+                .await
+                .map_err(cdp("screenshot"))
+        })
+        .await?;
+        let obs = Observation {
+            url: raw.url,
+            title: raw.title,
+            text: raw.text,
+            elements: raw.elements,
+            screenshot_png: png,
+        };
+        self.last = Some(obs.clone());
+        Ok(obs)
+    }
+
+    async fn eval(&mut self, js: &str) -> Result<serde_json::Value> {
+        self.eval_value("eval", js).await
+    }
+
+    async fn close(&mut self) -> Result<()> {
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.browser.close()).await;
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.browser.wait()).await;
+        let _ = self.browser.kill().await;
+        self.handler.abort();
+        Ok(())
+    }
+}
+
+impl Drop for ChromiumBrowser {
+    fn drop(&mut self) {
+        self.handler.abort();
+    }
+}

@@ -1,0 +1,55 @@
+//! kamera-browser: what the Kamera agent drives. A small async [`Browser`] trait, the real
+//! [`ChromiumBrowser`] (Debian's chromium, headless, over the DevTools protocol via
+//! chromiumoxide), a browser-free [`ReplayBrowser`] for recorded traces, the allowed-origins check
+//! every navigation passes ([`Origins`]), and a loopback static [`Server`] for local test sites.
+//!
+//! An observation is a PNG screenshot plus compact page text in which every interactive element
+//! carries an id (`[3] button "Track"`), the URL and the title.
+//!
+//! ```
+//! use kamera_browser::{Browser, ReplayBrowser, Observation, Action};
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! let page = Observation { url: "http://127.0.0.1:1/".into(), title: "t".into(),
+//!     text: "[1] button \"Go\"".into(), elements: vec![], screenshot_png: vec![] };
+//! let mut b = ReplayBrowser::new(vec![page.clone()]);
+//! assert_eq!(b.observe().await.unwrap(), page);
+//! b.act(&Action::Click { id: 1 }).await.unwrap();
+//! assert!(b.observe().await.is_err()); // nothing more recorded
+//! # });
+//! ```
+
+mod chromium;
+mod error;
+mod origin;
+mod replay;
+mod serve;
+mod types;
+
+use async_trait::async_trait;
+
+pub use chromium::{ChromiumBrowser, ChromiumConfig};
+pub use error::{Error, Result};
+pub use origin::Origins;
+pub use replay::ReplayBrowser;
+pub use serve::{Content, Server};
+pub use types::{Action, Element, Observation};
+
+/// A browser the agent loop can drive. Implementations check navigations against their allowed
+/// origins and bound every call with a timeout, so a hung page becomes an error, never a hang.
+#[async_trait]
+pub trait Browser: Send {
+    /// Loads `url` (refused with [`Error::Refused`] off the allowed origins).
+    async fn navigate(&mut self, url: &str) -> Result<()>;
+    /// Performs one action; element ids refer to the last observation.
+    async fn act(&mut self, action: &Action) -> Result<()>;
+    /// Screenshot + page text of the current page.
+    async fn observe(&mut self) -> Result<Observation>;
+    /// Evaluates a JavaScript expression on the page and returns its JSON value.
+    async fn eval(&mut self, js: &str) -> Result<serde_json::Value>;
+    /// Shuts the browser down.
+    async fn close(&mut self) -> Result<()>;
+    /// Whether this browser replays a recording (no page behind it).
+    fn is_replay(&self) -> bool {
+        false
+    }
+}

@@ -1,0 +1,258 @@
+//! `kamera run SCENARIO`, `kamera record SCENARIO --out DIR`, `kamera replay DIR`: the agent
+//! runtime on real Chromium with the embedded default model, and browser-free replay.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use kamera_agent::{Llm, RunConfig, RunSummary, Scenario, StepRecord};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Args)]
+pub struct RunArgs {
+    /// A scenario file (scenarios/*.toml) or a bare scenario name.
+    scenario: String,
+    /// Also write an HTML report (step screenshots, timing chart, cache hits).
+    #[arg(long)]
+    report: Option<PathBuf>,
+    /// Keep the trace in this folder (default: a temporary folder).
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// Print the summary as JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct RecordArgs {
+    scenario: String,
+    /// The trace folder (trace.ndjson, resources/, recorder.json).
+    #[arg(long)]
+    out: PathBuf,
+    #[arg(long)]
+    report: Option<PathBuf>,
+}
+
+#[derive(Args)]
+pub struct ReplayArgs {
+    /// A trace folder written by `kamera record` (or `kamera run --trace`).
+    dir: PathBuf,
+    #[arg(long)]
+    json: bool,
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
+}
+
+fn progress(total: usize) -> ProgressBar {
+    let pb = ProgressBar::new(total as u64);
+    if std::io::stderr().is_terminal() {
+        pb.set_draw_target(ProgressDrawTarget::stderr());
+        if let Ok(style) = ProgressStyle::with_template("{spinner} [{bar:30}] {pos}/{len} steps {msg}") {
+            pb.set_style(style.progress_chars("=> "));
+        }
+    } else {
+        pb.set_draw_target(ProgressDrawTarget::hidden());
+    }
+    pb
+}
+
+fn load_llm() -> Result<Llm> {
+    let home = kamera_model::default_home();
+    let model = kamera_agent::default_model(&home).context("loading the default model (SmolLM2-135M-Instruct)")?;
+    Ok(Llm::new(model))
+}
+
+fn cancel_on_ctrl_c(rt: &tokio::runtime::Runtime) -> CancellationToken {
+    let token = CancellationToken::new();
+    let t = token.clone();
+    rt.spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            t.cancel();
+        }
+    });
+    token
+}
+
+fn execute(scenario_arg: &str, trace_dir: &Path, report: Option<&Path>) -> Result<RunSummary> {
+    let path = kamera_agent::resolve(scenario_arg);
+    let scenario = Scenario::load(&path)?;
+    let llm = load_llm()?;
+    let rt = runtime()?;
+    let cancel = cancel_on_ctrl_c(&rt);
+    let pb = progress(scenario.budget.steps);
+    let pb2 = pb.clone();
+    let on_step = Box::new(move |s: &StepRecord| {
+        pb2.inc(1);
+        pb2.set_message(s.action.as_ref().map(|a| a.label()).unwrap_or_default());
+        tracing::info!(step = s.step, url = %s.observation.url, action = ?s.action, result = %s.result, ms = s.timings.total_ms, "step");
+    });
+    let home = kamera_model::default_home();
+    let summary = rt.block_on(kamera_agent::run_scenario(
+        &scenario,
+        &llm,
+        &home,
+        RunConfig {
+            trace_dir: Some(trace_dir.to_path_buf()),
+            cancel,
+            on_step: Some(on_step),
+        },
+    ))?;
+    pb.finish_and_clear();
+    if let Some(r) = report {
+        kamera_agent::report::write_html(&summary, Some(&trace_dir.join("resources")), r)?;
+    }
+    Ok(summary)
+}
+
+fn print_summary(s: &RunSummary) {
+    println!("scenario  {}", s.scenario);
+    println!(
+        "{:>4}  {:<28} {:<34} {:<26} {:>8} {:>8} {:>8}  {}",
+        "step", "page", "action", "window", "encode", "model", "total", "result"
+    );
+    for st in &s.steps {
+        let ops = |o: kamera_agent::Op| st.plan.iter().filter(|p| p.op == o).count();
+        let window = format!(
+            "{}h {}r {}R {}m {}e",
+            ops(kamera_agent::Op::Hit),
+            ops(kamera_agent::Op::Relocate),
+            ops(kamera_agent::Op::Recall),
+            ops(kamera_agent::Op::Miss),
+            ops(kamera_agent::Op::Evict)
+        );
+        let t = &st.timings;
+        let page: String = st.observation.title.chars().take(28).collect();
+        let action: String = st
+            .action
+            .as_ref()
+            .map(|a| a.label())
+            .unwrap_or_default()
+            .chars()
+            .take(34)
+            .collect();
+        println!(
+            "{:>4}  {:<28} {:<34} {:<26} {:>6.0}ms {:>6.0}ms {:>6.0}ms  {}",
+            st.step,
+            page,
+            action,
+            window,
+            t.encode_ms,
+            t.reuse_ms + t.prefill_ms + t.decode_ms,
+            t.total_ms,
+            st.result
+        );
+    }
+    let c = &s.cache;
+    println!(
+        "cache     {} hit, {} relocate, {} recall, {} miss (prefill), {} evict; {} page tokens reused without prefill, {} prefilled",
+        c.hits, c.relocates, c.recalls, c.misses, c.evicts, c.tokens_reused, c.tokens_prefilled
+    );
+    if let Some(m) = s.steps.iter().rev().find_map(|st| st.model.as_ref()) {
+        println!(
+            "model     context {} tokens assembled from cached chunks in {:.1} ms; question {} tokens prefilled in {:.0} ms; answer in {:.0} ms",
+            m.context_tokens, m.timings.reuse_ms, m.prompt_tokens, m.timings.prefill_ms, m.timings.decode_ms
+        );
+        if !m.scores.is_empty() {
+            let scores: Vec<String> = m.scores.iter().map(|(c, v)| format!("{c} {v:.2}")).collect();
+            println!("scores    {}", scores.join(", "));
+        }
+    }
+    println!("answer    {}", s.end.answer.as_deref().unwrap_or("-"));
+    if let Some(e) = &s.expected {
+        println!("expected  {e}");
+    }
+    if let Some(r) = s.end.reward {
+        println!("reward    {r:.3}");
+    }
+    if s.refused > 0 {
+        println!("refused   {} navigation(s) off the allowed origins", s.refused);
+    }
+    if let Some(e) = &s.end.error {
+        println!("error     {e}");
+    }
+    let verdict = match s.end.success {
+        Some(true) => "PASS",
+        Some(false) => "FAIL",
+        None => "done (no success check)",
+    };
+    println!("result    {verdict} in {} steps, {:.1} s", s.end.steps, s.wall_ms / 1e3);
+}
+
+pub fn run(a: RunArgs) -> Result<()> {
+    let tmp;
+    let dir = match &a.trace {
+        Some(d) => d.clone(),
+        None => {
+            tmp = std::env::temp_dir().join(format!("kamera-run-{}", std::process::id()));
+            tmp
+        }
+    };
+    let summary = execute(&a.scenario, &dir, a.report.as_deref())?;
+    if a.trace.is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&summary)?);
+    } else {
+        print_summary(&summary);
+    }
+    if summary.end.success == Some(false) {
+        std::process::exit(2);
+    }
+    Ok(())
+}
+
+pub fn record(a: RecordArgs) -> Result<()> {
+    let summary = execute(&a.scenario, &a.out, a.report.as_deref())?;
+    let trace = kamera_agent::Trace::read(&a.out)?;
+    let scenario = Scenario::parse(&trace.header.scenario, &a.out)?;
+    let start = trace
+        .steps
+        .first()
+        .map(|s| s.observation.url.clone())
+        .unwrap_or_default();
+    let rec = kamera_agent::devtools_recorder(&scenario.name, &start, &trace.steps, 800, 600);
+    std::fs::write(a.out.join("recorder.json"), serde_json::to_string_pretty(&rec)?)?;
+    print_summary(&summary);
+    println!(
+        "trace     {} (trace.ndjson, resources/, recorder.json)",
+        a.out.display()
+    );
+    Ok(())
+}
+
+pub fn replay(a: ReplayArgs) -> Result<()> {
+    if !a.dir.exists() {
+        bail!("no trace at {}", a.dir.display());
+    }
+    let llm = load_llm()?;
+    let rt = runtime()?;
+    let report = rt.block_on(kamera_agent::replay(&a.dir, &llm))?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_summary(&report.summary);
+        println!(
+            "replay    {} of {} actions match{}",
+            report
+                .recorded
+                .iter()
+                .zip(&report.replayed)
+                .filter(|(x, y)| x == y)
+                .count(),
+            report.recorded.len(),
+            match report.first_mismatch {
+                None => " (identical)".to_string(),
+                Some(i) => format!("; first difference at action {i}"),
+            }
+        );
+    }
+    if !report.matches() {
+        std::process::exit(3);
+    }
+    Ok(())
+}
