@@ -94,7 +94,13 @@ pub fn run(a: EvalArgs) -> Result<()> {
     write(&svg, &report.svg())?;
     let md = report.markdown();
     if let Some(r) = &a.report {
-        write(r, &format!("{md}\n![gap recovered vs bytes]({})\n", svg.display()))?;
+        let link = if svg.parent() == r.parent() {
+            svg.file_name()
+                .map_or(svg.display().to_string(), |f| f.to_string_lossy().into_owned())
+        } else {
+            svg.display().to_string()
+        };
+        write(r, &format!("{md}\n![gap recovered vs bytes]({link})\n"))?;
     }
     print!("{md}");
     Ok(())
