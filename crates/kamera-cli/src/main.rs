@@ -1,6 +1,7 @@
 //! `kamera`: the command-line front of the Kamera runtime. One module per subcommand group;
 //! add a group by adding a module and a variant of [`Command`].
 
+mod bench;
 mod bench_reuse;
 mod eval;
 mod generate;
@@ -31,6 +32,8 @@ enum Command {
     Generate(generate::GenerateArgs),
     /// Reuse experiments: every method side by side on a task suite.
     Eval(eval::EvalArgs),
+    /// Throughput benchmarks.
+    Bench(bench::BenchArgs),
     /// Run a scenario end to end on real Chromium (scripted or model policy).
     Run(run::RunArgs),
     /// Run a scenario and keep its trace (NDJSON + resources/ + DevTools Recorder JSON).
@@ -65,5 +68,6 @@ fn main() -> Result<()> {
         Command::Logits(a) => logits::run(a),
         Command::Generate(a) => generate::run(a),
         Command::Eval(a) => eval::run(a),
+        Command::Bench(a) => bench::run(a),
     }
 }

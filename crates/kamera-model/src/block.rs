@@ -2,9 +2,10 @@
 //! QK-norm, sandwich norms, activation). Attention runs over explicit past K/V plus the new tokens.
 
 use candle_core::{D, Tensor};
-use candle_nn::ops::{rms_norm, softmax_last_dim};
+use candle_nn::ops::rms_norm;
 use kamera_ops::RopeSpec;
 
+use crate::attention::attend;
 use crate::config::{Activation, Config};
 use crate::error::{CandleCtx, OpsCtx, Result};
 use crate::weights::LayerWeights;
@@ -39,7 +40,7 @@ pub(crate) struct LayerOut {
 }
 
 /// One layer over `x: [n, hidden]` at `positions`, attending to `past` (`[t, kv_dim]` each)
-/// followed by the new tokens, with additive `mask: [n, t + n]`.
+/// followed by the new tokens; keys sit at `k_pos` (past then new), `window` limits q - k.
 pub(crate) fn layer_forward(
     cfg: &Config,
     w: &LayerWeights,
@@ -48,7 +49,8 @@ pub(crate) fn layer_forward(
     x: &Tensor,
     positions: &[i64],
     past: Option<(&Tensor, &Tensor)>,
-    mask: &Tensor,
+    k_pos: &[i64],
+    window: Option<usize>,
 ) -> Result<LayerOut> {
     let n = positions.len();
     let (hd, heads, kvh) = (cfg.head_dim, cfg.heads, cfg.kv_heads);
@@ -75,7 +77,7 @@ pub(crate) fn layer_forward(
     };
     let t = k_all.dim(0).ctx(OP)?;
     let g = heads / kvh;
-    // q: [n, heads, hd] -> [heads, n, hd] -> [kvh, g*n, hd] (heads of a group are adjacent).
+    // q: [n, heads, hd] -> [heads, n, hd] = [kvh, g, n, hd] (heads of a group are adjacent).
     let qh = q
         .reshape((n, heads, hd))
         .ctx(OP)?
@@ -83,7 +85,7 @@ pub(crate) fn layer_forward(
         .ctx(OP)?
         .contiguous()
         .ctx(OP)?;
-    let qh = qh.reshape((kvh, g * n, hd)).ctx(OP)?;
+    let qh = qh.reshape((kvh, g, n, hd)).ctx(OP)?;
     let kh = k_all
         .reshape((t, kvh, hd))
         .ctx(OP)?
@@ -98,18 +100,7 @@ pub(crate) fn layer_forward(
         .ctx(OP)?
         .contiguous()
         .ctx(OP)?;
-    let scores = qh.matmul(&kh.t().ctx(OP)?).ctx("attn scores")?;
-    let scores = (scores * cfg.attn_scale).ctx(OP)?;
-    let scores = scores
-        .reshape((kvh, g, n, t))
-        .ctx(OP)?
-        .broadcast_add(mask)
-        .ctx("attn mask")?;
-    let probs = softmax_last_dim(&scores)
-        .ctx("softmax")?
-        .reshape((kvh, g * n, t))
-        .ctx(OP)?;
-    let att = probs.matmul(&vh).ctx("attn values")?; // [kvh, g*n, hd]
+    let att = attend(&qh, &kh, &vh, positions, k_pos, cfg.attn_scale, window)?;
     let att = att
         .reshape((heads, n, hd))
         .ctx(OP)?
@@ -139,19 +130,6 @@ pub(crate) fn layer_forward(
     Ok(LayerOut { x, k, v })
 }
 
-/// Additive mask `[n, t]`: 0 where query `q_pos[i]` may see key `k_pos[j]`, -inf elsewhere.
-/// A key is visible when it is not in the future and, with a window, `q - k < window`.
-pub(crate) fn mask(q_pos: &[i64], k_pos: &[i64], window: Option<usize>, dev: &candle_core::Device) -> Result<Tensor> {
-    let mut m = Vec::with_capacity(q_pos.len() * k_pos.len());
-    for &q in q_pos {
-        for &k in k_pos {
-            let ok = k <= q && window.is_none_or(|w| q - k < w as i64);
-            m.push(if ok { 0f32 } else { f32::NEG_INFINITY });
-        }
-    }
-    Tensor::from_vec(m, (q_pos.len(), k_pos.len()), dev).ctx("mask")
-}
-
 /// Final norm and LM head over `x: [n, hidden]` -> `[n, vocab]`.
 pub(crate) fn head(x: &Tensor, out_norm: &Tensor, lm_head: &Tensor, eps: f64) -> Result<Tensor> {
     let h = norm(x, out_norm, eps)?;
@@ -161,24 +139,4 @@ pub(crate) fn head(x: &Tensor, out_norm: &Tensor, lm_head: &Tensor, eps: f64) ->
 #[allow(dead_code)]
 pub(crate) fn last_dim(x: &Tensor) -> Result<usize> {
     x.dim(D::Minus1).ctx(OP)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn mask_is_causal_and_windowed_by_position() {
-        let dev = candle_core::Device::Cpu;
-        let m = mask(&[10, 11], &[7, 8, 9, 10, 11], Some(3), &dev)
-            .unwrap()
-            .to_vec2::<f32>()
-            .unwrap();
-        let inf = f32::NEG_INFINITY;
-        // Query 10 sees 8, 9, 10 (10 - k < 3); query 11 sees 9, 10, 11.
-        assert_eq!(m[0], vec![inf, 0.0, 0.0, 0.0, inf]);
-        assert_eq!(m[1], vec![inf, inf, 0.0, 0.0, 0.0]);
-        let g = mask(&[10], &[0, 10, 11], None, &dev).unwrap().to_vec2::<f32>().unwrap();
-        assert_eq!(g[0], vec![0.0, 0.0, inf]);
-    }
 }

@@ -7,7 +7,7 @@ use candle_core::{Device, Tensor};
 use kamera_ops::{ChunkKv, KvLayout, LayerKv, RopeSpec};
 use sha2::{Digest, Sha256};
 
-use crate::block::{head, layer_forward, mask};
+use crate::block::{head, layer_forward};
 use crate::config::Config;
 use crate::context::{Context, tensor_to_mat};
 use crate::error::{CandleCtx, Error, OpsCtx, Result};
@@ -145,18 +145,24 @@ impl Model {
         let k_pos: Vec<i64> = (context.offset()..context.end())
             .chain(positions.iter().copied())
             .collect();
-        let global = mask(&positions, &k_pos, None, &self.device)?;
-        let local = match self.cfg.sliding_window {
-            Some(w) => Some(mask(&positions, &k_pos, Some(w), &self.device)?),
-            None => None,
-        };
         let mut layers = Vec::with_capacity(self.cfg.n_layers);
         for (l, w) in self.weights.layers.iter().enumerate() {
-            let m = match (&local, self.cfg.local_layers[l]) {
-                (Some(lm), true) => lm,
-                _ => &global,
+            let window = if self.cfg.local_layers[l] {
+                self.cfg.sliding_window
+            } else {
+                None
             };
-            let out = layer_forward(&self.cfg, w, l, &self.rope, &x, &positions, context.layer(l), m)?;
+            let out = layer_forward(
+                &self.cfg,
+                w,
+                l,
+                &self.rope,
+                &x,
+                &positions,
+                context.layer(l),
+                &k_pos,
+                window,
+            )?;
             layers.push(LayerKv {
                 k: tensor_to_mat(&out.k)?,
                 v: tensor_to_mat(&out.v)?,
