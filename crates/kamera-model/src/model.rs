@@ -20,7 +20,8 @@ use crate::weights::Weights;
 pub enum Input<'a> {
     /// Token ids.
     Tokens(&'a [u32]),
-    /// Ready-made input embeddings, `n x hidden` row-major (used as is, no embedding scale).
+    /// Ready-made input embeddings, `n x hidden` row-major, used as is (no embedding scale is
+    /// applied: [`Model::embed_tokens`] gives token rows already scaled).
     Embeddings { data: &'a [f32], n: usize },
 }
 
@@ -199,6 +200,17 @@ impl Model {
 
     pub(crate) fn weights(&self) -> &Weights {
         &self.weights
+    }
+
+    /// The input embeddings of `ids` (`n x hidden`, row-major, with the family's embedding
+    /// scale): what [`Input::Embeddings`] takes, e.g. to splice vision embeddings between them.
+    pub fn embed_tokens(&self, ids: &[u32]) -> Result<Vec<f32>> {
+        const OP: &str = "Model::embed_tokens";
+        self.embed(Input::Tokens(ids))?
+            .flatten_all()
+            .ctx(OP)?
+            .to_vec1::<f32>()
+            .ctx(OP)
     }
 
     pub(crate) fn embed(&self, input: Input<'_>) -> Result<Tensor> {

@@ -174,3 +174,65 @@ fn sliding_window_gemma3() -> Result<()> {
     let texts = vec![long(A, 16), long(C, 16), long(B, 16), A.to_string()];
     chunked_context_with(ModelName::Gemma3_270m, &texts, true)
 }
+
+/// Prefilling embeddings equal to the token embeddings gives the token prefill's logits and KV.
+#[test]
+fn embeddings_input_gemma3() -> Result<()> {
+    use kamera_model::{Input, PrefillOptions};
+    let m = common::load(ModelName::Gemma3_270m)?;
+    let ids = m.tokenizer().encode(A)?;
+    let emb = m.embed_tokens(&ids)?;
+    let by_ids = m.prefill(&ids, 5, &m.empty_context())?;
+    let input = Input::Embeddings {
+        data: &emb,
+        n: ids.len(),
+    };
+    let by_emb = m.prefill_with(input, 5, &m.empty_context(), PrefillOptions::default())?;
+    anyhow::ensure!(by_ids.logits == by_emb.logits, "logits differ");
+    anyhow::ensure!(by_ids.chunk == by_emb.chunk, "KV differs");
+    let bad = m.prefill_with(
+        Input::Embeddings {
+            data: &emb[1..],
+            n: ids.len(),
+        },
+        0,
+        &m.empty_context(),
+        PrefillOptions::default(),
+    );
+    anyhow::ensure!(bad.is_err(), "a wrong embedding size must be an error");
+    Ok(())
+}
+
+/// Wrong inputs are errors that name the problem, never panics.
+#[test]
+fn prefill_input_errors_smollm2() -> Result<()> {
+    let m = common::load(ModelName::Smollm2_135m)?;
+    let e = m.prefill(&[], 0, &m.empty_context()).unwrap_err();
+    anyhow::ensure!(e.to_string().contains("empty input"), "{e}");
+    let e = m.prefill(&[49_152], 0, &m.empty_context()).unwrap_err();
+    anyhow::ensure!(e.to_string().contains("out of range"), "{e}");
+    let ctx = Context::from_chunk(&m.prefill(&[1, 2, 3], 0, &m.empty_context())?.chunk)?;
+    let e = m.prefill(&[4], 7, &ctx).unwrap_err();
+    anyhow::ensure!(e.to_string().contains("context end 3"), "{e}");
+    Ok(())
+}
+
+/// Greedy generation through the KV cache equals greedy re-prefill of the growing sequence.
+#[test]
+fn cached_decode_matches_full_prefill_qwen25() -> Result<()> {
+    let m = common::load(ModelName::Qwen25_05b)?;
+    let prompt = m.tokenizer().encode("def add(a, b):\n")?;
+    let out = m.generate(&prompt, 8, kamera_model::Sampling::Greedy, &[], |_| {})?;
+    let mut seq = prompt.clone();
+    for &t in &out {
+        let full = m.prefill(&seq, 0, &m.empty_context())?;
+        anyhow::ensure!(
+            common::argmax(&full.logits) == t as usize,
+            "cached decode diverged at {}",
+            seq.len()
+        );
+        seq.push(t);
+    }
+    eprintln!("qwen2.5-0.5b greedy: {:?}", m.tokenizer().decode(&out, true)?);
+    Ok(())
+}
