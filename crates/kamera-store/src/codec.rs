@@ -1,0 +1,334 @@
+//! The record encoding, format version 1 (documented byte for byte in the crate README): an
+//! 80-byte little-endian header, the payload, and a 16-byte blake3 checksum over the key, the
+//! header and the payload. Decoding checks magic, version and checksum before it trusts a byte.
+
+use half::{bf16, f16};
+use kamera_ops::{Attention, Buf, ChunkKv, DType, KvLayout, LayerKv, LayerPatch, LowRank, Mat, Patch};
+
+use crate::error::{Error, Result};
+use crate::id::{Key, Kind, ModelFp};
+use crate::record::{Body, Record};
+
+/// "KMRA".
+pub const MAGIC: [u8; 4] = *b"KMRA";
+/// The format version this build writes and reads.
+pub const FORMAT_VERSION: u16 = 1;
+/// Header bytes before the payload.
+pub const HEADER_LEN: usize = 80;
+/// Checksum bytes after the payload.
+pub const CHECKSUM_LEN: usize = 16;
+
+/// Encodes `rec` for `key`, storing every matrix as `dtype` (None keeps the record's own dtype).
+pub fn encode(key: &Key, rec: &Record, dtype: Option<DType>) -> Result<Vec<u8>> {
+    const OP: &str = "encode";
+    if !rec.fits(key.kind) {
+        return Err(Error::Invalid {
+            op: OP,
+            what: "record kind",
+            detail: format!("a {} key needs a {} body", key.kind.name(), body_name(&rec.body)),
+        });
+    }
+    let dtype = dtype.unwrap_or_else(|| rec.dtype());
+    let (layout, n_tokens, offset) = match &rec.body {
+        Body::Kv(kv) => (*kv.layout(), kv.n_tokens(), kv.offset()),
+        Body::Patch(p) => (*p.layout(), p.n_tokens(), 0),
+    };
+    let mut out = Vec::with_capacity(HEADER_LEN + rec.bytes() * dtype.size() / 2 + CHECKSUM_LEN + 64);
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    out.push(key.kind as u8);
+    out.push(dtype_code(dtype));
+    out.extend_from_slice(&rec.model.0);
+    let (tag, a, b, c) = match layout.attention {
+        Attention::Mha { heads } => (0u8, heads, 0, 0),
+        Attention::Gqa { heads, kv_heads } => (1, heads, kv_heads, 0),
+        Attention::Mla {
+            heads,
+            latent_dim,
+            rope_dim,
+        } => (2, heads, latent_dim, rope_dim),
+    };
+    out.push(tag);
+    out.extend_from_slice(&[0; 3]);
+    for x in [a, b, c, layout.head_dim, layout.v_head_dim, layout.n_layers, n_tokens] {
+        out.extend_from_slice(&u32_of(OP, "layout field", x)?.to_le_bytes());
+    }
+    out.extend_from_slice(&offset.to_le_bytes());
+    out.extend_from_slice(&rec.cost_us.to_le_bytes());
+    out.extend_from_slice(&0u64.to_le_bytes()); // payload length, patched below
+    debug_assert_eq!(out.len(), HEADER_LEN);
+    match &rec.body {
+        Body::Kv(kv) => {
+            for l in kv.layers() {
+                put_mat(&mut out, &l.k, dtype);
+                put_mat(&mut out, &l.v, dtype);
+            }
+        }
+        Body::Patch(p) => {
+            for l in p.layers() {
+                for x in [l.k.rank(), l.v.rank(), l.k.spectrum.len(), l.v.spectrum.len()] {
+                    out.extend_from_slice(&u32_of(OP, "rank", x)?.to_le_bytes());
+                }
+                for lr in [&l.k, &l.v] {
+                    put_mat(&mut out, &lr.p, dtype);
+                    put_mat(&mut out, &lr.wt, dtype);
+                }
+                for s in l.k.spectrum.iter().chain(&l.v.spectrum) {
+                    out.extend_from_slice(&s.to_le_bytes());
+                }
+            }
+        }
+    }
+    let payload = (out.len() - HEADER_LEN) as u64;
+    out[72..80].copy_from_slice(&payload.to_le_bytes());
+    let sum = checksum(key, &out);
+    out.extend_from_slice(&sum);
+    Ok(out)
+}
+
+/// The fixed header fields, readable without decoding the payload (after the checksum passed).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Header {
+    pub version: u16,
+    pub kind: Kind,
+    pub dtype: DType,
+    pub model: ModelFp,
+    pub layout: KvLayout,
+    pub n_tokens: usize,
+    pub offset: i64,
+    pub cost_us: u64,
+    pub payload_len: u64,
+}
+
+/// Checks magic, version, checksum and model, and parses the header.
+pub fn verify(key: &Key, bytes: &[u8]) -> Result<Header> {
+    const OP: &str = "verify";
+    if bytes.len() < HEADER_LEN + CHECKSUM_LEN {
+        return Err(Error::corrupt(
+            OP,
+            key,
+            format!("{} bytes, shorter than a header", bytes.len()),
+        ));
+    }
+    if bytes[..4] != MAGIC {
+        return Err(Error::corrupt(OP, key, "bad magic"));
+    }
+    let version = u16::from_le_bytes([bytes[4], bytes[5]]);
+    if version != FORMAT_VERSION {
+        return Err(Error::Version {
+            op: OP,
+            key: key.to_string(),
+            found: version,
+            expected: FORMAT_VERSION,
+        });
+    }
+    let (body, sum) = bytes.split_at(bytes.len() - CHECKSUM_LEN);
+    if checksum(key, body) != sum {
+        return Err(Error::corrupt(OP, key, "checksum mismatch"));
+    }
+    let mut m = [0u8; 16];
+    m.copy_from_slice(&body[8..24]);
+    let model = ModelFp(m);
+    if model != key.model {
+        return Err(Error::ForeignModel {
+            op: OP,
+            key: key.to_string(),
+            expected: key.model.to_string(),
+            found: model.to_string(),
+        });
+    }
+    let kind = Kind::from_u8(body[6]).filter(|k| *k == key.kind);
+    let kind =
+        kind.ok_or_else(|| Error::corrupt(OP, key, format!("kind byte {} for a {} key", body[6], key.kind.name())))?;
+    let dtype = dtype_of(body[7]).ok_or_else(|| Error::corrupt(OP, key, format!("dtype byte {}", body[7])))?;
+    let u = |at: usize| u32::from_le_bytes(body[at..at + 4].try_into().unwrap_or_default()) as usize;
+    let (a, b, c) = (u(28), u(32), u(36));
+    let attention = match body[24] {
+        0 => Attention::Mha { heads: a },
+        1 => Attention::Gqa { heads: a, kv_heads: b },
+        2 => Attention::Mla {
+            heads: a,
+            latent_dim: b,
+            rope_dim: c,
+        },
+        t => return Err(Error::corrupt(OP, key, format!("attention tag {t}"))),
+    };
+    let layout = KvLayout {
+        attention,
+        head_dim: u(40),
+        v_head_dim: u(44),
+        n_layers: u(48),
+    };
+    let i = |at: usize| i64::from_le_bytes(body[at..at + 8].try_into().unwrap_or_default());
+    let payload_len = i(72) as u64;
+    if payload_len != (body.len() - HEADER_LEN) as u64 {
+        return Err(Error::corrupt(OP, key, "payload length"));
+    }
+    Ok(Header {
+        version,
+        kind,
+        dtype,
+        model,
+        layout,
+        n_tokens: u(52),
+        offset: i(56),
+        cost_us: i(64) as u64,
+        payload_len,
+    })
+}
+
+/// Verifies and decodes a record stored under `key`.
+pub fn decode(key: &Key, bytes: &[u8]) -> Result<Record> {
+    const OP: &str = "decode";
+    let h = verify(key, bytes)?;
+    let ops = |source| Error::Ops { op: OP, source };
+    let mut r = Reader {
+        b: &bytes[HEADER_LEN..bytes.len() - CHECKSUM_LEN],
+        key,
+    };
+    let n = h.n_tokens;
+    let (kf, vf) = (h.layout.k_features(), h.layout.v_features());
+    let body = match h.kind {
+        Kind::Canonical => {
+            let mut layers = Vec::with_capacity(h.layout.n_layers.min(4096));
+            for _ in 0..h.layout.n_layers {
+                let k = r.mat(n, kf, h.dtype)?;
+                let v = r.mat(n, vf, h.dtype)?;
+                layers.push(LayerKv { k, v });
+            }
+            Body::Kv(ChunkKv::new(h.layout, h.offset, layers).map_err(ops)?)
+        }
+        Kind::Patch | Kind::Orbit => {
+            let mut layers = Vec::with_capacity(h.layout.n_layers.min(4096));
+            for _ in 0..h.layout.n_layers {
+                let (rk, rv, sk, sv) = (r.u32()?, r.u32()?, r.u32()?, r.u32()?);
+                let (pk, wk) = (r.mat(n, rk, h.dtype)?, r.mat(rk, kf, h.dtype)?);
+                let (pv, wv) = (r.mat(n, rv, h.dtype)?, r.mat(rv, vf, h.dtype)?);
+                let (spk, spv) = (r.f32s(sk)?, r.f32s(sv)?);
+                layers.push(LayerPatch {
+                    k: LowRank {
+                        p: pk,
+                        wt: wk,
+                        spectrum: spk,
+                    },
+                    v: LowRank {
+                        p: pv,
+                        wt: wv,
+                        spectrum: spv,
+                    },
+                });
+            }
+            Body::Patch(Patch::new(h.layout, n, layers).map_err(ops)?)
+        }
+    };
+    if !r.b.is_empty() {
+        return Err(Error::corrupt(OP, key, format!("{} trailing payload bytes", r.b.len())));
+    }
+    Ok(Record {
+        model: h.model,
+        cost_us: h.cost_us,
+        body,
+    })
+}
+
+/// blake3(key bytes || header || payload), first 16 bytes.
+fn checksum(key: &Key, body: &[u8]) -> [u8; CHECKSUM_LEN] {
+    let mut h = blake3::Hasher::new_derive_key("kamera.record.v1");
+    h.update(&key.to_bytes());
+    h.update(body);
+    let mut out = [0u8; CHECKSUM_LEN];
+    out.copy_from_slice(&h.finalize().as_bytes()[..CHECKSUM_LEN]);
+    out
+}
+
+fn body_name(b: &Body) -> &'static str {
+    match b {
+        Body::Kv(_) => "KV",
+        Body::Patch(_) => "patch",
+    }
+}
+
+fn u32_of(op: &'static str, what: &'static str, x: usize) -> Result<u32> {
+    u32::try_from(x).map_err(|_| Error::Invalid {
+        op,
+        what,
+        detail: format!("{x} does not fit in u32"),
+    })
+}
+
+pub(crate) fn dtype_code(d: DType) -> u8 {
+    match d {
+        DType::F32 => 0,
+        DType::F16 => 1,
+        DType::Bf16 => 2,
+    }
+}
+
+pub(crate) fn dtype_of(b: u8) -> Option<DType> {
+    match b {
+        0 => Some(DType::F32),
+        1 => Some(DType::F16),
+        2 => Some(DType::Bf16),
+        _ => None,
+    }
+}
+
+fn put_mat(out: &mut Vec<u8>, m: &Mat, dtype: DType) {
+    let conv;
+    let m = if m.dtype() == dtype {
+        m
+    } else {
+        conv = m.to_dtype(dtype);
+        &conv
+    };
+    match m.data() {
+        Buf::F32(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+        Buf::F16(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_bits().to_le_bytes())),
+        Buf::Bf16(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_bits().to_le_bytes())),
+    }
+}
+
+struct Reader<'a> {
+    b: &'a [u8],
+    key: &'a Key,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
+        if n > self.b.len() {
+            return Err(Error::corrupt(
+                "decode",
+                self.key,
+                format!("payload ends early: need {n} bytes, {} left", self.b.len()),
+            ));
+        }
+        let (head, rest) = self.b.split_at(n);
+        self.b = rest;
+        Ok(head)
+    }
+    fn u32(&mut self) -> Result<usize> {
+        let b = self.take(4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+    }
+    fn f32s(&mut self, n: usize) -> Result<Vec<f32>> {
+        let b = self.take(n.saturating_mul(4))?;
+        Ok(b.chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
+    }
+    fn mat(&mut self, rows: usize, cols: usize, dtype: DType) -> Result<Mat> {
+        let len = rows.saturating_mul(cols);
+        let b = self.take(len.saturating_mul(dtype.size()))?;
+        let u16s = || b.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]]));
+        let buf = match dtype {
+            DType::F32 => Buf::F32(
+                b.chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect(),
+            ),
+            DType::F16 => Buf::F16(u16s().map(f16::from_bits).collect()),
+            DType::Bf16 => Buf::Bf16(u16s().map(bf16::from_bits).collect()),
+        };
+        Mat::new(rows, cols, buf).map_err(|source| Error::Ops { op: "decode", source })
+    }
+}

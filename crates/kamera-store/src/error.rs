@@ -1,0 +1,75 @@
+//! The one error type of kamera-store. Damage, an unknown format version and a record of another
+//! model are their own variants: callers treat them as a miss (re-encode), never as data.
+
+use crate::id::Key;
+
+/// Errors of the store.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The record's checksum does not match its bytes (torn write, bit rot, foreign bytes).
+    #[error("{op}: record {key} is corrupt: {detail}")]
+    Corrupt {
+        op: &'static str,
+        key: String,
+        detail: String,
+    },
+    /// The record was written in a format version this build does not read.
+    #[error("{op}: record {key} has format version {found}, this build reads {expected}")]
+    Version {
+        op: &'static str,
+        key: String,
+        found: u16,
+        expected: u16,
+    },
+    /// The record belongs to another model fingerprint than the key asked for.
+    #[error("{op}: record {key} was written for model {found}, asked for {expected}")]
+    ForeignModel {
+        op: &'static str,
+        key: String,
+        expected: String,
+        found: String,
+    },
+    /// A record or key that this store cannot hold (shape, kind or size out of range).
+    #[error("{op}: invalid {what}: {detail}")]
+    Invalid {
+        op: &'static str,
+        what: &'static str,
+        detail: String,
+    },
+    /// The sled database failed (I/O, or sled's own corruption check).
+    #[error("{op}: database error at {path}: {source}")]
+    Db {
+        op: &'static str,
+        path: String,
+        #[source]
+        source: sled::Error,
+    },
+    /// A KV or patch shape rejected by kamera-ops while decoding.
+    #[error("{op}: {source}")]
+    Ops {
+        op: &'static str,
+        #[source]
+        source: kamera_ops::Error,
+    },
+}
+
+impl Error {
+    /// Whether this error means "the record is unusable": the caller re-encodes as on a miss.
+    pub fn is_miss(&self) -> bool {
+        matches!(
+            self,
+            Error::Corrupt { .. } | Error::Version { .. } | Error::ForeignModel { .. } | Error::Ops { .. }
+        )
+    }
+
+    pub(crate) fn corrupt(op: &'static str, key: &Key, detail: impl Into<String>) -> Error {
+        Error::Corrupt {
+            op,
+            key: key.to_string(),
+            detail: detail.into(),
+        }
+    }
+}
+
+/// Result with the kamera-store [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

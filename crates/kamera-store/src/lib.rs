@@ -1,0 +1,36 @@
+//! kamera-store: the canonical store of Kamera. Canonical KV (a chunk prefilled alone at 0),
+//! conditioning patches and orbit patches, content-addressed by blake3 ids, in a sled database
+//! on disk with a memory tier in front. Records use our own versioned, checksummed encoding
+//! (see the README), so a damaged, foreign-model or future-format record is a typed, counted
+//! miss and never served as KV.
+//!
+//! ```
+//! use kamera_ops::{ChunkKv, DType, KvLayout};
+//! use kamera_store::{ChunkId, ChunkStore, Key, ModelFp, Record, SledStore, StoreConfig};
+//! let dir = std::env::temp_dir().join(format!("kamera-store-doctest-{}", std::process::id()));
+//! let store = SledStore::open(StoreConfig::at(&dir))?;
+//! let model = ModelFp::of("smollm2-135m:abcd");
+//! let id = ChunkId::of(b"<screenshot bytes>", "siglip:1", model);
+//! let kv = ChunkKv::zeros(KvLayout::gqa(2, 4, 2, 8), 0, 3, DType::Bf16).unwrap();
+//! store.put(&Key::canonical(model, id), Record::kv(model, 1500, kv.clone()))?;
+//! store.flush()?;
+//! let back = store.lookup(&Key::canonical(model, id))?.expect("stored");
+//! assert_eq!(back.as_kv(), Some(&kv));
+//! # drop(store); let _ = std::fs::remove_dir_all(&dir);
+//! # Ok::<(), kamera_store::Error>(())
+//! ```
+
+pub mod codec;
+mod error;
+mod id;
+mod record;
+mod sled_store;
+mod store;
+mod tier;
+
+pub use error::{Error, Result};
+pub use id::{ChunkId, KEY_LEN, Key, Kind, ModelFp};
+pub use record::{Body, Record};
+pub use sled_store::{GcReport, Meta, SledStore, StoreConfig, VerifyReport, default_path};
+pub use store::{ChunkStore, EvictionPolicy, Stats};
+pub use tier::{MemStore, Tiered};
