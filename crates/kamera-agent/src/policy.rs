@@ -89,8 +89,10 @@ impl Policy for ScriptedPolicy {
             };
             self.cursor += 1;
             let bad = |detail: String| Error::Step { step: i + 1, detail };
-            let target =
-                |t: &str| resolve_target(obs, t).ok_or_else(|| bad(format!("no element matches {t:?} on {}", obs.url)));
+            let target = |t: &str| {
+                let t = self.subst(t);
+                resolve_target(obs, &t).ok_or_else(|| bad(format!("no element matches {t:?} on {}", obs.url)))
+            };
             let action = if let Some(name) = &st.remember {
                 let re = regex::Regex::new(st.regex.as_deref().unwrap_or("")).map_err(|e| bad(e.to_string()))?;
                 let cap = re

@@ -247,9 +247,16 @@ impl Browser for ChromiumBrowser {
                 let js = format!(
                     "(() => {{ const e = document.querySelector('[data-kid=\"{id}\"]'); if (!e) return null; \
                      e.scrollIntoView({{block: 'center'}}); const r = e.getBoundingClientRect(); \
-                     return [r.left + r.width / 2, r.top + r.height / 2]; }})()"
+                     const a = e.closest('a[href]'); \
+                     return [r.left + r.width / 2, r.top + r.height / 2, a ? a.href : null]; }})()"
                 );
                 let at = self.eval_value("click", &js).await?;
+                // A link off the allowed origins is refused before anything is clicked.
+                if let Some(href) = at.get(2).and_then(|h| h.as_str())
+                    && !href.starts_with("javascript:")
+                {
+                    self.cfg.origins.check(href)?;
+                }
                 let (x, y) = match at.as_array().map(|a| (a[0].as_f64(), a[1].as_f64())) {
                     Some((Some(x), Some(y))) => (x, y),
                     _ => (el.x, el.y),

@@ -5,7 +5,7 @@
   let next = 1;
   const INTERACTIVE = new Set(['a', 'button', 'input', 'select', 'textarea', 'option', 'label']);
   const SKIP = new Set(['script', 'style', 'noscript', 'template', 'head', 'svg']);
-  const vw = window.innerWidth, vh = window.innerHeight;
+  const BLOCK = 'a,button,input,select,textarea,label,div,p,table,ul,ol,li,form,h1,h2,h3,h4,br,svg,canvas,[onclick],[role=button]';
   const clip = (s, n) => { s = (s || '').replace(/\s+/g, ' ').trim(); return s.length > n ? s.slice(0, n - 1) + '…' : s; };
   const visible = (el) => {
     const st = getComputedStyle(el);
@@ -53,6 +53,12 @@
     let own = '';
     for (const n of el.childNodes) if (n.nodeType === 3) own += n.textContent;
     own = clip(own, 200);
+    if (own && !el.querySelector(BLOCK)) {
+      // Text with only inline children (spans, bold): one line, read as a whole.
+      const all = clip(el.innerText, 240);
+      out.push(/^h[1-6]$/.test(tag) ? '# ' + all : all);
+      return;
+    }
     if (own) out.push(/^h[1-6]$/.test(tag) ? '# ' + own : own);
     for (const c of el.children) walk(c, depth + 1);
   };

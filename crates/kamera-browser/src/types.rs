@@ -47,12 +47,15 @@ impl Observation {
         self.elements.iter().find(|e| e.html_id == html_id)
     }
 
-    /// The first element whose text equals `text` (trimmed, case-insensitive), else the first that contains it.
+    /// The first element whose text equals `text` (trimmed; exact case first, then any case), else
+    /// the first whose text contains it (any case).
     pub fn by_text(&self, text: &str) -> Option<&Element> {
-        let t = text.trim().to_lowercase();
+        let exact = text.trim();
+        let t = exact.to_lowercase();
         self.elements
             .iter()
-            .find(|e| e.text.trim().to_lowercase() == t)
+            .find(|e| e.text.trim() == exact)
+            .or_else(|| self.elements.iter().find(|e| e.text.trim().to_lowercase() == t))
             .or_else(|| self.elements.iter().find(|e| e.text.to_lowercase().contains(&t)))
     }
 }

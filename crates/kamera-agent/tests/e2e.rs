@@ -1,0 +1,134 @@
+//! End to end on real Chromium with the embedded default model (SmolLM2-135M-Instruct): the
+//! local site's order-status flow, a MiniWoB++ task, record + replay, refused navigation.
+//! Needs Debian's chromium: scripts/install-chromium.sh installs it.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use anyhow::Result;
+use kamera_agent::{Llm, Op, RunConfig, Scenario};
+use kamera_model::Model;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn require_chromium() {
+    let exe = std::env::var_os("KAMERA_CHROMIUM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/usr/bin/chromium"));
+    assert!(
+        exe.exists(),
+        "chromium not found at {}: run scripts/install-chromium.sh (as root) before the end-to-end tests",
+        exe.display()
+    );
+}
+
+fn llm() -> Llm {
+    static MODEL: OnceLock<Arc<Model>> = OnceLock::new();
+    let m = MODEL.get_or_init(|| kamera_agent::default_model(&kamera_model::default_home()).expect("default model"));
+    Llm::new(m.clone())
+}
+
+fn scenario(name: &str) -> Scenario {
+    Scenario::load(&root().join("scenarios").join(format!("{name}.toml"))).expect("scenario")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn order_status_answers_through_recalled_chunks() -> Result<()> {
+    require_chromium();
+    let s = scenario("order-status");
+    let r = kamera_agent::run_scenario(&s, &llm(), &kamera_model::default_home(), RunConfig::default()).await?;
+    assert_eq!(r.end.error, None);
+    assert_eq!(r.end.answer.as_deref(), Some("Awaiting pickup"), "{:?}", r.end);
+    assert_eq!(r.end.success, Some(true));
+    // The last step answers over chunks none of which was prefilled again: the order page came
+    // back from the store (recall), the shipping pages were relocated.
+    let last = r.steps.last().unwrap();
+    assert!(last.plan.iter().any(|p| p.op == Op::Recall), "{:?}", last.plan);
+    assert!(!last.plan.iter().any(|p| p.op == Op::Miss), "{:?}", last.plan);
+    assert_eq!(last.timings.encode_ms, 0.0);
+    assert!(r.cache.evicts > 0 && r.cache.relocates > 0);
+    let m = last.model.as_ref().expect("the question went to the model");
+    assert!(m.context_tokens > 200);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn miniwob_enter_text_scripted_reward() -> Result<()> {
+    require_chromium();
+    let s = scenario("miniwob-enter-text");
+    let r = kamera_agent::run_scenario(&s, &llm(), &kamera_model::default_home(), RunConfig::default()).await?;
+    let reward = r.end.reward.expect("episode ended with a reward");
+    assert!(reward > 0.0, "reward {reward}: {:?}", r.end);
+    assert_eq!(r.end.success, Some(true));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn record_then_replay_without_browser() -> Result<()> {
+    require_chromium();
+    let dir = tempfile::tempdir()?;
+    let s = scenario("order-status");
+    let llm = llm();
+    let cfg = RunConfig {
+        trace_dir: Some(dir.path().to_path_buf()),
+        ..Default::default()
+    };
+    let rec = kamera_agent::run_scenario(&s, &llm, &kamera_model::default_home(), cfg).await?;
+    assert!(dir.path().join("trace.ndjson").exists());
+    let shots = std::fs::read_dir(dir.path().join("resources"))?.count();
+    assert!(shots >= 5, "{shots} screenshots stored");
+    let rep = kamera_agent::replay(dir.path(), &llm).await?;
+    assert!(rep.matches(), "first mismatch at {:?}", rep.first_mismatch);
+    assert_eq!(rep.replayed, rec.actions());
+    assert_eq!(rep.summary.end.answer, rec.end.answer);
+    assert_eq!(rep.summary.cache, rec.cache);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn navigation_off_allowed_origins_is_refused() -> Result<()> {
+    require_chromium();
+    let s = Scenario::parse(
+        r##"
+        name = "escape"
+        goal = "Try to leave the site."
+        [site]
+        seed = 7
+        [budget]
+        steps = 8
+        [[steps]]
+        navigate = "file:///etc/passwd"
+        [[steps]]
+        navigate = "chrome://settings"
+        [[steps]]
+        navigate = "/leave"
+        [[steps]]
+        click = "#partner"
+        [[steps]]
+        ask = "Which page is this?"
+        choices = ["Partner sites", "Orders"]
+        "##,
+        Path::new("escape.toml"),
+    )?;
+    let r = kamera_agent::run_scenario(&s, &llm(), &kamera_model::default_home(), RunConfig::default()).await?;
+    assert_eq!(r.end.error, None, "a refusal does not end the run");
+    assert_eq!(
+        r.refused,
+        3,
+        "{:#?}",
+        r.steps.iter().map(|s| &s.result).collect::<Vec<_>>()
+    );
+    assert!(r.steps[0].result.contains("refused") && r.steps[0].result.contains("file"));
+    assert!(r.steps[1].result.contains("chrome"));
+    assert!(r.steps[3].result.contains("partner.invalid"));
+    // Nothing off-origin was ever observed.
+    assert!(
+        r.steps
+            .iter()
+            .all(|s| !s.observation.url.contains("partner.invalid") && !s.observation.url.starts_with("file:"))
+    );
+    assert!(r.end.answer.is_some());
+    Ok(())
+}

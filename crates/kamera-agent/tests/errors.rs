@@ -1,0 +1,83 @@
+//! Clear errors for malformed scenario files and traces (no browser, no model).
+
+use std::path::Path;
+
+use kamera_agent::{Error, Scenario, Trace};
+
+#[test]
+fn malformed_scenarios_say_what_is_wrong() {
+    let p = Path::new("bad.toml");
+    let cases = [
+        ("name = \"x\"\ngoal = ", "not a valid scenario"),
+        ("name = \"x\"\n", "missing field `goal`"),
+        (
+            "name = \"x\"\ngoal = \"g\"\n[site]\nseed = 1\n[[steps]]\nclik = \"a\"\n",
+            "unknown field `clik`",
+        ),
+        (
+            "name = \"x\"\ngoal = \"g\"\n[site]\nseed = 1\n[[steps]]\nclick = \"a\"\nkey = \"Enter\"\n",
+            "exactly one of",
+        ),
+        ("name = \"x\"\ngoal = \"g\"\n[site]\nseed = 1\n", "needs [[steps]]"),
+        (
+            "name = \"x\"\ngoal = \"g\"\n[[steps]]\nclick = \"a\"\n",
+            "no [site] or [miniwob]",
+        ),
+        (
+            "name = \"x\"\ngoal = \"g\"\n[site]\nseed = 1\n[[steps]]\nremember = \"v\"\nregex = \"(\"\n",
+            "bad regex",
+        ),
+    ];
+    for (text, want) in cases {
+        let e = Scenario::parse(text, p).unwrap_err();
+        assert!(matches!(e, Error::Scenario { .. }), "{e:?}");
+        let msg = e.to_string();
+        assert!(msg.contains("bad.toml") && msg.contains(want), "{text:?}: {msg}");
+    }
+    let e = Scenario::load(Path::new("/nonexistent/scenario.toml")).unwrap_err();
+    assert!(e.to_string().contains("cannot read"), "{e}");
+}
+
+#[test]
+fn the_shipped_scenarios_parse() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios");
+    let mut n = 0;
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "toml") {
+            Scenario::load(&p).unwrap_or_else(|e| panic!("{e}"));
+            n += 1;
+        }
+    }
+    assert!(n >= 2);
+}
+
+#[test]
+fn malformed_traces_say_where() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = dir.path().join("trace.ndjson");
+    let e = Trace::read(dir.path()).unwrap_err();
+    assert!(e.to_string().contains("cannot open"), "{e}");
+
+    std::fs::write(&t, "this is not json\n").unwrap();
+    let e = Trace::read(dir.path()).unwrap_err();
+    assert!(matches!(e, Error::Trace { line: 1, .. }), "{e:?}");
+    assert!(
+        e.to_string().contains("line 1") && e.to_string().contains("not a trace line"),
+        "{e}"
+    );
+
+    let header =
+        r#"{"kind":"header","version":1,"scenario":"","origin":"http://127.0.0.1:1","model":"m","started_unix_ms":0}"#;
+    std::fs::write(&t, format!("{header}\n{{\"kind\":\"step\",\"step\":0}}\n")).unwrap();
+    let e = Trace::read(dir.path()).unwrap_err();
+    assert!(e.to_string().contains("line 2"), "{e}");
+
+    std::fs::write(&t, header.replace("\"version\":1", "\"version\":99") + "\n").unwrap();
+    let e = Trace::read(dir.path()).unwrap_err();
+    assert!(e.to_string().contains("version 99"), "{e}");
+
+    std::fs::write(&t, "{\"kind\":\"end\",\"steps\":0,\"answer\":null,\"success\":null}\n").unwrap();
+    let e = Trace::read(dir.path()).unwrap_err();
+    assert!(e.to_string().contains("header"), "{e}");
+}

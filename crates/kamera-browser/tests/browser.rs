@@ -1,0 +1,45 @@
+//! kamera-browser's public API: the loopback server, origins, Chromium (when installed), replay.
+
+use kamera_browser::{Action, Browser, ChromiumBrowser, ChromiumConfig, Content, Error, Origins, Server};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_chromium_names_the_install_script() {
+    let mut cfg = ChromiumConfig::new(Origins::default());
+    cfg.executable = "/nonexistent/chromium".into();
+    let e = ChromiumBrowser::launch(cfg).await.err().expect("must fail");
+    assert!(matches!(e, Error::ChromiumMissing { .. }));
+    assert!(e.to_string().contains("scripts/install-chromium.sh"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chromium_observes_clicks_and_refuses() -> anyhow::Result<()> {
+    let exe = std::path::Path::new("/usr/bin/chromium");
+    assert!(exe.exists(), "chromium missing: run scripts/install-chromium.sh");
+    let mut pages = std::collections::BTreeMap::new();
+    pages.insert(
+        "/".to_string(),
+        b"<html><head><title>T</title></head><body><h1>Hello</h1><p>Some <b>bold</b> text</p>\
+          <button id=\"b\" onclick=\"document.title='clicked'\">Press</button></body></html>"
+            .to_vec(),
+    );
+    let server = Server::start(Content::Memory(pages)).await?;
+    let mut b = ChromiumBrowser::launch(ChromiumConfig::new(Origins::new(&[server.origin()])?)).await?;
+    b.navigate(&server.url("/")).await?;
+    let obs = b.observe().await?;
+    assert_eq!(obs.title, "T");
+    assert!(
+        obs.text.contains("# Hello") && obs.text.contains("Some bold text"),
+        "{}",
+        obs.text
+    );
+    assert!(obs.screenshot_png.starts_with(b"\x89PNG"));
+    let id = obs.by_html_id("b").expect("button").id;
+    b.act(&Action::Click { id }).await?;
+    assert_eq!(b.eval("document.title").await?, serde_json::json!("clicked"));
+    let e = b.navigate("file:///etc/passwd").await.unwrap_err();
+    assert!(matches!(e, Error::Refused { .. }), "{e}");
+    let e = b.act(&Action::Click { id: 999 }).await.unwrap_err();
+    assert!(matches!(e, Error::NoElement { .. }), "{e}");
+    b.close().await?;
+    Ok(())
+}
