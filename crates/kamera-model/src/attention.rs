@@ -192,11 +192,7 @@ mod tests {
         let dev = Device::Cpu;
         let (kvh, g, n, past, hd) = (2, 3, 600, 100, 8);
         let t = past + n;
-        let fill = |len: usize, seed: f32| {
-            (0..len)
-                .map(|i| ((i as f32 * 0.731 + seed).sin()))
-                .collect::<Vec<f32>>()
-        };
+        let fill = |len: usize, seed: f32| (0..len).map(|i| (i as f32 * 0.731 + seed).sin()).collect::<Vec<f32>>();
         let (q, k, v) = (
             fill(kvh * g * n * hd, 0.1),
             fill(kvh * t * hd, 0.2),

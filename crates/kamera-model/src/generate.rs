@@ -45,7 +45,8 @@ impl Sampler {
                 seed,
                 ..
             } => {
-                if !(*temperature > 0.0) || !(*top_p > 0.0 && *top_p <= 1.0) {
+                let ok = temperature.is_finite() && *temperature > 0.0 && *top_p > 0.0 && *top_p <= 1.0;
+                if !ok {
                     return Err(Error::Invalid {
                         op: "sample",
                         detail: format!("need temperature > 0 and 0 < top_p <= 1, got {sampling:?}"),
