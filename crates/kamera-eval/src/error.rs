@@ -29,7 +29,7 @@ pub enum Error {
     #[error("task {id:?}: {detail}")]
     Task { id: String, detail: String },
     #[error(
-        "method {spec:?}: {detail} (known: full, prefix, blind, kamera:R, kamera-budget:B, orbit:R, cacheblend:F, epic:K, oracle-tokens:F)"
+        "method {spec:?}: {detail} (known: full, prefix, blind, kamera:R, kamera-budget:B, kamera-share:B, orbit:R, cacheblend:F, epic:K, oracle-tokens:F)"
     )]
     Method { spec: String, detail: String },
     #[error("{op}: {detail}")]

@@ -19,6 +19,9 @@ pub enum Method {
     Kamera { rank: usize },
     /// Kamera with per-layer ranks under a byte budget (fraction of the chunk's KV bytes).
     KameraBudget { fraction: f64 },
+    /// Kamera with per-layer K/V ranks under the same byte budget, chosen by each matrix's
+    /// energy share (σ²/‖Δ‖²) per byte, so layers weigh equally whatever their KV scale.
+    KameraShare { fraction: f64 },
     /// One orbit patch per chunk over sampled orderings, evaluated on an unseen ordering.
     Orbit { rank: usize },
     /// CacheBlend: recompute fraction F of each chunk's tokens, picked by KV deviation at a
@@ -83,6 +86,9 @@ impl FromStr for Method {
             "kamera-budget" => Ok(Method::KameraBudget {
                 fraction: fraction(spec, need(spec, name, arg)?)?,
             }),
+            "kamera-share" => Ok(Method::KameraShare {
+                fraction: fraction(spec, need(spec, name, arg)?)?,
+            }),
             "orbit" => Ok(Method::Orbit {
                 rank: count(spec, need(spec, name, arg)?)?,
             }),
@@ -111,6 +117,7 @@ impl fmt::Display for Method {
             Method::Blind => write!(f, "blind"),
             Method::Kamera { rank } => write!(f, "kamera:{rank}"),
             Method::KameraBudget { fraction } => write!(f, "kamera-budget:{fraction}"),
+            Method::KameraShare { fraction } => write!(f, "kamera-share:{fraction}"),
             Method::Orbit { rank } => write!(f, "orbit:{rank}"),
             Method::CacheBlend { fraction } => write!(f, "cacheblend:{fraction}"),
             Method::Epic { tokens } => write!(f, "epic:{tokens}"),

@@ -304,18 +304,26 @@ impl<'a> Evaluator<'a> {
     }
 
     fn fixed_patches(&self, p: &Prepared, s: &Spectra, rank: usize) -> Result<(Vec<Patch>, f64)> {
+        let ranks: Vec<Vec<(usize, usize)>> = s.svds.iter().map(|l| vec![(rank, rank); l.len()]).collect();
+        self.ranked_patches(p, s, &ranks)
+    }
+
+    /// Patches truncated to `ranks[chunk][layer] = (K rank, V rank)`.
+    fn ranked_patches(&self, p: &Prepared, s: &Spectra, ranks: &[Vec<(usize, usize)>]) -> Result<(Vec<Patch>, f64)> {
         let t = Instant::now();
         let patches = s
             .svds
             .iter()
             .zip(&p.canon)
-            .map(|(svds, c)| {
+            .zip(ranks)
+            .map(|((svds, c), rs)| {
                 let layers = svds
                     .iter()
-                    .map(|(k, v)| {
+                    .zip(rs)
+                    .map(|((k, v), &(rk, rv))| {
                         Ok(LayerPatch {
-                            k: k.truncate(rank, DType::F32)?,
-                            v: v.truncate(rank, DType::F32)?,
+                            k: k.truncate(rk, DType::F32)?,
+                            v: v.truncate(rv, DType::F32)?,
                         })
                     })
                     .collect::<kamera_ops::Result<Vec<_>>>()?;
@@ -383,9 +391,12 @@ impl<'a> Evaluator<'a> {
         let blind_rows = self.answer_rows(&p, &blind_ctx)?;
         let blind_scores = score(&p.full_rows, &blind_rows, &p.answer, vocab);
         let needs_spectra = self.cfg.diagnostics
-            || methods
-                .iter()
-                .any(|(_, m)| matches!(m, Method::Kamera { .. } | Method::KameraBudget { .. }));
+            || methods.iter().any(|(_, m)| {
+                matches!(
+                    m,
+                    Method::Kamera { .. } | Method::KameraBudget { .. } | Method::KameraShare { .. }
+                )
+            });
         let own: Vec<Vec<ChunkKv>> = p.cond.iter().map(|c| vec![c.clone()]).collect();
         let spectra = if needs_spectra {
             Some(self.spectra(&p, &own)?)
@@ -433,6 +444,19 @@ impl<'a> Evaluator<'a> {
                         .collect::<kamera_ops::Result<Vec<_>>>()
                         .ops("budget patch")?;
                     let (ctx, cost) = self.patched(&p, &patches, p.full_ms + ms(t))?;
+                    (self.answer_rows(&p, &ctx)?, cost)
+                }
+                Method::KameraShare { fraction } => {
+                    let s = spectra.as_ref().ok_or_else(|| invalid("kamera-share needs spectra"))?;
+                    let t = Instant::now();
+                    let ranks: Vec<Vec<(usize, usize)>> = s
+                        .svds
+                        .iter()
+                        .zip(&p.canon)
+                        .map(|(svds, c)| share_budget_ranks(svds, c, *fraction))
+                        .collect();
+                    let (patches, t2) = self.ranked_patches(&p, s, &ranks)?;
+                    let (ctx, cost) = self.patched(&p, &patches, p.full_ms + s.ms + ms(t) + t2)?;
                     (self.answer_rows(&p, &ctx)?, cost)
                 }
                 Method::Orbit { rank } => {
@@ -500,6 +524,39 @@ impl<'a> Evaluator<'a> {
             diagnostics,
         })
     }
+}
+
+/// Per-layer (K, V) ranks within `fraction` of the chunk's KV bytes, greedily by energy share
+/// (σ² over the matrix's total) per byte; each matrix keeps a prefix of its directions.
+fn share_budget_ranks(svds: &[(Svd, Svd)], canon: &ChunkKv, fraction: f64) -> Vec<(usize, usize)> {
+    let layout = canon.layout();
+    let n = canon.n_tokens();
+    let elem = DType::F32.size();
+    let cost = [(n + layout.k_features()) * elem, (n + layout.v_features()) * elem];
+    let budget = (fraction * canon.kv_bytes() as f64).floor() as usize;
+    let mut items: Vec<(f64, usize, usize, usize)> = Vec::new();
+    for (l, (sk, sv)) in svds.iter().enumerate() {
+        for (ch, s) in [sk, sv].into_iter().enumerate() {
+            let total: f64 = s.singular.iter().map(|&x| (x as f64).powi(2)).sum();
+            if total <= 0.0 {
+                continue;
+            }
+            for (j, &x) in s.singular.iter().enumerate() {
+                items.push(((x as f64).powi(2) / total / cost[ch] as f64, l, ch, j));
+            }
+        }
+    }
+    items.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.3.cmp(&b.3)));
+    let mut ranks = vec![(0usize, 0usize); svds.len()];
+    let mut used = 0usize;
+    for (gain, l, ch, j) in items {
+        let r = if ch == 0 { &mut ranks[l].0 } else { &mut ranks[l].1 };
+        if gain > 0.0 && *r == j && used + cost[ch] <= budget {
+            *r += 1;
+            used += cost[ch];
+        }
+    }
+    ranks
 }
 
 /// BOS (where the model adds one) followed by the system prefix.

@@ -21,7 +21,7 @@ fn model() -> &'static Model {
     })
 }
 
-const METHODS: &str = "full,prefix,blind,kamera:32,kamera:100000,kamera-budget:0.2,orbit:16,cacheblend:0.15,cacheblend:1,epic:8,epic:100000,oracle-tokens:0.25,oracle-tokens:1";
+const METHODS: &str = "full,prefix,blind,kamera:32,kamera:100000,kamera-budget:0.2,kamera-share:0.2,orbit:16,cacheblend:0.15,cacheblend:1,epic:8,epic:100000,oracle-tokens:0.25,oracle-tokens:1";
 
 fn report() -> &'static Report {
     static R: OnceLock<Report> = OnceLock::new();
@@ -82,7 +82,10 @@ fn kamera_beats_blind_and_costs_what_it_says() {
     assert_eq!(r.methods["blind"].gap_recovered, 0.0);
     assert_eq!(r.methods["blind"].bytes_ratio, 1.0);
     assert!(r.methods["kamera:32"].bytes_ratio > 1.0);
-    assert!(r.methods["kamera-budget:0.2"].bytes_ratio <= 1.2 + 1e-9);
+    for m in ["kamera-budget:0.2", "kamera-share:0.2"] {
+        let b = r.methods[m].bytes_ratio;
+        assert!(b > 1.1 && b <= 1.2 + 1e-9, "{m} bytes {b}");
+    }
     assert!(r.methods["kamera:32"].patch_ms > 0.0);
     let share = r.methods["cacheblend:0.15"].recompute_share;
     assert!(share > 0.1 && share < 0.3, "{share}");
