@@ -1,0 +1,130 @@
+//! Plans: every decision of the scheduler is an explicit list of steps that a model runner
+//! executes in order (kamera-sched's `Executor` is one such runner), plus the cost model's
+//! explanation of each choice.
+
+use std::fmt;
+
+use kamera_store::{ChunkId, Key};
+
+use crate::cost::Decision;
+use crate::error::short;
+
+/// One step for the runner.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    /// Encode + prefill `chunk`'s tokens. `alone`: at position 0 with no context, giving the
+    /// canonical KV(B|∅) (staged for `StoreCanonical` / `Place`); otherwise at `at`, after the
+    /// window's KV of positions `0..at`, and the result is the chunk's KV in the window (exact).
+    Prefill { chunk: ChunkId, at: i64, alone: bool },
+    /// Write the staged canonical KV of `chunk` to the store.
+    StoreCanonical { chunk: ChunkId },
+    /// Load `chunk`'s canonical KV from the store (memory tier, else disk) into staging.
+    Recall { chunk: ChunkId },
+    /// Form the patch `key` of `chunk` conditioned on the window's KV of positions `0..at` (one
+    /// conditioned prefill of the chunk at `at`, then a truncated SVD), and store it.
+    FormPatch { chunk: ChunkId, key: Key, at: i64 },
+    /// Form one orbit patch per chunk of `set` (keys in `keys`) from prefills of the set under
+    /// each of `orderings`, all placed at `at` after the window's KV of positions `0..at`.
+    FormOrbit {
+        set: Vec<ChunkId>,
+        keys: Vec<(ChunkId, Key)>,
+        orderings: Vec<Vec<ChunkId>>,
+        at: i64,
+    },
+    /// Put the staged canonical KV of `chunk` into the window at `at`: relocate by `at` (exact
+    /// RoPE re-rotation) and add `patch` if any, in one pass.
+    Place {
+        chunk: ChunkId,
+        at: i64,
+        patch: Option<Key>,
+    },
+    /// Re-rotate a resident chunk's KV by `delta` positions (exact; no patch).
+    Relocate { chunk: ChunkId, delta: i64 },
+    /// Drop `chunk`'s KV from the window; its canonical KV stays in the store.
+    EvictToStore { chunk: ChunkId },
+    /// Drop the live tail's KV (`tokens` of them): what it attended to has changed.
+    DropTail { tokens: usize },
+}
+
+/// What the runner must do for one operation, and why.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Plan {
+    pub steps: Vec<Step>,
+    pub decisions: Vec<Decision>,
+}
+
+impl Plan {
+    pub fn is_empty(&self) -> bool {
+        self.steps.is_empty()
+    }
+    /// Estimated cost of the chosen options, µs.
+    pub fn cost_us(&self) -> f64 {
+        self.decisions.iter().map(|d| d.chosen_cost()).sum()
+    }
+    pub(crate) fn push(&mut self, s: Step) {
+        self.steps.push(s);
+    }
+    /// Number of steps of each name, for tests and logs.
+    pub fn count(&self, name: &str) -> usize {
+        self.steps.iter().filter(|s| s.name() == name).count()
+    }
+}
+
+impl Step {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Step::Prefill { .. } => "prefill",
+            Step::StoreCanonical { .. } => "store",
+            Step::Recall { .. } => "recall",
+            Step::FormPatch { .. } => "form-patch",
+            Step::FormOrbit { .. } => "form-orbit",
+            Step::Place { .. } => "place",
+            Step::Relocate { .. } => "relocate",
+            Step::EvictToStore { .. } => "evict",
+            Step::DropTail { .. } => "drop-tail",
+        }
+    }
+}
+
+impl fmt::Display for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Step::Prefill { chunk, at, alone: true } => write!(
+                f,
+                "prefill {} alone at 0 (canonical; placed later at {at})",
+                short(chunk)
+            ),
+            Step::Prefill { chunk, at, .. } => write!(f, "prefill {} at {at} after the window", short(chunk)),
+            Step::StoreCanonical { chunk } => write!(f, "store canonical KV of {}", short(chunk)),
+            Step::Recall { chunk } => write!(f, "recall canonical KV of {} from the store", short(chunk)),
+            Step::FormPatch { chunk, key, at } => write!(f, "form patch {key} for {} at {at}", short(chunk)),
+            Step::FormOrbit { set, orderings, .. } => {
+                write!(
+                    f,
+                    "form orbit patches for a set of {} chunks over {} orderings",
+                    set.len(),
+                    orderings.len()
+                )
+            }
+            Step::Place { chunk, at, patch } => match patch {
+                Some(p) => write!(f, "place {} at {at} with patch {p}", short(chunk)),
+                None => write!(f, "place {} at {at} (relocation only)", short(chunk)),
+            },
+            Step::Relocate { chunk, delta } => write!(f, "relocate {} by {delta}", short(chunk)),
+            Step::EvictToStore { chunk } => write!(f, "evict {} to the store", short(chunk)),
+            Step::DropTail { tokens } => write!(f, "drop the {tokens}-token tail"),
+        }
+    }
+}
+
+impl fmt::Display for Plan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for s in &self.steps {
+            writeln!(f, "  {s}")?;
+        }
+        for d in &self.decisions {
+            writeln!(f, "  why: {d}")?;
+        }
+        Ok(())
+    }
+}

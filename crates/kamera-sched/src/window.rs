@@ -1,0 +1,599 @@
+//! The context window: pinned chunks (system prompt), then placed chunks, then the live tail,
+//! contiguous from position 0 and never over the token budget. Every operation returns the
+//! [`Plan`] that brings a runner's KV from the old layout to the new one; the window itself is
+//! synchronous, deterministic and holds no tensors.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use kamera_store::{ChunkId, Key, ModelFp};
+
+use crate::cost::{Choice, CostModel, Decision};
+use crate::error::{Error, Result};
+use crate::plan::{Plan, Step};
+
+/// How chunks are ranked, for placement on reorder (lowest first, so the highest sits nearest
+/// the tail) and for eviction (lowest goes first).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Order {
+    /// By first arrival.
+    #[default]
+    Arrival,
+    /// By last use ([`Window::touch`], insert, recall).
+    Recency,
+    /// By the caller's relevance score ([`Window::set_relevance`]).
+    Relevance,
+}
+
+/// Window settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WindowConfig {
+    /// Most tokens the window holds (pinned + placed + tail).
+    pub budget_tokens: usize,
+    /// The model whose KV the keys address.
+    pub model: ModelFp,
+    pub cost: CostModel,
+    /// Which placed chunk goes first when room is needed.
+    pub evict: Order,
+}
+
+impl WindowConfig {
+    pub fn new(budget_tokens: usize, model: ModelFp) -> WindowConfig {
+        WindowConfig {
+            budget_tokens,
+            model,
+            cost: CostModel::default(),
+            evict: Order::Arrival,
+        }
+    }
+}
+
+/// How a resident chunk's KV was made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlotState {
+    /// Prefilled in place after exactly what precedes it.
+    Exact,
+    /// Canonical KV relocated, nothing before it (exact).
+    Relocated,
+    /// Canonical KV relocated with a conditioning or orbit patch.
+    Patched(Key),
+}
+
+/// One resident chunk.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Slot {
+    pub chunk: ChunkId,
+    pub n_tokens: usize,
+    /// Position of the first token.
+    pub start: i64,
+    pub pinned: bool,
+    pub state: SlotState,
+    /// Whether an earlier chunk was evicted since it was made (survivors are re-rotated only).
+    pub shifted: bool,
+    pub arrival: u64,
+    pub last_used: u64,
+    pub relevance: f64,
+}
+
+impl Slot {
+    pub fn end(&self) -> i64 {
+        self.start + self.n_tokens as i64
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Known {
+    n_tokens: usize,
+    arrival: u64,
+    relevance: f64,
+}
+
+/// The scheduler's window.
+#[derive(Debug, Clone)]
+pub struct Window {
+    cfg: WindowConfig,
+    slots: Vec<Slot>,
+    tail: usize,
+    known: BTreeMap<ChunkId, Known>,
+    patches: BTreeSet<Key>,
+    clock: u64,
+}
+
+impl Window {
+    pub fn new(cfg: WindowConfig) -> Window {
+        Window {
+            cfg,
+            slots: Vec::new(),
+            tail: 0,
+            known: BTreeMap::new(),
+            patches: BTreeSet::new(),
+            clock: 0,
+        }
+    }
+
+    pub fn config(&self) -> &WindowConfig {
+        &self.cfg
+    }
+    pub fn cost_model_mut(&mut self) -> &mut CostModel {
+        &mut self.cfg.cost
+    }
+    /// Resident chunks in position order (pinned first).
+    pub fn slots(&self) -> &[Slot] {
+        &self.slots
+    }
+    pub fn tail(&self) -> usize {
+        self.tail
+    }
+    /// Tokens held: chunks + tail.
+    pub fn used(&self) -> usize {
+        self.chunk_tokens() + self.tail
+    }
+    /// Tokens held by resident chunks.
+    pub fn chunk_tokens(&self) -> usize {
+        self.slots.iter().map(|s| s.n_tokens).sum()
+    }
+    fn pinned_tokens(&self) -> usize {
+        self.slots.iter().filter(|s| s.pinned).map(|s| s.n_tokens).sum()
+    }
+    /// Position one past the last chunk (where the tail starts).
+    pub fn end(&self) -> i64 {
+        self.slots.last().map_or(0, Slot::end)
+    }
+    pub fn slot(&self, id: &ChunkId) -> Option<&Slot> {
+        self.slots.iter().find(|s| s.chunk == *id)
+    }
+    /// Whether `id` has been inserted (its canonical KV is in the store) and is not resident.
+    pub fn is_evicted(&self, id: &ChunkId) -> bool {
+        self.known.contains_key(id) && self.slot(id).is_none()
+    }
+    /// Known chunks that are not resident, in id order.
+    pub fn evicted(&self) -> Vec<ChunkId> {
+        self.known
+            .keys()
+            .filter(|id| self.slot(id).is_none())
+            .copied()
+            .collect()
+    }
+    /// Tells the window that a patch is in the store (e.g. formed in an earlier session).
+    pub fn assume_cached(&mut self, key: Key) {
+        self.patches.insert(key);
+    }
+    pub fn is_cached(&self, key: &Key) -> bool {
+        self.patches.contains(key)
+    }
+
+    fn tick(&mut self) -> u64 {
+        self.clock += 1;
+        self.clock
+    }
+
+    /// Marks `id` as used now (for [`Order::Recency`]).
+    pub fn touch(&mut self, id: &ChunkId) {
+        let now = self.tick();
+        if let Some(s) = self.slots.iter_mut().find(|s| s.chunk == *id) {
+            s.last_used = now;
+        }
+    }
+
+    /// Sets the caller's relevance score of `id` (for [`Order::Relevance`]).
+    pub fn set_relevance(&mut self, id: &ChunkId, score: f64) {
+        if let Some(k) = self.known.get_mut(id) {
+            k.relevance = score;
+        }
+        if let Some(s) = self.slots.iter_mut().find(|s| s.chunk == *id) {
+            s.relevance = score;
+        }
+    }
+
+    /// Sets the live tail's length (tokens after the last chunk: the question, generated text).
+    pub fn set_tail(&mut self, tokens: usize) -> Result<()> {
+        let room = self.cfg.budget_tokens - self.chunk_tokens();
+        if tokens > room {
+            return Err(Error::OverBudget {
+                op: "set_tail",
+                need: tokens,
+                budget: self.cfg.budget_tokens,
+                fixed: self.chunk_tokens(),
+            });
+        }
+        self.tail = tokens;
+        Ok(())
+    }
+
+    fn drop_tail(&mut self, plan: &mut Plan) {
+        if self.tail > 0 {
+            plan.push(Step::DropTail { tokens: self.tail });
+            self.tail = 0;
+        }
+    }
+
+    fn new_slot(&mut self, chunk: ChunkId, n_tokens: usize, pinned: bool, state: SlotState) {
+        let now = self.tick();
+        let k = *self.known.entry(chunk).or_insert(Known {
+            n_tokens,
+            arrival: now,
+            relevance: 0.0,
+        });
+        let start = self.end();
+        self.slots.push(Slot {
+            chunk,
+            n_tokens,
+            start,
+            pinned,
+            state,
+            shifted: false,
+            arrival: k.arrival,
+            last_used: now,
+            relevance: k.relevance,
+        });
+    }
+
+    /// Steps that encode a new chunk, store its canonical KV and make its KV at `at` exact.
+    fn encode_steps(plan: &mut Plan, chunk: ChunkId, at: i64) -> SlotState {
+        plan.push(Step::Prefill { chunk, at, alone: true });
+        plan.push(Step::StoreCanonical { chunk });
+        if at == 0 {
+            plan.push(Step::Place { chunk, at, patch: None });
+            SlotState::Relocated
+        } else {
+            plan.push(Step::Prefill {
+                chunk,
+                at,
+                alone: false,
+            });
+            SlotState::Exact
+        }
+    }
+
+    fn check_new(&self, op: &'static str, id: &ChunkId, n: usize) -> Result<()> {
+        if self.known.contains_key(id) {
+            return Err(Error::chunk(op, id, "was inserted before (recall it instead)"));
+        }
+        if n == 0 {
+            return Err(Error::chunk(op, id, "has no tokens"));
+        }
+        Ok(())
+    }
+
+    /// Pins a chunk (system prompt) at the front. Pinned chunks come before any placed chunk
+    /// and are never evicted.
+    pub fn pin(&mut self, id: ChunkId, n_tokens: usize) -> Result<Plan> {
+        const OP: &str = "pin";
+        self.check_new(OP, &id, n_tokens)?;
+        if self.slots.iter().any(|s| !s.pinned) {
+            return Err(Error::Invalid {
+                op: OP,
+                detail: "pin chunks before placing any other chunk".into(),
+            });
+        }
+        if self.used() + n_tokens > self.cfg.budget_tokens {
+            return Err(Error::OverBudget {
+                op: OP,
+                need: n_tokens,
+                budget: self.cfg.budget_tokens,
+                fixed: self.used(),
+            });
+        }
+        let mut plan = Plan::default();
+        self.drop_tail(&mut plan);
+        let state = Self::encode_steps(&mut plan, id, self.end());
+        self.new_slot(id, n_tokens, true, state);
+        Ok(plan)
+    }
+
+    /// Inserts a new chunk after the placed chunks: encode + prefill in place (exact), store
+    /// its canonical KV; evicts (by [`WindowConfig::evict`]) to make room.
+    pub fn insert(&mut self, id: ChunkId, n_tokens: usize) -> Result<Plan> {
+        const OP: &str = "insert";
+        self.check_new(OP, &id, n_tokens)?;
+        let mut plan = self.make_room(OP, n_tokens)?;
+        let at = self.end();
+        let state = Self::encode_steps(&mut plan, id, at);
+        let c = &self.cfg.cost;
+        let exact = c.prefill(n_tokens, at as usize) + if at > 0 { c.prefill(n_tokens, 0) } else { 0.0 };
+        plan.decisions.push(Decision {
+            op: OP,
+            chunk: Some(id),
+            choice: Choice::Reprefill,
+            options: vec![(Choice::Reprefill, exact)],
+            reason: if at == 0 {
+                "new chunk with nothing before it: one prefill is both canonical and in place".into()
+            } else {
+                "new chunk: prefill alone for the store's canonical KV, and in place (exact) for the window".into()
+            },
+        });
+        self.new_slot(id, n_tokens, false, state);
+        Ok(plan)
+    }
+
+    /// Evicts `victims` (placed chunks) and re-rotates the survivors after them.
+    fn evict_many(&mut self, victims: &BTreeSet<ChunkId>, plan: &mut Plan) {
+        if victims.is_empty() {
+            return;
+        }
+        self.drop_tail(plan);
+        let mut kept = Vec::with_capacity(self.slots.len());
+        for s in std::mem::take(&mut self.slots) {
+            if victims.contains(&s.chunk) {
+                plan.push(Step::EvictToStore { chunk: s.chunk });
+            } else {
+                kept.push(s);
+            }
+        }
+        // Lay survivors out again from 0; each moves left by what was removed before it.
+        let mut pos = 0i64;
+        for s in &mut kept {
+            let delta = pos - s.start;
+            if delta != 0 {
+                plan.push(Step::Relocate { chunk: s.chunk, delta });
+                s.start = pos;
+                s.shifted = true;
+            }
+            pos += s.n_tokens as i64;
+        }
+        self.slots = kept;
+    }
+
+    /// Evicts one placed chunk: its KV leaves the window, its canonical KV stays in the store;
+    /// the chunks after it are re-rotated only.
+    pub fn evict(&mut self, id: &ChunkId) -> Result<Plan> {
+        const OP: &str = "evict";
+        match self.slot(id) {
+            None => return Err(Error::chunk(OP, id, "is not in the window")),
+            Some(s) if s.pinned => return Err(Error::chunk(OP, id, "is pinned")),
+            Some(_) => {}
+        }
+        let mut plan = Plan::default();
+        self.evict_many(&BTreeSet::from([*id]), &mut plan);
+        Ok(plan)
+    }
+
+    /// Sliding window: evicts the oldest-placed chunks (front first) until `need` more tokens
+    /// fit; survivors are re-rotated only (no patch).
+    pub fn slide(&mut self, need: usize) -> Result<Plan> {
+        const OP: &str = "slide";
+        self.check_fits(OP, need)?;
+        let mut victims = BTreeSet::new();
+        let mut used = self.chunk_tokens();
+        for s in self.slots.iter().filter(|s| !s.pinned) {
+            if used + need <= self.cfg.budget_tokens {
+                break;
+            }
+            victims.insert(s.chunk);
+            used -= s.n_tokens;
+        }
+        let mut plan = Plan::default();
+        self.evict_many(&victims, &mut plan);
+        Ok(plan)
+    }
+
+    fn check_fits(&self, op: &'static str, need: usize) -> Result<()> {
+        let fixed = self.pinned_tokens();
+        if need + fixed > self.cfg.budget_tokens {
+            return Err(Error::OverBudget {
+                op,
+                need,
+                budget: self.cfg.budget_tokens,
+                fixed,
+            });
+        }
+        Ok(())
+    }
+
+    /// Drops the tail and evicts by the configured order until `need` tokens fit.
+    fn make_room(&mut self, op: &'static str, need: usize) -> Result<Plan> {
+        self.check_fits(op, need)?;
+        let mut plan = Plan::default();
+        self.drop_tail(&mut plan);
+        let mut victims = BTreeSet::new();
+        let mut used = self.chunk_tokens();
+        let mut order: Vec<&Slot> = self.slots.iter().filter(|s| !s.pinned).collect();
+        order.sort_by(|a, b| {
+            rank(a, self.cfg.evict)
+                .total_cmp(&rank(b, self.cfg.evict))
+                .then(a.start.cmp(&b.start))
+        });
+        for s in order {
+            if used + need <= self.cfg.budget_tokens {
+                break;
+            }
+            victims.insert(s.chunk);
+            used -= s.n_tokens;
+        }
+        self.evict_many(&victims, &mut plan);
+        Ok(plan)
+    }
+
+    /// Brings an evicted chunk back after the placed chunks: rehydrate its canonical KV,
+    /// relocate it, and apply a patch conditioned on its fixed earlier context (the chunks
+    /// before it, by id and position), formed once and cached — or re-prefill, as the cost
+    /// model decides.
+    pub fn recall(&mut self, id: ChunkId) -> Result<Plan> {
+        const OP: &str = "recall";
+        let Some(k) = self.known.get(&id).copied() else {
+            return Err(Error::chunk(OP, &id, "was never inserted"));
+        };
+        if self.slot(&id).is_some() {
+            return Err(Error::chunk(OP, &id, "is already in the window"));
+        }
+        let n = k.n_tokens;
+        let mut plan = self.make_room(OP, n)?;
+        let at = self.end();
+        let antecedents: Vec<(ChunkId, i64)> = self.slots.iter().map(|s| (s.chunk, s.start)).collect();
+        let key = Key::patch(self.cfg.model, id, &antecedents, at);
+        let d = self.cfg.cost.recall(id, n, at as usize, self.patches.contains(&key));
+        let state = match d.choice {
+            Choice::Relocate | Choice::Blind => {
+                plan.push(Step::Recall { chunk: id });
+                plan.push(Step::Place {
+                    chunk: id,
+                    at,
+                    patch: None,
+                });
+                SlotState::Relocated
+            }
+            Choice::CachedPatch => {
+                plan.push(Step::Recall { chunk: id });
+                plan.push(Step::Place {
+                    chunk: id,
+                    at,
+                    patch: Some(key),
+                });
+                SlotState::Patched(key)
+            }
+            Choice::FormPatch => {
+                plan.push(Step::Recall { chunk: id });
+                plan.push(Step::FormPatch { chunk: id, key, at });
+                plan.push(Step::Place {
+                    chunk: id,
+                    at,
+                    patch: Some(key),
+                });
+                self.patches.insert(key);
+                SlotState::Patched(key)
+            }
+            Choice::Reprefill => {
+                plan.push(Step::Prefill {
+                    chunk: id,
+                    at,
+                    alone: false,
+                });
+                SlotState::Exact
+            }
+        };
+        plan.decisions.push(d);
+        self.new_slot(id, n, false, state);
+        Ok(plan)
+    }
+
+    /// Reorders the placed chunks by `order` (lowest rank first, so the highest-ranked chunk
+    /// sits next to the tail). Chunks whose position and predecessors do not change stay; the
+    /// rest are laid out again with orbit patches of the placed set (one patch per chunk serves
+    /// every ordering of the set) or re-prefilled in the new order, as the cost model decides.
+    pub fn reorder(&mut self, order: Order) -> Result<Plan> {
+        let first_placed = self.slots.iter().position(|s| !s.pinned).unwrap_or(self.slots.len());
+        let mut placed: Vec<Slot> = self.slots[first_placed..].to_vec();
+        placed.sort_by(|a, b| rank(a, order).total_cmp(&rank(b, order)).then(a.start.cmp(&b.start)));
+        let new_order: Vec<ChunkId> = placed.iter().map(|s| s.chunk).collect();
+        let old_order: Vec<ChunkId> = self.slots[first_placed..].iter().map(|s| s.chunk).collect();
+        self.lay_out(new_order, old_order, first_placed)
+    }
+
+    /// Reorders the placed chunks into exactly `new_order` (a permutation of them).
+    pub fn reorder_to(&mut self, new_order: &[ChunkId]) -> Result<Plan> {
+        let first_placed = self.slots.iter().position(|s| !s.pinned).unwrap_or(self.slots.len());
+        let old_order: Vec<ChunkId> = self.slots[first_placed..].iter().map(|s| s.chunk).collect();
+        let (mut a, mut b) = (old_order.clone(), new_order.to_vec());
+        a.sort();
+        b.sort();
+        if a != b {
+            return Err(Error::Invalid {
+                op: "reorder_to",
+                detail: format!(
+                    "{} chunks given, not a permutation of the {} placed",
+                    new_order.len(),
+                    old_order.len()
+                ),
+            });
+        }
+        self.lay_out(new_order.to_vec(), old_order, first_placed)
+    }
+
+    fn lay_out(&mut self, new_order: Vec<ChunkId>, old_order: Vec<ChunkId>, first_placed: usize) -> Result<Plan> {
+        const OP: &str = "reorder";
+        let mut plan = Plan::default();
+        let same = new_order.iter().zip(&old_order).take_while(|(a, b)| a == b).count();
+        if same == new_order.len() {
+            return Ok(plan);
+        }
+        self.drop_tail(&mut plan);
+        let moved: Vec<Slot> = self.slots.drain(first_placed + same..).collect();
+        for s in &moved {
+            plan.push(Step::EvictToStore { chunk: s.chunk });
+        }
+        let at = self.end();
+        let set: Vec<ChunkId> = {
+            let mut v = old_order.clone();
+            v.sort();
+            v
+        };
+        let keys: Vec<(ChunkId, Key)> = set.iter().map(|c| (*c, Key::orbit(self.cfg.model, *c, &set))).collect();
+        let cached = keys.iter().all(|(_, k)| self.patches.contains(k));
+        let tokens: usize = moved.iter().map(|s| s.n_tokens).sum();
+        let fixed = self.slots[..first_placed].iter().map(|s| s.n_tokens).sum::<usize>();
+        let d = self.cfg.cost.reorder(tokens, moved.len(), fixed, cached);
+        // Orbit patches are formed for the whole placed set, after the pinned chunks.
+        if d.choice == Choice::FormPatch {
+            let orderings = orbit_orderings(&set, self.cfg.cost.orbit_orderings);
+            let start = self.slots[..first_placed].last().map_or(0, Slot::end);
+            plan.push(Step::FormOrbit {
+                set: set.clone(),
+                keys: keys.clone(),
+                orderings,
+                at: start,
+            });
+            self.patches.extend(keys.iter().map(|(_, k)| *k));
+        }
+        let mut pos = at;
+        for id in &new_order[same..] {
+            let old = moved
+                .iter()
+                .find(|s| s.chunk == *id)
+                .cloned()
+                .ok_or_else(|| Error::chunk(OP, id, "not placed"))?;
+            let state = match d.choice {
+                Choice::Reprefill => {
+                    plan.push(Step::Prefill {
+                        chunk: *id,
+                        at: pos,
+                        alone: false,
+                    });
+                    SlotState::Exact
+                }
+                _ => {
+                    let key = keys.iter().find(|(c, _)| c == id).map(|(_, k)| *k);
+                    plan.push(Step::Recall { chunk: *id });
+                    plan.push(Step::Place {
+                        chunk: *id,
+                        at: pos,
+                        patch: key,
+                    });
+                    key.map_or(SlotState::Relocated, SlotState::Patched)
+                }
+            };
+            self.slots.push(Slot {
+                start: pos,
+                state,
+                shifted: false,
+                ..old
+            });
+            pos += old.n_tokens as i64;
+        }
+        plan.decisions.push(d);
+        Ok(plan)
+    }
+}
+
+/// The rank of a slot under an order.
+fn rank(s: &Slot, order: Order) -> f64 {
+    match order {
+        Order::Arrival => s.arrival as f64,
+        Order::Recency => s.last_used as f64,
+        Order::Relevance => s.relevance,
+    }
+}
+
+/// Deterministic orderings of a set for orbit formation: rotations of the id-sorted set,
+/// alternately reversed, so the orbit patch depends on the set alone.
+pub fn orbit_orderings(set: &[ChunkId], k: usize) -> Vec<Vec<ChunkId>> {
+    let n = set.len().max(1);
+    (0..k.clamp(1, 2 * n))
+        .map(|i| {
+            let mut v: Vec<ChunkId> = set.to_vec();
+            v.rotate_left((i / 2) % n);
+            if i % 2 == 1 {
+                v.reverse();
+            }
+            v
+        })
+        .collect()
+}

@@ -1,0 +1,135 @@
+//! A synthetic encoder with a known, low-rank cross-chunk deficit: a chunk prefilled after a
+//! context gets K/V = canonical + u·vᵀ per layer, where u depends on the chunk and v on the
+//! context's values; keys are then rotated to their positions. Its patches are exact at rank 1.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+
+use kamera_ops::{Buf, ChunkKv, DType, KvLayout, LayerKv, Mat, PairLayout, RopeSpec};
+use kamera_sched::{BoxError, Encoder};
+use kamera_store::{ChunkId, ModelFp};
+
+pub fn values(seed: u64, n: usize) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0
+        })
+        .collect()
+}
+
+pub struct Synth {
+    pub layout: KvLayout,
+    pub rope: RopeSpec,
+    pub chunks: BTreeMap<ChunkId, (usize, u64)>,
+    pub calls: usize,
+}
+
+pub fn model() -> ModelFp {
+    ModelFp::of("synthetic")
+}
+
+impl Synth {
+    pub fn new() -> Synth {
+        Synth {
+            layout: KvLayout::gqa(2, 4, 2, 8),
+            rope: RopeSpec::new(8, 10_000.0, PairLayout::HalfSplit),
+            chunks: BTreeMap::new(),
+            calls: 0,
+        }
+    }
+    /// Registers chunk `seed` of `n` tokens; returns its id.
+    pub fn chunk(&mut self, seed: u64, n: usize) -> ChunkId {
+        let id = ChunkId::of(&seed.to_le_bytes(), "synth", model());
+        self.chunks.insert(id, (n, seed));
+        id
+    }
+
+    /// The chunk's KV after `ctx` (exact model), at `at`.
+    pub fn kv(&self, id: ChunkId, at: i64, ctx: Option<&ChunkKv>) -> ChunkKv {
+        let (n, seed) = self.chunks[&id];
+        let f = self.layout.k_features();
+        let layers = (0..self.layout.n_layers)
+            .map(|l| {
+                let s = seed * 100 + l as u64 * 10;
+                let mut k = values(s, n * f);
+                let mut v = values(s + 1, n * f);
+                if let Some(c) = ctx {
+                    let cv = c.layers()[l].v.to_f32_vec();
+                    let rows = c.n_tokens().max(1) as f32;
+                    let mean: Vec<f32> = (0..f)
+                        .map(|j| cv.iter().skip(j).step_by(f).sum::<f32>() / rows)
+                        .collect();
+                    let u = values(s + 2, n);
+                    for t in 0..n {
+                        for j in 0..f {
+                            k[t * f + j] += 0.5 * u[t] * mean[j];
+                            v[t * f + j] += 0.3 * u[t] * mean[(j + 1) % f];
+                        }
+                    }
+                }
+                LayerKv {
+                    k: Mat::new(n, f, Buf::F32(k)).unwrap(),
+                    v: Mat::new(n, f, Buf::F32(v)).unwrap(),
+                }
+            })
+            .collect();
+        let canon = ChunkKv::new(self.layout, 0, layers).unwrap();
+        kamera_ops::relocate(&canon, &self.rope, at).unwrap()
+    }
+
+    /// A full prefill of `seq` from 0: each chunk after the exact KV of everything before it.
+    pub fn full(&self, seq: &[ChunkId]) -> ChunkKv {
+        let mut ctx: Option<ChunkKv> = None;
+        let mut pos = 0;
+        for id in seq {
+            let kv = self.kv(*id, pos, ctx.as_ref());
+            pos += kv.n_tokens() as i64;
+            ctx = Some(match ctx {
+                None => kv,
+                Some(prev) => concat(&prev, &kv, &self.rope),
+            });
+        }
+        ctx.expect("non-empty sequence")
+    }
+}
+
+pub fn concat(a: &ChunkKv, b: &ChunkKv, rope: &RopeSpec) -> ChunkKv {
+    let parts = [
+        kamera_ops::Placement { chunk: a, patch: None },
+        kamera_ops::Placement { chunk: b, patch: None },
+    ];
+    kamera_ops::assemble(&parts, rope, a.offset(), DType::F32).unwrap()
+}
+
+impl Encoder for Synth {
+    fn layout(&self) -> KvLayout {
+        self.layout
+    }
+    fn rope(&self) -> &RopeSpec {
+        &self.rope
+    }
+    fn prefill(&mut self, chunk: ChunkId, at: i64, context: Option<&ChunkKv>) -> Result<ChunkKv, BoxError> {
+        self.calls += 1;
+        if !self.chunks.contains_key(&chunk) {
+            return Err(format!("unknown chunk {chunk}").into());
+        }
+        Ok(self.kv(chunk, at, context))
+    }
+}
+
+pub fn max_diff(a: &ChunkKv, b: &ChunkKv) -> f32 {
+    assert_eq!((a.offset(), a.n_tokens()), (b.offset(), b.n_tokens()));
+    let mut m = 0f32;
+    for (x, y) in a.layers().iter().zip(b.layers()) {
+        for (p, q) in [(&x.k, &y.k), (&x.v, &y.v)] {
+            for (u, v) in p.to_f32_vec().iter().zip(q.to_f32_vec()) {
+                m = m.max((u - v).abs());
+            }
+        }
+    }
+    m
+}

@@ -1,0 +1,351 @@
+//! The window and its plans, executed by the reference executor on a synthetic model: budget and
+//! contiguity under random operations, the exact path equals a full prefill, recall with a
+//! patch restores the conditioned KV, orbit patches are formed once per set, survivors of a
+//! slide are only re-rotated, and the cost model explains itself.
+
+mod common;
+
+use common::{Synth, max_diff, model};
+use kamera_ops::{DType, PatchConfig};
+use kamera_sched::{Choice, CostModel, Error, ExecConfig, Executor, Order, Step, Window, WindowConfig};
+use kamera_store::{ChunkId, MemStore};
+use proptest::prelude::*;
+
+fn executor(synth: Synth) -> Executor<Synth, MemStore> {
+    let cfg = ExecConfig {
+        model: model(),
+        patch: PatchConfig::fixed(2, DType::F32),
+        dtype: DType::F32,
+    };
+    Executor::new(synth, MemStore::new(), cfg)
+}
+
+fn window(budget: usize, reuses: f64) -> Window {
+    let mut cfg = WindowConfig::new(budget, model());
+    cfg.cost = CostModel {
+        expected_reuses: reuses,
+        ..CostModel::default()
+    };
+    Window::new(cfg)
+}
+
+fn check_invariants(w: &Window, ex: &Executor<Synth, MemStore>) -> Result<(), TestCaseError> {
+    prop_assert!(w.used() <= w.config().budget_tokens, "used {} > budget", w.used());
+    let mut pos = 0;
+    let mut seen_placed = false;
+    for s in w.slots() {
+        prop_assert_eq!(s.start, pos, "positions not contiguous");
+        pos = s.end();
+        prop_assert!(!(s.pinned && seen_placed), "pinned after placed");
+        seen_placed |= !s.pinned;
+    }
+    let want: Vec<(ChunkId, i64, usize)> = w.slots().iter().map(|s| (s.chunk, s.start, s.n_tokens)).collect();
+    prop_assert_eq!(ex.layout(), want, "executor KV layout differs from the window");
+    Ok(())
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Insert,
+    Evict(usize),
+    Slide(usize),
+    Reorder(u8),
+    Permute(u64),
+    Recall(usize),
+    Touch(usize),
+    Relevance(usize, u8),
+    Tail(usize),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => Just(Op::Insert),
+        1 => any::<usize>().prop_map(Op::Evict),
+        1 => (0usize..20).prop_map(Op::Slide),
+        1 => (0u8..3).prop_map(Op::Reorder),
+        1 => any::<u64>().prop_map(Op::Permute),
+        2 => any::<usize>().prop_map(Op::Recall),
+        1 => any::<usize>().prop_map(Op::Touch),
+        1 => (any::<usize>(), any::<u8>()).prop_map(|(i, s)| Op::Relevance(i, s)),
+        1 => (0usize..8).prop_map(Op::Tail),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// Under any sequence of operations the window stays within budget and contiguous, a failed
+    /// operation changes nothing, and executing the plans keeps the runner's KV in the layout
+    /// the window describes.
+    #[test]
+    fn budget_contiguity_and_plans_agree(
+        budget in 20usize..60, pin in 0usize..6, reuses in prop_oneof![Just(0.0), Just(10.0)],
+        ops in proptest::collection::vec(op(), 1..30),
+    ) {
+        let mut synth = Synth::new();
+        let ids: Vec<ChunkId> = (0..40).map(|i| synth.chunk(i, 1 + (i as usize * 7) % 11)).collect();
+        let sizes: Vec<usize> = (0..40).map(|i| 1 + (i * 7) % 11).collect();
+        let mut ex = executor(synth);
+        let mut w = window(budget, reuses);
+        if pin > 0 {
+            let sys = ex.encoder_mut().chunk(1000, pin);
+            let plan = w.pin(sys, pin).unwrap();
+            ex.run(&plan).unwrap();
+        }
+        let mut next = 0;
+        for op in ops {
+            let before = w.slots().to_vec();
+            let placed: Vec<ChunkId> = w.slots().iter().filter(|s| !s.pinned).map(|s| s.chunk).collect();
+            let evicted = w.evicted();
+            let r = match op {
+                Op::Insert if next >= ids.len() => continue,
+                Op::Insert => { next += 1; w.insert(ids[next - 1], sizes[next - 1]) }
+                Op::Evict(_) if placed.is_empty() => continue,
+                Op::Evict(i) => w.evict(&placed[i % placed.len()]),
+                Op::Slide(n) => w.slide(n),
+                Op::Reorder(o) => w.reorder([Order::Arrival, Order::Recency, Order::Relevance][o as usize]),
+                Op::Permute(seed) => {
+                    let mut p = placed.clone();
+                    let n = p.len().max(1);
+                    p.rotate_left(seed as usize % n);
+                    if seed % 2 == 1 { p.reverse(); }
+                    w.reorder_to(&p)
+                }
+                Op::Recall(_) if evicted.is_empty() => continue,
+                Op::Recall(i) => w.recall(evicted[i % evicted.len()]),
+                Op::Touch(_) if placed.is_empty() => continue,
+                Op::Touch(i) => { w.touch(&placed[i % placed.len()]); continue }
+                Op::Relevance(..) if placed.is_empty() => continue,
+                Op::Relevance(i, s) => { w.set_relevance(&placed[i % placed.len()], s as f64); continue }
+                Op::Tail(n) => match w.set_tail(n) { Ok(()) => continue, Err(e) => Err(e) },
+            };
+            match r {
+                Ok(plan) => ex.run(&plan).unwrap(),
+                Err(Error::OverBudget { .. }) => prop_assert_eq!(w.slots(), &before[..], "a refused operation changed the window"),
+                Err(e) => panic!("unexpected error: {e}"),
+            }
+            check_invariants(&w, &ex)?;
+        }
+    }
+
+    /// On the exact path (every chunk placed where and after what it was prefilled) the
+    /// executed window KV equals a full prefill of the same sequence.
+    #[test]
+    fn exact_path_equals_full_prefill(sizes in proptest::collection::vec(1usize..9, 1..8), pin in 0usize..5) {
+        let mut synth = Synth::new();
+        let sys = synth.chunk(999, pin.max(1));
+        let ids: Vec<ChunkId> = sizes.iter().enumerate().map(|(i, n)| synth.chunk(i as u64, *n)).collect();
+        let mut ex = executor(synth);
+        let mut w = window(1000, 4.0);
+        let mut seq = Vec::new();
+        if pin > 0 {
+            ex.run(&w.pin(sys, pin.max(1)).unwrap()).unwrap();
+            seq.push(sys);
+        }
+        for (id, n) in ids.iter().zip(&sizes) {
+            ex.run(&w.insert(*id, *n).unwrap()).unwrap();
+            seq.push(*id);
+        }
+        let got = ex.window_kv().unwrap().unwrap();
+        let want = ex.encoder().full(&seq);
+        prop_assert!(max_diff(&got, &want) == 0.0, "exact path differs by {}", max_diff(&got, &want));
+    }
+}
+
+#[test]
+fn recall_forms_a_patch_once_and_restores_the_conditioned_kv() {
+    let mut synth = Synth::new();
+    let (a, b, c) = (synth.chunk(1, 5), synth.chunk(2, 6), synth.chunk(3, 7));
+    let mut ex = executor(synth);
+    let mut w = window(100, 10.0);
+    for (id, n) in [(a, 5), (b, 6), (c, 7)] {
+        ex.run(&w.insert(id, n).unwrap()).unwrap();
+    }
+    let exact = ex.window_kv().unwrap().unwrap();
+    for round in 0..2 {
+        ex.run(&w.evict(&c).unwrap()).unwrap();
+        let plan = w.recall(c).unwrap();
+        let want = if round == 0 {
+            Choice::FormPatch
+        } else {
+            Choice::CachedPatch
+        };
+        assert_eq!(plan.decisions[0].choice, want, "round {round}:\n{plan}");
+        assert_eq!(plan.count("form-patch"), usize::from(round == 0));
+        assert_eq!(plan.count("prefill"), 0, "recall must not re-encode");
+        ex.run(&plan).unwrap();
+        let got = ex.window_kv().unwrap().unwrap();
+        let err = max_diff(&got, &exact);
+        assert!(err < 1e-4, "round {round}: recalled KV differs by {err}");
+    }
+    // Blind reuse (no patch) is measurably worse: the deficit is real.
+    let canon = ex.encoder().kv(c, 0, None);
+    let blind = kamera_ops::relocate(&canon, &ex.encoder().rope, 11).unwrap();
+    let exact_c = ex.encoder().kv(
+        c,
+        11,
+        Some(&common::concat(
+            &ex.encoder().kv(a, 0, None),
+            &ex.encoder().kv(b, 5, Some(&ex.encoder().kv(a, 0, None))),
+            &ex.encoder().rope,
+        )),
+    );
+    assert!(max_diff(&blind, &exact_c) > 1e-2);
+    assert_eq!(ex.stats.patches_formed, 1);
+}
+
+#[test]
+fn recall_after_a_changed_context_gets_a_new_patch_and_reprefills_when_not_worth_it() {
+    let mut synth = Synth::new();
+    let (a, b, c) = (synth.chunk(1, 5), synth.chunk(2, 6), synth.chunk(3, 7));
+    let mut ex = executor(synth);
+    let mut w = window(100, 0.0);
+    for (id, n) in [(a, 5), (b, 6), (c, 7)] {
+        ex.run(&w.insert(id, n).unwrap()).unwrap();
+    }
+    ex.run(&w.evict(&b).unwrap()).unwrap();
+    let plan = w.recall(b).unwrap();
+    assert_eq!(plan.decisions[0].choice, Choice::Reprefill, "{plan}");
+    assert!(plan.steps.contains(&Step::Prefill {
+        chunk: b,
+        at: 12,
+        alone: false
+    }));
+    ex.run(&plan).unwrap();
+    let got = ex.window_kv().unwrap().unwrap();
+    let want = ex.encoder().full(&[a, c, b]);
+    // a is untouched; c was prefilled after [a, b] and only re-rotated when b left; b is
+    // prefilled in place after exactly what the window now holds.
+    let rows = |kv: &kamera_ops::ChunkKv, r: std::ops::Range<usize>| {
+        kv.layers()[1].k.to_f32_vec()[r.start * 16..r.end * 16].to_vec()
+    };
+    assert_eq!(rows(&got, 0..5), rows(&want, 0..5));
+    assert_eq!(
+        w.slot(&b).map(|s| (s.start, s.state)),
+        Some((12, kamera_sched::SlotState::Exact))
+    );
+}
+
+#[test]
+fn orbit_patches_are_formed_once_per_set_and_serve_other_orders() {
+    let mut synth = Synth::new();
+    let sys = synth.chunk(100, 3);
+    let ids: Vec<ChunkId> = (0..4).map(|i| synth.chunk(i, 4 + i as usize)).collect();
+    let mut ex = executor(synth);
+    let mut w = window(200, 50.0);
+    ex.run(&w.pin(sys, 3).unwrap()).unwrap();
+    for (i, id) in ids.iter().enumerate() {
+        ex.run(&w.insert(*id, 4 + i).unwrap()).unwrap();
+    }
+    let order1 = vec![ids[2], ids[0], ids[3], ids[1]];
+    let plan = w.reorder_to(&order1).unwrap();
+    assert_eq!(plan.count("form-orbit"), 1, "{plan}");
+    assert_eq!(plan.count("place"), 4);
+    ex.run(&plan).unwrap();
+    assert_eq!(ex.stats.orbit_patches_formed, 4);
+    let calls = ex.encoder().calls;
+    let order2 = vec![ids[1], ids[3], ids[0], ids[2]];
+    let plan = w.reorder_to(&order2).unwrap();
+    assert_eq!(plan.decisions[0].choice, Choice::CachedPatch, "{plan}");
+    assert_eq!(plan.count("form-orbit") + plan.count("prefill"), 0);
+    ex.run(&plan).unwrap();
+    assert_eq!(ex.encoder().calls, calls, "a cached reorder runs no model");
+    let got: Vec<ChunkId> = w.slots().iter().skip(1).map(|s| s.chunk).collect();
+    assert_eq!(got, order2);
+    // Reorder by relevance: the most relevant chunk lands next to the tail.
+    w.set_relevance(&ids[0], 9.0);
+    let plan = w.reorder(Order::Relevance).unwrap();
+    ex.run(&plan).unwrap();
+    assert_eq!(w.slots().last().map(|s| s.chunk), Some(ids[0]));
+    // The orbit patch approximates every order's conditioned KV better than no patch.
+    let got = ex.window_kv().unwrap().unwrap();
+    let seq: Vec<ChunkId> = w.slots().iter().map(|s| s.chunk).collect();
+    let full = ex.encoder().full(&seq);
+    let e = ex.encoder();
+    let mut blind = e.kv(seq[0], 0, None);
+    for id in &seq[1..] {
+        let moved = kamera_ops::relocate(&e.kv(*id, 0, None), &e.rope, blind.n_tokens() as i64).unwrap();
+        blind = common::concat(&blind, &moved, &e.rope);
+    }
+    let (e_orbit, e_blind) = (max_diff(&got, &full), max_diff(&blind, &full));
+    eprintln!("orbit-patched max |err| {e_orbit:.3e}, blind {e_blind:.3e}");
+    assert!(e_orbit < e_blind, "orbit {e_orbit} not better than blind {e_blind}");
+}
+
+#[test]
+fn slide_survivors_are_only_re_rotated() {
+    let mut synth = Synth::new();
+    let ids: Vec<ChunkId> = (0..5).map(|i| synth.chunk(i, 6)).collect();
+    let mut ex = executor(synth);
+    let mut w = window(30, 4.0);
+    for id in &ids {
+        ex.run(&w.insert(*id, 6).unwrap()).unwrap();
+    }
+    let before = ex.window_kv().unwrap().unwrap();
+    let plan = w.slide(12).unwrap();
+    assert_eq!(plan.count("evict"), 2);
+    assert_eq!(plan.count("relocate"), 3);
+    assert_eq!(plan.steps.len(), 5, "{plan}");
+    assert!(
+        plan.steps
+            .iter()
+            .all(|s| !matches!(s, Step::Relocate { delta, .. } if *delta != -12))
+    );
+    ex.run(&plan).unwrap();
+    let after = ex.window_kv().unwrap().unwrap();
+    // Survivors = the old rows 12..30 re-rotated by -12.
+    let old_tail = kamera_ops::ChunkKv::new(
+        before.layout().to_owned(),
+        12,
+        before
+            .layers()
+            .iter()
+            .map(|l| kamera_ops::LayerKv {
+                k: kamera_ops::Mat::from_f32(18, 16, l.k.to_f32_vec()[12 * 16..].to_vec()).unwrap(),
+                v: kamera_ops::Mat::from_f32(18, 16, l.v.to_f32_vec()[12 * 16..].to_vec()).unwrap(),
+            })
+            .collect(),
+    )
+    .unwrap();
+    let shifted = kamera_ops::relocate(&old_tail, &ex.encoder().rope, 0).unwrap();
+    assert!(
+        max_diff(&after, &shifted) < 1e-5,
+        "survivors differ from a pure re-rotation"
+    );
+    assert_eq!(after.n_tokens(), 18);
+    assert!(w.used() + 12 <= 30);
+    assert!(w.slide(31).is_err());
+}
+
+#[test]
+fn cost_model_explains_each_choice() {
+    let c = CostModel::default();
+    let id = ChunkId::of(b"x", "t", model());
+    assert_eq!(c.recall(id, 100, 0, false).choice, Choice::Relocate);
+    assert_eq!(c.recall(id, 100, 500, true).choice, Choice::CachedPatch);
+    let form = c.recall(id, 100, 500, false);
+    assert_eq!(form.choice, Choice::FormPatch);
+    assert!(form.to_string().contains("saves"), "{form}");
+    let never = CostModel {
+        expected_reuses: 0.0,
+        ..CostModel::default()
+    };
+    assert_eq!(never.recall(id, 100, 500, false).choice, Choice::Reprefill);
+    assert!(c.recall(id, 100, 500, true).chosen_cost() < c.prefill(100, 500) / 10.0);
+    assert_eq!(c.reorder(300, 3, 10, true).choice, Choice::CachedPatch);
+    assert_eq!(never.reorder(300, 3, 10, false).choice, Choice::Reprefill);
+}
+
+#[test]
+fn bad_requests_are_errors() {
+    let mut synth = Synth::new();
+    let a = synth.chunk(1, 5);
+    let mut w = window(10, 1.0);
+    assert!(matches!(w.insert(a, 11), Err(Error::OverBudget { .. })));
+    w.insert(a, 5).unwrap();
+    assert!(w.insert(a, 5).is_err());
+    assert!(w.recall(a).is_err());
+    assert!(w.pin(ChunkId::of(b"s", "t", model()), 1).is_err());
+    assert!(w.evict(&ChunkId::of(b"zz", "t", model())).is_err());
+    assert!(w.reorder_to(&[]).is_err());
+}
