@@ -63,6 +63,7 @@ pub fn run(a: EvalArgs) -> Result<()> {
     let model = crate::models::load(&a.model)?;
     let cfg = EvalConfig {
         orbit_orderings: a.orbit_orderings,
+        orbit_include_eval: false,
         check_layer: a.check_layer,
         oracle_curve: if a.no_diagnostics {
             vec![]

@@ -19,8 +19,13 @@ use crate::task::Task;
 /// Harness settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EvalConfig {
-    /// Orderings sampled to form an orbit patch (never the evaluated one).
+    /// Orderings sampled to form an orbit patch (never the evaluated one unless
+    /// `orbit_include_eval`).
     pub orbit_orderings: usize,
+    /// Make the evaluated ordering the first of the orbit's orderings (a check: with one ordering
+    /// the orbit patch is then the Kamera patch).
+    #[serde(default)]
+    pub orbit_include_eval: bool,
     /// CacheBlend's check layer (layers `0..=check_layer` are recomputed for every token).
     pub check_layer: usize,
     /// Token shares of the oracle token curve (empty: no curve).
@@ -43,6 +48,7 @@ impl Default for EvalConfig {
     fn default() -> EvalConfig {
         EvalConfig {
             orbit_orderings: 2,
+            orbit_include_eval: false,
             check_layer: 1,
             oracle_curve: vec![0.1, 0.25, 0.5, 0.75],
             diagnostics: true,
@@ -277,14 +283,22 @@ impl<'a> Evaluator<'a> {
         let mut rng = Rng::new(h);
         let identity: Vec<usize> = (0..n).collect();
         let mut orders: Vec<Vec<usize>> = Vec::new();
+        if self.cfg.orbit_include_eval {
+            orders.push(identity.clone());
+        }
         let distinct_orders = (1..=n).product::<usize>().saturating_sub(1);
-        let want = self.cfg.orbit_orderings.max(1).min(distinct_orders.max(1));
+        let want = self
+            .cfg
+            .orbit_orderings
+            .max(1)
+            .min(distinct_orders + usize::from(self.cfg.orbit_include_eval))
+            .max(1);
         let mut tries = 0;
         while orders.len() < want && tries < 1000 {
             tries += 1;
             let mut o = identity.clone();
             rng.shuffle(&mut o);
-            if (o != identity || n == 1) && !orders.contains(&o) {
+            if (o != identity || n == 1) && !orders.contains(&o) && orders.len() < want {
                 orders.push(o);
             }
         }

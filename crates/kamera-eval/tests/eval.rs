@@ -144,3 +144,24 @@ fn bench_reuse_reports_ratios() {
     let v = serde_json::to_value(&b).unwrap();
     assert!(v["reuse_speedup"].is_f64() && v["ttft_speedup"].is_f64());
 }
+
+#[test]
+fn orbit_over_the_evaluated_ordering_alone_is_the_kamera_patch() {
+    let tasks = generate(&GenConfig {
+        seed: 12,
+        tasks: 1,
+        pages: 3,
+        filler: 0,
+    });
+    let methods = parse_methods("kamera:16,orbit:16").unwrap();
+    let cfg = EvalConfig {
+        orbit_orderings: 1,
+        orbit_include_eval: true,
+        diagnostics: false,
+        oracle_curve: vec![],
+        ..EvalConfig::default()
+    };
+    let r = evaluate(model(), "smollm2-135m", &tasks, &methods, cfg, &mut |_, _| {}).unwrap();
+    let (k, o) = (r.methods["kamera:16"].kl, r.methods["orbit:16"].kl);
+    assert!((k - o).abs() < 1e-6 * (1.0 + k), "kamera {k} vs orbit {o}");
+}
