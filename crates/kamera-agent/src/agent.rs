@@ -27,13 +27,16 @@ pub struct Env {
     pub start_url: String,
 }
 
+/// A callback after every step (progress bars, UIs).
+pub type OnStep = Box<dyn FnMut(&StepRecord) + Send>;
+
 /// Optional parts of a run.
 #[derive(Default)]
 pub struct RunOptions {
     pub trace: Option<TraceWriter>,
     pub cancel: CancellationToken,
     /// Called after every step (progress bars, UIs).
-    pub on_step: Option<Box<dyn FnMut(&StepRecord) + Send>>,
+    pub on_step: Option<OnStep>,
     /// For replays: the recorded end (reward and JS check come from it; there is no page).
     pub recorded_end: Option<EndRecord>,
 }
@@ -132,8 +135,9 @@ pub async fn run_episode(
     let prefix = match cache.get(&prefix_id) {
         Some(c) => c,
         None => {
+            let t = Instant::now();
             let c = Arc::new(blocking(|| llm.canonical(&prefix_tokens))?);
-            cache.put(&prefix_id, c.clone());
+            cache.put(&prefix_id, c.clone(), t.elapsed().as_micros() as u64);
             c
         }
     };
@@ -180,7 +184,7 @@ pub async fn run_episode(
         if !cached {
             let t = Instant::now();
             let kv = blocking(|| llm.canonical(&tokens))?;
-            cache.put(&id, Arc::new(kv));
+            cache.put(&id, Arc::new(kv), t.elapsed().as_micros() as u64);
             timings.encode_ms = ms(t);
         }
         let plan = window.observe(&id, tokens.len(), cached);
@@ -290,6 +294,7 @@ pub async fn run_episode(
             break;
         }
     }
+    cache.flush();
     if replay && let Some(r) = &opts.recorded_end {
         reward = r.reward;
     }

@@ -20,8 +20,11 @@ pub fn chunk_id(fingerprint: &str, text: &str, screenshot_sha256: &str) -> Strin
 /// Canonical KV (prefilled alone at position 0) by chunk id.
 pub trait ChunkCache: Send {
     fn get(&self, id: &str) -> Option<Arc<ChunkKv>>;
-    fn put(&mut self, id: &str, kv: Arc<ChunkKv>);
+    /// Stores canonical KV that took `cost_us` microseconds to prefill.
+    fn put(&mut self, id: &str, kv: Arc<ChunkKv>, cost_us: u64);
     fn len(&self) -> usize;
+    /// Makes what was put durable (a no-op in memory).
+    fn flush(&mut self) {}
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -37,7 +40,7 @@ impl ChunkCache for MemoryCache {
     fn get(&self, id: &str) -> Option<Arc<ChunkKv>> {
         self.map.get(id).cloned()
     }
-    fn put(&mut self, id: &str, kv: Arc<ChunkKv>) {
+    fn put(&mut self, id: &str, kv: Arc<ChunkKv>, _cost_us: u64) {
         self.map.insert(id.to_string(), kv);
     }
     fn len(&self) -> usize {

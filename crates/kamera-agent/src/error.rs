@@ -13,20 +13,20 @@ pub enum Error {
     Trace { path: PathBuf, line: usize, detail: String },
     /// The browser failed.
     #[error(transparent)]
-    Browser(#[from] kamera_browser::Error),
+    Browser(#[from] Box<kamera_browser::Error>),
     /// The model failed.
     #[error("model {op}: {source}")]
     Model {
         op: &'static str,
         #[source]
-        source: kamera_model::Error,
+        source: Box<kamera_model::Error>,
     },
     /// The operator failed.
     #[error("kv {op}: {source}")]
     Ops {
         op: &'static str,
         #[source]
-        source: kamera_ops::Error,
+        source: Box<kamera_ops::Error>,
     },
     /// The model policy produced no valid action within its retries.
     #[error("policy: no valid action after {tries} tries; last output {last:?}")]
@@ -57,5 +57,14 @@ pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(std:
 }
 
 pub(crate) fn model(op: &'static str) -> impl FnOnce(kamera_model::Error) -> Error {
-    move |source| Error::Model { op, source }
+    move |source| Error::Model {
+        op,
+        source: Box::new(source),
+    }
+}
+
+impl From<kamera_browser::Error> for Error {
+    fn from(e: kamera_browser::Error) -> Self {
+        Error::Browser(Box::new(e))
+    }
 }

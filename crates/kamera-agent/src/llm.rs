@@ -252,6 +252,9 @@ pub fn parse_action(text: &str) -> std::result::Result<kamera_browser::Action, S
 
 impl From<kamera_ops::Error> for Error {
     fn from(source: kamera_ops::Error) -> Self {
-        Error::Ops { op: "kv", source }
+        Error::Ops {
+            op: "kv",
+            source: Box::new(source),
+        }
     }
 }

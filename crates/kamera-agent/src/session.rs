@@ -84,7 +84,9 @@ pub struct RunConfig {
     /// Record a trace here.
     pub trace_dir: Option<std::path::PathBuf>,
     pub cancel: CancellationToken,
-    pub on_step: Option<Box<dyn FnMut(&crate::trace::StepRecord) + Send>>,
+    pub on_step: Option<crate::agent::OnStep>,
+    /// The chunk cache; `None` is a fresh in-memory cache for this run.
+    pub cache: Option<Box<dyn ChunkCache>>,
 }
 
 /// Serves, launches Chromium, runs, closes. The chunk cache lives for this run only.
@@ -92,7 +94,7 @@ pub async fn run_scenario(scenario: &Scenario, llm: &Llm, home: &Path, cfg: RunC
     let served = serve(scenario, home).await?;
     let mut browser = ChromiumBrowser::launch(ChromiumConfig::new(served.origins.clone())).await?;
     let mut policy = policy_for(scenario, &served.env.origin);
-    let mut cache = MemoryCache::default();
+    let mut cache: Box<dyn ChunkCache> = cfg.cache.unwrap_or_else(|| Box::new(MemoryCache::default()));
     let trace = match &cfg.trace_dir {
         Some(d) => Some(TraceWriter::create(d)?),
         None => None,
@@ -107,7 +109,7 @@ pub async fn run_scenario(scenario: &Scenario, llm: &Llm, home: &Path, cfg: RunC
         &mut browser,
         policy.as_mut(),
         llm,
-        &mut cache as &mut dyn ChunkCache,
+        cache.as_mut(),
         scenario,
         &served.env,
         opts,

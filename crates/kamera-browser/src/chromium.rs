@@ -144,13 +144,46 @@ impl ChromiumBrowser {
         })
     }
 
-    async fn eval_value(&self, op: &'static str, js: &str) -> Result<serde_json::Value> {
+    async fn eval_once(&self, op: &'static str, js: &str) -> Result<serde_json::Value> {
         let page = &self.page;
         with_timeout(op, self.cfg.timeout, async {
             let r = page.evaluate(js).await.map_err(cdp(op))?;
             Ok(r.value().cloned().unwrap_or(serde_json::Value::Null))
         })
         .await
+    }
+
+    /// Evaluates `js`, retrying (bounded) while a navigation swaps the execution context.
+    async fn eval_value(&self, op: &'static str, js: &str) -> Result<serde_json::Value> {
+        let mut tries = 0;
+        loop {
+            match self.eval_once(op, js).await {
+                Err(Error::Chromium { detail, .. })
+                    if tries < 20 && (detail.contains("context") || detail.contains("Context")) =>
+                {
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// After an action that may navigate: waits (up to `limit`) for a new document to replace the
+    /// marked one and finish loading. Without a navigation it returns after `limit`.
+    async fn await_navigation(&self, limit: Duration) {
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < limit {
+            let v = self
+                .eval_once("navigation", "window.__kameraDoc === 1 ? 'same' : document.readyState")
+                .await;
+            if let Ok(serde_json::Value::String(s)) = &v
+                && s == "complete"
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
     }
 
     async fn settle(&self) {
@@ -232,6 +265,17 @@ impl Browser for ChromiumBrowser {
     }
 
     async fn act(&mut self, action: &Action) -> Result<()> {
+        // Mark the current document so that a navigation the action causes can be waited for.
+        let _ = self.eval_value("mark", "window.__kameraDoc = 1").await;
+        let may_navigate = match action {
+            Action::Click { id } => self.last.as_ref().and_then(|o| o.element(*id)).is_some_and(|e| {
+                (!e.href.is_empty() && !e.href.starts_with('#') && !e.href.starts_with("javascript:"))
+                    || matches!(e.tag.as_str(), "button" | "input")
+            }),
+            Action::Key { key } => key == "Enter",
+            Action::Back | Action::ClickXy { .. } => true,
+            _ => false,
+        };
         match action {
             Action::ClickXy { x, y } => {
                 let page = &self.page;
@@ -298,6 +342,8 @@ impl Browser for ChromiumBrowser {
             Action::Wait { ms } => tokio::time::sleep(Duration::from_millis(*ms)).await,
             Action::Done { .. } => {}
         }
+        let limit = if may_navigate { 1500 } else { 60 };
+        self.await_navigation(Duration::from_millis(limit)).await;
         self.settle().await;
         self.check_location().await
     }

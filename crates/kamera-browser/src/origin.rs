@@ -51,7 +51,7 @@ impl Origins {
             return Err(refused(format!("scheme {}: is never allowed", u.scheme())));
         }
         let origin = u.origin().ascii_serialization();
-        if self.allowed.iter().any(|a| *a == origin) {
+        if self.allowed.contains(&origin) {
             Ok(())
         } else {
             Err(refused(format!(

@@ -23,6 +23,38 @@ pub struct RunArgs {
     /// Print the summary as JSON instead of a table.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    store: StoreArgs,
+}
+
+#[derive(Args)]
+pub struct StoreArgs {
+    /// Keep canonical chunks only in memory for this run (no persistent chunk store).
+    #[arg(long)]
+    no_store: bool,
+    /// The persistent chunk store (default: $KAMERA_HOME/store).
+    #[arg(long)]
+    store: Option<PathBuf>,
+}
+
+impl StoreArgs {
+    /// The chunk cache: the sled-backed canonical store (f32 kept exact), or memory when asked or
+    /// when the store cannot be opened (another process holds it).
+    fn cache(&self, fingerprint: &str) -> Option<Box<dyn kamera_agent::ChunkCache>> {
+        if self.no_store {
+            return None;
+        }
+        let path = self.store.clone().unwrap_or_else(kamera_store::default_path);
+        let mut cfg = kamera_store::StoreConfig::at(&path);
+        cfg.dtype = None;
+        match kamera_store::SledStore::open(cfg) {
+            Ok(s) => Some(Box::new(kamera_agent::StoreCache::new(s, fingerprint))),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "chunk store unavailable; using memory");
+                None
+            }
+        }
+    }
 }
 
 #[derive(Args)]
@@ -33,6 +65,8 @@ pub struct RecordArgs {
     out: PathBuf,
     #[arg(long)]
     report: Option<PathBuf>,
+    #[command(flatten)]
+    store: StoreArgs,
 }
 
 #[derive(Args)]
@@ -77,7 +111,7 @@ fn cancel_on_ctrl_c(rt: &tokio::runtime::Runtime) -> CancellationToken {
     token
 }
 
-fn execute(scenario_arg: &str, trace_dir: &Path, report: Option<&Path>) -> Result<RunSummary> {
+fn execute(scenario_arg: &str, trace_dir: &Path, report: Option<&Path>, store: &StoreArgs) -> Result<RunSummary> {
     let path = kamera_agent::resolve(scenario_arg);
     let scenario = Scenario::load(&path)?;
     let llm = load_llm()?;
@@ -99,6 +133,7 @@ fn execute(scenario_arg: &str, trace_dir: &Path, report: Option<&Path>) -> Resul
             trace_dir: Some(trace_dir.to_path_buf()),
             cancel,
             on_step: Some(on_step),
+            cache: store.cache(llm.model().fingerprint()),
         },
     ))?;
     pb.finish_and_clear();
@@ -191,7 +226,7 @@ pub fn run(a: RunArgs) -> Result<()> {
             tmp
         }
     };
-    let summary = execute(&a.scenario, &dir, a.report.as_deref())?;
+    let summary = execute(&a.scenario, &dir, a.report.as_deref(), &a.store)?;
     if a.trace.is_none() {
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -207,7 +242,7 @@ pub fn run(a: RunArgs) -> Result<()> {
 }
 
 pub fn record(a: RecordArgs) -> Result<()> {
-    let summary = execute(&a.scenario, &a.out, a.report.as_deref())?;
+    let summary = execute(&a.scenario, &a.out, a.report.as_deref(), &a.store)?;
     let trace = kamera_agent::Trace::read(&a.out)?;
     let scenario = Scenario::parse(&trace.header.scenario, &a.out)?;
     let start = trace
