@@ -8,6 +8,7 @@ mod generate;
 mod logits;
 mod models;
 mod run;
+mod store;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -40,6 +41,8 @@ enum Command {
     Record(run::RecordArgs),
     /// Re-run the agent on a recorded trace, no browser; check the actions match.
     Replay(run::ReplayArgs),
+    /// Inspect, verify and garbage-collect the canonical KV store.
+    Store(store::StoreArgs),
 }
 
 fn init_tracing(verbose: u8) {
@@ -69,5 +72,6 @@ fn main() -> Result<()> {
         Command::Generate(a) => generate::run(a),
         Command::Eval(a) => eval::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Store(a) => store::run(a),
     }
 }
