@@ -158,10 +158,23 @@ impl Llm {
 
     /// Greedy generation (or seeded sampling when `seed > 0`) after `instruction`.
     pub fn generate(&self, chunks: &[Arc<ChunkKv>], instruction: &str, max_new: usize, seed: u64) -> Result<ModelCall> {
+        self.generate_after(chunks, instruction, "", max_new, seed)
+    }
+
+    /// Like [`Llm::generate`], with the assistant's reply started by `lead` (e.g. `{"action": "`
+    /// to hold the model to a JSON object); the output includes `lead`.
+    pub fn generate_after(
+        &self,
+        chunks: &[Arc<ChunkKv>],
+        instruction: &str,
+        lead: &str,
+        max_new: usize,
+        seed: u64,
+    ) -> Result<ModelCall> {
         let t0 = Instant::now();
         let ctx = self.assemble(chunks)?;
         let reuse_ms = ms(t0);
-        let prompt = self.close_turn(instruction);
+        let prompt = format!("{}{lead}", self.close_turn(instruction));
         let ptoks = self.tokens(&prompt, false)?;
         let t1 = Instant::now();
         let mut step = self.model.prefill(&ptoks, ctx.end(), &ctx).map_err(model("prefill"))?;
@@ -189,7 +202,10 @@ impl Llm {
                 .map_err(model("decode"))?;
             gctx.push(&step.chunk).map_err(model("push"))?;
         }
-        let output = self.model.tokenizer().decode(&out, true).map_err(model("decode"))?;
+        let output = format!(
+            "{lead}{}",
+            self.model.tokenizer().decode(&out, true).map_err(model("decode"))?
+        );
         Ok(ModelCall {
             context_tokens: ctx.len(),
             prompt_tokens: ptoks.len(),

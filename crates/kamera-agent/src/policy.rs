@@ -184,9 +184,15 @@ impl Policy for ModelPolicy {
         );
         let mut last = String::new();
         for attempt in 0..=self.retries {
-            let call = mind
-                .llm
-                .generate(&mind.chunks, &instruction, mind.max_new_tokens.max(24), attempt as u64)?;
+            // The reply is started as a JSON object so the model only has to fill it in.
+            let lead = "{\"action\": \"";
+            let call = mind.llm.generate_after(
+                &mind.chunks,
+                &instruction,
+                lead,
+                mind.max_new_tokens.max(24),
+                attempt as u64,
+            )?;
             last = call.output.clone();
             match parse_action(&call.output) {
                 Ok(action) => {
