@@ -9,13 +9,13 @@ pub enum Error {
     Model {
         op: &'static str,
         #[source]
-        source: kamera_model::Error,
+        source: Box<kamera_model::Error>,
     },
     #[error("{op}: operator error: {source}")]
     Ops {
         op: &'static str,
         #[source]
-        source: kamera_ops::Error,
+        source: Box<kamera_ops::Error>,
     },
     #[error("{op}: I/O error on {path}: {source}")]
     Io {
@@ -45,7 +45,10 @@ pub(crate) trait ModelCtx<T> {
 
 impl<T> ModelCtx<T> for Result<T, kamera_model::Error> {
     fn model(self, op: &'static str) -> Result<T> {
-        self.map_err(|source| Error::Model { op, source })
+        self.map_err(|source| Error::Model {
+            op,
+            source: Box::new(source),
+        })
     }
 }
 
@@ -55,6 +58,9 @@ pub(crate) trait OpsCtx<T> {
 
 impl<T> OpsCtx<T> for Result<T, kamera_ops::Error> {
     fn ops(self, op: &'static str) -> Result<T> {
-        self.map_err(|source| Error::Ops { op, source })
+        self.map_err(|source| Error::Ops {
+            op,
+            source: Box::new(source),
+        })
     }
 }
