@@ -2,6 +2,7 @@
 //! per step. [`run_episode`] is the embedding API: the caller brings the browser, policy, model
 //! and chunk cache.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -11,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cache::{ChunkCache, Op, Window, chunk_id};
 use crate::error::{Error, Result};
-use crate::llm::Llm;
+use crate::llm::{Llm, Part};
 use crate::miniwob;
 use crate::policy::{Mind, Policy};
 use crate::scenario::Scenario;
@@ -53,6 +54,9 @@ pub struct CacheStats {
     pub tokens_reused: usize,
     /// Page tokens prefilled.
     pub tokens_prefilled: usize,
+    /// Conditioning patches formed (on recall) and placements that applied one.
+    pub patches_formed: usize,
+    pub patched_placements: usize,
 }
 
 /// The outcome of a run.
@@ -142,6 +146,9 @@ pub async fn run_episode(
         }
     };
     let mut window = Window::new(scenario.budget.window_tokens, prefix.n_tokens());
+    // Conditioning patches by (chunk, its antecedents in the window).
+    let mut patches: HashMap<(String, String), Arc<kamera_ops::Patch>> = HashMap::new();
+    let antecedents = |ids: &[String]| blake3::hash(ids.join(",").as_bytes()).to_hex().to_string();
 
     let mut fatal: Option<String> = None;
     if !replay {
@@ -203,12 +210,40 @@ pub async fn run_episode(
                 Op::Evict => {}
             }
         }
-        let mut chunks = vec![prefix.clone()];
-        for cid in window.chunks() {
-            chunks.push(cache.get(&cid).ok_or_else(|| Error::Step {
+        let mut plan = plan;
+        let ids = window.chunks();
+        let mut chunks = vec![Part {
+            kv: prefix.clone(),
+            patch: None,
+        }];
+        for (i, cid) in ids.iter().enumerate() {
+            let kv = cache.get(cid).ok_or_else(|| Error::Step {
                 step,
                 detail: format!("chunk {cid} left the cache while in the window"),
-            })?);
+            })?;
+            let key = (cid.clone(), antecedents(&ids[..i]));
+            let recalled = plan.iter().any(|p| p.chunk == *cid && p.op == Op::Recall);
+            if recalled && scenario.budget.patch_rank > 0 && !patches.contains_key(&key) && *cid == id {
+                // Recall: a patch conditioned on the chunk's fixed earlier context, formed once.
+                let t = Instant::now();
+                let mut parts = chunks.clone();
+                parts.push(Part {
+                    kv: kv.clone(),
+                    patch: None,
+                });
+                let p = blocking(|| llm.form_patch(&parts, &tokens, scenario.budget.patch_rank))?;
+                patches.insert(key.clone(), Arc::new(p));
+                timings.patch_ms += ms(t);
+                summary.cache.patches_formed += 1;
+            }
+            let patch = patches.get(&key).cloned();
+            if patch.is_some() {
+                summary.cache.patched_placements += 1;
+                if let Some(p) = plan.iter_mut().find(|p| p.chunk == *cid && p.op != Op::Evict) {
+                    p.patch = true;
+                }
+            }
+            chunks.push(Part { kv, patch });
         }
         let mut mind = Mind {
             llm,

@@ -73,6 +73,9 @@ pub struct PlanOp {
     /// Position of the chunk's first token in the context (after the prefix), `None` when evicted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub at: Option<i64>,
+    /// Whether the chunk was placed with its conditioning patch (`relocate + patch`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub patch: bool,
 }
 
 /// The window: page chunks after a fixed prefix, most recently seen last, within a token budget.
@@ -124,6 +127,7 @@ impl Window {
                 op: Op::Evict,
                 tokens: t,
                 at: None,
+                patch: false,
             });
         }
         let mut pos = self.prefix_tokens as i64;
@@ -142,6 +146,7 @@ impl Window {
                 op,
                 tokens: *t,
                 at: Some(pos),
+                patch: false,
             });
             pos += *t as i64;
         }

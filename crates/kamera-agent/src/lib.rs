@@ -43,7 +43,7 @@ mod trace;
 pub use agent::{CacheStats, Env, OnStep, RunOptions, RunSummary, chunk_text, run_episode};
 pub use cache::{ChunkCache, MemoryCache, Op, PlanOp, Window, chunk_id};
 pub use error::{Error, Result};
-pub use llm::{CallTimings, Llm, ModelCall, parse_action};
+pub use llm::{CallTimings, Llm, ModelCall, Part, parse_action};
 pub use policy::{ACTION_GRAMMAR, Decision, Mind, ModelPolicy, Policy, ScriptedPolicy, resolve_target};
 pub use scenario::{Budget, MiniWobSpec, PolicyKind, Scenario, SiteSpec, Step, Success, resolve};
 pub use session::{ReplayReport, RunConfig, Served, default_model, policy_for, replay, run_scenario, serve};

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kamera_model::{Context, Input, Model, PrefillOptions};
-use kamera_ops::{ChunkKv, Placement};
+use kamera_ops::{ChunkKv, Patch, PatchConfig, Placement};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result, model};
@@ -36,6 +36,14 @@ pub struct ModelCall {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub scores: Vec<(String, f32)>,
     pub timings: CallTimings,
+}
+
+/// One chunk of a context: canonical KV and, when it has one for its current antecedents, its
+/// conditioning patch.
+#[derive(Debug, Clone)]
+pub struct Part {
+    pub kv: Arc<ChunkKv>,
+    pub patch: Option<Arc<Patch>>,
 }
 
 /// The embedded model plus the chat framing the agent uses.
@@ -84,10 +92,33 @@ impl Llm {
         Ok(p.chunk)
     }
 
-    /// The context: `chunks` laid out from position 0, each relocated to its slot.
-    pub fn assemble(&self, chunks: &[Arc<ChunkKv>]) -> Result<Context> {
-        let parts: Vec<Placement<'_>> = chunks.iter().map(|c| Placement { chunk: c, patch: None }).collect();
+    /// The context: `chunks` laid out from position 0, each relocated to its slot and patched.
+    pub fn assemble(&self, chunks: &[Part]) -> Result<Context> {
+        let parts: Vec<Placement<'_>> = chunks
+            .iter()
+            .map(|c| Placement {
+                chunk: &c.kv,
+                patch: c.patch.as_deref(),
+            })
+            .collect();
         Context::from_chunks(&parts, self.model.rope(), 0).map_err(model("assemble"))
+    }
+
+    /// The rank-`rank` conditioning patch of the last part (whose tokens are `tokens`) given the
+    /// parts before it: one conditioned prefill of the chunk after its antecedents, then the
+    /// truncated SVD of the deficit in the canonical frame (`kamera_ops::form_patch`).
+    pub fn form_patch(&self, parts: &[Part], tokens: &[u32], rank: usize) -> Result<Patch> {
+        let (last, before) = parts.split_last().ok_or_else(|| Error::Step {
+            step: 0,
+            detail: "form_patch needs a chunk".into(),
+        })?;
+        let ctx = self.assemble(before)?;
+        let cond = self
+            .model
+            .prefill(tokens, ctx.end(), &ctx)
+            .map_err(model("conditioned prefill"))?;
+        let cfg = PatchConfig::fixed(rank, kamera_ops::DType::F32);
+        Ok(kamera_ops::form_patch(&cond.chunk, &last.kv, self.model.rope(), &cfg)?)
     }
 
     fn close_turn(&self, text: &str) -> String {
@@ -98,7 +129,7 @@ impl Llm {
     }
 
     /// Picks the choice the model finds most likely after `question` (mean token log-likelihood).
-    pub fn choose(&self, chunks: &[Arc<ChunkKv>], question: &str, choices: &[String]) -> Result<ModelCall> {
+    pub fn choose(&self, chunks: &[Part], question: &str, choices: &[String]) -> Result<ModelCall> {
         let t0 = Instant::now();
         let ctx = self.assemble(chunks)?;
         let reuse_ms = ms(t0);
@@ -157,7 +188,7 @@ impl Llm {
     }
 
     /// Greedy generation (or seeded sampling when `seed > 0`) after `instruction`.
-    pub fn generate(&self, chunks: &[Arc<ChunkKv>], instruction: &str, max_new: usize, seed: u64) -> Result<ModelCall> {
+    pub fn generate(&self, chunks: &[Part], instruction: &str, max_new: usize, seed: u64) -> Result<ModelCall> {
         self.generate_after(chunks, instruction, "", max_new, seed)
     }
 
@@ -165,7 +196,7 @@ impl Llm {
     /// to hold the model to a JSON object); the output includes `lead`.
     pub fn generate_after(
         &self,
-        chunks: &[Arc<ChunkKv>],
+        chunks: &[Part],
         instruction: &str,
         lead: &str,
         max_new: usize,

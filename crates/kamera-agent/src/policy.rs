@@ -2,21 +2,18 @@
 //! model only the scenario's questions; [`ModelPolicy`] prompts the model with an action grammar
 //! and parses strict JSON, retrying a bounded number of times.
 
-use std::collections::HashMap;
-use std::sync::Arc;
-
 use kamera_browser::{Action, Observation};
-use kamera_ops::ChunkKv;
+use std::collections::HashMap;
 
 use crate::error::{Error, Result};
-use crate::llm::{Llm, ModelCall, parse_action};
+use crate::llm::{Llm, ModelCall, Part, parse_action};
 use crate::scenario::Step;
 
 /// What a policy sees of the model: the context window's chunks, in order, and the goal.
 pub struct Mind<'a> {
     pub llm: &'a Llm,
-    /// Prefix chunk then page chunks, each canonical (relocated on assembly).
-    pub chunks: Vec<Arc<ChunkKv>>,
+    /// Prefix chunk then page chunks, each canonical (relocated and patched on assembly).
+    pub chunks: Vec<Part>,
     pub goal: &'a str,
     pub max_new_tokens: usize,
 }

@@ -79,6 +79,13 @@ pub struct Budget {
     /// Most new tokens per model answer.
     #[serde(default = "default_decode")]
     pub max_new_tokens: usize,
+    /// Rank of the conditioning patch formed when a chunk is recalled (0: plain relocation).
+    #[serde(default = "default_patch_rank")]
+    pub patch_rank: usize,
+}
+
+fn default_patch_rank() -> usize {
+    16
 }
 
 fn default_steps() -> usize {
@@ -97,6 +104,7 @@ impl Default for Budget {
             steps: default_steps(),
             window_tokens: default_window(),
             max_new_tokens: default_decode(),
+            patch_rank: default_patch_rank(),
         }
     }
 }

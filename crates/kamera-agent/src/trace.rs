@@ -49,6 +49,9 @@ pub struct StepTimings {
     pub observe_ms: f64,
     /// Tokenizing and prefilling a new page chunk (0 on a hit, relocate or recall).
     pub encode_ms: f64,
+    /// Forming conditioning patches (on recall).
+    #[serde(default)]
+    pub patch_ms: f64,
     pub reuse_ms: f64,
     pub prefill_ms: f64,
     pub decode_ms: f64,

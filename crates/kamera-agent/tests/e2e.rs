@@ -43,9 +43,15 @@ async fn order_status_answers_through_recalled_chunks() -> Result<()> {
     assert_eq!(r.end.answer.as_deref(), Some("Awaiting pickup"), "{:?}", r.end);
     assert_eq!(r.end.success, Some(true));
     // The last step answers over chunks none of which was prefilled again: the order page came
-    // back from the store (recall), the shipping pages were relocated.
+    // back from the store (recall, with a patch conditioned on its new antecedents), the shipping
+    // pages were relocated.
     let last = r.steps.last().unwrap();
-    assert!(last.plan.iter().any(|p| p.op == Op::Recall), "{:?}", last.plan);
+    assert!(
+        last.plan.iter().any(|p| p.op == Op::Recall && p.patch),
+        "{:?}",
+        last.plan
+    );
+    assert_eq!(r.cache.patches_formed, 1, "one rank-16 patch, formed on recall");
     assert!(!last.plan.iter().any(|p| p.op == Op::Miss), "{:?}", last.plan);
     assert_eq!(last.timings.encode_ms, 0.0);
     assert!(r.cache.evicts > 0 && r.cache.relocates > 0);

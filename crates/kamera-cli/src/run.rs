@@ -145,6 +145,7 @@ fn execute(scenario_arg: &str, trace_dir: &Path, report: Option<&Path>, store: &
 
 fn print_summary(s: &RunSummary) {
     println!("scenario  {}", s.scenario);
+    println!("window    h hit, r relocate, R recall, m miss (prefill), e evict, p placed with a patch");
     println!(
         "{:>4}  {:<28} {:<34} {:<26} {:>8} {:>8} {:>8}  {}",
         "step", "page", "action", "window", "encode", "model", "total", "result"
@@ -152,12 +153,13 @@ fn print_summary(s: &RunSummary) {
     for st in &s.steps {
         let ops = |o: kamera_agent::Op| st.plan.iter().filter(|p| p.op == o).count();
         let window = format!(
-            "{}h {}r {}R {}m {}e",
+            "{}h {}r {}R {}m {}e {}p",
             ops(kamera_agent::Op::Hit),
             ops(kamera_agent::Op::Relocate),
             ops(kamera_agent::Op::Recall),
             ops(kamera_agent::Op::Miss),
-            ops(kamera_agent::Op::Evict)
+            ops(kamera_agent::Op::Evict),
+            st.plan.iter().filter(|p| p.patch).count()
         );
         let t = &st.timings;
         let page: String = st.observation.title.chars().take(28).collect();
@@ -186,6 +188,13 @@ fn print_summary(s: &RunSummary) {
         "cache     {} hit, {} relocate, {} recall, {} miss (prefill), {} evict; {} page tokens reused without prefill, {} prefilled",
         c.hits, c.relocates, c.recalls, c.misses, c.evicts, c.tokens_reused, c.tokens_prefilled
     );
+    if c.patches_formed > 0 || c.patched_placements > 0 {
+        let patch_ms: f64 = s.steps.iter().map(|st| st.timings.patch_ms).sum();
+        println!(
+            "patches   {} formed on recall ({patch_ms:.0} ms), {} placements relocated + patched",
+            c.patches_formed, c.patched_placements
+        );
+    }
     if let Some(m) = s.steps.iter().rev().find_map(|st| st.model.as_ref()) {
         println!(
             "model     context {} tokens assembled from cached chunks in {:.1} ms; question {} tokens prefilled in {:.0} ms; answer in {:.0} ms",
