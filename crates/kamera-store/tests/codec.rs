@@ -108,12 +108,12 @@ fn golden_record_v1() -> Result<()> {
     let layout = kamera_ops::KvLayout::gqa(2, 4, 2, 4);
     let cases = [
         (
-            "canonical_v1.bin",
+            "canonical_v1.kmr",
             Key::canonical(m, id),
             Record::kv(m, 1234, common::chunk(layout, 3, 5, DType::Bf16)),
         ),
         (
-            "patch_v1.bin",
+            "patch_v1.kmr",
             Key::patch(m, id, &[(ChunkId::of(b"antecedent", "golden-encoder", m), 0)], 7),
             Record::patch(m, 99, common::patch(layout, 3, 2, 5, DType::F16)),
         ),
