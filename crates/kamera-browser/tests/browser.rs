@@ -43,3 +43,28 @@ async fn chromium_observes_clicks_and_refuses() -> anyhow::Result<()> {
     b.close().await?;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_page_is_a_timeout_not_a_hang() -> anyhow::Result<()> {
+    assert!(
+        std::path::Path::new("/usr/bin/chromium").exists(),
+        "chromium missing: run scripts/install-chromium.sh"
+    );
+    let mut pages = std::collections::BTreeMap::new();
+    pages.insert(
+        "/".to_string(),
+        b"<html><body><p>spinning</p><script>setTimeout(() => { for (;;) {} }, 50)</script></body></html>".to_vec(),
+    );
+    let server = Server::start(Content::Memory(pages)).await?;
+    let mut cfg = ChromiumConfig::new(Origins::new(&[server.origin()])?);
+    cfg.timeout = std::time::Duration::from_secs(2);
+    let mut b = ChromiumBrowser::launch(cfg).await?;
+    let t0 = std::time::Instant::now();
+    let _ = b.navigate(&server.url("/")).await;
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let e = b.observe().await.expect_err("the page never answers");
+    assert!(matches!(e, Error::Timeout { .. }), "{e}");
+    assert!(t0.elapsed() < std::time::Duration::from_secs(15));
+    b.close().await?;
+    Ok(())
+}

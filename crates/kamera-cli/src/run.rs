@@ -111,9 +111,42 @@ fn cancel_on_ctrl_c(rt: &tokio::runtime::Runtime) -> CancellationToken {
     token
 }
 
+/// On a fresh machine the Quick start's `kamera run` finds no chromium: run the repository's
+/// installer (Debian's chromium via apt-get, idempotent) once, then go on.
+fn ensure_chromium() -> Result<()> {
+    let exe = std::env::var_os("KAMERA_CHROMIUM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/usr/bin/chromium"));
+    if exe.exists() {
+        return Ok(());
+    }
+    let script = Path::new("scripts/install-chromium.sh");
+    if !script.exists() {
+        bail!(
+            "chromium not found at {}: run scripts/install-chromium.sh from the repository (Debian's chromium) or set KAMERA_CHROMIUM",
+            exe.display()
+        );
+    }
+    eprintln!(
+        "kamera: chromium not found at {}; running {}",
+        exe.display(),
+        script.display()
+    );
+    let status = std::process::Command::new("bash")
+        .arg(script)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .context("running scripts/install-chromium.sh")?;
+    if !status.success() || !exe.exists() {
+        bail!("scripts/install-chromium.sh failed ({status}); install Debian's chromium as root and retry");
+    }
+    Ok(())
+}
+
 fn execute(scenario_arg: &str, trace_dir: &Path, report: Option<&Path>, store: &StoreArgs) -> Result<RunSummary> {
     let path = kamera_agent::resolve(scenario_arg);
     let scenario = Scenario::load(&path)?;
+    ensure_chromium()?;
     let llm = load_llm()?;
     let rt = runtime()?;
     let cancel = cancel_on_ctrl_c(&rt);
