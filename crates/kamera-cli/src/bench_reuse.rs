@@ -27,6 +27,9 @@ pub struct ReuseArgs {
     /// Repetitions of the cheap measurements (median kept).
     #[arg(long, default_value_t = 5)]
     reps: usize,
+    /// Storage type of the canonical KV and patches: f32, bf16 or f16.
+    #[arg(long, default_value = "f32")]
+    dtype: String,
     /// Where to write the JSON.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -40,6 +43,7 @@ pub fn run(a: ReuseArgs) -> Result<()> {
         question_tokens: a.question_tokens,
         rank: a.rank,
         reps: a.reps,
+        dtype: a.dtype.clone(),
     };
     let r = bench_reuse(&model, &a.model, &cfg)?;
     if let Some(p) = &a.json {

@@ -21,6 +21,26 @@ pub struct BenchConfig {
     pub rank: usize,
     /// Repetitions of the cheap measurements (median reported).
     pub reps: usize,
+    /// Storage type of the canonical KV and the patch factors ("f32", "bf16" or "f16"); the
+    /// assembled context is f32 (what the runner takes).
+    #[serde(default = "default_dtype")]
+    pub dtype: String,
+}
+
+fn default_dtype() -> String {
+    "f32".into()
+}
+
+fn parse_dtype(s: &str) -> Result<DType> {
+    match s {
+        "f32" => Ok(DType::F32),
+        "bf16" => Ok(DType::Bf16),
+        "f16" => Ok(DType::F16),
+        _ => Err(Error::Invalid {
+            op: "bench_reuse",
+            detail: format!("dtype {s:?}: expected f32, bf16 or f16"),
+        }),
+    }
 }
 
 impl Default for BenchConfig {
@@ -31,6 +51,7 @@ impl Default for BenchConfig {
             question_tokens: 32,
             rank: 32,
             reps: 5,
+            dtype: default_dtype(),
         }
     }
 }
@@ -104,6 +125,7 @@ pub fn bench_reuse(model: &Model, name: &str, cfg: &BenchConfig) -> Result<Bench
             ),
         });
     }
+    let dtype = parse_dtype(&cfg.dtype)?;
     let rope = model.rope();
     let reps = cfg.reps.max(1);
     let sys = crate::run::system_tokens(model, crate::run::DEFAULT_SYSTEM)?;
@@ -130,7 +152,7 @@ pub fn bench_reuse(model: &Model, name: &str, cfg: &BenchConfig) -> Result<Bench
     let t = Instant::now();
     let cond_all = model.prefill(&all, start, &sys_ctx).model("bench conditioned")?.chunk;
     let conditioned_prefill_ms = ms(t);
-    let pcfg = PatchConfig::fixed(cfg.rank, DType::F32);
+    let pcfg = PatchConfig::fixed(cfg.rank, dtype);
     let t = Instant::now();
     let mut patches = Vec::new();
     for (i, c) in canon.iter().enumerate() {
@@ -138,6 +160,7 @@ pub fn bench_reuse(model: &Model, name: &str, cfg: &BenchConfig) -> Result<Bench
         patches.push(form_patch(&cond, c, rope, &pcfg).ops("bench patch")?);
     }
     let patch_svd_ms = ms(t) / cfg.chunks as f64;
+    let canon: Vec<_> = canon.iter().map(|c| c.to_dtype(dtype)).collect();
     let patch_bytes_ratio = patches[0].bytes_ratio(&canon[0]);
     let to = start + (cfg.chunk_tokens * (cfg.chunks - 1)) as i64 + 7;
     let mut reloc = Vec::new();

@@ -128,6 +128,7 @@ fn bench_reuse_reports_ratios() {
         question_tokens: 8,
         rank: 8,
         reps: 1,
+        dtype: "bf16".into(),
     };
     let b = bench_reuse(model(), "smollm2-135m", &cfg).unwrap();
     for x in [
