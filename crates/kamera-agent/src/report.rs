@@ -33,7 +33,7 @@ pub fn write_html(summary: &RunSummary, resources: Option<&Path>, out: &Path) ->
         h,
         "<table><tr><th>steps</th><td>{}</td></tr><tr><th>answer</th><td>{}</td></tr><tr><th>expected</th><td>{}</td></tr>\
          <tr><th>success</th><td>{}</td></tr><tr><th>reward</th><td>{}</td></tr><tr><th>error</th><td>{}</td></tr>\
-         <tr><th>cache</th><td>{} hit, {} relocate, {} recall, {} miss, {} evict; {} tokens reused, {} prefilled</td></tr>\
+         <tr><th>cache</th><td>{} hit, {} relocate, {} recall, {} miss, {} evict; {} tokens reused, {} prefilled; {} patches formed, {} patched placements</td></tr>\
          <tr><th>wall</th><td>{:.0} ms</td></tr></table>",
         summary.end.steps,
         esc(summary.end.answer.as_deref().unwrap_or("-")),
@@ -48,12 +48,15 @@ pub fn write_html(summary: &RunSummary, resources: Option<&Path>, out: &Path) ->
         c.evicts,
         c.tokens_reused,
         c.tokens_prefilled,
+        c.patches_formed,
+        c.patched_placements,
         summary.wall_ms
     );
     // Timing chart: one stacked bar per step.
-    let parts: [(&str, &str); 6] = [
+    let parts: [(&str, &str); 7] = [
         ("observe", "#457b9d"),
         ("encode", "#e63946"),
+        ("patch", "#9b5de5"),
         ("reuse", "#2a9d8f"),
         ("prefill", "#f4a261"),
         ("decode", "#8d99ae"),
@@ -126,7 +129,8 @@ pub fn write_html(summary: &RunSummary, resources: Option<&Path>, out: &Path) ->
                     Op::Miss => "miss",
                     Op::Evict => "evict",
                 };
-                format!("{} {op} ({} tok)", &p.chunk[..8.min(p.chunk.len())], p.tokens)
+                let patch = if p.patch { " + patch" } else { "" };
+                format!("{} {op}{patch} ({} tok)", &p.chunk[..8.min(p.chunk.len())], p.tokens)
             })
             .collect();
         let _ = write!(
