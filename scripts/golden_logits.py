@@ -22,6 +22,18 @@ PROMPTS = [
     "Alice gave Bob a red apple. Bob put the apple in the basket. What colour is the apple in the basket? It is",
 ]
 MODELS = ["smollm2-135m", "qwen2.5-0.5b", "gemma3-270m"]
+# Tokenizer-only goldens (tests/golden/tokenizer.json): whitespace runs, unicode, digits, specials.
+TOKENIZER_STRINGS = [
+    "Hello  world!\n\n\tTabs and   spaces",
+    "naïve café — “quotes” 😀 中文字符 日本語",
+    "x=1234567;y=3.14e-10 // CAPS'll we've",
+    "  leading spaces",
+    "trailing\n",
+    "<|im_start|>user\nhi<|im_end|>",
+    "<start_of_turn>user\nhi<end_of_turn>",
+    "a\r\nb\u00a0c",
+    "ÀÉÎõü ß ﬁ",
+]
 
 
 def main() -> int:
@@ -40,12 +52,14 @@ def main() -> int:
     torch.manual_seed(0)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
+    tok_golden = {}
     for name in args.models:
         path = Path(args.home) / "models" / f"{name}.gguf"
         if not path.exists():
             print(f"{path} missing: run `kamera models fetch {name}` first", file=sys.stderr)
             return 2
         tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        tok_golden[name] = [{"text": t, "ids": tok(t)["input_ids"]} for t in TOKENIZER_STRINGS]
         model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
         model.eval()
         cases = []
@@ -70,6 +84,7 @@ def main() -> int:
             "cases": cases,
         }
         (out_dir / f"{name}.json").write_text(json.dumps(doc) + "\n")
+    (out_dir / "tokenizer.json").write_text(json.dumps(tok_golden, ensure_ascii=False, indent=1) + "\n")
     return 0
 
 
