@@ -85,6 +85,28 @@ async fn record_then_replay_without_browser() -> Result<()> {
     assert!(dir.path().join("trace.ndjson").exists());
     let shots = std::fs::read_dir(dir.path().join("resources"))?.count();
     assert!(shots >= 5, "{shots} screenshots stored");
+    let trace = kamera_agent::Trace::read(dir.path())?;
+    let rec_json = kamera_agent::devtools_recorder(&s.name, &trace.steps[0].observation.url, &trace.steps, 800, 600);
+    let kinds: Vec<&str> = rec_json["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "setViewport",
+            "navigate",
+            "click",
+            "click",
+            "click",
+            "change",
+            "keyDown",
+            "keyUp",
+            "navigate"
+        ]
+    );
     let rep = kamera_agent::replay(dir.path(), &llm).await?;
     assert!(rep.matches(), "first mismatch at {:?}", rep.first_mismatch);
     assert_eq!(rep.replayed, rec.actions());
