@@ -42,6 +42,11 @@ async fn order_status_answers_through_recalled_chunks() -> Result<()> {
     assert_eq!(r.end.error, None);
     assert_eq!(r.end.answer.as_deref(), Some("Awaiting pickup"), "{:?}", r.end);
     assert_eq!(r.end.success, Some(true));
+    assert_eq!(
+        r.end.js_check,
+        Some(true),
+        "the scenario's JS predicate holds on the final page"
+    );
     // The last step answers over chunks none of which was prefilled again: the order page came
     // back from the store (recall, with a patch conditioned on its new antecedents), the shipping
     // pages were relocated.
