@@ -134,6 +134,12 @@ impl Model {
                 detail: format!("start_pos {start_pos} != context end {}", context.end()),
             });
         }
+        if !(0..=i64::MAX / 4).contains(&start_pos) {
+            return Err(Error::Invalid {
+                op: OP,
+                detail: format!("start_pos {start_pos} is negative or too large"),
+            });
+        }
         let mut x = self.embed(input)?;
         let n = x.dim(0).ctx(OP)?;
         if n == 0 {

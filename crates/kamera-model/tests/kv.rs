@@ -209,6 +209,8 @@ fn prefill_input_errors_smollm2() -> Result<()> {
     let m = common::load(ModelName::Smollm2_135m)?;
     let e = m.prefill(&[], 0, &m.empty_context()).unwrap_err();
     anyhow::ensure!(e.to_string().contains("empty input"), "{e}");
+    let e = m.prefill(&[1], -3, &m.empty_context()).unwrap_err();
+    anyhow::ensure!(e.to_string().contains("start_pos -3"), "{e}");
     let e = m.prefill(&[49_152], 0, &m.empty_context()).unwrap_err();
     anyhow::ensure!(e.to_string().contains("out of range"), "{e}");
     let ctx = Context::from_chunk(&m.prefill(&[1, 2, 3], 0, &m.empty_context())?.chunk)?;
