@@ -39,19 +39,16 @@ pub(crate) struct LayerOut {
     pub v: Tensor,
 }
 
-/// One layer over `x: [n, hidden]` at `positions`, attending to `past` (`[t, kv_dim]` each)
-/// followed by the new tokens; keys sit at `k_pos` (past then new), `window` limits q - k.
-pub(crate) fn layer_forward(
+/// Q, K (post QK-norm and RoPE at `positions`) and V of the new tokens, `[n, heads·hd]` and
+/// `[n, kv_dim]`.
+pub(crate) fn project_qkv(
     cfg: &Config,
     w: &LayerWeights,
     layer: usize,
     spec: &RopeSpec,
     x: &Tensor,
     positions: &[i64],
-    past: Option<(&Tensor, &Tensor)>,
-    k_pos: &[i64],
-    window: Option<usize>,
-) -> Result<LayerOut> {
+) -> Result<(Tensor, Tensor, Tensor)> {
     let n = positions.len();
     let (hd, heads, kvh) = (cfg.head_dim, cfg.heads, cfg.kv_heads);
     let h = norm(x, &w.attn_norm, cfg.rms_eps)?;
@@ -68,47 +65,41 @@ pub(crate) fn layer_forward(
     }
     let q = rope(spec, layer, &q, heads, positions)?;
     let k = rope(spec, layer, &k, kvh, positions)?;
-    let (k_all, v_all) = match past {
-        Some((pk, pv)) if pk.dim(0).ctx(OP)? > 0 => (
-            Tensor::cat(&[pk, &k], 0).ctx("cat past k")?,
-            Tensor::cat(&[pv, &v], 0).ctx("cat past v")?,
-        ),
-        _ => (k.clone(), v.clone()),
-    };
+    Ok((q, k, v))
+}
+
+/// `[rows, groups·hd]` -> `[groups, rows, hd]`, contiguous.
+fn heads_first(x: &Tensor, rows: usize, groups: usize, hd: usize) -> Result<Tensor> {
+    x.reshape((rows, groups, hd))
+        .ctx(OP)?
+        .transpose(0, 1)
+        .ctx(OP)?
+        .contiguous()
+        .ctx(OP)
+}
+
+/// The rest of the layer: attention of `q` (at `positions`) over `k_all`/`v_all` (at `k_pos`,
+/// `window` limiting q − k), output projection, residuals, MLP. Returns the new hidden states.
+pub(crate) fn attend_and_mlp(
+    cfg: &Config,
+    w: &LayerWeights,
+    x: &Tensor,
+    q: &Tensor,
+    (k_all, v_all): (&Tensor, &Tensor),
+    positions: &[i64],
+    k_pos: &[i64],
+    window: Option<usize>,
+) -> Result<Tensor> {
+    let n = positions.len();
+    let (hd, heads, kvh) = (cfg.head_dim, cfg.heads, cfg.kv_heads);
     let t = k_all.dim(0).ctx(OP)?;
-    let g = heads / kvh;
     // q: [n, heads, hd] -> [heads, n, hd] = [kvh, g, n, hd] (heads of a group are adjacent).
-    let qh = q
-        .reshape((n, heads, hd))
-        .ctx(OP)?
-        .transpose(0, 1)
-        .ctx(OP)?
-        .contiguous()
+    let qh = heads_first(q, n, heads, hd)?
+        .reshape((kvh, heads / kvh, n, hd))
         .ctx(OP)?;
-    let qh = qh.reshape((kvh, g, n, hd)).ctx(OP)?;
-    let kh = k_all
-        .reshape((t, kvh, hd))
-        .ctx(OP)?
-        .transpose(0, 1)
-        .ctx(OP)?
-        .contiguous()
-        .ctx(OP)?;
-    let vh = v_all
-        .reshape((t, kvh, hd))
-        .ctx(OP)?
-        .transpose(0, 1)
-        .ctx(OP)?
-        .contiguous()
-        .ctx(OP)?;
+    let (kh, vh) = (heads_first(k_all, t, kvh, hd)?, heads_first(v_all, t, kvh, hd)?);
     let att = attend(&qh, &kh, &vh, positions, k_pos, cfg.attn_scale, window)?;
-    let att = att
-        .reshape((heads, n, hd))
-        .ctx(OP)?
-        .transpose(0, 1)
-        .ctx(OP)?
-        .contiguous()
-        .ctx(OP)?;
-    let att = att.reshape((n, heads * hd)).ctx(OP)?;
+    let att = heads_first(&att, heads, n, hd)?.reshape((n, heads * hd)).ctx(OP)?;
     let mut a = linear(&att, &w.wo, None)?;
     if let Some(pn) = &w.post_attn_norm {
         a = norm(&a, pn, cfg.rms_eps)?;
@@ -126,7 +117,31 @@ pub(crate) fn layer_forward(
     if let Some(pn) = &w.post_ffn_norm {
         m = norm(&m, pn, cfg.rms_eps)?;
     }
-    let x = (x + m).ctx(OP)?;
+    (x + m).ctx(OP)
+}
+
+/// One layer over `x: [n, hidden]` at `positions`, attending to `past` (`[t, kv_dim]` each)
+/// followed by the new tokens; keys sit at `k_pos` (past then new), `window` limits q - k.
+pub(crate) fn layer_forward(
+    cfg: &Config,
+    w: &LayerWeights,
+    layer: usize,
+    spec: &RopeSpec,
+    x: &Tensor,
+    positions: &[i64],
+    past: Option<(&Tensor, &Tensor)>,
+    k_pos: &[i64],
+    window: Option<usize>,
+) -> Result<LayerOut> {
+    let (q, k, v) = project_qkv(cfg, w, layer, spec, x, positions)?;
+    let (k_all, v_all) = match past {
+        Some((pk, pv)) if pk.dim(0).ctx(OP)? > 0 => (
+            Tensor::cat(&[pk, &k], 0).ctx("cat past k")?,
+            Tensor::cat(&[pv, &v], 0).ctx("cat past v")?,
+        ),
+        _ => (k.clone(), v.clone()),
+    };
+    let x = attend_and_mlp(cfg, w, x, &q, (&k_all, &v_all), positions, k_pos, window)?;
     Ok(LayerOut { x, k, v })
 }
 

@@ -10,9 +10,8 @@
 use candle_core::{Device, Tensor};
 use kamera_ops::{ChunkKv, LayerKv, Mat};
 
-use crate::attention::attend;
-use crate::block::{LayerOut, layer_forward, linear, norm};
-use crate::config::{Activation, Config};
+use crate::block::{LayerOut, attend_and_mlp, layer_forward, project_qkv};
+use crate::config::Config;
 use crate::context::{Context, tensor_to_mat};
 use crate::error::{CandleCtx, Error, OpsCtx, Result};
 use crate::model::{Input, Model};
@@ -212,27 +211,7 @@ fn layer_mixed(
     keys: &MixedKeys<'_>,
     window: Option<usize>,
 ) -> Result<LayerOut> {
-    let n = positions.len();
-    let (hd, heads, kvh) = (cfg.head_dim, cfg.heads, cfg.kv_heads);
-    let h = norm(x, &w.attn_norm, cfg.rms_eps)?;
-    let mut q = linear(&h, &w.wq, w.bq.as_ref())?;
-    let mut k = linear(&h, &w.wk, w.bk.as_ref())?;
-    let v = linear(&h, &w.wv, w.bv.as_ref())?;
-    if let (Some(qn), Some(kn)) = (&w.q_norm, &w.k_norm) {
-        q = norm(&q.reshape((n * heads, hd)).ctx(OP)?, qn, cfg.rms_eps)?
-            .reshape((n, heads * hd))
-            .ctx(OP)?;
-        k = norm(&k.reshape((n * kvh, hd)).ctx(OP)?, kn, cfg.rms_eps)?
-            .reshape((n, kvh * hd))
-            .ctx(OP)?;
-    }
-    let rope = |t: &Tensor, h: usize| -> Result<Tensor> {
-        let dims = t.dims2().ctx(OP)?;
-        let mut data = t.flatten_all().ctx(OP)?.to_vec1::<f32>().ctx(OP)?;
-        spec.apply(layer, &mut data, h, positions).ops(OP)?;
-        Tensor::from_vec(data, dims, t.device()).ctx(OP)
-    };
-    let (q, k) = (rope(&q, heads)?, rope(&k, kvh)?);
+    let (q, k, v) = project_qkv(cfg, w, layer, spec, x, positions)?;
     let (nk, nv) = (tensor_to_mat(&k)?, tensor_to_mat(&v)?);
     let dev = x.device();
     let region = |base: &Mat, new: &Mat| -> Result<Tensor> {
@@ -244,57 +223,7 @@ fn layer_mixed(
         Some((pk, pv)) => (Tensor::cat(&[pk, &rk], 0).ctx(OP)?, Tensor::cat(&[pv, &rv], 0).ctx(OP)?),
         None => (rk, rv),
     };
-    let t = k_all.dim(0).ctx(OP)?;
-    let g = heads / kvh;
-    let qh = q
-        .reshape((n, heads, hd))
-        .ctx(OP)?
-        .transpose(0, 1)
-        .ctx(OP)?
-        .contiguous()
-        .ctx(OP)?;
-    let qh = qh.reshape((kvh, g, n, hd)).ctx(OP)?;
-    let kh = k_all
-        .reshape((t, kvh, hd))
-        .ctx(OP)?
-        .transpose(0, 1)
-        .ctx(OP)?
-        .contiguous()
-        .ctx(OP)?;
-    let vh = v_all
-        .reshape((t, kvh, hd))
-        .ctx(OP)?
-        .transpose(0, 1)
-        .ctx(OP)?
-        .contiguous()
-        .ctx(OP)?;
-    let att = attend(&qh, &kh, &vh, positions, keys.k_pos, cfg.attn_scale, window)?;
-    let att = att
-        .reshape((heads, n, hd))
-        .ctx(OP)?
-        .transpose(0, 1)
-        .ctx(OP)?
-        .contiguous()
-        .ctx(OP)?;
-    let att = att.reshape((n, heads * hd)).ctx(OP)?;
-    let mut a = linear(&att, &w.wo, None)?;
-    if let Some(pn) = &w.post_attn_norm {
-        a = norm(&a, pn, cfg.rms_eps)?;
-    }
-    let x = (x + a).ctx(OP)?;
-    let h = norm(&x, &w.ffn_norm, cfg.rms_eps)?;
-    let gate = linear(&h, &w.w_gate, None)?;
-    let gate = match cfg.activation {
-        Activation::Silu => gate.silu(),
-        Activation::GeluTanh => gate.gelu(),
-    }
-    .ctx("activation")?;
-    let up = linear(&h, &w.w_up, None)?;
-    let mut m = linear(&(gate * up).ctx(OP)?, &w.w_down, None)?;
-    if let Some(pn) = &w.post_ffn_norm {
-        m = norm(&m, pn, cfg.rms_eps)?;
-    }
-    let x = (x + m).ctx(OP)?;
+    let x = attend_and_mlp(cfg, w, x, &q, (&k_all, &v_all), positions, keys.k_pos, window)?;
     Ok(LayerOut { x, k, v })
 }
 
