@@ -40,6 +40,9 @@ pub struct RunOptions {
     pub on_step: Option<OnStep>,
     /// For replays: the recorded end (reward and JS check come from it; there is no page).
     pub recorded_end: Option<EndRecord>,
+    /// At the answering step, also time a full re-prefill of the context (the baseline that
+    /// relocation replaces) and record it as `baseline_prefill_ms`.
+    pub baseline: bool,
 }
 
 /// Counts of what the window did over a run.
@@ -148,6 +151,7 @@ pub async fn run_episode(
     let mut window = Window::new(scenario.budget.window_tokens, prefix.n_tokens());
     // Conditioning patches by (chunk, its antecedents in the window).
     let mut patches: HashMap<(String, String), Arc<kamera_ops::Patch>> = HashMap::new();
+    let mut chunk_tokens: HashMap<String, Vec<u32>> = HashMap::new();
     let antecedents = |ids: &[String]| blake3::hash(ids.join(",").as_bytes()).to_hex().to_string();
 
     let mut fatal: Option<String> = None;
@@ -194,6 +198,7 @@ pub async fn run_episode(
             cache.put(&id, Arc::new(kv), t.elapsed().as_micros() as u64);
             timings.encode_ms = ms(t);
         }
+        chunk_tokens.insert(id.clone(), tokens.clone());
         let plan = window.observe(&id, tokens.len(), cached);
         for p in &plan {
             let s = &mut summary.cache;
@@ -224,17 +229,27 @@ pub async fn run_episode(
             let key = (cid.clone(), antecedents(&ids[..i]));
             let recalled = plan.iter().any(|p| p.chunk == *cid && p.op == Op::Recall);
             if recalled && scenario.budget.patch_rank > 0 && !patches.contains_key(&key) && *cid == id {
-                // Recall: a patch conditioned on the chunk's fixed earlier context, formed once.
-                let t = Instant::now();
-                let mut parts = chunks.clone();
-                parts.push(Part {
-                    kv: kv.clone(),
-                    patch: None,
-                });
-                let p = blocking(|| llm.form_patch(&parts, &tokens, scenario.budget.patch_rank))?;
-                patches.insert(key.clone(), Arc::new(p));
-                timings.patch_ms += ms(t);
-                summary.cache.patches_formed += 1;
+                // Recall: a patch conditioned on the chunk's fixed earlier context, formed once
+                // (or found in the store from an earlier run).
+                let mut ante = vec![prefix_id.clone()];
+                ante.extend(ids[..i].iter().cloned());
+                if let Some(p) = cache.get_patch(cid, &ante) {
+                    patches.insert(key.clone(), p);
+                } else {
+                    let t = Instant::now();
+                    let mut parts = chunks.clone();
+                    parts.push(Part {
+                        kv: kv.clone(),
+                        patch: None,
+                    });
+                    let p = Arc::new(blocking(|| {
+                        llm.form_patch(&parts, &tokens, scenario.budget.patch_rank)
+                    })?);
+                    cache.put_patch(cid, &ante, p.clone(), t.elapsed().as_micros() as u64);
+                    patches.insert(key.clone(), p);
+                    timings.patch_ms += ms(t);
+                    summary.cache.patches_formed += 1;
+                }
             }
             let patch = patches.get(&key).cloned();
             if patch.is_some() {
@@ -285,6 +300,15 @@ pub async fn run_episode(
                 record.action = Some(d.action.clone());
                 if let Action::Done { answer: a } = &d.action {
                     answer = Some(a.clone());
+                    if opts.baseline {
+                        let mut all = prefix_tokens.clone();
+                        for cid in &ids {
+                            all.extend(chunk_tokens.get(cid).cloned().unwrap_or_default());
+                        }
+                        let t = Instant::now();
+                        blocking(|| llm.canonical(&all))?;
+                        record.timings.baseline_prefill_ms = Some(ms(t));
+                    }
                 } else {
                     let t = Instant::now();
                     let r = browser.act(&d.action).await;

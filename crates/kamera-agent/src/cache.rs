@@ -25,6 +25,12 @@ pub trait ChunkCache: Send {
     fn len(&self) -> usize;
     /// Makes what was put durable (a no-op in memory).
     fn flush(&mut self) {}
+    /// The conditioning patch of `chunk` after exactly `antecedents` (chunk ids, in order), if kept.
+    fn get_patch(&self, _chunk: &str, _antecedents: &[String]) -> Option<Arc<kamera_ops::Patch>> {
+        None
+    }
+    /// Keeps a patch formed in `cost_us` microseconds (a no-op where patches are not kept).
+    fn put_patch(&mut self, _chunk: &str, _antecedents: &[String], _patch: Arc<kamera_ops::Patch>, _cost_us: u64) {}
     fn is_empty(&self) -> bool {
         self.len() == 0
     }

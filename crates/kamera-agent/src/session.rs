@@ -87,6 +87,8 @@ pub struct RunConfig {
     pub on_step: Option<crate::agent::OnStep>,
     /// The chunk cache; `None` is a fresh in-memory cache for this run.
     pub cache: Option<Box<dyn ChunkCache>>,
+    /// Time a full re-prefill of the answering context too ([`RunOptions::baseline`]).
+    pub baseline: bool,
 }
 
 /// Serves, launches Chromium, runs, closes. The chunk cache lives for this run only.
@@ -104,6 +106,7 @@ pub async fn run_scenario(scenario: &Scenario, llm: &Llm, home: &Path, cfg: RunC
         cancel: cfg.cancel,
         on_step: cfg.on_step,
         recorded_end: None,
+        baseline: cfg.baseline,
     };
     let r = run_episode(
         &mut browser,

@@ -31,16 +31,38 @@ impl<S: ChunkStore> StoreCache<S> {
     }
 
     fn key(&self, id: &str) -> Option<Key> {
-        let mut b = [0u8; 32];
-        if id.len() != 64 {
-            return None;
-        }
-        for (i, byte) in b.iter_mut().enumerate() {
-            *byte = u8::from_str_radix(&id[2 * i..2 * i + 2], 16).ok()?;
-        }
-        Some(Key::canonical(self.model, ChunkId(b)))
+        Some(Key::canonical(self.model, parse_id(id)?))
+    }
+
+    /// Patch key: the antecedents by id, in order, each at its index (the window lays chunks out
+    /// contiguously, so order and content fix the positions).
+    fn patch_key(&self, chunk: &str, antecedents: &[String]) -> Option<Key> {
+        let ante: Option<Vec<(ChunkId, i64)>> = antecedents
+            .iter()
+            .enumerate()
+            .map(|(i, a)| parse_id(a).map(|c| (c, i as i64)))
+            .collect();
+        Some(Key::patch(
+            self.model,
+            parse_id(chunk)?,
+            &ante?,
+            antecedents.len() as i64,
+        ))
     }
 }
+
+fn parse_id(id: &str) -> Option<ChunkId> {
+    let mut b = [0u8; 32];
+    if id.len() != 64 {
+        return None;
+    }
+    for (i, byte) in b.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&id[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(ChunkId(b))
+}
+
+impl<S: ChunkStore> StoreCache<S> {}
 
 impl<S: ChunkStore> ChunkCache for StoreCache<S> {
     fn get(&self, id: &str) -> Option<Arc<ChunkKv>> {
@@ -69,6 +91,24 @@ impl<S: ChunkStore> ChunkCache for StoreCache<S> {
 
     fn len(&self) -> usize {
         self.mem.len()
+    }
+
+    fn get_patch(&self, chunk: &str, antecedents: &[String]) -> Option<Arc<kamera_ops::Patch>> {
+        let key = self.patch_key(chunk, antecedents)?;
+        match self.store.lookup(&key) {
+            Ok(Some(rec)) => rec.as_patch().map(|p| Arc::new(p.clone())),
+            _ => None,
+        }
+    }
+
+    fn put_patch(&mut self, chunk: &str, antecedents: &[String], patch: Arc<kamera_ops::Patch>, cost_us: u64) {
+        if let Some(key) = self.patch_key(chunk, antecedents)
+            && let Err(e) = self
+                .store
+                .put(&key, Record::patch(self.model, cost_us, (*patch).clone()))
+        {
+            tracing::warn!(chunk, error = %e, "chunk store patch write failed");
+        }
     }
 
     fn flush(&mut self) {

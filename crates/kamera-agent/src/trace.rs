@@ -57,6 +57,9 @@ pub struct StepTimings {
     pub decode_ms: f64,
     pub act_ms: f64,
     pub total_ms: f64,
+    /// Full re-prefill of the same context, timed only when asked (`RunOptions::baseline`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub baseline_prefill_ms: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -177,20 +177,23 @@ impl ChromiumBrowser {
             let v = self
                 .eval_once("navigation", "window.__kameraDoc === 1 ? 'same' : document.readyState")
                 .await;
-            if let Ok(serde_json::Value::String(s)) = &v
-                && s == "complete"
-            {
-                return;
+            match &v {
+                Ok(serde_json::Value::String(s)) if s == "complete" => return,
+                Err(Error::Timeout { .. }) => return,
+                _ => {}
             }
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
     }
 
     async fn settle(&self) {
-        // Wait (bounded) for the document to finish loading after an action.
-        for _ in 0..50 {
-            match self.eval_value("settle", "document.readyState").await {
+        // Wait (bounded: at most one call timeout in all) for the document to finish loading
+        // after an action; a page that does not answer is left to the next call's timeout.
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < self.cfg.timeout {
+            match self.eval_once("settle", "document.readyState").await {
                 Ok(serde_json::Value::String(s)) if s == "complete" => break,
+                Err(Error::Timeout { .. }) => break,
                 _ => tokio::time::sleep(Duration::from_millis(40)).await,
             }
         }

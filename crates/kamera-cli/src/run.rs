@@ -23,6 +23,9 @@ pub struct RunArgs {
     /// Print the summary as JSON instead of a table.
     #[arg(long)]
     json: bool,
+    /// At the answering step also time a full re-prefill of the context (the baseline).
+    #[arg(long)]
+    baseline: bool,
     #[command(flatten)]
     store: StoreArgs,
 }
@@ -143,7 +146,13 @@ fn ensure_chromium() -> Result<()> {
     Ok(())
 }
 
-fn execute(scenario_arg: &str, trace_dir: &Path, report: Option<&Path>, store: &StoreArgs) -> Result<RunSummary> {
+fn execute(
+    scenario_arg: &str,
+    trace_dir: &Path,
+    report: Option<&Path>,
+    store: &StoreArgs,
+    baseline: bool,
+) -> Result<RunSummary> {
     let path = kamera_agent::resolve(scenario_arg);
     let scenario = Scenario::load(&path)?;
     ensure_chromium()?;
@@ -167,6 +176,7 @@ fn execute(scenario_arg: &str, trace_dir: &Path, report: Option<&Path>, store: &
             cancel,
             on_step: Some(on_step),
             cache: store.cache(llm.model().fingerprint()),
+            baseline,
         },
     ))?;
     pb.finish_and_clear();
@@ -238,6 +248,18 @@ fn print_summary(s: &RunSummary) {
             println!("scores    {}", scores.join(", "));
         }
     }
+    if let Some(st) = s.steps.iter().rev().find(|st| st.timings.baseline_prefill_ms.is_some())
+        && let (Some(base), Some(m)) = (st.timings.baseline_prefill_ms, st.model.as_ref())
+    {
+        let reuse = st.timings.reuse_ms + st.timings.patch_ms;
+        println!(
+            "baseline  full re-prefill of the {}-token context {base:.0} ms vs assembly {:.1} ms + patch {:.0} ms ({:.1}x)",
+            m.context_tokens,
+            st.timings.reuse_ms,
+            st.timings.patch_ms,
+            base / reuse.max(1e-3)
+        );
+    }
     println!("answer    {}", s.end.answer.as_deref().unwrap_or("-"));
     if let Some(e) = &s.expected {
         println!("expected  {e}");
@@ -268,7 +290,7 @@ pub fn run(a: RunArgs) -> Result<()> {
             tmp
         }
     };
-    let summary = execute(&a.scenario, &dir, a.report.as_deref(), &a.store)?;
+    let summary = execute(&a.scenario, &dir, a.report.as_deref(), &a.store, a.baseline)?;
     if a.trace.is_none() {
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -284,7 +306,7 @@ pub fn run(a: RunArgs) -> Result<()> {
 }
 
 pub fn record(a: RecordArgs) -> Result<()> {
-    let summary = execute(&a.scenario, &a.out, a.report.as_deref(), &a.store)?;
+    let summary = execute(&a.scenario, &a.out, a.report.as_deref(), &a.store, false)?;
     let trace = kamera_agent::Trace::read(&a.out)?;
     let scenario = Scenario::parse(&trace.header.scenario, &a.out)?;
     let start = trace
