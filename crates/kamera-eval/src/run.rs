@@ -443,11 +443,15 @@ impl<'a> Evaluator<'a> {
                     let (ctx, cost) = self.patched(&p, &patches, p.full_ms + s.ms + t)?;
                     (self.answer_rows(&p, &ctx)?, cost)
                 }
-                Method::KameraBudget { fraction } => {
+                Method::KameraBudget { fraction } | Method::KameraShare { fraction } => {
                     let s = spectra.as_ref().ok_or_else(|| invalid("kamera-budget needs spectra"))?;
                     let t = Instant::now();
+                    let rank = match m {
+                        Method::KameraShare { .. } => RankPolicy::BudgetShare { fraction: *fraction },
+                        _ => RankPolicy::Budget { fraction: *fraction },
+                    };
                     let cfg = PatchConfig {
-                        rank: RankPolicy::Budget { fraction: *fraction },
+                        rank,
                         dtype: DType::F32,
                     };
                     let patches = s
@@ -458,19 +462,6 @@ impl<'a> Evaluator<'a> {
                         .collect::<kamera_ops::Result<Vec<_>>>()
                         .ops("budget patch")?;
                     let (ctx, cost) = self.patched(&p, &patches, p.full_ms + ms(t))?;
-                    (self.answer_rows(&p, &ctx)?, cost)
-                }
-                Method::KameraShare { fraction } => {
-                    let s = spectra.as_ref().ok_or_else(|| invalid("kamera-share needs spectra"))?;
-                    let t = Instant::now();
-                    let ranks: Vec<Vec<(usize, usize)>> = s
-                        .svds
-                        .iter()
-                        .zip(&p.canon)
-                        .map(|(svds, c)| share_budget_ranks(svds, c, *fraction))
-                        .collect();
-                    let (patches, t2) = self.ranked_patches(&p, s, &ranks)?;
-                    let (ctx, cost) = self.patched(&p, &patches, p.full_ms + s.ms + ms(t) + t2)?;
                     (self.answer_rows(&p, &ctx)?, cost)
                 }
                 Method::Orbit { rank } => {
@@ -538,39 +529,6 @@ impl<'a> Evaluator<'a> {
             diagnostics,
         })
     }
-}
-
-/// Per-layer (K, V) ranks within `fraction` of the chunk's KV bytes, greedily by energy share
-/// (σ² over the matrix's total) per byte; each matrix keeps a prefix of its directions.
-fn share_budget_ranks(svds: &[(Svd, Svd)], canon: &ChunkKv, fraction: f64) -> Vec<(usize, usize)> {
-    let layout = canon.layout();
-    let n = canon.n_tokens();
-    let elem = DType::F32.size();
-    let cost = [(n + layout.k_features()) * elem, (n + layout.v_features()) * elem];
-    let budget = (fraction * canon.kv_bytes() as f64).floor() as usize;
-    let mut items: Vec<(f64, usize, usize, usize)> = Vec::new();
-    for (l, (sk, sv)) in svds.iter().enumerate() {
-        for (ch, s) in [sk, sv].into_iter().enumerate() {
-            let total: f64 = s.singular.iter().map(|&x| (x as f64).powi(2)).sum();
-            if total <= 0.0 {
-                continue;
-            }
-            for (j, &x) in s.singular.iter().enumerate() {
-                items.push(((x as f64).powi(2) / total / cost[ch] as f64, l, ch, j));
-            }
-        }
-    }
-    items.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.3.cmp(&b.3)));
-    let mut ranks = vec![(0usize, 0usize); svds.len()];
-    let mut used = 0usize;
-    for (gain, l, ch, j) in items {
-        let r = if ch == 0 { &mut ranks[l].0 } else { &mut ranks[l].1 };
-        if gain > 0.0 && *r == j && used + cost[ch] <= budget {
-            *r += 1;
-            used += cost[ch];
-        }
-    }
-    ranks
 }
 
 /// BOS (where the model adds one) followed by the system prefix.

@@ -20,6 +20,9 @@ pub enum RankPolicy {
     /// Ranks chosen greedily by singular energy per byte until the patch reaches `fraction` of
     /// the chunk's KV bytes: deep layers with concentrated deficits get more.
     Budget { fraction: f64 },
+    /// As `Budget`, but each direction's gain is its share σ²/‖Δ‖² of its own matrix's energy, so
+    /// every layer weighs the same whatever the scale of its KV.
+    BudgetShare { fraction: f64 },
 }
 
 /// Patch formation settings.
@@ -140,7 +143,7 @@ pub fn patch_from_deficit(d: &Deficit, layout: &KvLayout, kv_bytes: usize, cfg: 
         RankPolicy::Fixed(m) => vec![(*m, *m); layout.n_layers],
         RankPolicy::PerLayer(rs) if rs.len() == layout.n_layers => rs.iter().map(|&m| (m, m)).collect(),
         RankPolicy::PerLayer(rs) => return Err(shape(OP, "per-layer ranks", layout.n_layers, rs.len())),
-        RankPolicy::Budget { fraction } => {
+        RankPolicy::Budget { fraction } | RankPolicy::BudgetShare { fraction } => {
             if !(fraction.is_finite() && *fraction >= 0.0) {
                 return Err(invalid(
                     OP,
@@ -149,7 +152,8 @@ pub fn patch_from_deficit(d: &Deficit, layout: &KvLayout, kv_bytes: usize, cfg: 
                 ));
             }
             let budget = (*fraction * kv_bytes as f64).floor() as usize;
-            budget_ranks(&svds, n, layout, budget, cfg.dtype.size())
+            let share = matches!(cfg.rank, RankPolicy::BudgetShare { .. });
+            budget_ranks(&svds, n, layout, budget, cfg.dtype.size(), share)
         }
     };
     let layers = svds
@@ -165,15 +169,27 @@ pub fn patch_from_deficit(d: &Deficit, layout: &KvLayout, kv_bytes: usize, cfg: 
     Patch::new(*layout, n, layers)
 }
 
-/// Greedy knapsack over directions: highest σ² per byte first. Within one matrix the cost per
-/// direction is constant and σ² descends, so every matrix keeps a prefix of its directions.
-fn budget_ranks(svds: &[(Svd, Svd)], n: usize, layout: &KvLayout, budget: usize, elem: usize) -> Vec<(usize, usize)> {
+/// Greedy knapsack over directions: highest gain per byte first, the gain being σ² (or, with
+/// `share`, σ² over its matrix's total energy). Within one matrix the cost per direction is
+/// constant and the gain descends, so every matrix keeps a prefix of its directions.
+fn budget_ranks(
+    svds: &[(Svd, Svd)],
+    n: usize,
+    layout: &KvLayout,
+    budget: usize,
+    elem: usize,
+    share: bool,
+) -> Vec<(usize, usize)> {
     let cost = [(n + layout.k_features()) * elem, (n + layout.v_features()) * elem];
     let mut items: Vec<(f64, usize, usize, usize)> = Vec::new();
     for (l, (sk, sv)) in svds.iter().enumerate() {
         for (ch, s) in [sk, sv].into_iter().enumerate() {
+            let total: f64 = if share { s.tail_energy(0) } else { 1.0 };
+            if total <= 0.0 {
+                continue;
+            }
             for (j, &x) in s.singular.iter().enumerate() {
-                items.push(((x as f64).powi(2) / cost[ch] as f64, l, ch, j));
+                items.push(((x as f64).powi(2) / total / cost[ch] as f64, l, ch, j));
             }
         }
     }

@@ -129,6 +129,9 @@ proptest! {
         prop_assert!(small.bytes() as f64 <= frac * canonical.kv_bytes() as f64);
         let dirs = |p: &Patch| p.ranks().iter().map(|(k, v)| k + v).sum::<usize>();
         prop_assert!(dirs(&big) >= dirs(&small));
+        let share = PatchConfig { rank: RankPolicy::BudgetShare { fraction: frac }, dtype: DType::Bf16 };
+        let by_share = form_patch(&cond, &canonical, &rope, &share).unwrap();
+        prop_assert!(by_share.bytes() as f64 <= frac * canonical.kv_bytes() as f64);
     }
 }
 
