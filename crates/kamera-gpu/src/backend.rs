@@ -28,7 +28,13 @@ pub trait Backend {
     /// Gathers placed chunks contiguously from `start` into one KV buffer of `dtype`.
     fn assemble(&self, parts: &[Placement<'_>], rope: &RopeSpec, start: i64, dtype: DType) -> Result<ChunkKv> {
         let Some(first) = parts.first() else {
-            return Err(kamera_ops::assemble(parts, rope, start, dtype).unwrap_err().into());
+            return Err(kamera_ops::Error::Shape {
+                op: "Backend::assemble",
+                what: "parts".into(),
+                expected: "at least one chunk".into(),
+                got: "0".into(),
+            }
+            .into());
         };
         let total = parts.iter().map(|p| p.chunk.n_tokens()).sum();
         let mut dst = ChunkKv::zeros(*first.chunk.layout(), start, total, dtype)?;

@@ -344,33 +344,9 @@ impl Backend for CudaBackend {
         dst_row: usize,
     ) -> Result<()> {
         const OP: &str = "CudaBackend::reuse_into";
+        let delta = kamera_ops::check_reuse(OP, canonical, patch, rope, dst, dst_row)?;
         let layout = *canonical.layout();
-        layout.check_rope(OP, rope)?;
-        // Validate shapes exactly as the reference does, on a zero-row probe of the same request.
         let n = canonical.n_tokens();
-        if *dst.layout() != layout || dst_row + n > dst.n_tokens() {
-            return Err(kamera_ops::reuse_into(canonical, patch, rope, dst, dst_row)
-                .err()
-                .map_or_else(
-                    || Error::Driver {
-                        op: OP,
-                        detail: "destination does not fit".into(),
-                    },
-                    Error::from,
-                ));
-        }
-        if let Some(p) = patch
-            && (p.layout() != &layout || p.n_tokens() != n)
-        {
-            return Err(kamera_ops::reuse(canonical, patch, rope, 0).err().map_or_else(
-                || Error::Driver {
-                    op: OP,
-                    detail: "patch does not fit".into(),
-                },
-                Error::from,
-            ));
-        }
-        let delta = (dst.offset() + dst_row as i64) - canonical.offset();
         let (n_heads, head_dim) = layout.rope_heads();
         let inter = rope.layout == PairLayout::Interleaved;
         let mut bad = self.stream.alloc_zeros::<i32>(1).map_err(driver(OP))?;

@@ -15,6 +15,45 @@ pub fn reuse(canonical: &ChunkKv, patch: Option<&Patch>, rope: &RopeSpec, to: i6
     Ok(dst)
 }
 
+/// Checks a reuse request (layouts, RoPE spec, destination rows, patch shape, positions) and
+/// returns the shift δ the chunk turns by. Every backend validates through this one function.
+pub fn check_reuse(
+    op: &'static str,
+    canonical: &ChunkKv,
+    patch: Option<&Patch>,
+    rope: &RopeSpec,
+    dst: &ChunkKv,
+    dst_row: usize,
+) -> Result<i64> {
+    let layout = *canonical.layout();
+    layout.check_rope(op, rope)?;
+    if *dst.layout() != layout {
+        return Err(shape(
+            op,
+            "destination layout",
+            format!("{layout:?}"),
+            format!("{:?}", dst.layout()),
+        ));
+    }
+    let n = canonical.n_tokens();
+    if dst_row.checked_add(n).is_none_or(|end| end > dst.n_tokens()) {
+        return Err(shape(
+            op,
+            "destination rows",
+            format!("at least {dst_row} + {n}"),
+            dst.n_tokens(),
+        ));
+    }
+    if let Some(p) = patch {
+        p.check_fits(op, canonical)?;
+    }
+    let to = dst
+        .offset()
+        .checked_add(dst_row as i64)
+        .ok_or_else(|| shape(op, "destination position", "no overflow", dst.offset()))?;
+    shift(op, canonical.offset(), to)
+}
+
 /// Writes the relocated, patched chunk into rows `dst_row..dst_row + n` of `dst`; the chunk
 /// lands at position `dst.offset() + dst_row`. `dst` may be stored in another dtype.
 pub fn reuse_into(
@@ -25,33 +64,8 @@ pub fn reuse_into(
     dst_row: usize,
 ) -> Result<()> {
     const OP: &str = "reuse_into";
+    let delta = check_reuse(OP, canonical, patch, rope, dst, dst_row)?;
     let layout = *canonical.layout();
-    layout.check_rope(OP, rope)?;
-    if *dst.layout() != layout {
-        return Err(shape(
-            OP,
-            "destination layout",
-            format!("{layout:?}"),
-            format!("{:?}", dst.layout()),
-        ));
-    }
-    let n = canonical.n_tokens();
-    if dst_row.checked_add(n).is_none_or(|end| end > dst.n_tokens()) {
-        return Err(shape(
-            OP,
-            "destination rows",
-            format!("at least {dst_row} + {n}"),
-            dst.n_tokens(),
-        ));
-    }
-    if let Some(p) = patch {
-        p.check_fits(OP, canonical)?;
-    }
-    let to = dst
-        .offset()
-        .checked_add(dst_row as i64)
-        .ok_or_else(|| shape(OP, "destination position", "no overflow", dst.offset()))?;
-    let delta = shift(OP, canonical.offset(), to)?;
     let (n_heads, _) = layout.rope_heads();
     for (l, (src, out)) in canonical.layers().iter().zip(dst.layers_mut()).enumerate() {
         let rot = if delta == 0 {
