@@ -37,9 +37,9 @@ for s in site.getsitepackages():
 print(":".join(sorted(dirs)))
 PY
 )
-export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${extra}:${LD_LIBRARY_PATH:-}"
+export LD_LIBRARY_PATH="/usr/local/cuda/lib64:/usr/local/nvidia/lib64:${extra}:${LD_LIBRARY_PATH:-}"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 echo "== parity (GPU vs kamera-ops CPU reference)"
-timeout 180 .gpu/parity --nocapture --test-threads 1
+timeout 150 .gpu/parity --nocapture --test-threads 1
 echo "== bandwidth (fused relocate + patch vs device copy)"
-timeout 300 .gpu/kamera-gpu-bench
+timeout 150 .gpu/kamera-gpu-bench
