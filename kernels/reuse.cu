@@ -1,84 +1,271 @@
 // Kamera reuse kernels (compiled at run time by NVRTC; no CUDA headers needed).
-// Fused relocate + patch (shared/KAMERA.md "The operator"): for one channel of one layer,
-//   dst[t] = R(δ) · (src[t] + Σ_j P[t, j] · Wᵀ[j, :])
-// with R(δ) one rotation per rotary pair (the same for every token: a chunk shift turns pair i
-// by δ·θ_i, M-RoPE included), applied to the first `rotary_dims` dims of each of `n_heads` heads,
-// pairs (2i, 2i+1) when `interleaved`, else (i, i + rotary_dims/2). `rotate == 0` skips R (V
-// channels, the MLA latent). One block per token row; the row is staged in shared memory.
+// Fused relocate + patch (shared/KAMERA.md "The operator"): for one channel (K or V) of every
+// layer of a chunk,
+//   dst[layer, dst_row + t] = R_layer(δ) · (src[layer, t] + Σ_j P_layer[t, j] · Wᵀ_layer[j, :])
+// R(δ) is one rotation per rotary pair, the same for every token (a chunk shift turns pair i by
+// δ·θ_i; M-RoPE too), applied to the first `rotary_dims` dims of each of `n_heads` heads: pairs
+// (2i, 2i+1) when `interleaved`, else (i, i + rotary_dims/2). `rotate == 0` skips R (V, the MLA
+// latent). Writing at `dst_row` of a `dst_rows`-row buffer makes the same kernel the gather that
+// assembles a context from several chunks. CPU reference: kamera-ops reuse_into.
+//
+// Work split: blockIdx.y is the layer, blockIdx.x a tile of ROWS tokens. Each thread owns one
+// "unit" of two columns that a rotation mixes (adjacent columns where nothing rotates), keeps
+// ROWS rows of it in registers (many loads in flight), adds the patch with the tile's P rows
+// staged in shared memory (float4 broadcast reads) and Wᵀ read once per tile, rotates, stores.
+// jobs[3·layer ..] = (offset of P_layer in p, offset of Wᵀ_layer in wt, rank of the layer).
 // `*bad` is set when an output is NaN or infinite (the CPU reference's NonFinite error).
-// CPU reference: kamera-ops reuse_into.
 
 typedef unsigned short u16;
+typedef unsigned int u32;
+typedef long long i64;
 
-__device__ __forceinline__ float load_f(const float* p, long i) { return p[i]; }
-__device__ __forceinline__ float load_h(const u16* p, long i) {
+#define ROWS 8
+
+__device__ __forceinline__ float h2f(u16 h) {
     float f;
-    asm("{ cvt.f32.f16 %0, %1; }\n" : "=f"(f) : "h"(p[i]));
+    asm("{ cvt.f32.f16 %0, %1; }\n" : "=f"(f) : "h"(h));
     return f;
 }
-__device__ __forceinline__ float load_b(const u16* p, long i) {
-    return __uint_as_float(((unsigned int)p[i]) << 16);
-}
-__device__ __forceinline__ void store_f(float* p, long i, float x) { p[i] = x; }
-__device__ __forceinline__ void store_h(u16* p, long i, float x) {
+__device__ __forceinline__ u16 f2h(float x) {
     u16 h;
     asm("{ cvt.rn.f16.f32 %0, %1; }\n" : "=h"(h) : "f"(x));
-    p[i] = h;
+    return h;
 }
+__device__ __forceinline__ float b2f(u16 b) { return __uint_as_float(((u32)b) << 16); }
 // Round to nearest even, as the `half` crate does; NaN stays NaN.
-__device__ __forceinline__ void store_b(u16* p, long i, float x) {
-    unsigned int u = __float_as_uint(x);
-    if ((u & 0x7fffffffu) > 0x7f800000u) {
-        p[i] = (u16)((u >> 16) | 0x0040u);
-        return;
-    }
-    unsigned int round = 0x7fffu + ((u >> 16) & 1u);
-    p[i] = (u16)((u + round) >> 16);
+__device__ __forceinline__ u16 f2b(float x) {
+    u32 u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)((u >> 16) | 0x0040u);
+    return (u16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
-#define REUSE_KERNEL(NAME, TI, LOAD, TO, STORE)                                                       \
-extern "C" __global__ void NAME(                                                                      \
-    const TI* __restrict__ src, TO* __restrict__ dst, int n, int cols,                                \
-    const float* __restrict__ p, const float* __restrict__ wt, int rank,                              \
+// One element, and an adjacent even-aligned pair in one load/store.
+__device__ __forceinline__ float load_f(const float* p, i64 i) { return p[i]; }
+__device__ __forceinline__ float load_h(const u16* p, i64 i) { return h2f(p[i]); }
+__device__ __forceinline__ float load_b(const u16* p, i64 i) { return b2f(p[i]); }
+__device__ __forceinline__ float2 load2_f(const float* p, i64 i) { return *(const float2*)(p + i); }
+__device__ __forceinline__ float2 load2_h(const u16* p, i64 i) {
+    u32 w = *(const u32*)(p + i);
+    return make_float2(h2f((u16)(w & 0xffffu)), h2f((u16)(w >> 16)));
+}
+__device__ __forceinline__ float2 load2_b(const u16* p, i64 i) {
+    u32 w = *(const u32*)(p + i);
+    return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+}
+__device__ __forceinline__ void store_f(float* p, i64 i, float x) { p[i] = x; }
+__device__ __forceinline__ void store_h(u16* p, i64 i, float x) { p[i] = f2h(x); }
+__device__ __forceinline__ void store_b(u16* p, i64 i, float x) { p[i] = f2b(x); }
+__device__ __forceinline__ void store2_f(float* p, i64 i, float a, float b) { *(float2*)(p + i) = make_float2(a, b); }
+__device__ __forceinline__ void store2_h(u16* p, i64 i, float a, float b) {
+    *(u32*)(p + i) = (u32)f2h(a) | ((u32)f2h(b) << 16);
+}
+__device__ __forceinline__ void store2_b(u16* p, i64 i, float a, float b) {
+    *(u32*)(p + i) = (u32)f2b(a) | ((u32)f2b(b) << 16);
+}
+// Four adjacent, 4-element-aligned values in one load/store.
+__device__ __forceinline__ float4 load4_f(const float* p, i64 i) { return *(const float4*)(p + i); }
+__device__ __forceinline__ float4 load4_h(const u16* p, i64 i) {
+    uint2 w = *(const uint2*)(p + i);
+    return make_float4(h2f((u16)(w.x & 0xffffu)), h2f((u16)(w.x >> 16)), h2f((u16)(w.y & 0xffffu)), h2f((u16)(w.y >> 16)));
+}
+__device__ __forceinline__ float4 load4_b(const u16* p, i64 i) {
+    uint2 w = *(const uint2*)(p + i);
+    return make_float4(__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xffff0000u), __uint_as_float(w.y << 16),
+                       __uint_as_float(w.y & 0xffff0000u));
+}
+__device__ __forceinline__ void store4_f(float* p, i64 i, float4 x) { *(float4*)(p + i) = x; }
+__device__ __forceinline__ void store4_h(u16* p, i64 i, float4 x) {
+    *(uint2*)(p + i) = make_uint2((u32)f2h(x.x) | ((u32)f2h(x.y) << 16), (u32)f2h(x.z) | ((u32)f2h(x.w) << 16));
+}
+__device__ __forceinline__ void store4_b(u16* p, i64 i, float4 x) {
+    *(uint2*)(p + i) = make_uint2((u32)f2b(x.x) | ((u32)f2b(x.y) << 16), (u32)f2b(x.z) | ((u32)f2b(x.w) << 16));
+}
+__device__ __forceinline__ int finite(float x) { return (__float_as_uint(x) & 0x7f800000u) != 0x7f800000u; }
+
+#define REUSE_KERNEL(NAME, TI, LOAD, LOAD2, TO, STORE, STORE2)                                        \
+extern "C" __global__ void __launch_bounds__(256) NAME(                                             \
+    const TI* __restrict__ src, TO* __restrict__ dst, int n, int cols, int dst_row, int dst_rows,     \
+    const float* __restrict__ p, const float* __restrict__ wt, const i64* __restrict__ jobs,          \
     const float* __restrict__ cosv, const float* __restrict__ sinv, int rotate,                       \
-    int n_heads, int head_dim, int rotary_dims, int interleaved, int* bad) {                           \
-    extern __shared__ float smem[];                                                                   \
-    float* row = smem;               /* cols */                                                      \
-    float* coef = smem + cols;       /* rank */                                                      \
-    for (int t = blockIdx.x; t < n; t += gridDim.x) {                                                 \
-        const long base = (long)t * cols;                                                             \
-        for (int j = threadIdx.x; j < rank; j += blockDim.x) coef[j] = p[(long)t * rank + j];         \
-        __syncthreads();                                                                              \
-        for (int c = threadIdx.x; c < cols; c += blockDim.x) {                                        \
-            float x = LOAD(src, base + c);                                                            \
-            for (int j = 0; j < rank; ++j) x += coef[j] * wt[(long)j * cols + c];                     \
-            row[c] = x;                                                                               \
-        }                                                                                             \
-        __syncthreads();                                                                              \
-        for (int c = threadIdx.x; c < cols; c += blockDim.x) {                                        \
-            float y = row[c];                                                                         \
-            int h = c / head_dim, d = c - h * head_dim;                                               \
-            if (rotate && h < n_heads && d < rotary_dims) {                                           \
-                int half = rotary_dims >> 1, i, partner; float sign;                                  \
-                if (interleaved) { i = d >> 1; partner = d ^ 1; sign = (d & 1) ? 1.f : -1.f; }        \
-                else if (d < half) { i = d; partner = d + half; sign = -1.f; }                        \
-                else { i = d - half; partner = d - half; sign = 1.f; }                                \
-                float other = row[h * head_dim + partner];                                            \
-                y = y * cosv[i] + sign * other * sinv[i];                                             \
-            }                                                                                         \
-            if ((__float_as_uint(y) & 0x7f800000u) == 0x7f800000u) *bad = 1;                          \
-            STORE(dst, base + c, y);                                                                  \
-        }                                                                                             \
-        __syncthreads();                                                                              \
+    int n_heads, int head_dim, int rotary_dims, int interleaved, int* bad) {                          \
+    extern __shared__ float4 coef4[];                                                                 \
+    float* coef = (float*)coef4;                                                                      \
+    const int layer = blockIdx.y, row0 = blockIdx.x * ROWS;                                           \
+    const int rows = min(ROWS, n - row0);                                                             \
+    const i64 p_off = jobs[3 * layer], wt_off = jobs[3 * layer + 1];                                  \
+    const int rank = (int)jobs[3 * layer + 2], rank4 = (rank + 3) & ~3;                               \
+    /* The tile's P rows, zero-padded to a multiple of 4 columns. */                                  \
+    for (int i = threadIdx.x; i < ROWS * rank4; i += blockDim.x) {                                    \
+        int r = i / rank4, j = i - r * rank4;                                                         \
+        coef[i] = (r < rows && j < rank) ? p[p_off + (i64)(row0 + r) * rank + j] : 0.f;               \
     }                                                                                                 \
+    __syncthreads();                                                                                  \
+    const int half = rotary_dims >> 1, unit_per_head = head_dim >> 1, units = (cols + 1) >> 1;       \
+    const i64 in_base = ((i64)layer * n + row0) * cols;                                               \
+    const i64 out_base = ((i64)layer * dst_rows + dst_row + row0) * cols;                             \
+    const float* w = wt + wt_off;                                                                     \
+    int ok = 1;                                                                                       \
+    for (int u = threadIdx.x; u < units; u += blockDim.x) {                                           \
+        int a = 2 * u, b = a + 1, pair = -1;                                                          \
+        const int h = u / unit_per_head, k = u - h * unit_per_head;                                   \
+        if (rotate && h < n_heads && k < half) {                                                      \
+            pair = k;                                                                                 \
+            if (!interleaved) { a = h * head_dim + k; b = a + half; }                                 \
+        }                                                                                             \
+        const int adjacent = (b == a + 1) && ((cols & 1) == 0);                                       \
+        const int has_b = b < cols;                                                                   \
+        float xa[ROWS], xb[ROWS];                                                                     \
+        _Pragma("unroll") for (int r = 0; r < ROWS; ++r) {                                            \
+            xa[r] = 0.f; xb[r] = 0.f;                                                                 \
+            if (r < rows) {                                                                           \
+                const i64 o = in_base + (i64)r * cols;                                                \
+                if (adjacent) { float2 v = LOAD2(src, o + a); xa[r] = v.x; xb[r] = v.y; }             \
+                else { xa[r] = LOAD(src, o + a); if (has_b) xb[r] = LOAD(src, o + b); }               \
+            }                                                                                         \
+        }                                                                                             \
+        for (int j0 = 0; j0 < rank4; j0 += 4) {                                                       \
+            float wa[4], wb[4];                                                                       \
+            _Pragma("unroll") for (int q = 0; q < 4; ++q) {                                           \
+                const int j = j0 + q;                                                                 \
+                wa[q] = j < rank ? w[(i64)j * cols + a] : 0.f;                                        \
+                wb[q] = (j < rank && has_b) ? w[(i64)j * cols + b] : 0.f;                             \
+            }                                                                                         \
+            _Pragma("unroll") for (int r = 0; r < ROWS; ++r) {                                        \
+                const float4 c = coef4[(r * rank4 + j0) >> 2];                                        \
+                xa[r] += c.x * wa[0]; xa[r] += c.y * wa[1]; xa[r] += c.z * wa[2]; xa[r] += c.w * wa[3]; \
+                xb[r] += c.x * wb[0]; xb[r] += c.y * wb[1]; xb[r] += c.z * wb[2]; xb[r] += c.w * wb[3]; \
+            }                                                                                         \
+        }                                                                                             \
+        if (pair >= 0) {                                                                              \
+            const float cs = cosv[(i64)layer * half + pair], sn = sinv[(i64)layer * half + pair];     \
+            _Pragma("unroll") for (int r = 0; r < ROWS; ++r) {                                        \
+                const float x0 = xa[r], x1 = xb[r];                                                   \
+                xa[r] = x0 * cs - x1 * sn;                                                            \
+                xb[r] = x0 * sn + x1 * cs;                                                            \
+            }                                                                                         \
+        }                                                                                             \
+        _Pragma("unroll") for (int r = 0; r < ROWS; ++r) {                                            \
+            if (r < rows) {                                                                           \
+                const i64 o = out_base + (i64)r * cols;                                               \
+                ok &= finite(xa[r]) & (has_b ? finite(xb[r]) : 1);                                    \
+                if (adjacent) STORE2(dst, o + a, xa[r], xb[r]);                                       \
+                else { STORE(dst, o + a, xa[r]); if (has_b) STORE(dst, o + b, xb[r]); }               \
+            }                                                                                         \
+        }                                                                                             \
+    }                                                                                                 \
+    if (!ok) *bad = 1;                                                                                \
 }
 
-REUSE_KERNEL(reuse_f32_f32, float, load_f, float, store_f)
-REUSE_KERNEL(reuse_f32_f16, float, load_f, u16, store_h)
-REUSE_KERNEL(reuse_f32_bf16, float, load_f, u16, store_b)
-REUSE_KERNEL(reuse_f16_f32, u16, load_h, float, store_f)
-REUSE_KERNEL(reuse_f16_f16, u16, load_h, u16, store_h)
-REUSE_KERNEL(reuse_f16_bf16, u16, load_h, u16, store_b)
-REUSE_KERNEL(reuse_bf16_f32, u16, load_b, float, store_f)
-REUSE_KERNEL(reuse_bf16_f16, u16, load_b, u16, store_h)
-REUSE_KERNEL(reuse_bf16_bf16, u16, load_b, u16, store_b)
+REUSE_KERNEL(reuse_f32_f32, float, load_f, load2_f, float, store_f, store2_f)
+REUSE_KERNEL(reuse_f32_f16, float, load_f, load2_f, u16, store_h, store2_h)
+REUSE_KERNEL(reuse_f32_bf16, float, load_f, load2_f, u16, store_b, store2_b)
+REUSE_KERNEL(reuse_f16_f32, u16, load_h, load2_h, float, store_f, store2_f)
+REUSE_KERNEL(reuse_f16_f16, u16, load_h, load2_h, u16, store_h, store2_h)
+REUSE_KERNEL(reuse_f16_bf16, u16, load_h, load2_h, u16, store_b, store2_b)
+REUSE_KERNEL(reuse_bf16_f32, u16, load_b, load2_b, float, store_f, store2_f)
+REUSE_KERNEL(reuse_bf16_f16, u16, load_b, load2_b, u16, store_h, store2_h)
+REUSE_KERNEL(reuse_bf16_bf16, u16, load_b, load2_b, u16, store_b, store2_b)
+
+// The same op with units of four columns (two rotary pairs), for shapes where every head,
+// the rotary span and the row are multiples of 4 (the host checks): a half-split unit is
+// columns (k, k+1 | k+half, k+half+1) with pairs (x0, x2), (x1, x3); any other unit is four
+// adjacent columns 4u..4u+3 with pairs (x0, x1), (x2, x3) where they rotate. Loads and stores
+// are 8 (16-bit) or 16 (f32) bytes wide, and Wᵀ is read four ranks at a time.
+#define REUSE4_KERNEL(NAME, TI, LOAD2, LOAD4, TO, STORE2, STORE4)                                     \
+extern "C" __global__ void __launch_bounds__(256) NAME(                                             \
+    const TI* __restrict__ src, TO* __restrict__ dst, int n, int cols, int dst_row, int dst_rows,     \
+    const float* __restrict__ p, const float* __restrict__ wt, const i64* __restrict__ jobs,          \
+    const float* __restrict__ cosv, const float* __restrict__ sinv, int rotate,                       \
+    int n_heads, int head_dim, int rotary_dims, int interleaved, int* bad) {                          \
+    extern __shared__ float4 coef4[];                                                                 \
+    float* coef = (float*)coef4;                                                                      \
+    const int layer = blockIdx.y, row0 = blockIdx.x * ROWS;                                           \
+    const int rows = min(ROWS, n - row0);                                                             \
+    const i64 p_off = jobs[3 * layer], wt_off = jobs[3 * layer + 1];                                  \
+    const int rank = (int)jobs[3 * layer + 2], rank4 = (rank + 3) & ~3;                               \
+    for (int i = threadIdx.x; i < ROWS * rank4; i += blockDim.x) {                                    \
+        int r = i / rank4, j = i - r * rank4;                                                         \
+        coef[i] = (r < rows && j < rank) ? p[p_off + (i64)(row0 + r) * rank + j] : 0.f;               \
+    }                                                                                                 \
+    __syncthreads();                                                                                  \
+    const int half = rotary_dims >> 1, unit_per_head = head_dim >> 2, units = cols >> 2;             \
+    const i64 in_base = ((i64)layer * n + row0) * cols;                                               \
+    const i64 out_base = ((i64)layer * dst_rows + dst_row + row0) * cols;                             \
+    const float* w = wt + wt_off;                                                                     \
+    int ok = 1;                                                                                       \
+    for (int u = threadIdx.x; u < units; u += blockDim.x) {                                           \
+        const int h = rotate ? u / unit_per_head : 0, k4 = rotate ? u - h * unit_per_head : 0;        \
+        const int rot = rotate && h < n_heads && 4 * k4 < rotary_dims;                                \
+        const int split = rot && !interleaved;                                                        \
+        /* split: columns a, a+1 | b, b+1; else a..a+3. First rotary pair index of the unit. */       \
+        const int a = split ? h * head_dim + 2 * k4 : 4 * u, b = a + half, pair = 2 * k4;             \
+        float4 x[ROWS];                                                                               \
+        _Pragma("unroll") for (int r = 0; r < ROWS; ++r) {                                            \
+            x[r] = make_float4(0.f, 0.f, 0.f, 0.f);                                                   \
+            if (r < rows) {                                                                           \
+                const i64 o = in_base + (i64)r * cols;                                                \
+                if (split) {                                                                          \
+                    float2 lo = LOAD2(src, o + a), hi = LOAD2(src, o + b);                            \
+                    x[r] = make_float4(lo.x, lo.y, hi.x, hi.y);                                       \
+                } else x[r] = LOAD4(src, o + a);                                                      \
+            }                                                                                         \
+        }                                                                                             \
+        for (int j0 = 0; j0 < rank4; j0 += 4) {                                                       \
+            float4 wq[4];                                                                             \
+            _Pragma("unroll") for (int q = 0; q < 4; ++q) {                                           \
+                const int j = j0 + q;                                                                 \
+                wq[q] = make_float4(0.f, 0.f, 0.f, 0.f);                                              \
+                if (j < rank) {                                                                       \
+                    const float* wj = w + (i64)j * cols;                                              \
+                    if (split) {                                                                      \
+                        float2 lo = *(const float2*)(wj + a), hi = *(const float2*)(wj + b);          \
+                        wq[q] = make_float4(lo.x, lo.y, hi.x, hi.y);                                  \
+                    } else wq[q] = *(const float4*)(wj + a);                                          \
+                }                                                                                     \
+            }                                                                                         \
+            _Pragma("unroll") for (int r = 0; r < ROWS; ++r) {                                        \
+                const float4 c = coef4[(r * rank4 + j0) >> 2];                                        \
+                const float cj[4] = {c.x, c.y, c.z, c.w};                                             \
+                _Pragma("unroll") for (int q = 0; q < 4; ++q) {                                       \
+                    x[r].x += cj[q] * wq[q].x; x[r].y += cj[q] * wq[q].y;                             \
+                    x[r].z += cj[q] * wq[q].z; x[r].w += cj[q] * wq[q].w;                             \
+                }                                                                                     \
+            }                                                                                         \
+        }                                                                                             \
+        if (rot) {                                                                                    \
+            const i64 t = (i64)layer * half + pair;                                                   \
+            const float c0 = cosv[t], s0 = sinv[t], c1 = cosv[t + 1], s1 = sinv[t + 1];               \
+            _Pragma("unroll") for (int r = 0; r < ROWS; ++r) {                                        \
+                float4 v = x[r];                                                                      \
+                if (split) {                                                                          \
+                    x[r] = make_float4(v.x * c0 - v.z * s0, v.y * c1 - v.w * s1,                      \
+                                       v.x * s0 + v.z * c0, v.y * s1 + v.w * c1);                     \
+                } else {                                                                              \
+                    x[r] = make_float4(v.x * c0 - v.y * s0, v.x * s0 + v.y * c0,                      \
+                                       v.z * c1 - v.w * s1, v.z * s1 + v.w * c1);                     \
+                }                                                                                     \
+            }                                                                                         \
+        }                                                                                             \
+        _Pragma("unroll") for (int r = 0; r < ROWS; ++r) {                                            \
+            if (r < rows) {                                                                           \
+                const i64 o = out_base + (i64)r * cols;                                               \
+                ok &= finite(x[r].x) & finite(x[r].y) & finite(x[r].z) & finite(x[r].w);              \
+                if (split) {                                                                          \
+                    STORE2(dst, o + a, x[r].x, x[r].y);                                               \
+                    STORE2(dst, o + b, x[r].z, x[r].w);                                               \
+                } else STORE4(dst, o + a, x[r]);                                                      \
+            }                                                                                         \
+        }                                                                                             \
+    }                                                                                                 \
+    if (!ok) *bad = 1;                                                                                \
+}
+
+REUSE4_KERNEL(reuse4_f32_f32, float, load2_f, load4_f, float, store2_f, store4_f)
+REUSE4_KERNEL(reuse4_f32_f16, float, load2_f, load4_f, u16, store2_h, store4_h)
+REUSE4_KERNEL(reuse4_f32_bf16, float, load2_f, load4_f, u16, store2_b, store4_b)
+REUSE4_KERNEL(reuse4_f16_f32, u16, load2_h, load4_h, float, store2_f, store4_f)
+REUSE4_KERNEL(reuse4_f16_f16, u16, load2_h, load4_h, u16, store2_h, store4_h)
+REUSE4_KERNEL(reuse4_f16_bf16, u16, load2_h, load4_h, u16, store2_b, store4_b)
+REUSE4_KERNEL(reuse4_bf16_f32, u16, load2_b, load4_b, float, store2_f, store4_f)
+REUSE4_KERNEL(reuse4_bf16_f16, u16, load2_b, load4_b, u16, store2_h, store4_h)
+REUSE4_KERNEL(reuse4_bf16_bf16, u16, load2_b, load4_b, u16, store2_b, store4_b)

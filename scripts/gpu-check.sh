@@ -43,3 +43,7 @@ echo "== parity (GPU vs kamera-ops CPU reference)"
 timeout 150 .gpu/parity --nocapture --test-threads 1
 echo "== bandwidth (fused relocate + patch vs device copy)"
 timeout 150 .gpu/kamera-gpu-bench
+if command -v compute-sanitizer >/dev/null; then
+  echo "== memcheck (compute-sanitizer over the parity tests; some sandboxes refuse the device)"
+  timeout 120 compute-sanitizer --tool memcheck --error-exitcode 3 .gpu/parity --test-threads 1 2>&1 | tail -n 15 || echo "memcheck: exit $?"
+fi

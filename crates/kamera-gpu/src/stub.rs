@@ -13,14 +13,20 @@ pub struct CudaBackend {
 /// Bandwidth figures of the device benchmark (see the `cuda` build).
 #[derive(Debug, Clone)]
 pub struct BenchFigures {
-    pub fused_gbs: f64,
-    pub copy_gbs: f64,
     pub fused_ms: f64,
+    pub fused_gbs: f64,
+    pub k_ms: f64,
+    pub v_ms: f64,
+    pub copy_ms: f64,
+    pub copy_gbs: f64,
 }
 
 impl CudaBackend {
     pub fn new(_ordinal: usize) -> Result<CudaBackend> {
         Err(Error::NotCompiled { op: "CudaBackend::new" })
+    }
+    pub fn with_wide_units(self, _wide: bool) -> CudaBackend {
+        self
     }
     pub fn device_name(&self) -> String {
         String::new()

@@ -56,6 +56,11 @@ fn flavours() -> Vec<(&'static str, KvLayout, RopeSpec)> {
             RopeSpec::new(32, 1e6, PairLayout::HalfSplit).with_mrope([4, 6, 6]),
         ),
         (
+            "odd-head-dim",
+            KvLayout::gqa(2, 4, 2, 6),
+            RopeSpec::new(6, 1e4, PairLayout::HalfSplit),
+        ),
+        (
             "mla",
             KvLayout::mla(2, 8, 128, 64),
             RopeSpec::new(64, 1e4, PairLayout::Interleaved),
@@ -63,9 +68,10 @@ fn flavours() -> Vec<(&'static str, KvLayout, RopeSpec)> {
     ]
 }
 
-fn cuda() -> Option<CudaBackend> {
+/// Both kernel families: four-column units (the default where shapes allow) and two-column ones.
+fn cuda() -> Option<[CudaBackend; 2]> {
     match CudaBackend::new(0) {
-        Ok(b) => Some(b),
+        Ok(b) => Some([b, CudaBackend::new(0).ok()?.with_wide_units(false)]),
         Err(e) => {
             eprintln!("SKIPPED: no GPU for the parity test: {e}");
             None
@@ -89,58 +95,103 @@ fn within(op: &str, got: &ChunkKv, want: &ChunkKv) {
 
 #[test]
 fn fused_reuse_matches_cpu_reference() {
-    let Some(gpu) = cuda() else { return };
-    let dtypes = [DType::F32, DType::F16, DType::Bf16];
-    for (name, layout, rope) in flavours() {
-        let canonical = chunk(layout, 37, 1, DType::F32);
-        let cond = relocate(&chunk(layout, 37, 2, DType::F32), &rope, 500).unwrap();
-        let patch = form_patch(&cond, &canonical, &rope, &PatchConfig::fixed(16, DType::F32)).unwrap();
-        for src in dtypes {
-            for dst in dtypes {
-                for p in [None, Some(&patch)] {
-                    let c = canonical.to_dtype(src);
-                    let mut want = ChunkKv::zeros(layout, 1000 - 3, 37 + 5, dst).unwrap();
-                    let mut got = want.clone();
-                    CpuBackend.reuse_into(&c, p, &rope, &mut want, 3).unwrap();
-                    gpu.reuse_into(&c, p, &rope, &mut got, 3).unwrap();
-                    within(&format!("{name} {src:?}->{dst:?} patch={}", p.is_some()), &got, &want);
+    let Some(gpus) = cuda() else { return };
+    for (kernel, gpu) in ["4-col", "2-col"].into_iter().zip(&gpus) {
+        let dtypes = [DType::F32, DType::F16, DType::Bf16];
+        for (name, layout, rope) in flavours() {
+            let canonical = chunk(layout, 37, 1, DType::F32);
+            let cond = relocate(&chunk(layout, 37, 2, DType::F32), &rope, 500).unwrap();
+            // Rank 16, and rank 5 (not a multiple of the kernel's 4-wide steps).
+            let patches: Vec<Patch> = [16, 5]
+                .map(|r| form_patch(&cond, &canonical, &rope, &PatchConfig::fixed(r, DType::F32)).unwrap())
+                .into();
+            for src in dtypes {
+                for dst in dtypes {
+                    for p in [None, Some(&patches[0]), Some(&patches[1])] {
+                        let c = canonical.to_dtype(src);
+                        let mut want = ChunkKv::zeros(layout, 1000 - 3, 37 + 5, dst).unwrap();
+                        let mut got = want.clone();
+                        CpuBackend.reuse_into(&c, p, &rope, &mut want, 3).unwrap();
+                        gpu.reuse_into(&c, p, &rope, &mut got, 3).unwrap();
+                        let rank = p.map_or(0, |p| p.ranks()[0].0);
+                        within(&format!("{kernel} {name} {src:?}->{dst:?} rank {rank}"), &got, &want);
+                    }
                 }
             }
         }
     }
 }
 
+/// Many row tiles, a different rank in every layer and channel, bf16 factors, shifts both ways.
+#[test]
+fn per_layer_ranks_and_long_chunks_match_cpu_reference() {
+    let Some(gpus) = cuda() else { return };
+    for (kernel, gpu) in ["4-col", "2-col"].into_iter().zip(&gpus) {
+        let layout = KvLayout::gqa(4, 9, 3, 64);
+        let rope = RopeSpec::new(64, 1e5, PairLayout::Interleaved);
+        let canonical = chunk(layout, 301, 7, DType::Bf16);
+        let cond = relocate(&chunk(layout, 301, 8, DType::F32), &rope, 9000).unwrap();
+        let cfg = PatchConfig {
+            rank: RankPolicy::PerLayer(vec![0, 3, 17, 40]),
+            dtype: DType::Bf16,
+        };
+        let patch = form_patch(&cond, &canonical.to_dtype(DType::F32), &rope, &cfg).unwrap();
+        for to in [9000, 12, -7] {
+            let want = CpuBackend.reuse(&canonical, Some(&patch), &rope, to).unwrap();
+            let got = gpu.reuse(&canonical, Some(&patch), &rope, to).unwrap();
+            within(&format!("{kernel} per-layer ranks to {to}"), &got, &want);
+        }
+    }
+}
+
 #[test]
 fn gather_matches_cpu_reference() {
-    let Some(gpu) = cuda() else { return };
-    let (_, layout, rope) = flavours().swap_remove(0);
-    let (a, b) = (chunk(layout, 11, 3, DType::Bf16), chunk(layout, 29, 4, DType::Bf16));
-    let parts = [
-        Placement { chunk: &a, patch: None },
-        Placement { chunk: &b, patch: None },
-    ];
-    let want = CpuBackend.assemble(&parts, &rope, 77, DType::Bf16).unwrap();
-    let got = gpu.assemble(&parts, &rope, 77, DType::Bf16).unwrap();
-    within("gather", &got, &want);
+    let Some(gpus) = cuda() else { return };
+    for (kernel, gpu) in ["4-col", "2-col"].into_iter().zip(&gpus) {
+        for (name, layout, rope) in flavours() {
+            let (a, b, c) = (
+                chunk(layout, 11, 3, DType::Bf16),
+                chunk(layout, 29, 4, DType::F32),
+                chunk(layout, 16, 5, DType::F16),
+            );
+            let cond = relocate(&chunk(layout, 29, 6, DType::F32), &rope, 300).unwrap();
+            let patch = form_patch(&cond, &b, &rope, &PatchConfig::fixed(8, DType::F16)).unwrap();
+            let parts = [
+                Placement { chunk: &a, patch: None },
+                Placement {
+                    chunk: &b,
+                    patch: Some(&patch),
+                },
+                Placement { chunk: &c, patch: None },
+            ];
+            for dtype in [DType::Bf16, DType::F32] {
+                let want = CpuBackend.assemble(&parts, &rope, 77, dtype).unwrap();
+                let got = gpu.assemble(&parts, &rope, 77, dtype).unwrap();
+                within(&format!("{kernel} gather {name} into {dtype:?}"), &got, &want);
+            }
+        }
+    }
 }
 
 #[test]
 fn gpu_rejects_what_the_reference_rejects() {
-    let Some(gpu) = cuda() else { return };
-    let (_, layout, rope) = flavours().swap_remove(0);
-    let mut small = ChunkKv::zeros(layout, 0, 4, DType::F32).unwrap();
-    assert!(
-        gpu.reuse_into(&chunk(layout, 8, 1, DType::F32), None, &rope, &mut small, 0)
-            .is_err()
-    );
-    let mut nan = chunk(layout, 2, 1, DType::F32);
-    if let Buf::F32(v) = nan.layers_mut()[0].k.data_mut() {
-        v[3] = f32::NAN;
+    let Some(gpus) = cuda() else { return };
+    for gpu in &gpus {
+        let (_, layout, rope) = flavours().swap_remove(0);
+        let mut small = ChunkKv::zeros(layout, 0, 4, DType::F32).unwrap();
+        assert!(
+            gpu.reuse_into(&chunk(layout, 8, 1, DType::F32), None, &rope, &mut small, 0)
+                .is_err()
+        );
+        let mut nan = chunk(layout, 2, 1, DType::F32);
+        if let Buf::F32(v) = nan.layers_mut()[0].k.data_mut() {
+            v[3] = f32::NAN;
+        }
+        assert!(matches!(
+            gpu.reuse(&nan, None, &rope, 5),
+            Err(Error::Ops(kamera_ops::Error::NonFinite { .. }))
+        ));
     }
-    assert!(matches!(
-        gpu.reuse(&nan, None, &rope, 5),
-        Err(Error::Ops(kamera_ops::Error::NonFinite { .. }))
-    ));
 }
 
 /// The CPU backend is kamera-ops itself, and the CUDA backend without a GPU is an error, not a panic.

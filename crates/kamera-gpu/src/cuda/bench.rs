@@ -1,0 +1,142 @@
+//! Device bandwidth of the fused relocate + patch launch against a device-to-device copy of the
+//! same K/V bytes, measured in one run with CUDA events (run by `kamera-gpu-bench`).
+
+use super::{Channel, CudaBackend, DevBuf, Factors, driver};
+use crate::error::Result;
+use kamera_ops::{Buf, DType, KvLayout, Mat, PairLayout, RopeSpec};
+
+/// What one bench configuration measured.
+#[derive(Debug, Clone)]
+pub struct BenchFigures {
+    /// Mean time of one whole-chunk reuse (every layer, K and V: two launches).
+    pub fused_ms: f64,
+    /// Bytes the fused launches read + write (KV in and out, P and Wᵀ) per second, in GB/s.
+    pub fused_gbs: f64,
+    /// The K launch alone (rotated) and the V launch alone, in ms.
+    pub k_ms: f64,
+    pub v_ms: f64,
+    /// Mean time of copying the same K and V device to device (two memcpys).
+    pub copy_ms: f64,
+    /// Bytes the copy reads + writes per second, in GB/s.
+    pub copy_gbs: f64,
+}
+
+fn val(i: usize) -> f32 {
+    ((i.wrapping_mul(2_654_435_761) >> 7) % 2000) as f32 / 1000.0 - 1.0
+}
+
+impl CudaBackend {
+    /// `layers` copies of one synthetic `[rows, cols]` matrix in `dtype`, on the device.
+    fn synthetic_channel(&self, dtype: DType, layers: usize, rows: usize, cols: usize) -> Result<Channel> {
+        let op = "CudaBackend::bench_reuse";
+        let one = Mat::from_f32(rows, cols, (0..rows * cols).map(val).collect())?.to_dtype(dtype);
+        let buf = match one.data() {
+            Buf::F32(v) => DevBuf::F32(self.stream.clone_htod(&v.repeat(layers)).map_err(driver(op))?),
+            Buf::F16(v) => DevBuf::U16(
+                self.stream
+                    .clone_htod(&v.iter().map(|x| x.to_bits()).collect::<Vec<_>>().repeat(layers))
+                    .map_err(driver(op))?,
+            ),
+            Buf::Bf16(v) => DevBuf::U16(
+                self.stream
+                    .clone_htod(&v.iter().map(|x| x.to_bits()).collect::<Vec<_>>().repeat(layers))
+                    .map_err(driver(op))?,
+            ),
+        };
+        Ok(Channel {
+            buf,
+            dtype,
+            layers,
+            rows,
+            cols,
+        })
+    }
+
+    /// Times `iters` fused reuses of a synthetic chunk (`tokens` × `features` per K and V in each
+    /// of `layers` layers, rank-`rank` patch on both, or none at rank 0; `dtype` in and out; head
+    /// dim 128, half-split pairs) against a device copy of the same K/V bytes.
+    pub fn bench_reuse(
+        &self,
+        tokens: usize,
+        layers: usize,
+        features: usize,
+        rank: usize,
+        dtype: DType,
+        iters: usize,
+    ) -> Result<BenchFigures> {
+        const OP: &str = "CudaBackend::bench_reuse";
+        let head_dim = 128.min(features);
+        let layout = KvLayout::mha(layers, features / head_dim, head_dim);
+        let rope = RopeSpec::new(head_dim, 1e6, PairLayout::HalfSplit);
+        let rot = self.rotation(&rope, &layout, 4096)?;
+        let (k, v) = (
+            self.synthetic_channel(dtype, layers, tokens, features)?,
+            self.synthetic_channel(dtype, layers, tokens, features)?,
+        );
+        let mut out = (
+            self.zeros_channel(dtype, layers, tokens, features)?,
+            self.zeros_channel(dtype, layers, tokens, features)?,
+        );
+        let (p, wt): (Vec<f32>, Vec<f32>) = (
+            (0..layers * tokens * rank).map(val).collect(),
+            (0..layers * rank * features).map(|i| 0.01 * val(i)).collect(),
+        );
+        let jobs: Vec<i64> = (0..layers)
+            .flat_map(|l| [(l * tokens * rank) as i64, (l * rank * features) as i64, rank as i64])
+            .collect();
+        let fac = Factors {
+            p: self.stream.clone_htod(&[p, vec![0.0]].concat()).map_err(driver(OP))?,
+            wt: self.stream.clone_htod(&[wt, vec![0.0]].concat()).map_err(driver(OP))?,
+            jobs: self.stream.clone_htod(&jobs).map_err(driver(OP))?,
+            max_rank: rank,
+        };
+        let mut bad = self.stream.alloc_zeros::<i32>(1).map_err(driver(OP))?;
+        let mut k_only = |out: &mut (Channel, Channel)| self.launch(&k, &mut out.0, 0, &fac, (&rot, true), &mut bad);
+        let k_ms = self.time(iters, &mut out, &mut k_only)?;
+        let mut v_only = |out: &mut (Channel, Channel)| self.launch(&v, &mut out.1, 0, &fac, (&rot, false), &mut bad);
+        let v_ms = self.time(iters, &mut out, &mut v_only)?;
+        let mut fused = |out: &mut (Channel, Channel)| -> Result<()> {
+            self.launch(&k, &mut out.0, 0, &fac, (&rot, true), &mut bad)?;
+            self.launch(&v, &mut out.1, 0, &fac, (&rot, false), &mut bad)
+        };
+        let copy = |out: &mut (Channel, Channel)| -> Result<()> {
+            for (s, d) in [(&k.buf, &mut out.0.buf), (&v.buf, &mut out.1.buf)] {
+                match (s, d) {
+                    (DevBuf::F32(s), DevBuf::F32(d)) => self.stream.memcpy_dtod(s, d),
+                    (DevBuf::U16(s), DevBuf::U16(d)) => self.stream.memcpy_dtod(s, d),
+                    _ => unreachable!("the bench allocates one dtype on both sides"),
+                }
+                .map_err(driver(OP))?;
+            }
+            Ok(())
+        };
+        let fused_ms = self.time(iters, &mut out, &mut fused)?;
+        let copy_ms = self.time(iters, &mut out, &mut { copy })?;
+        let kv_bytes = (2 * layers * tokens * features * dtype.size()) as f64;
+        let patch_bytes = (2 * layers * (tokens + features) * rank * 4) as f64;
+        Ok(BenchFigures {
+            fused_ms,
+            fused_gbs: (2.0 * kv_bytes + patch_bytes) / (fused_ms * 1e6),
+            k_ms,
+            v_ms,
+            copy_ms,
+            copy_gbs: 2.0 * kv_bytes / (copy_ms * 1e6),
+        })
+    }
+
+    /// Mean milliseconds of `iters` runs of `f` after one warm-up, timed with CUDA events.
+    fn time<T>(&self, iters: usize, x: &mut T, f: &mut impl FnMut(&mut T) -> Result<()>) -> Result<f64> {
+        const OP: &str = "CudaBackend::time";
+        f(x)?;
+        let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let start = self.ctx.new_event(timing).map_err(driver(OP))?;
+        let end = self.ctx.new_event(timing).map_err(driver(OP))?;
+        start.record(&self.stream).map_err(driver(OP))?;
+        for _ in 0..iters {
+            f(x)?;
+        }
+        end.record(&self.stream).map_err(driver(OP))?;
+        end.synchronize().map_err(driver(OP))?;
+        Ok(start.elapsed_ms(&end).map_err(driver(OP))? as f64 / iters.max(1) as f64)
+    }
+}
