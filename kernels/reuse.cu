@@ -8,7 +8,8 @@
 // latent). Writing at `dst_row` of a `dst_rows`-row buffer makes the same kernel the gather that
 // assembles a context from several chunks. CPU reference: kamera-ops reuse_into.
 //
-// Work split: blockIdx.y is the layer, blockIdx.x a tile of ROWS tokens. Each thread owns one
+// Work split: blockIdx.y is the layer, blockIdx.x a tile of ROWS tokens (8 for f32 sources,
+// 16 for 16-bit ones, so that every thread keeps as many bytes in flight). Each thread owns one
 // "unit" of two columns that a rotation mixes (adjacent columns where nothing rotates), keeps
 // ROWS rows of it in registers (many loads in flight), adds the patch with the tile's P rows
 // staged in shared memory (float4 broadcast reads) and Wᵀ read once per tile, rotates, stores.
@@ -19,7 +20,6 @@ typedef unsigned short u16;
 typedef unsigned int u32;
 typedef long long i64;
 
-#define ROWS 8
 
 __device__ __forceinline__ float h2f(u16 h) {
     float f;
@@ -82,7 +82,7 @@ __device__ __forceinline__ void store4_b(u16* p, i64 i, float4 x) {
 }
 __device__ __forceinline__ int finite(float x) { return (__float_as_uint(x) & 0x7f800000u) != 0x7f800000u; }
 
-#define REUSE_KERNEL(NAME, TI, LOAD, LOAD2, TO, STORE, STORE2)                                        \
+#define REUSE_KERNEL(NAME, ROWS, TI, LOAD, LOAD2, TO, STORE, STORE2)                                      \
 extern "C" __global__ void __launch_bounds__(256) NAME(                                             \
     const TI* __restrict__ src, TO* __restrict__ dst, int n, int cols, int dst_row, int dst_rows,     \
     const float* __restrict__ p, const float* __restrict__ wt, const i64* __restrict__ jobs,          \
@@ -156,22 +156,22 @@ extern "C" __global__ void __launch_bounds__(256) NAME(                         
     if (!ok) *bad = 1;                                                                                \
 }
 
-REUSE_KERNEL(reuse_f32_f32, float, load_f, load2_f, float, store_f, store2_f)
-REUSE_KERNEL(reuse_f32_f16, float, load_f, load2_f, u16, store_h, store2_h)
-REUSE_KERNEL(reuse_f32_bf16, float, load_f, load2_f, u16, store_b, store2_b)
-REUSE_KERNEL(reuse_f16_f32, u16, load_h, load2_h, float, store_f, store2_f)
-REUSE_KERNEL(reuse_f16_f16, u16, load_h, load2_h, u16, store_h, store2_h)
-REUSE_KERNEL(reuse_f16_bf16, u16, load_h, load2_h, u16, store_b, store2_b)
-REUSE_KERNEL(reuse_bf16_f32, u16, load_b, load2_b, float, store_f, store2_f)
-REUSE_KERNEL(reuse_bf16_f16, u16, load_b, load2_b, u16, store_h, store2_h)
-REUSE_KERNEL(reuse_bf16_bf16, u16, load_b, load2_b, u16, store_b, store2_b)
+REUSE_KERNEL(reuse_f32_f32, 8, float, load_f, load2_f, float, store_f, store2_f)
+REUSE_KERNEL(reuse_f32_f16, 8, float, load_f, load2_f, u16, store_h, store2_h)
+REUSE_KERNEL(reuse_f32_bf16, 8, float, load_f, load2_f, u16, store_b, store2_b)
+REUSE_KERNEL(reuse_f16_f32, 16, u16, load_h, load2_h, float, store_f, store2_f)
+REUSE_KERNEL(reuse_f16_f16, 16, u16, load_h, load2_h, u16, store_h, store2_h)
+REUSE_KERNEL(reuse_f16_bf16, 16, u16, load_h, load2_h, u16, store_b, store2_b)
+REUSE_KERNEL(reuse_bf16_f32, 16, u16, load_b, load2_b, float, store_f, store2_f)
+REUSE_KERNEL(reuse_bf16_f16, 16, u16, load_b, load2_b, u16, store_h, store2_h)
+REUSE_KERNEL(reuse_bf16_bf16, 16, u16, load_b, load2_b, u16, store_b, store2_b)
 
 // The same op with units of four columns (two rotary pairs), for shapes where every head,
 // the rotary span and the row are multiples of 4 (the host checks): a half-split unit is
 // columns (k, k+1 | k+half, k+half+1) with pairs (x0, x2), (x1, x3); any other unit is four
 // adjacent columns 4u..4u+3 with pairs (x0, x1), (x2, x3) where they rotate. Loads and stores
 // are 8 (16-bit) or 16 (f32) bytes wide, and Wᵀ is read four ranks at a time.
-#define REUSE4_KERNEL(NAME, TI, LOAD2, LOAD4, TO, STORE2, STORE4)                                     \
+#define REUSE4_KERNEL(NAME, ROWS, TI, LOAD2, LOAD4, TO, STORE2, STORE4)                                   \
 extern "C" __global__ void __launch_bounds__(256) NAME(                                             \
     const TI* __restrict__ src, TO* __restrict__ dst, int n, int cols, int dst_row, int dst_rows,     \
     const float* __restrict__ p, const float* __restrict__ wt, const i64* __restrict__ jobs,          \
@@ -260,12 +260,153 @@ extern "C" __global__ void __launch_bounds__(256) NAME(                         
     if (!ok) *bad = 1;                                                                                \
 }
 
-REUSE4_KERNEL(reuse4_f32_f32, float, load2_f, load4_f, float, store2_f, store4_f)
-REUSE4_KERNEL(reuse4_f32_f16, float, load2_f, load4_f, u16, store2_h, store4_h)
-REUSE4_KERNEL(reuse4_f32_bf16, float, load2_f, load4_f, u16, store2_b, store4_b)
-REUSE4_KERNEL(reuse4_f16_f32, u16, load2_h, load4_h, float, store2_f, store4_f)
-REUSE4_KERNEL(reuse4_f16_f16, u16, load2_h, load4_h, u16, store2_h, store4_h)
-REUSE4_KERNEL(reuse4_f16_bf16, u16, load2_h, load4_h, u16, store2_b, store4_b)
-REUSE4_KERNEL(reuse4_bf16_f32, u16, load2_b, load4_b, float, store2_f, store4_f)
-REUSE4_KERNEL(reuse4_bf16_f16, u16, load2_b, load4_b, u16, store2_h, store4_h)
-REUSE4_KERNEL(reuse4_bf16_bf16, u16, load2_b, load4_b, u16, store2_b, store4_b)
+REUSE4_KERNEL(reuse4_f32_f32, 8, float, load2_f, load4_f, float, store2_f, store4_f)
+REUSE4_KERNEL(reuse4_f32_f16, 8, float, load2_f, load4_f, u16, store2_h, store4_h)
+REUSE4_KERNEL(reuse4_f32_bf16, 8, float, load2_f, load4_f, u16, store2_b, store4_b)
+REUSE4_KERNEL(reuse4_f16_f32, 16, u16, load2_h, load4_h, float, store2_f, store4_f)
+REUSE4_KERNEL(reuse4_f16_f16, 16, u16, load2_h, load4_h, u16, store2_h, store4_h)
+REUSE4_KERNEL(reuse4_f16_bf16, 16, u16, load2_h, load4_h, u16, store2_b, store4_b)
+REUSE4_KERNEL(reuse4_bf16_f32, 16, u16, load2_b, load4_b, float, store2_f, store4_f)
+REUSE4_KERNEL(reuse4_bf16_f16, 16, u16, load2_b, load4_b, u16, store2_h, store4_h)
+REUSE4_KERNEL(reuse4_bf16_bf16, 16, u16, load2_b, load4_b, u16, store2_b, store4_b)
+
+// Tensor-core patch (sm_80+) for 16-bit patch factors (bf16 or f16, as stored): the MMA
+// multiplies them exactly and sums in f32, so this matches the CPU reference as the FMA kernels
+// do. A block takes TC_ROWS rows of one column chunk (whole heads, at most 1024 columns): each
+// thread first loads its 4-column unit of the 16 rows (in flight during the MMA), the warps form
+// the 16 × chunk tile of P·Wᵀ with mma.m16n8k16 into shared memory, then each thread adds its
+// unit's patch, rotates and stores. Shared memory: [TC_ROWS][chunk + TC_PAD] f32, then the P tile.
+#define TC_ROWS 16
+#define TC_PAD 8
+
+#define REUSE4_TC_KERNEL(NAME, TI, LOAD2, LOAD4, TO, STORE2, STORE4, MMA)                             \
+extern "C" __global__ void __launch_bounds__(256) NAME(                                             \
+    const TI* __restrict__ src, TO* __restrict__ dst, int n, int cols, int dst_row, int dst_rows,     \
+    const u16* __restrict__ p, const u16* __restrict__ wt, const i64* __restrict__ jobs,              \
+    const float* __restrict__ cosv, const float* __restrict__ sinv, int rotate,                       \
+    int n_heads, int head_dim, int rotary_dims, int interleaved, int chunk_cols, int* bad) {          \
+    REUSE4_TC_BODY(TI, LOAD2, LOAD4, TO, STORE2, STORE4, MMA)                                         \
+}
+
+#if __CUDA_ARCH__ >= 800
+#define REUSE4_TC_BODY(TI, LOAD2, LOAD4, TO, STORE2, STORE4, MMA)                                     \
+    extern __shared__ float4 smem4[];                                                                 \
+    const int layer = blockIdx.y, row0 = blockIdx.x * TC_ROWS;                                        \
+    const int rows = min(TC_ROWS, n - row0);                                                          \
+    const int c0 = blockIdx.z * chunk_cols, width = min(chunk_cols, cols - c0);                       \
+    const int stride = chunk_cols + TC_PAD;                                                           \
+    float* patch = (float*)smem4;                                                                     \
+    const i64 p_off = jobs[3 * layer], wt_off = jobs[3 * layer + 1];                                  \
+    const int rank = (int)jobs[3 * layer + 2], ksteps = (rank + 15) >> 4, kp = ksteps * 16;           \
+    u16* ptile = (u16*)(patch + TC_ROWS * stride);                                                    \
+    for (int i = threadIdx.x; i < TC_ROWS * kp; i += blockDim.x) {                                    \
+        const int r = i / kp, j = i - r * kp;                                                         \
+        ptile[i] = (r < rows && j < rank) ? p[p_off + (i64)(row0 + r) * rank + j] : (u16)0;           \
+    }                                                                                                 \
+    const int u = (c0 >> 2) + threadIdx.x, active = (int)threadIdx.x < (width >> 2);                  \
+    const int half = rotary_dims >> 1, unit_per_head = head_dim >> 2;                                 \
+    const int h = rotate ? u / unit_per_head : 0, k4 = rotate ? u - h * unit_per_head : 0;            \
+    const int rot = rotate && h < n_heads && 4 * k4 < rotary_dims;                                    \
+    const int split = rot && !interleaved;                                                            \
+    const int a = split ? h * head_dim + 2 * k4 : 4 * u, b = a + half, pair = 2 * k4;                 \
+    const i64 in_base = ((i64)layer * n + row0) * cols;                                               \
+    const i64 out_base = ((i64)layer * dst_rows + dst_row + row0) * cols;                             \
+    float4 x[TC_ROWS];                                                                                \
+    _Pragma("unroll") for (int r = 0; r < TC_ROWS; ++r) {                                             \
+        x[r] = make_float4(0.f, 0.f, 0.f, 0.f);                                                       \
+        if (active && r < rows) {                                                                     \
+            const i64 o = in_base + (i64)r * cols;                                                    \
+            if (split) {                                                                              \
+                float2 lo = LOAD2(src, o + a), hi = LOAD2(src, o + b);                                \
+                x[r] = make_float4(lo.x, lo.y, hi.x, hi.y);                                           \
+            } else x[r] = LOAD4(src, o + a);                                                          \
+        }                                                                                             \
+    }                                                                                                 \
+    __syncthreads();                                                                                  \
+    if (rank > 0) {                                                                                   \
+        const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;        \
+        const int g = lane >> 2, t = lane & 3;                                                        \
+        const u16* w = wt + wt_off;                                                                   \
+        for (int nt = warp; nt < ((width + 7) >> 3); nt += nwarps) {                                  \
+            const int ncol = c0 + nt * 8 + g;                                                         \
+            float d0 = 0.f, d1 = 0.f, d2 = 0.f, d3 = 0.f;                                             \
+            for (int ks = 0; ks < ksteps; ++ks) {                                                     \
+                const int kb = ks * 16 + 2 * t;                                                       \
+                const u32 a0 = *(const u32*)(ptile + g * kp + kb);                                    \
+                const u32 a1 = *(const u32*)(ptile + (g + 8) * kp + kb);                              \
+                const u32 a2 = *(const u32*)(ptile + g * kp + kb + 8);                                \
+                const u32 a3 = *(const u32*)(ptile + (g + 8) * kp + kb + 8);                          \
+                u32 bw[4];                                                                            \
+                _Pragma("unroll") for (int q = 0; q < 4; ++q) {                                       \
+                    const int k = kb + (q & 1) + ((q >> 1) << 3);                                     \
+                    bw[q] = (k < rank && ncol < c0 + width) ? (u32)w[(i64)k * cols + ncol] : 0u;      \
+                }                                                                                     \
+                const u32 b0 = bw[0] | (bw[1] << 16), b1 = bw[2] | (bw[3] << 16);                     \
+                asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." MMA "." MMA ".f32 "             \
+                             "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"      \
+                             : "+f"(d0), "+f"(d1), "+f"(d2), "+f"(d3)                                 \
+                             : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));                 \
+            }                                                                                         \
+            const int cc = nt * 8 + 2 * t;                                                            \
+            *(float2*)(patch + g * stride + cc) = make_float2(d0, d1);                                \
+            *(float2*)(patch + (g + 8) * stride + cc) = make_float2(d2, d3);                          \
+        }                                                                                             \
+        __syncthreads();                                                                              \
+        if (active) {                                                                                 \
+            _Pragma("unroll") for (int r = 0; r < TC_ROWS; ++r) {                                     \
+                const float* pr = patch + r * stride;                                                 \
+                if (split) {                                                                          \
+                    const float2 lo = *(const float2*)(pr + a - c0), hi = *(const float2*)(pr + b - c0); \
+                    x[r].x += lo.x; x[r].y += lo.y; x[r].z += hi.x; x[r].w += hi.y;                   \
+                } else {                                                                              \
+                    const float4 q = *(const float4*)(pr + a - c0);                                   \
+                    x[r].x += q.x; x[r].y += q.y; x[r].z += q.z; x[r].w += q.w;                       \
+                }                                                                                     \
+            }                                                                                         \
+        }                                                                                             \
+    }                                                                                                 \
+    if (!active) return;                                                                              \
+    if (rot) {                                                                                        \
+        const i64 tt = (i64)layer * half + pair;                                                      \
+        const float cs0 = cosv[tt], sn0 = sinv[tt], cs1 = cosv[tt + 1], sn1 = sinv[tt + 1];           \
+        _Pragma("unroll") for (int r = 0; r < TC_ROWS; ++r) {                                         \
+            const float4 v = x[r];                                                                    \
+            if (split) {                                                                              \
+                x[r] = make_float4(v.x * cs0 - v.z * sn0, v.y * cs1 - v.w * sn1,                      \
+                                   v.x * sn0 + v.z * cs0, v.y * sn1 + v.w * cs1);                     \
+            } else {                                                                                  \
+                x[r] = make_float4(v.x * cs0 - v.y * sn0, v.x * sn0 + v.y * cs0,                      \
+                                   v.z * cs1 - v.w * sn1, v.z * sn1 + v.w * cs1);                     \
+            }                                                                                         \
+        }                                                                                             \
+    }                                                                                                 \
+    int ok = 1;                                                                                       \
+    _Pragma("unroll") for (int r = 0; r < TC_ROWS; ++r) {                                             \
+        if (r < rows) {                                                                               \
+            const i64 o = out_base + (i64)r * cols;                                                   \
+            ok &= finite(x[r].x) & finite(x[r].y) & finite(x[r].z) & finite(x[r].w);                  \
+            if (split) {                                                                              \
+                STORE2(dst, o + a, x[r].x, x[r].y);                                                   \
+                STORE2(dst, o + b, x[r].z, x[r].w);                                                   \
+            } else STORE4(dst, o + a, x[r]);                                                          \
+        }                                                                                             \
+    }                                                                                                 \
+    if (!ok) *bad = 1;
+#else
+// Below sm_80 there is no bf16 MMA; the host never launches these there.
+#define REUSE4_TC_BODY(TI, LOAD2, LOAD4, TO, STORE2, STORE4, MMA) __trap();
+#endif
+
+#define REUSE4_TC_PAIR(NAME, TI, LOAD2, LOAD4, TO, STORE2, STORE4)                                    \
+    REUSE4_TC_KERNEL(NAME##_bf16, TI, LOAD2, LOAD4, TO, STORE2, STORE4, "bf16")                       \
+    REUSE4_TC_KERNEL(NAME##_f16, TI, LOAD2, LOAD4, TO, STORE2, STORE4, "f16")
+
+REUSE4_TC_PAIR(reuse4tc_f32_f32, float, load2_f, load4_f, float, store2_f, store4_f)
+REUSE4_TC_PAIR(reuse4tc_f32_f16, float, load2_f, load4_f, u16, store2_h, store4_h)
+REUSE4_TC_PAIR(reuse4tc_f32_bf16, float, load2_f, load4_f, u16, store2_b, store4_b)
+REUSE4_TC_PAIR(reuse4tc_f16_f32, u16, load2_h, load4_h, float, store2_f, store4_f)
+REUSE4_TC_PAIR(reuse4tc_f16_f16, u16, load2_h, load4_h, u16, store2_h, store4_h)
+REUSE4_TC_PAIR(reuse4tc_f16_bf16, u16, load2_h, load4_h, u16, store2_b, store4_b)
+REUSE4_TC_PAIR(reuse4tc_bf16_f32, u16, load2_b, load4_b, float, store2_f, store4_f)
+REUSE4_TC_PAIR(reuse4tc_bf16_f16, u16, load2_b, load4_b, u16, store2_h, store4_h)
+REUSE4_TC_PAIR(reuse4tc_bf16_bf16, u16, load2_b, load4_b, u16, store2_b, store4_b)

@@ -13,6 +13,7 @@ pub struct CudaBackend {
 /// Bandwidth figures of the device benchmark (see the `cuda` build).
 #[derive(Debug, Clone)]
 pub struct BenchFigures {
+    pub kernel: String,
     pub fused_ms: f64,
     pub fused_gbs: f64,
     pub k_ms: f64,
@@ -28,9 +29,18 @@ impl CudaBackend {
     pub fn with_wide_units(self, _wide: bool) -> CudaBackend {
         self
     }
+    pub fn with_tensor_cores(self, _on: bool) -> CudaBackend {
+        self
+    }
     pub fn device_name(&self) -> String {
         String::new()
     }
+    pub fn kernel_report(&self) -> Result<Vec<String>> {
+        Err(Error::NotCompiled {
+            op: "CudaBackend::kernel_report",
+        })
+    }
+    #[allow(clippy::too_many_arguments)]
     pub fn bench_reuse(
         &self,
         _tokens: usize,
@@ -38,6 +48,7 @@ impl CudaBackend {
         _features: usize,
         _rank: usize,
         _dtype: DType,
+        _factors: DType,
         _iters: usize,
     ) -> Result<BenchFigures> {
         Err(Error::NotCompiled {

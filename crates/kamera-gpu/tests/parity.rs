@@ -101,20 +101,27 @@ fn fused_reuse_matches_cpu_reference() {
         for (name, layout, rope) in flavours() {
             let canonical = chunk(layout, 37, 1, DType::F32);
             let cond = relocate(&chunk(layout, 37, 2, DType::F32), &rope, 500).unwrap();
-            // Rank 16, and rank 5 (not a multiple of the kernel's 4-wide steps).
-            let patches: Vec<Patch> = [16, 5]
-                .map(|r| form_patch(&cond, &canonical, &rope, &PatchConfig::fixed(r, DType::F32)).unwrap())
-                .into();
+            // Rank 16, and rank 5 (not a multiple of the kernels' 4- and 16-wide steps), with f32
+            // factors (FMA kernels) and 16-bit ones (tensor cores where the device has them).
+            let mut patches = vec![None];
+            for factors in dtypes {
+                for r in [16, 5] {
+                    let cfg = PatchConfig::fixed(r, factors);
+                    patches.push(Some(form_patch(&cond, &canonical, &rope, &cfg).unwrap()));
+                }
+            }
             for src in dtypes {
                 for dst in dtypes {
-                    for p in [None, Some(&patches[0]), Some(&patches[1])] {
+                    for p in patches.iter().map(Option::as_ref) {
                         let c = canonical.to_dtype(src);
                         let mut want = ChunkKv::zeros(layout, 1000 - 3, 37 + 5, dst).unwrap();
                         let mut got = want.clone();
                         CpuBackend.reuse_into(&c, p, &rope, &mut want, 3).unwrap();
                         gpu.reuse_into(&c, p, &rope, &mut got, 3).unwrap();
                         let rank = p.map_or(0, |p| p.ranks()[0].0);
-                        within(&format!("{kernel} {name} {src:?}->{dst:?} rank {rank}"), &got, &want);
+                        let f = p.map(|p| p.layers()[0].k.p.dtype());
+                        let what = format!("{kernel} {name} {src:?}->{dst:?} rank {rank} factors {f:?}");
+                        within(&what, &got, &want);
                     }
                 }
             }

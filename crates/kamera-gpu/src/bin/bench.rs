@@ -1,7 +1,7 @@
 //! `kamera-gpu-bench`: bandwidth of the fused relocate + patch kernels against the device's copy
-//! bandwidth in the same run, T = 1024..16384 tokens, 28 layers, F = 512 (head dim 128, half-split
-//! pairs), rank 0 (relocate only), 16 and 32, four-column and two-column kernels (run by
-//! scripts/gpu-check.sh).
+//! bandwidth in the same run: T = 1024..16384 tokens, 28 layers, F = 512 (head dim 128, half-split
+//! pairs), rank 0 (relocate only), 16 and 32, patch factors in bf16 (tensor cores) and f32 (FMA),
+//! and the two-column kernels for reference (run by scripts/gpu-check.sh).
 
 use kamera_gpu::CudaBackend;
 use kamera_ops::DType;
@@ -17,19 +17,29 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let backends = [("4-col", open(true)), ("2-col", open(false))];
-    println!("device: {}", backends[0].1.device_name());
+    let (wide, pairs) = (open(true), open(false));
+    println!("device: {}", wide.device_name());
+    match wide.kernel_report() {
+        Ok(lines) => lines.iter().for_each(|l| println!("{l}")),
+        Err(e) => println!("kernel report: {e}"),
+    }
     println!(
-        "| tokens | dtype | rank | kernel | fused ms | K ms | V ms | copy ms | fused GB/s | copy GB/s | fused/copy | of 4.8 TB/s |"
+        "| tokens | dtype | rank | factors | kernel | fused ms | K ms | V ms | copy ms | fused GB/s | copy GB/s | fused/copy | of 4.8 TB/s |"
     );
-    println!("|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for tokens in [1024, 4096, 16384] {
         for dtype in [DType::Bf16, DType::F32] {
             for rank in [0, 16, 32] {
-                for (kernel, backend) in &backends {
-                    match backend.bench_reuse(tokens, 28, 512, rank, dtype, 20) {
+                let runs: &[(&CudaBackend, DType)] = if rank == 0 {
+                    &[(&wide, DType::F32), (&pairs, DType::F32)]
+                } else {
+                    &[(&wide, DType::Bf16), (&wide, DType::F32), (&pairs, DType::F32)]
+                };
+                for &(backend, factors) in runs {
+                    match backend.bench_reuse(tokens, 28, 512, rank, dtype, factors, 20) {
                         Ok(f) => println!(
-                            "| {tokens} | {dtype:?} | {rank} | {kernel} | {:.3} | {:.3} | {:.3} | {:.3} | {:.0} | {:.0} | {:.0}% | {:.0}% |",
+                            "| {tokens} | {dtype:?} | {rank} | {factors:?} | {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.0} | {:.0} | {:.0}% | {:.0}% |",
+                            f.kernel.split_whitespace().next().unwrap_or(""),
                             f.fused_ms,
                             f.k_ms,
                             f.v_ms,
@@ -39,7 +49,7 @@ fn main() {
                             100.0 * f.fused_gbs / f.copy_gbs,
                             100.0 * f.fused_gbs / PEAK_GBS
                         ),
-                        Err(e) => println!("| {tokens} | {dtype:?} | {rank} | {kernel} | error: {e} |"),
+                        Err(e) => println!("| {tokens} | {dtype:?} | {rank} | {factors:?} | error: {e} |"),
                     }
                 }
             }

@@ -1,13 +1,15 @@
 //! Device bandwidth of the fused relocate + patch launch against a device-to-device copy of the
 //! same K/V bytes, measured in one run with CUDA events (run by `kamera-gpu-bench`).
 
-use super::{Channel, CudaBackend, DevBuf, Factors, driver};
+use super::{Channel, CudaBackend, DevBuf, driver};
 use crate::error::Result;
-use kamera_ops::{Buf, DType, KvLayout, Mat, PairLayout, RopeSpec};
+use kamera_ops::{Buf, DType, KvLayout, LowRank, Mat, PairLayout, RopeSpec};
 
 /// What one bench configuration measured.
 #[derive(Debug, Clone)]
 pub struct BenchFigures {
+    /// The kernel family the K launch used.
+    pub kernel: String,
     /// Mean time of one whole-chunk reuse (every layer, K and V: two launches).
     pub fused_ms: f64,
     /// Bytes the fused launches read + write (KV in and out, P and Wᵀ) per second, in GB/s.
@@ -53,8 +55,10 @@ impl CudaBackend {
     }
 
     /// Times `iters` fused reuses of a synthetic chunk (`tokens` × `features` per K and V in each
-    /// of `layers` layers, rank-`rank` patch on both, or none at rank 0; `dtype` in and out; head
-    /// dim 128, half-split pairs) against a device copy of the same K/V bytes.
+    /// of `layers` layers, rank-`rank` patch on both with factors stored in `factors`, or none at
+    /// rank 0; `dtype` in and out; head dim 128, half-split pairs) against a device copy of the
+    /// same K/V bytes.
+    #[allow(clippy::too_many_arguments)]
     pub fn bench_reuse(
         &self,
         tokens: usize,
@@ -62,6 +66,7 @@ impl CudaBackend {
         features: usize,
         rank: usize,
         dtype: DType,
+        factors: DType,
         iters: usize,
     ) -> Result<BenchFigures> {
         const OP: &str = "CudaBackend::bench_reuse";
@@ -77,27 +82,28 @@ impl CudaBackend {
             self.zeros_channel(dtype, layers, tokens, features)?,
             self.zeros_channel(dtype, layers, tokens, features)?,
         );
-        let (p, wt): (Vec<f32>, Vec<f32>) = (
-            (0..layers * tokens * rank).map(val).collect(),
-            (0..layers * rank * features).map(|i| 0.01 * val(i)).collect(),
-        );
-        let jobs: Vec<i64> = (0..layers)
-            .flat_map(|l| [(l * tokens * rank) as i64, (l * rank * features) as i64, rank as i64])
-            .collect();
-        let fac = Factors {
-            p: self.stream.clone_htod(&[p, vec![0.0]].concat()).map_err(driver(OP))?,
-            wt: self.stream.clone_htod(&[wt, vec![0.0]].concat()).map_err(driver(OP))?,
-            jobs: self.stream.clone_htod(&jobs).map_err(driver(OP))?,
-            max_rank: rank,
+        // One rank-`rank` patch shared by every layer, its factors stored in `factors`.
+        let lr = LowRank {
+            p: Mat::from_f32(tokens, rank, (0..tokens * rank).map(val).collect())?.to_dtype(factors),
+            wt: Mat::from_f32(rank, features, (0..rank * features).map(|i| 0.01 * val(i)).collect())?.to_dtype(factors),
+            spectrum: Vec::new(),
         };
+        let lrs = vec![&lr; layers];
+        let plan = |rotate: bool| self.plan(features, (&rot, rotate), super::factor_dtype(Some(&lrs)), rank);
+        let (kk, kv) = (plan(true), plan(false));
+        let (fk, fv) = (
+            self.upload_factors(layers, Some(&lrs), kk)?,
+            self.upload_factors(layers, Some(&lrs), kv)?,
+        );
         let mut bad = self.stream.alloc_zeros::<i32>(1).map_err(driver(OP))?;
-        let mut k_only = |out: &mut (Channel, Channel)| self.launch(&k, &mut out.0, 0, &fac, (&rot, true), &mut bad);
+        let mut k_only = |out: &mut (Channel, Channel)| self.launch(kk, &k, &mut out.0, 0, &fk, (&rot, true), &mut bad);
         let k_ms = self.time(iters, &mut out, &mut k_only)?;
-        let mut v_only = |out: &mut (Channel, Channel)| self.launch(&v, &mut out.1, 0, &fac, (&rot, false), &mut bad);
+        let mut v_only =
+            |out: &mut (Channel, Channel)| self.launch(kv, &v, &mut out.1, 0, &fv, (&rot, false), &mut bad);
         let v_ms = self.time(iters, &mut out, &mut v_only)?;
         let mut fused = |out: &mut (Channel, Channel)| -> Result<()> {
-            self.launch(&k, &mut out.0, 0, &fac, (&rot, true), &mut bad)?;
-            self.launch(&v, &mut out.1, 0, &fac, (&rot, false), &mut bad)
+            self.launch(kk, &k, &mut out.0, 0, &fk, (&rot, true), &mut bad)?;
+            self.launch(kv, &v, &mut out.1, 0, &fv, (&rot, false), &mut bad)
         };
         let copy = |out: &mut (Channel, Channel)| -> Result<()> {
             for (s, d) in [(&k.buf, &mut out.0.buf), (&v.buf, &mut out.1.buf)] {
@@ -115,6 +121,7 @@ impl CudaBackend {
         let kv_bytes = (2 * layers * tokens * features * dtype.size()) as f64;
         let patch_bytes = (2 * layers * (tokens + features) * rank * 4) as f64;
         Ok(BenchFigures {
+            kernel: format!("{kk:?}"),
             fused_ms,
             fused_gbs: (2.0 * kv_bytes + patch_bytes) / (fused_ms * 1e6),
             k_ms,
@@ -122,6 +129,30 @@ impl CudaBackend {
             copy_ms,
             copy_gbs: 2.0 * kv_bytes / (copy_ms * 1e6),
         })
+    }
+
+    /// Registers per thread and resident blocks per SM of the bf16 → bf16 and f32 → f32 kernels
+    /// (block sizes as launched for F = 512), for reading the bench.
+    pub fn kernel_report(&self) -> Result<Vec<String>> {
+        const OP: &str = "CudaBackend::kernel_report";
+        let mut lines = Vec::new();
+        for (name, threads, smem) in [
+            ("reuse_bf16_bf16", 256, 16 * 32 * 4),
+            ("reuse4_bf16_bf16", 128, 16 * 32 * 4),
+            ("reuse4_f32_f32", 128, 8 * 32 * 4),
+            ("reuse4tc_bf16_bf16_bf16", 128, 16 * 520 * 4 + 16 * 32 * 2),
+            ("reuse4tc_f32_f32_bf16", 128, 16 * 520 * 4 + 16 * 32 * 2),
+        ] {
+            let f = self.module.load_function(name).map_err(driver(OP))?;
+            let regs = f.num_regs().map_err(driver(OP))?;
+            let blocks = f
+                .occupancy_max_active_blocks_per_multiprocessor(threads, smem, None)
+                .map_err(driver(OP))?;
+            lines.push(format!(
+                "{name}: {regs} registers/thread, {blocks} blocks of {threads} threads per SM (rank 32)"
+            ));
+        }
+        Ok(lines)
     }
 
     /// Mean milliseconds of `iters` runs of `f` after one warm-up, timed with CUDA events.

@@ -3,11 +3,12 @@
 //! fused launch per channel, and reads the rows back. CPU reference: kamera-ops.
 
 mod bench;
+mod launch;
 
 use crate::KERNEL_SOURCE;
 use crate::backend::Backend;
 use crate::error::{Error, Result};
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream};
 use cudarc::nvrtc::{CompileOptions, Ptx, compile_ptx_with_opts};
 use half::{bf16, f16};
 use kamera_ops::{Buf, ChunkKv, DType, LowRank, Mat, PairLayout, Patch, Placement, RopeSpec};
@@ -15,11 +16,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 pub use bench::BenchFigures;
-
-/// Token rows per thread block: the `ROWS` of kernels/reuse.cu.
-const ROWS: usize = 8;
-/// Shared memory a launch may use without an opt-in.
-const SMEM_LIMIT: usize = 48 * 1024;
+use launch::Kernel;
 
 fn driver(op: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error {
     move |e| Error::Driver {
@@ -37,6 +34,8 @@ pub struct CudaBackend {
     name: String,
     /// Use the four-column kernels where the shape allows (the default).
     wide: bool,
+    /// Compute capability 8.0 or newer: 16-bit MMA for 16-bit patch factors.
+    tensor_cores: bool,
 }
 
 /// Device-side storage of one channel: f32 as is, f16/bf16 as raw 16-bit words.
@@ -57,8 +56,9 @@ struct Channel {
 /// One channel's patch factors for every layer, back to back, and per layer (P offset, Wᵀ
 /// offset, rank) for the kernel.
 struct Factors {
-    p: CudaSlice<f32>,
-    wt: CudaSlice<f32>,
+    /// f32 for the FMA kernels, raw 16-bit words for the tensor-core ones.
+    p: DevBuf,
+    wt: DevBuf,
     jobs: CudaSlice<i64>,
     max_rank: usize,
 }
@@ -71,6 +71,23 @@ struct Rotation {
     head_dim: usize,
     rotary_dims: usize,
     interleaved: bool,
+}
+
+/// The raw words of a 16-bit matrix (empty for f32, which the tensor-core plan never sends).
+fn bits16(m: &Mat) -> Vec<u16> {
+    match m.data() {
+        Buf::F16(v) => v.iter().map(|x| x.to_bits()).collect(),
+        Buf::Bf16(v) => v.iter().map(|x| x.to_bits()).collect(),
+        Buf::F32(_) => Vec::new(),
+    }
+}
+
+/// The one 16-bit dtype every ranked layer's factors share, if any (the tensor-core kernels
+/// multiply those exactly).
+fn factor_dtype(lrs: Option<&[&LowRank]>) -> Option<DType> {
+    let ranked: Vec<&LowRank> = lrs?.iter().copied().filter(|lr| lr.rank() > 0).collect();
+    let d = ranked.first()?.p.dtype();
+    (d != DType::F32 && ranked.iter().all(|lr| lr.p.dtype() == d && lr.wt.dtype() == d)).then_some(d)
 }
 
 fn dtype_tag(d: DType) -> &'static str {
@@ -136,13 +153,21 @@ impl CudaBackend {
             module,
             name,
             wide: true,
+            tensor_cores: major >= 8,
         })
     }
 
-    /// With `false`, every launch uses the two-column kernels, which take any shape (for parity
-    /// tests and benchmarks; the four-column ones are picked by default where the shape allows).
+    /// With `false`, every launch uses the two-column FMA kernels, which take any shape (for
+    /// parity tests and benchmarks; by default the four-column ones, with tensor cores for 16-bit
+    /// patch factors, are picked where the shape and device allow).
     pub fn with_wide_units(mut self, wide: bool) -> CudaBackend {
         self.wide = wide;
+        self
+    }
+
+    /// With `false`, 16-bit patch factors go through the FMA kernels too (for benchmarks).
+    pub fn with_tensor_cores(mut self, on: bool) -> CudaBackend {
+        self.tensor_cores &= on;
         self
     }
 
@@ -151,9 +176,14 @@ impl CudaBackend {
         self.name.clone()
     }
 
-    fn function(&self, wide: bool, src: DType, dst: DType) -> Result<CudaFunction> {
-        let kernel = if wide { "reuse4" } else { "reuse" };
-        let name = format!("{kernel}_{}_{}", dtype_tag(src), dtype_tag(dst));
+    fn function(&self, kernel: Kernel, src: DType, dst: DType) -> Result<CudaFunction> {
+        let name = match kernel {
+            Kernel::Pairs => format!("reuse_{}_{}", dtype_tag(src), dtype_tag(dst)),
+            Kernel::Wide => format!("reuse4_{}_{}", dtype_tag(src), dtype_tag(dst)),
+            Kernel::WideTc { factors, .. } => {
+                format!("reuse4tc_{}_{}_{}", dtype_tag(src), dtype_tag(dst), dtype_tag(factors))
+            }
+        };
         self.module
             .load_function(&name)
             .map_err(driver("CudaBackend::function"))
@@ -257,24 +287,37 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Uploads one channel's patch factors (`None`: no patch) for `layers` layers.
-    fn upload_factors(&self, layers: usize, lrs: Option<Vec<&LowRank>>) -> Result<Factors> {
+    /// Uploads one channel's patch factors (`None`: no patch) for `layers` layers: raw 16-bit
+    /// words for the tensor-core kernel, f32 for the others.
+    fn upload_factors(&self, layers: usize, lrs: Option<&[&LowRank]>, kernel: Kernel) -> Result<Factors> {
         let op = "CudaBackend::factors";
-        let (mut p, mut wt, mut jobs, mut max_rank) = (Vec::new(), Vec::new(), Vec::with_capacity(3 * layers), 0);
+        let ranked = |l: usize| lrs.map(|v| v[l]).filter(|lr| lr.rank() > 0);
+        let (mut jobs, mut max_rank, mut at) = (Vec::with_capacity(3 * layers), 0, (0, 0));
         for l in 0..layers {
-            let lr = lrs.as_ref().map(|v| v[l]).filter(|lr| lr.rank() > 0);
-            jobs.extend([p.len() as i64, wt.len() as i64, lr.map_or(0, |lr| lr.rank()) as i64]);
-            if let Some(lr) = lr {
-                p.extend(lr.p.to_f32_vec());
-                wt.extend(lr.wt.to_f32_vec());
-                max_rank = max_rank.max(lr.rank());
+            let rank = ranked(l).map_or(0, |lr| lr.rank());
+            jobs.extend([at.0 as i64, at.1 as i64, rank as i64]);
+            if let Some(lr) = ranked(l) {
+                at = (at.0 + lr.p.rows() * rank, at.1 + rank * lr.wt.cols());
             }
+            max_rank = max_rank.max(rank);
         }
-        p.push(0.0);
-        wt.push(0.0);
+        let upload = |pick: &dyn Fn(&LowRank) -> &Mat| -> Result<DevBuf> {
+            Ok(if matches!(kernel, Kernel::WideTc { .. }) {
+                let mut all: Vec<u16> = (0..layers).filter_map(ranked).flat_map(|lr| bits16(pick(lr))).collect();
+                all.push(0);
+                DevBuf::U16(self.stream.clone_htod(&all).map_err(driver(op))?)
+            } else {
+                let mut all: Vec<f32> = (0..layers)
+                    .filter_map(ranked)
+                    .flat_map(|lr| pick(lr).to_f32_vec())
+                    .collect();
+                all.push(0.0);
+                DevBuf::F32(self.stream.clone_htod(&all).map_err(driver(op))?)
+            })
+        };
         Ok(Factors {
-            p: self.stream.clone_htod(&p).map_err(driver(op))?,
-            wt: self.stream.clone_htod(&wt).map_err(driver(op))?,
+            p: upload(&|lr| &lr.p)?,
+            wt: upload(&|lr| &lr.wt)?,
             jobs: self.stream.clone_htod(&jobs).map_err(driver(op))?,
             max_rank,
         })
@@ -302,76 +345,6 @@ impl CudaBackend {
         })
     }
 
-    /// One fused launch over every layer of a channel: `dst[l, dst_row + t] = R(src[l, t] + P Wᵀ)`
-    /// (no R when `rot` is None).
-    fn launch(
-        &self,
-        src: &Channel,
-        dst: &mut Channel,
-        dst_row: usize,
-        fac: &Factors,
-        rot: (&Rotation, bool),
-        bad: &mut CudaSlice<i32>,
-    ) -> Result<()> {
-        const OP: &str = "CudaBackend::launch";
-        let layers = src.layers;
-        if src.rows == 0 || layers == 0 {
-            return Ok(());
-        }
-        let smem = ROWS * fac.max_rank.next_multiple_of(4) * 4;
-        if smem > SMEM_LIMIT {
-            return Err(Error::Driver {
-                op: OP,
-                detail: format!(
-                    "patch rank {} needs {smem} B of shared memory (at most {SMEM_LIMIT})",
-                    fac.max_rank
-                ),
-            });
-        }
-        let (rotation, rotate) = rot;
-        // Four-column units need every head, the rotary span and the row in multiples of 4.
-        let wide = self.wide
-            && src.cols % 4 == 0
-            && (!rotate
-                || (rotation.head_dim % 4 == 0
-                    && rotation.rotary_dims % 4 == 0
-                    && rotation.n_heads * rotation.head_dim <= src.cols));
-        let f = self.function(wide, src.dtype, dst.dtype)?;
-        let units = if wide { src.cols / 4 } else { src.cols.div_ceil(2) };
-        let cfg = LaunchConfig {
-            grid_dim: (src.rows.div_ceil(ROWS) as u32, layers as u32, 1),
-            block_dim: (units.next_multiple_of(32).min(256) as u32, 1, 1),
-            shared_mem_bytes: smem as u32,
-        };
-        let int = |x: usize| x as i32;
-        let (n, cols, d_row, d_rows) = (int(src.rows), int(src.cols), int(dst_row), int(dst.rows));
-        let (rotate, heads, hd, rd, inter) = (
-            rotate as i32,
-            int(rotation.n_heads),
-            int(rotation.head_dim),
-            int(rotation.rotary_dims),
-            rotation.interleaved as i32,
-        );
-        let mut b = self.stream.launch_builder(&f);
-        match &src.buf {
-            DevBuf::F32(s) => b.arg(s),
-            DevBuf::U16(s) => b.arg(s),
-        };
-        match &mut dst.buf {
-            DevBuf::F32(d) => b.arg(d),
-            DevBuf::U16(d) => b.arg(d),
-        };
-        b.arg(&n).arg(&cols).arg(&d_row).arg(&d_rows);
-        b.arg(&fac.p).arg(&fac.wt).arg(&fac.jobs);
-        b.arg(&rotation.cos).arg(&rotation.sin).arg(&rotate);
-        b.arg(&heads).arg(&hd).arg(&rd).arg(&inter).arg(bad);
-        // SAFETY: argument types and order match the kernel signature in kernels/reuse.cu; src holds
-        // layers·n·cols elements, dst layers·dst_rows·cols with dst_row + n ≤ dst_rows (checked by
-        // check_reuse), the factors hold what `jobs` points at, the tables layers·rotary_dims/2.
-        unsafe { b.launch(cfg) }.map_err(driver(OP))?;
-        Ok(())
-    }
-
     /// Uploads `canonical` (and its patch) and writes it relocated to δ into rows `dst_row..` of
     /// the device context `dst` (K and V), one launch per channel.
     fn reuse_on_device(
@@ -386,12 +359,19 @@ impl CudaBackend {
     ) -> Result<()> {
         let layers = canonical.layout().n_layers;
         let rot = self.rotation(rope, canonical.layout(), delta)?;
-        let k = self.upload_channel(canonical, false)?;
-        let fk = self.upload_factors(layers, patch.map(|p| p.layers().iter().map(|x| &x.k).collect()))?;
-        self.launch(&k, &mut dst.0, dst_row, &fk, (&rot, delta != 0), bad)?;
-        let v = self.upload_channel(canonical, true)?;
-        let fv = self.upload_factors(layers, patch.map(|p| p.layers().iter().map(|x| &x.v).collect()))?;
-        self.launch(&v, &mut dst.1, dst_row, &fv, (&rot, false), bad)
+        for (v_channel, out) in [(false, &mut dst.0), (true, &mut dst.1)] {
+            let src = self.upload_channel(canonical, v_channel)?;
+            let lrs: Option<Vec<&LowRank>> =
+                patch.map(|p| p.layers().iter().map(|x| if v_channel { &x.v } else { &x.k }).collect());
+            let rotate = !v_channel && delta != 0;
+            let max_rank = lrs
+                .as_ref()
+                .map_or(0, |v| v.iter().map(|lr| lr.rank()).max().unwrap_or(0));
+            let kernel = self.plan(src.cols, (&rot, rotate), factor_dtype(lrs.as_deref()), max_rank);
+            let fac = self.upload_factors(layers, lrs.as_deref(), kernel)?;
+            self.launch(kernel, &src, out, dst_row, &fac, (&rot, rotate), bad)?;
+        }
+        Ok(())
     }
 
     fn finish(&self, op: &'static str, bad: &CudaSlice<i32>) -> Result<()> {
@@ -480,8 +460,17 @@ mod tests {
             return;
         }
         let ptx = super::ptx_for("sm_90").unwrap().to_src();
-        for name in ["reuse_f32_f32", "reuse_f16_bf16", "reuse_bf16_bf16", "reuse_bf16_f32"] {
+        for name in [
+            "reuse_f32_f32",
+            "reuse_f16_bf16",
+            "reuse4_bf16_f32",
+            "reuse4tc_bf16_bf16_bf16",
+            "reuse4tc_f32_f16_f16",
+        ] {
             assert!(ptx.contains(&format!(".entry {name}(")), "{name} missing from the PTX");
         }
+        assert!(ptx.contains("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"));
+        // Registers only: a local-memory array would mean a spilled per-thread tile.
+        assert!(!ptx.contains(".local"), "a kernel keeps an array in local memory");
     }
 }
