@@ -136,14 +136,22 @@ impl CudaBackend {
     pub fn kernel_report(&self) -> Result<Vec<String>> {
         const OP: &str = "CudaBackend::kernel_report";
         let mut lines = Vec::new();
+        let tc_smem = super::launch::tc_smem(512, 32);
         for (name, threads, smem) in [
-            ("reuse_bf16_bf16", 256, 16 * 32 * 4),
-            ("reuse4_bf16_bf16", 128, 16 * 32 * 4),
+            ("reuse_bf16_bf16", 256, 8 * 32 * 4),
+            ("reuse4_bf16_bf16", 128, 8 * 32 * 4),
             ("reuse4_f32_f32", 128, 8 * 32 * 4),
-            ("reuse4tc_bf16_bf16_bf16", 128, 16 * 520 * 4 + 16 * 32 * 2),
-            ("reuse4tc_f32_f32_bf16", 128, 16 * 520 * 4 + 16 * 32 * 2),
+            ("reuse4tc_bf16_bf16_bf16", 256, tc_smem),
+            ("reuse4tc_f32_f32_bf16", 256, tc_smem),
         ] {
             let f = self.module.load_function(name).map_err(driver(OP))?;
+            if smem > 48 * 1024 {
+                f.set_attribute(
+                    cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    smem as i32,
+                )
+                .map_err(driver(OP))?;
+            }
             let regs = f.num_regs().map_err(driver(OP))?;
             let blocks = f
                 .occupancy_max_active_blocks_per_multiprocessor(threads, smem, None)

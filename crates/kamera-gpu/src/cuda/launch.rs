@@ -9,10 +9,12 @@ use kamera_ops::DType;
 
 /// Shared memory a launch may use without an opt-in.
 const SMEM_LIMIT: usize = 48 * 1024;
-/// Rows per block of the tensor-core kernels (`TC_ROWS`) and their shared-tile padding (`TC_PAD`).
+/// Rows per MMA tile, tiles per block and shared-tile padding of the tensor-core kernels
+/// (`TC_ROWS`, `TC_TILES`, `TC_PAD`).
 const TC_ROWS: usize = 16;
+const TC_TILES: usize = 4;
 const TC_PAD: usize = 8;
-/// Columns a tensor-core block takes at most (whole heads; one 4-column unit per thread).
+/// Columns a tensor-core block takes at most (whole heads; two threads per 4-column unit).
 const TC_CHUNK: usize = 512;
 
 /// A kernel family of kernels/reuse.cu.
@@ -26,10 +28,14 @@ pub(super) enum Kernel {
     WideTc { factors: DType, chunk: usize },
 }
 
-/// Token rows per block of the FMA kernels (`ROWS`): 8 for f32 sources, 16 for 16-bit ones.
-fn fma_rows(src: DType) -> usize {
-    if src == DType::F32 { 8 } else { 16 }
+/// Shared memory of a tensor-core block: the f32 patch tile, Wᵀ and P as 16-bit words.
+pub(super) fn tc_smem(chunk: usize, max_rank: usize) -> usize {
+    let kp = max_rank.next_multiple_of(16);
+    TC_ROWS * (chunk + TC_PAD) * 4 + kp * (chunk + TC_PAD) * 2 + TC_ROWS * (kp + TC_PAD) * 2
 }
+
+/// Token rows per block of the FMA kernels (`ROWS`).
+const FMA_ROWS: usize = 8;
 
 impl CudaBackend {
     /// The fastest kernel the row width, rotation, factor dtype (`Some` when every ranked layer
@@ -52,8 +58,7 @@ impl CudaBackend {
             TC_CHUNK
         }
         .min(cols);
-        let smem = TC_ROWS * (chunk + TC_PAD) * 4 + TC_ROWS * max_rank.next_multiple_of(16) * 2;
-        if chunk > 1024 || smem > SMEM_LIMIT {
+        if chunk > TC_CHUNK || tc_smem(chunk, max_rank) > self.smem_optin {
             return Kernel::Wide;
         }
         Kernel::WideTc { factors, chunk }
@@ -76,40 +81,55 @@ impl CudaBackend {
         if src.rows == 0 || src.layers == 0 {
             return Ok(());
         }
-        let (rows, units, chunk, smem) = match kernel {
+        // (rows per block, threads, columns per block, shared memory)
+        let (rows, threads, chunk, smem) = match kernel {
             Kernel::Pairs | Kernel::Wide => {
-                let rows = fma_rows(src.dtype);
+                let rows = FMA_ROWS;
                 let units = if kernel == Kernel::Wide {
                     src.cols / 4
                 } else {
                     src.cols.div_ceil(2)
                 };
-                (rows, units, src.cols, rows * fac.max_rank.next_multiple_of(4) * 4)
+                let smem = rows * fac.max_rank.next_multiple_of(4) * 4;
+                (rows, units.next_multiple_of(32).min(256), src.cols, smem)
             }
+            // Two threads per 4-column unit (rows 0-7 and 8-15 of each tile).
             Kernel::WideTc { chunk, .. } => (
-                TC_ROWS,
-                chunk / 4,
+                TC_ROWS * TC_TILES,
+                2 * (chunk / 4).next_multiple_of(32),
                 chunk,
-                TC_ROWS * (chunk + TC_PAD) * 4 + TC_ROWS * fac.max_rank.next_multiple_of(16) * 2,
+                tc_smem(chunk, fac.max_rank),
             ),
         };
-        if smem > SMEM_LIMIT {
+        let limit = if matches!(kernel, Kernel::WideTc { .. }) {
+            self.smem_optin
+        } else {
+            SMEM_LIMIT
+        };
+        if smem > limit {
             return Err(Error::Driver {
                 op: OP,
                 detail: format!(
-                    "patch rank {} needs {smem} B of shared memory (at most {SMEM_LIMIT})",
+                    "patch rank {} needs {smem} B of shared memory (at most {limit})",
                     fac.max_rank
                 ),
             });
         }
         let f = self.function(kernel, src.dtype, dst.dtype)?;
+        if smem > SMEM_LIMIT {
+            f.set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )
+            .map_err(driver(OP))?;
+        }
         let cfg = LaunchConfig {
             grid_dim: (
                 src.rows.div_ceil(rows) as u32,
                 src.layers as u32,
                 src.cols.div_ceil(chunk) as u32,
             ),
-            block_dim: (units.next_multiple_of(32).min(256) as u32, 1, 1),
+            block_dim: (threads as u32, 1, 1),
             shared_mem_bytes: smem as u32,
         };
         let int = |x: usize| x as i32;

@@ -36,6 +36,8 @@ pub struct CudaBackend {
     wide: bool,
     /// Compute capability 8.0 or newer: 16-bit MMA for 16-bit patch factors.
     tensor_cores: bool,
+    /// Shared memory one block may opt in to.
+    smem_optin: usize,
 }
 
 /// Device-side storage of one channel: f32 as is, f16/bf16 as raw 16-bit words.
@@ -146,6 +148,9 @@ impl CudaBackend {
         let arch: &'static str = Box::leak(format!("sm_{major}{minor}").into_boxed_str());
         let module = ctx.load_module(ptx_for(arch)?).map_err(driver(OP))?;
         let name = ctx.name().map_err(driver(OP))?;
+        let smem_optin = ctx
+            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .map_err(driver(OP))? as usize;
         let stream = ctx.default_stream();
         Ok(CudaBackend {
             ctx,
@@ -154,6 +159,7 @@ impl CudaBackend {
             name,
             wide: true,
             tensor_cores: major >= 8,
+            smem_optin,
         })
     }
 
