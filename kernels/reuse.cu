@@ -8,10 +8,11 @@
 // latent). Writing at `dst_row` of a `dst_rows`-row buffer makes the same kernel the gather that
 // assembles a context from several chunks. CPU reference: kamera-ops reuse_into.
 //
-// Work split: blockIdx.y is the layer, blockIdx.x a tile of ROWS (8) tokens. Each thread owns one
-// "unit" of two columns that a rotation mixes (adjacent columns where nothing rotates), keeps
-// ROWS rows of it in registers (many loads in flight), adds the patch with the tile's P rows
-// staged in shared memory (float4 broadcast reads) and Wᵀ read once per tile, rotates, stores.
+// Three kernel families, picked by the host per launch: two-column units for any shape
+// (reuse_*), four-column units where heads, rotary span and rows are multiples of 4 (reuse4_*),
+// and those with a tensor-core patch for 16-bit factors (reuse4tc_*). In all, blockIdx.y is the
+// layer and blockIdx.x a tile of tokens; a thread owns one unit of columns that a rotation mixes
+// and keeps several rows of it in registers (many loads in flight).
 // jobs[3·layer ..] = (offset of P_layer in p, offset of Wᵀ_layer in wt, rank of the layer).
 // `*bad` is set when an output is NaN or infinite (the CPU reference's NonFinite error).
 
@@ -43,7 +44,8 @@ __device__ __forceinline__ u16 f2b(float x) {
     return (u16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
-// One element, and an adjacent even-aligned pair in one load/store.
+// One element, and an adjacent even-aligned pair in one load/store (two-column kernels: a
+// thread owns two columns and ROWS = 8 rows of them; the tile's P rows sit in shared memory).
 __device__ __forceinline__ float load_f(const float* p, i64 i) { return p[i]; }
 __device__ __forceinline__ float load_h(const u16* p, i64 i) { return h2f(p[i]); }
 __device__ __forceinline__ float load_b(const u16* p, i64 i) { return b2f(p[i]); }
@@ -82,17 +84,7 @@ __device__ __forceinline__ u32 pack_b(float lo, float hi) {
 __device__ __forceinline__ void store2_f(float* p, i64 i, float a, float b) { *(float2*)(p + i) = make_float2(a, b); }
 __device__ __forceinline__ void store2_h(u16* p, i64 i, float a, float b) { *(u32*)(p + i) = pack_h(a, b); }
 __device__ __forceinline__ void store2_b(u16* p, i64 i, float a, float b) { *(u32*)(p + i) = pack_b(a, b); }
-// Four adjacent, 4-element-aligned values in one load/store.
-__device__ __forceinline__ float4 load4_f(const float* p, i64 i) { return *(const float4*)(p + i); }
-__device__ __forceinline__ float4 load4_h(const u16* p, i64 i) {
-    uint2 w = *(const uint2*)(p + i);
-    return make_float4(h2f((u16)(w.x & 0xffffu)), h2f((u16)(w.x >> 16)), h2f((u16)(w.y & 0xffffu)), h2f((u16)(w.y >> 16)));
-}
-__device__ __forceinline__ float4 load4_b(const u16* p, i64 i) {
-    uint2 w = *(const uint2*)(p + i);
-    return make_float4(__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xffff0000u), __uint_as_float(w.y << 16),
-                       __uint_as_float(w.y & 0xffff0000u));
-}
+// Four adjacent, 4-element-aligned values in one store.
 __device__ __forceinline__ void store4_f(float* p, i64 i, float4 x) { *(float4*)(p + i) = x; }
 __device__ __forceinline__ void store4_h(u16* p, i64 i, float4 x) {
     *(uint2*)(p + i) = make_uint2(pack_h(x.x, x.y), pack_h(x.z, x.w));
@@ -191,258 +183,331 @@ REUSE_KERNEL(reuse_bf16_f32, 8, u16, load_b, load2_b, float, store_f, store2_f)
 REUSE_KERNEL(reuse_bf16_f16, 8, u16, load_b, load2_b, u16, store_h, store2_h)
 REUSE_KERNEL(reuse_bf16_bf16, 8, u16, load_b, load2_b, u16, store_b, store2_b)
 
-// The same op with units of four columns (two rotary pairs), for shapes where every head,
-// the rotary span and the row are multiples of 4 (the host checks): a half-split unit is
-// columns (k, k+1 | k+half, k+half+1) with pairs (x0, x2), (x1, x3); any other unit is four
-// adjacent columns 4u..4u+3 with pairs (x0, x1), (x2, x3) where they rotate. Loads and stores
-// are 8 (16-bit) or 16 (f32) bytes wide, and Wᵀ is read four ranks at a time.
-#define REUSE4_KERNEL(NAME, ROWS, TI, LOAD2, LOAD4, TO, STORE2, STORE4)                                   \
-extern "C" __global__ void __launch_bounds__(256) NAME(                                             \
-    const TI* __restrict__ src, TO* __restrict__ dst, int n, int cols, int dst_row, int dst_rows,     \
-    const float* __restrict__ p, const float* __restrict__ wt, const i64* __restrict__ jobs,          \
-    const float* __restrict__ cosv, const float* __restrict__ sinv, int rotate,                       \
-    int n_heads, int head_dim, int rotary_dims, int interleaved, int* bad) {                          \
-    extern __shared__ float4 coef4[];                                                                 \
-    float* coef = (float*)coef4;                                                                      \
-    const int layer = blockIdx.y, row0 = blockIdx.x * ROWS;                                           \
-    const int rows = min(ROWS, n - row0);                                                             \
-    const i64 p_off = jobs[3 * layer], wt_off = jobs[3 * layer + 1];                                  \
-    const int rank = (int)jobs[3 * layer + 2], rank4 = (rank + 3) & ~3;                               \
-    for (int i = threadIdx.x; i < ROWS * rank4; i += blockDim.x) {                                    \
-        int r = i / rank4, j = i - r * rank4;                                                         \
-        coef[i] = (r < rows && j < rank) ? p[p_off + (i64)(row0 + r) * rank + j] : 0.f;               \
-    }                                                                                                 \
-    __syncthreads();                                                                                  \
-    const int half = rotary_dims >> 1, unit_per_head = head_dim >> 2, units = cols >> 2;             \
-    const i64 in_base = ((i64)layer * n + row0) * cols;                                               \
-    const i64 out_base = ((i64)layer * dst_rows + dst_row + row0) * cols;                             \
-    const float* w = wt + wt_off;                                                                     \
-    float nf = 0.f;                                                                                   \
-    for (int u = threadIdx.x; u < units; u += blockDim.x) {                                           \
-        const int h = rotate ? u / unit_per_head : 0, k4 = rotate ? u - h * unit_per_head : 0;        \
-        const int rot = rotate && h < n_heads && 4 * k4 < rotary_dims;                                \
-        const int split = rot && !interleaved;                                                        \
-        /* split: columns a, a+1 | b, b+1; else a..a+3. First rotary pair index of the unit. */       \
-        const int a = split ? h * head_dim + 2 * k4 : 4 * u, b = a + half, pair = 2 * k4;             \
-        float4 x[ROWS];                                                                               \
-        _Pragma("unroll") for (int r = 0; r < ROWS; ++r) {                                            \
-            x[r] = make_float4(0.f, 0.f, 0.f, 0.f);                                                   \
-            if (r < rows) {                                                                           \
-                const i64 o = in_base + (i64)r * cols;                                                \
-                if (split) {                                                                          \
-                    float2 lo = LOAD2(src, o + a), hi = LOAD2(src, o + b);                            \
-                    x[r] = make_float4(lo.x, lo.y, hi.x, hi.y);                                       \
-                } else x[r] = LOAD4(src, o + a);                                                      \
-            }                                                                                         \
-        }                                                                                             \
-        for (int j0 = 0; j0 < rank4; j0 += 4) {                                                       \
-            float4 wq[4];                                                                             \
-            _Pragma("unroll") for (int q = 0; q < 4; ++q) {                                           \
-                const int j = j0 + q;                                                                 \
-                wq[q] = make_float4(0.f, 0.f, 0.f, 0.f);                                              \
-                if (j < rank) {                                                                       \
-                    const float* wj = w + (i64)j * cols;                                              \
-                    if (split) {                                                                      \
-                        float2 lo = *(const float2*)(wj + a), hi = *(const float2*)(wj + b);          \
-                        wq[q] = make_float4(lo.x, lo.y, hi.x, hi.y);                                  \
-                    } else wq[q] = *(const float4*)(wj + a);                                          \
-                }                                                                                     \
-            }                                                                                         \
-            _Pragma("unroll") for (int r = 0; r < ROWS; ++r) {                                        \
-                const float4 c = coef4[(r * rank4 + j0) >> 2];                                        \
-                const float cj[4] = {c.x, c.y, c.z, c.w};                                             \
-                _Pragma("unroll") for (int q = 0; q < 4; ++q) {                                       \
-                    x[r].x += cj[q] * wq[q].x; x[r].y += cj[q] * wq[q].y;                             \
-                    x[r].z += cj[q] * wq[q].z; x[r].w += cj[q] * wq[q].w;                             \
-                }                                                                                     \
-            }                                                                                         \
-        }                                                                                             \
-        if (rot) {                                                                                    \
-            const i64 t = (i64)layer * half + pair;                                                   \
-            const float c0 = cosv[t], s0 = sinv[t], c1 = cosv[t + 1], s1 = sinv[t + 1];               \
-            _Pragma("unroll") for (int r = 0; r < ROWS; ++r) {                                        \
-                float4 v = x[r];                                                                      \
-                if (split) {                                                                          \
-                    x[r] = make_float4(v.x * c0 - v.z * s0, v.y * c1 - v.w * s1,                      \
-                                       v.x * s0 + v.z * c0, v.y * s1 + v.w * c1);                     \
-                } else {                                                                              \
-                    x[r] = make_float4(v.x * c0 - v.y * s0, v.x * s0 + v.y * c0,                      \
-                                       v.z * c1 - v.w * s1, v.z * s1 + v.w * c1);                     \
-                }                                                                                     \
-            }                                                                                         \
-        }                                                                                             \
-        _Pragma("unroll") for (int r = 0; r < ROWS; ++r) {                                            \
-            if (r < rows) {                                                                           \
-                const i64 o = out_base + (i64)r * cols;                                               \
-                nf = taint4(nf, x[r]);                                                                \
-                if (split) {                                                                          \
-                    STORE2(dst, o + a, x[r].x, x[r].y);                                               \
-                    STORE2(dst, o + b, x[r].z, x[r].w);                                               \
-                } else STORE4(dst, o + a, x[r]);                                                      \
-            }                                                                                         \
-        }                                                                                             \
-    }                                                                                                 \
-    if (nf != 0.f) *bad = 1;                                                                          \
+// Per-dtype access for the four-column kernels: `Raw` is what one 4-column unit of one row
+// occupies in registers before conversion (float4 for f32, two 32-bit words for 16-bit types),
+// so 16-bit rows cost half the registers and twice as many can be in flight per thread.
+struct F32 {
+    typedef float T;
+    typedef float4 Raw;
+    static __device__ __forceinline__ Raw load(const T* p, i64 o, int a, int b, int split) {
+        if (split) {
+            const float2 lo = *(const float2*)(p + o + a), hi = *(const float2*)(p + o + b);
+            return make_float4(lo.x, lo.y, hi.x, hi.y);
+        }
+        return *(const float4*)(p + o + a);
+    }
+    static __device__ __forceinline__ float4 unpack(Raw r) { return r; }
+    static __device__ __forceinline__ void store(T* p, i64 o, int a, int b, int split, float4 x) {
+        if (split) { store2_f(p, o + a, x.x, x.y); store2_f(p, o + b, x.z, x.w); }
+        else store4_f(p, o + a, x);
+    }
+};
+struct F16 {
+    typedef u16 T;
+    typedef uint2 Raw;
+    static __device__ __forceinline__ Raw load(const T* p, i64 o, int a, int b, int split) {
+        if (split) return make_uint2(*(const u32*)(p + o + a), *(const u32*)(p + o + b));
+        return *(const uint2*)(p + o + a);
+    }
+    static __device__ __forceinline__ float4 unpack(Raw r) {
+        return make_float4(h2f((u16)(r.x & 0xffffu)), h2f((u16)(r.x >> 16)), h2f((u16)(r.y & 0xffffu)),
+                           h2f((u16)(r.y >> 16)));
+    }
+    static __device__ __forceinline__ void store(T* p, i64 o, int a, int b, int split, float4 x) {
+        if (split) { store2_h(p, o + a, x.x, x.y); store2_h(p, o + b, x.z, x.w); }
+        else store4_h(p, o + a, x);
+    }
+};
+struct BF16 {
+    typedef u16 T;
+    typedef uint2 Raw;
+    static __device__ __forceinline__ Raw load(const T* p, i64 o, int a, int b, int split) {
+        return F16::load(p, o, a, b, split);
+    }
+    static __device__ __forceinline__ float4 unpack(Raw r) {
+        return make_float4(__uint_as_float(r.x << 16), __uint_as_float(r.x & 0xffff0000u),
+                           __uint_as_float(r.y << 16), __uint_as_float(r.y & 0xffff0000u));
+    }
+    static __device__ __forceinline__ void store(T* p, i64 o, int a, int b, int split, float4 x) {
+        if (split) { store2_b(p, o + a, x.x, x.y); store2_b(p, o + b, x.z, x.w); }
+        else store4_b(p, o + a, x);
+    }
+};
+
+// Where a 4-column unit `u` lives: a half-split rotary unit is columns (a, a+1 | b, b+1) with
+// pairs (x0, x2), (x1, x3); any other unit is four adjacent columns a..a+3 with pairs (x0, x1),
+// (x2, x3) where they rotate. `pair` is the first rotary pair index, `rot` whether R applies.
+struct Unit {
+    int a, b, pair, rot, split;
+    __device__ __forceinline__ Unit(int u, int rotate, int n_heads, int head_dim, int rotary_dims, int interleaved) {
+        const int unit_per_head = head_dim >> 2;
+        const int h = rotate ? u / unit_per_head : 0, k4 = rotate ? u - h * unit_per_head : 0;
+        rot = rotate && h < n_heads && 4 * k4 < rotary_dims;
+        split = rot && !interleaved;
+        a = split ? h * head_dim + 2 * k4 : 4 * u;
+        b = a + (rotary_dims >> 1);
+        pair = 2 * k4;
+    }
+    __device__ __forceinline__ float4 turn(float4 v, float c0, float s0, float c1, float s1) const {
+        if (split) return make_float4(v.x * c0 - v.z * s0, v.y * c1 - v.w * s1, v.x * s0 + v.z * c0, v.y * s1 + v.w * c1);
+        return make_float4(v.x * c0 - v.y * s0, v.x * s0 + v.y * c0, v.z * c1 - v.w * s1, v.z * s1 + v.w * c1);
+    }
+};
+
+// The op with units of four columns (two rotary pairs), for shapes where every head, the
+// rotary span and the row are multiples of 4 (the host checks). Loads and stores are 8 (16-bit)
+// or 16 (f32) bytes wide; a thread loads ROWS rows of its unit at once (16 for 16-bit sources,
+// 8 for f32: the same bytes in flight), then patches, rotates and stores them BATCH rows at a
+// time, reading Wᵀ four ranks at a time and the tile's P rows from shared memory.
+template <class In, class Out, int ROWS, int BATCH>
+__device__ __forceinline__ void reuse4_body(
+    const typename In::T* __restrict__ src, typename Out::T* __restrict__ dst, int n, int cols, int dst_row,
+    int dst_rows, const float* __restrict__ p, const float* __restrict__ wt, const i64* __restrict__ jobs,
+    const float* __restrict__ cosv, const float* __restrict__ sinv, int rotate, int n_heads, int head_dim,
+    int rotary_dims, int interleaved, int* bad) {
+    extern __shared__ float4 coef4[];
+    float* coef = (float*)coef4;
+    const int layer = blockIdx.y, row0 = blockIdx.x * ROWS;
+    const int rows = min(ROWS, n - row0);
+    const i64 p_off = jobs[3 * layer], wt_off = jobs[3 * layer + 1];
+    const int rank = (int)jobs[3 * layer + 2], rank4 = (rank + 3) & ~3;
+    for (int i = threadIdx.x; i < ROWS * rank4; i += blockDim.x) {
+        const int r = i / rank4, j = i - r * rank4;
+        coef[i] = (r < rows && j < rank) ? p[p_off + (i64)(row0 + r) * rank + j] : 0.f;
+    }
+    __syncthreads();
+    const int half = rotary_dims >> 1, units = cols >> 2;
+    const i64 in_base = ((i64)layer * n + row0) * cols;
+    const i64 out_base = ((i64)layer * dst_rows + dst_row + row0) * cols;
+    const float* w = wt + wt_off;
+    float nf = 0.f;
+    for (int u = threadIdx.x; u < units; u += blockDim.x) {
+        const Unit un(u, rotate, n_heads, head_dim, rotary_dims, interleaved);
+        typename In::Raw raw[ROWS];
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r)
+            if (r < rows) raw[r] = In::load(src, in_base + (i64)r * cols, un.a, un.b, un.split);
+        float c0 = 1.f, s0 = 0.f, c1 = 1.f, s1 = 0.f;
+        if (un.rot) {
+            const i64 t = (i64)layer * half + un.pair;
+            c0 = cosv[t]; s0 = sinv[t]; c1 = cosv[t + 1]; s1 = sinv[t + 1];
+        }
+#pragma unroll
+        for (int b0 = 0; b0 < ROWS; b0 += BATCH) {
+            float4 x[BATCH];
+#pragma unroll
+            for (int r = 0; r < BATCH; ++r) x[r] = b0 + r < rows ? In::unpack(raw[b0 + r]) : make_float4(0.f, 0.f, 0.f, 0.f);
+            for (int j0 = 0; j0 < rank4; j0 += 4) {
+                float4 wq[4];
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    const int j = j0 + q;
+                    wq[q] = make_float4(0.f, 0.f, 0.f, 0.f);
+                    if (j < rank) {
+                        const float* wj = w + (i64)j * cols;
+                        if (un.split) {
+                            const float2 lo = *(const float2*)(wj + un.a), hi = *(const float2*)(wj + un.b);
+                            wq[q] = make_float4(lo.x, lo.y, hi.x, hi.y);
+                        } else wq[q] = *(const float4*)(wj + un.a);
+                    }
+                }
+#pragma unroll
+                for (int r = 0; r < BATCH; ++r) {
+                    const float4 c = coef4[((b0 + r) * rank4 + j0) >> 2];
+                    const float cj[4] = {c.x, c.y, c.z, c.w};
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) {
+                        x[r].x += cj[q] * wq[q].x; x[r].y += cj[q] * wq[q].y;
+                        x[r].z += cj[q] * wq[q].z; x[r].w += cj[q] * wq[q].w;
+                    }
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < BATCH; ++r) {
+                if (b0 + r < rows) {
+                    const float4 v = un.rot ? un.turn(x[r], c0, s0, c1, s1) : x[r];
+                    nf = taint4(nf, v);
+                    Out::store(dst, out_base + (i64)(b0 + r) * cols, un.a, un.b, un.split, v);
+                }
+            }
+        }
+    }
+    if (nf != 0.f) *bad = 1;
 }
 
-REUSE4_KERNEL(reuse4_f32_f32, 8, float, load2_f, load4_f, float, store2_f, store4_f)
-REUSE4_KERNEL(reuse4_f32_f16, 8, float, load2_f, load4_f, u16, store2_h, store4_h)
-REUSE4_KERNEL(reuse4_f32_bf16, 8, float, load2_f, load4_f, u16, store2_b, store4_b)
-REUSE4_KERNEL(reuse4_f16_f32, 8, u16, load2_h, load4_h, float, store2_f, store4_f)
-REUSE4_KERNEL(reuse4_f16_f16, 8, u16, load2_h, load4_h, u16, store2_h, store4_h)
-REUSE4_KERNEL(reuse4_f16_bf16, 8, u16, load2_h, load4_h, u16, store2_b, store4_b)
-REUSE4_KERNEL(reuse4_bf16_f32, 8, u16, load2_b, load4_b, float, store2_f, store4_f)
-REUSE4_KERNEL(reuse4_bf16_f16, 8, u16, load2_b, load4_b, u16, store2_h, store4_h)
-REUSE4_KERNEL(reuse4_bf16_bf16, 8, u16, load2_b, load4_b, u16, store2_b, store4_b)
+#define WIDE_ARGS                                                                                      \
+    int n, int cols, int dst_row, int dst_rows, const float* __restrict__ p, const float* __restrict__ wt, \
+        const i64* __restrict__ jobs, const float* __restrict__ cosv, const float* __restrict__ sinv,    \
+        int rotate, int n_heads, int head_dim, int rotary_dims, int interleaved
+#define WIDE_PASS n, cols, dst_row, dst_rows, p, wt, jobs, cosv, sinv, rotate, n_heads, head_dim, rotary_dims, interleaved
+
+#define REUSE4(NAME, IN, OUT, ROWS)                                                                    \
+    extern "C" __global__ void __launch_bounds__(256)                                                 \
+        NAME(const IN::T* __restrict__ src, OUT::T* __restrict__ dst, WIDE_ARGS, int* bad) {           \
+        reuse4_body<IN, OUT, ROWS, 8>(src, dst, WIDE_PASS, bad);                                       \
+    }
+REUSE4(reuse4_f32_f32, F32, F32, 8)
+REUSE4(reuse4_f32_f16, F32, F16, 8)
+REUSE4(reuse4_f32_bf16, F32, BF16, 8)
+REUSE4(reuse4_f16_f32, F16, F32, 16)
+REUSE4(reuse4_f16_f16, F16, F16, 16)
+REUSE4(reuse4_f16_bf16, F16, BF16, 16)
+REUSE4(reuse4_bf16_f32, BF16, F32, 16)
+REUSE4(reuse4_bf16_f16, BF16, F16, 16)
+REUSE4(reuse4_bf16_bf16, BF16, BF16, 16)
 
 // Tensor-core patch (sm_80+) for 16-bit patch factors (bf16 or f16, as stored): the MMA
 // multiplies them exactly and sums in f32, so this matches the CPU reference as the FMA kernels
 // do. A block owns one column chunk (whole heads, at most 512 columns) of TC_TILES tiles of
-// TC_ROWS rows: it stages the chunk's Wᵀ in shared memory once, then per tile stages P, forms the
+// TC_ROWS rows: it stages the chunk's Wᵀ in shared memory once; per tile it stages P, forms the
 // 16 × chunk tile of P·Wᵀ with mma.m16n8k16 (each warp a strip of 8-column tiles) into shared
-// memory, and each thread adds it to its 4-column unit of 8 of the 16 rows, rotates and stores.
-// Shared memory: patch [TC_ROWS][chunk + TC_PAD] f32, Wᵀ [kp][chunk + TC_PAD] and P
-// [TC_ROWS][kp + TC_PAD] as 16-bit words, kp = rank rounded up to 16.
+// memory while the next tile's rows are already loading, and each thread adds the patch to its
+// 4-column unit of 8 of the 16 rows, rotates and stores. Shared memory: patch
+// [TC_ROWS][chunk + TC_PAD] f32, Wᵀ [kp][chunk + TC_PAD] and P [TC_ROWS][kp + TC_PAD] as 16-bit
+// words, kp = rank rounded up to 16.
 #define TC_ROWS 16
-#define TC_TILES 4
+#define TC_TILES 8
 #define TC_PAD 8
 
-#define REUSE4_TC_KERNEL(NAME, TI, LOAD2, LOAD4, TO, STORE2, STORE4, MMA)                             \
-extern "C" __global__ void __launch_bounds__(256) NAME(                                             \
-    const TI* __restrict__ src, TO* __restrict__ dst, int n, int cols, int dst_row, int dst_rows,     \
-    const u16* __restrict__ p, const u16* __restrict__ wt, const i64* __restrict__ jobs,              \
-    const float* __restrict__ cosv, const float* __restrict__ sinv, int rotate,                       \
-    int n_heads, int head_dim, int rotary_dims, int interleaved, int chunk_cols, int* bad) {          \
-    REUSE4_TC_BODY(TI, LOAD2, LOAD4, TO, STORE2, STORE4, MMA)                                         \
-}
-
+template <class In, class Out, int BF>
+__device__ __forceinline__ void reuse4tc_body(
+    const typename In::T* __restrict__ src, typename Out::T* __restrict__ dst, int n, int cols, int dst_row,
+    int dst_rows, const u16* __restrict__ p, const u16* __restrict__ wt, const i64* __restrict__ jobs,
+    const float* __restrict__ cosv, const float* __restrict__ sinv, int rotate, int n_heads, int head_dim,
+    int rotary_dims, int interleaved, int chunk_cols, int* bad) {
 #if __CUDA_ARCH__ >= 800
-#define REUSE4_TC_BODY(TI, LOAD2, LOAD4, TO, STORE2, STORE4, MMA)                                     \
-    extern __shared__ float4 smem4[];                                                                 \
-    const int layer = blockIdx.y, tid = threadIdx.x;                                                  \
-    const int c0 = blockIdx.z * chunk_cols, width = min(chunk_cols, cols - c0);                       \
-    const i64 p_off = jobs[3 * layer], wt_off = jobs[3 * layer + 1];                                  \
-    const int rank = (int)jobs[3 * layer + 2], kp = ((rank + 15) >> 4) << 4;                          \
-    const int stride = chunk_cols + TC_PAD, pstride = kp + TC_PAD;                                    \
-    float* patch = (float*)smem4;                                                                     \
-    u16* wtile = (u16*)(patch + TC_ROWS * stride);                                                    \
-    u16* ptile = wtile + kp * stride;                                                                 \
-    for (int i = tid; i < kp * chunk_cols; i += blockDim.x) {                                         \
-        const int k = i / chunk_cols, c = i - k * chunk_cols;                                         \
-        wtile[k * stride + c] = (k < rank && c < width) ? wt[wt_off + (i64)k * cols + c0 + c] : (u16)0; \
-    }                                                                                                 \
-    /* Thread = (half of the tile's rows, 4-column unit of the chunk). */                             \
-    const int lanes = blockDim.x >> 1, part = tid >= lanes, ui = tid - part * lanes;                  \
-    const int active = ui < (width >> 2);                                                             \
-    const int u = (c0 >> 2) + ui;                                                                     \
-    const int half = rotary_dims >> 1, unit_per_head = head_dim >> 2;                                 \
-    const int h = rotate ? u / unit_per_head : 0, k4 = rotate ? u - h * unit_per_head : 0;            \
-    const int rot = rotate && h < n_heads && 4 * k4 < rotary_dims;                                    \
-    const int split = rot && !interleaved;                                                            \
-    const int a = split ? h * head_dim + 2 * k4 : 4 * u, b = a + half, pair = 2 * k4;                 \
-    float cs0 = 1.f, sn0 = 0.f, cs1 = 1.f, sn1 = 0.f;                                                 \
-    if (rot) {                                                                                        \
-        const i64 tt = (i64)layer * half + pair;                                                      \
-        cs0 = cosv[tt]; sn0 = sinv[tt]; cs1 = cosv[tt + 1]; sn1 = sinv[tt + 1];                       \
-    }                                                                                                 \
-    const int lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;                             \
-    const int g = lane >> 2, t = lane & 3;                                                            \
-    float nf = 0.f;                                                                                   \
-    for (int tile = 0; tile < TC_TILES; ++tile) {                                                     \
-        const int row0 = (blockIdx.x * TC_TILES + tile) * TC_ROWS;                                    \
-        if (row0 >= n) break;                                                                         \
-        const int rows = min(TC_ROWS, n - row0);                                                      \
-        const i64 in_base = ((i64)layer * n + row0) * cols;                                           \
-        const i64 out_base = ((i64)layer * dst_rows + dst_row + row0) * cols;                         \
-        float4 x[8];                                                                                  \
-        _Pragma("unroll") for (int r = 0; r < 8; ++r) {                                               \
-            const int rr = part * 8 + r;                                                              \
-            x[r] = make_float4(0.f, 0.f, 0.f, 0.f);                                                   \
-            if (active && rr < rows) {                                                                \
-                const i64 o = in_base + (i64)rr * cols;                                               \
-                if (split) {                                                                          \
-                    const float2 lo = LOAD2(src, o + a), hi = LOAD2(src, o + b);                      \
-                    x[r] = make_float4(lo.x, lo.y, hi.x, hi.y);                                       \
-                } else x[r] = LOAD4(src, o + a);                                                      \
-            }                                                                                         \
-        }                                                                                             \
-        for (int i = tid; i < TC_ROWS * kp; i += blockDim.x) {                                        \
-            const int r = i / kp, j = i - r * kp;                                                     \
-            ptile[r * pstride + j] = (r < rows && j < rank) ? p[p_off + (i64)(row0 + r) * rank + j] : (u16)0; \
-        }                                                                                             \
-        __syncthreads();                                                                              \
-        if (rank > 0) {                                                                               \
-            for (int nt = warp; nt < ((width + 7) >> 3); nt += nwarps) {                              \
-                const int nc = nt * 8 + g;                                                            \
-                float d0 = 0.f, d1 = 0.f, d2 = 0.f, d3 = 0.f;                                         \
-                for (int kb = 2 * t; kb < kp; kb += 16) {                                             \
-                    const u32 a0 = *(const u32*)(ptile + g * pstride + kb);                           \
-                    const u32 a1 = *(const u32*)(ptile + (g + 8) * pstride + kb);                     \
-                    const u32 a2 = *(const u32*)(ptile + g * pstride + kb + 8);                       \
-                    const u32 a3 = *(const u32*)(ptile + (g + 8) * pstride + kb + 8);                 \
-                    const u32 b0 = (u32)wtile[kb * stride + nc] | ((u32)wtile[(kb + 1) * stride + nc] << 16); \
-                    const u32 b1 = (u32)wtile[(kb + 8) * stride + nc] | ((u32)wtile[(kb + 9) * stride + nc] << 16); \
-                    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." MMA "." MMA ".f32 "         \
-                                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"  \
-                                 : "+f"(d0), "+f"(d1), "+f"(d2), "+f"(d3)                             \
-                                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));             \
-                }                                                                                     \
-                const int cc = nt * 8 + 2 * t;                                                        \
-                *(float2*)(patch + g * stride + cc) = make_float2(d0, d1);                            \
-                *(float2*)(patch + (g + 8) * stride + cc) = make_float2(d2, d3);                      \
-            }                                                                                         \
-            __syncthreads();                                                                          \
-            if (active) {                                                                             \
-                _Pragma("unroll") for (int r = 0; r < 8; ++r) {                                       \
-                    const float* pr = patch + (part * 8 + r) * stride;                                \
-                    if (split) {                                                                      \
-                        const float2 lo = *(const float2*)(pr + a - c0), hi = *(const float2*)(pr + b - c0); \
-                        x[r].x += lo.x; x[r].y += lo.y; x[r].z += hi.x; x[r].w += hi.y;               \
-                    } else {                                                                          \
-                        const float4 q = *(const float4*)(pr + a - c0);                               \
-                        x[r].x += q.x; x[r].y += q.y; x[r].z += q.z; x[r].w += q.w;                   \
-                    }                                                                                 \
-                }                                                                                     \
-            }                                                                                         \
-        }                                                                                             \
-        if (active) {                                                                                 \
-            _Pragma("unroll") for (int r = 0; r < 8; ++r) {                                           \
-                const int rr = part * 8 + r;                                                          \
-                if (rr < rows) {                                                                      \
-                    float4 v = x[r];                                                                  \
-                    if (split) {                                                                      \
-                        v = make_float4(v.x * cs0 - v.z * sn0, v.y * cs1 - v.w * sn1,                 \
-                                        v.x * sn0 + v.z * cs0, v.y * sn1 + v.w * cs1);                \
-                    } else if (rot) {                                                                 \
-                        v = make_float4(v.x * cs0 - v.y * sn0, v.x * sn0 + v.y * cs0,                 \
-                                        v.z * cs1 - v.w * sn1, v.z * sn1 + v.w * cs1);                \
-                    }                                                                                 \
-                    nf = taint4(nf, v);                                                               \
-                    const i64 o = out_base + (i64)rr * cols;                                          \
-                    if (split) {                                                                      \
-                        STORE2(dst, o + a, v.x, v.y);                                                 \
-                        STORE2(dst, o + b, v.z, v.w);                                                 \
-                    } else STORE4(dst, o + a, v);                                                     \
-                }                                                                                     \
-            }                                                                                         \
-        }                                                                                             \
-    }                                                                                                 \
+    extern __shared__ float4 smem4[];
+    const int layer = blockIdx.y, tid = threadIdx.x;
+    const int c0 = blockIdx.z * chunk_cols, width = min(chunk_cols, cols - c0);
+    const i64 p_off = jobs[3 * layer], wt_off = jobs[3 * layer + 1];
+    const int rank = (int)jobs[3 * layer + 2], kp = ((rank + 15) >> 4) << 4;
+    const int stride = chunk_cols + TC_PAD, pstride = kp + TC_PAD;
+    float* patch = (float*)smem4;
+    u16* wtile = (u16*)(patch + TC_ROWS * stride);
+    u16* ptile = wtile + kp * stride;
+    for (int i = tid; i < kp * chunk_cols; i += blockDim.x) {
+        const int k = i / chunk_cols, c = i - k * chunk_cols;
+        wtile[k * stride + c] = (k < rank && c < width) ? wt[wt_off + (i64)k * cols + c0 + c] : (u16)0;
+    }
+    // Thread = (half of the tile's rows, 4-column unit of the chunk).
+    const int lanes = blockDim.x >> 1, part = tid >= lanes, ui = tid - part * lanes;
+    const int active = ui < (width >> 2);
+    const Unit un((c0 >> 2) + ui, rotate, n_heads, head_dim, rotary_dims, interleaved);
+    float c_0 = 1.f, s_0 = 0.f, c_1 = 1.f, s_1 = 0.f;
+    if (un.rot) {
+        const i64 t = (i64)layer * (rotary_dims >> 1) + un.pair;
+        c_0 = cosv[t]; s_0 = sinv[t]; c_1 = cosv[t + 1]; s_1 = sinv[t + 1];
+    }
+    const int lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int first = blockIdx.x * TC_TILES * TC_ROWS;
+    typename In::Raw cur[8], nxt[8];
+#pragma unroll
+    for (int r = 0; r < 8; ++r) {
+        const int row = first + part * 8 + r;
+        if (active && row < n) cur[r] = In::load(src, ((i64)layer * n + row) * cols, un.a, un.b, un.split);
+    }
+    float nf = 0.f;
+    for (int tile = 0; tile < TC_TILES; ++tile) {
+        const int row0 = first + tile * TC_ROWS;
+        if (row0 >= n) break;
+        const int rows = min(TC_ROWS, n - row0);
+        for (int i = tid; i < TC_ROWS * kp; i += blockDim.x) {
+            const int r = i / kp, j = i - r * kp;
+            ptile[r * pstride + j] = (r < rows && j < rank) ? p[p_off + (i64)(row0 + r) * rank + j] : (u16)0;
+        }
+        __syncthreads();
+        // The next tile's rows start loading now and land during the MMA and the stores.
+        if (tile + 1 < TC_TILES) {
+#pragma unroll
+            for (int r = 0; r < 8; ++r) {
+                const int row = row0 + TC_ROWS + part * 8 + r;
+                if (active && row < n) nxt[r] = In::load(src, ((i64)layer * n + row) * cols, un.a, un.b, un.split);
+            }
+        }
+        if (rank > 0) {
+            for (int nt = warp; nt < ((width + 7) >> 3); nt += nwarps) {
+                const int nc = nt * 8 + g;
+                float d0 = 0.f, d1 = 0.f, d2 = 0.f, d3 = 0.f;
+                for (int kb = 2 * t4; kb < kp; kb += 16) {
+                    const u32 a0 = *(const u32*)(ptile + g * pstride + kb);
+                    const u32 a1 = *(const u32*)(ptile + (g + 8) * pstride + kb);
+                    const u32 a2 = *(const u32*)(ptile + g * pstride + kb + 8);
+                    const u32 a3 = *(const u32*)(ptile + (g + 8) * pstride + kb + 8);
+                    const u32 b0 = (u32)wtile[kb * stride + nc] | ((u32)wtile[(kb + 1) * stride + nc] << 16);
+                    const u32 b1 = (u32)wtile[(kb + 8) * stride + nc] | ((u32)wtile[(kb + 9) * stride + nc] << 16);
+                    if (BF)
+                        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                                     "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                                     : "+f"(d0), "+f"(d1), "+f"(d2), "+f"(d3)
+                                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+                    else
+                        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                                     "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                                     : "+f"(d0), "+f"(d1), "+f"(d2), "+f"(d3)
+                                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+                }
+                const int cc = nt * 8 + 2 * t4;
+                *(float2*)(patch + g * stride + cc) = make_float2(d0, d1);
+                *(float2*)(patch + (g + 8) * stride + cc) = make_float2(d2, d3);
+            }
+            __syncthreads();
+        }
+        if (active) {
+#pragma unroll
+            for (int r = 0; r < 8; ++r) {
+                const int rr = part * 8 + r;
+                if (rr < rows) {
+                    float4 v = In::unpack(cur[r]);
+                    if (rank > 0) {
+                        const float* pr = patch + rr * stride - c0;
+                        if (un.split) {
+                            const float2 lo = *(const float2*)(pr + un.a), hi = *(const float2*)(pr + un.b);
+                            v.x += lo.x; v.y += lo.y; v.z += hi.x; v.w += hi.y;
+                        } else {
+                            const float4 q = *(const float4*)(pr + un.a);
+                            v.x += q.x; v.y += q.y; v.z += q.z; v.w += q.w;
+                        }
+                    }
+                    if (un.rot) v = un.turn(v, c_0, s_0, c_1, s_1);
+                    nf = taint4(nf, v);
+                    Out::store(dst, ((i64)layer * dst_rows + dst_row + row0 + rr) * cols, un.a, un.b, un.split, v);
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < 8; ++r) cur[r] = nxt[r];
+    }
     if (nf != 0.f) *bad = 1;
 #else
-// Below sm_80 there is no bf16 MMA; the host never launches these there.
-#define REUSE4_TC_BODY(TI, LOAD2, LOAD4, TO, STORE2, STORE4, MMA) __trap();
+    // Below sm_80 there is no 16-bit MMA; the host never launches these there.
+    __trap();
 #endif
+}
 
-#define REUSE4_TC_PAIR(NAME, TI, LOAD2, LOAD4, TO, STORE2, STORE4)                                    \
-    REUSE4_TC_KERNEL(NAME##_bf16, TI, LOAD2, LOAD4, TO, STORE2, STORE4, "bf16")                       \
-    REUSE4_TC_KERNEL(NAME##_f16, TI, LOAD2, LOAD4, TO, STORE2, STORE4, "f16")
-
-REUSE4_TC_PAIR(reuse4tc_f32_f32, float, load2_f, load4_f, float, store2_f, store4_f)
-REUSE4_TC_PAIR(reuse4tc_f32_f16, float, load2_f, load4_f, u16, store2_h, store4_h)
-REUSE4_TC_PAIR(reuse4tc_f32_bf16, float, load2_f, load4_f, u16, store2_b, store4_b)
-REUSE4_TC_PAIR(reuse4tc_f16_f32, u16, load2_h, load4_h, float, store2_f, store4_f)
-REUSE4_TC_PAIR(reuse4tc_f16_f16, u16, load2_h, load4_h, u16, store2_h, store4_h)
-REUSE4_TC_PAIR(reuse4tc_f16_bf16, u16, load2_h, load4_h, u16, store2_b, store4_b)
-REUSE4_TC_PAIR(reuse4tc_bf16_f32, u16, load2_b, load4_b, float, store2_f, store4_f)
-REUSE4_TC_PAIR(reuse4tc_bf16_f16, u16, load2_b, load4_b, u16, store2_h, store4_h)
-REUSE4_TC_PAIR(reuse4tc_bf16_bf16, u16, load2_b, load4_b, u16, store2_b, store4_b)
+#define REUSE4TC(NAME, IN, OUT)                                                                        \
+    extern "C" __global__ void __launch_bounds__(256) NAME##_bf16(                                    \
+        const IN::T* __restrict__ src, OUT::T* __restrict__ dst, int n, int cols, int dst_row, int dst_rows, \
+        const u16* __restrict__ p, const u16* __restrict__ wt, const i64* __restrict__ jobs,          \
+        const float* __restrict__ cosv, const float* __restrict__ sinv, int rotate, int n_heads,      \
+        int head_dim, int rotary_dims, int interleaved, int chunk_cols, int* bad) {                   \
+        reuse4tc_body<IN, OUT, 1>(src, dst, n, cols, dst_row, dst_rows, p, wt, jobs, cosv, sinv, rotate, \
+                                  n_heads, head_dim, rotary_dims, interleaved, chunk_cols, bad);      \
+    }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(256) NAME##_f16(                                     \
+        const IN::T* __restrict__ src, OUT::T* __restrict__ dst, int n, int cols, int dst_row, int dst_rows, \
+        const u16* __restrict__ p, const u16* __restrict__ wt, const i64* __restrict__ jobs,          \
+        const float* __restrict__ cosv, const float* __restrict__ sinv, int rotate, int n_heads,      \
+        int head_dim, int rotary_dims, int interleaved, int chunk_cols, int* bad) {                   \
+        reuse4tc_body<IN, OUT, 0>(src, dst, n, cols, dst_row, dst_rows, p, wt, jobs, cosv, sinv, rotate, \
+                                  n_heads, head_dim, rotary_dims, interleaved, chunk_cols, bad);      \
+    }
+REUSE4TC(reuse4tc_f32_f32, F32, F32)
+REUSE4TC(reuse4tc_f32_f16, F32, F16)
+REUSE4TC(reuse4tc_f32_bf16, F32, BF16)
+REUSE4TC(reuse4tc_f16_f32, F16, F32)
+REUSE4TC(reuse4tc_f16_f16, F16, F16)
+REUSE4TC(reuse4tc_f16_bf16, F16, BF16)
+REUSE4TC(reuse4tc_bf16_f32, BF16, F32)
+REUSE4TC(reuse4tc_bf16_f16, BF16, F16)
+REUSE4TC(reuse4tc_bf16_bf16, BF16, BF16)

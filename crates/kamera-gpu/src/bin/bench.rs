@@ -2,6 +2,7 @@
 //! bandwidth in the same run: T = 1024..16384 tokens, 28 layers, F = 512 (head dim 128, half-split
 //! pairs), rank 0 (relocate only), 16 and 32, patch factors in bf16 (tensor cores) and f32 (FMA),
 //! and the two-column kernels for reference (run by scripts/gpu-check.sh).
+//! `kamera-gpu-bench one TOKENS DTYPE RANK FACTORS [pairs]` runs one configuration (for profilers).
 
 use kamera_gpu::CudaBackend;
 use kamera_ops::DType;
@@ -17,6 +18,10 @@ fn main() {
             std::process::exit(2);
         }
     };
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("one") {
+        return one(&args[1..], open);
+    }
     let (wide, pairs) = (open(true), open(false));
     println!("device: {}", wide.device_name());
     match wide.kernel_report() {
@@ -53,6 +58,44 @@ fn main() {
                     }
                 }
             }
+        }
+    }
+}
+
+fn dtype(s: &str) -> Option<DType> {
+    match s {
+        "f32" => Some(DType::F32),
+        "f16" => Some(DType::F16),
+        "bf16" => Some(DType::Bf16),
+        _ => None,
+    }
+}
+
+/// One configuration: `TOKENS DTYPE RANK FACTORS [pairs]`.
+fn one(args: &[String], open: impl Fn(bool) -> CudaBackend) {
+    let usage = "usage: kamera-gpu-bench one TOKENS f32|f16|bf16 RANK f32|f16|bf16 [pairs]";
+    let parsed = (|| {
+        let tokens: usize = args.first()?.parse().ok()?;
+        let kv = dtype(args.get(1)?)?;
+        let rank: usize = args.get(2)?.parse().ok()?;
+        let factors = dtype(args.get(3)?)?;
+        Some((
+            tokens,
+            kv,
+            rank,
+            factors,
+            args.get(4).map(String::as_str) != Some("pairs"),
+        ))
+    })();
+    let Some((tokens, kv, rank, factors, wide)) = parsed else {
+        eprintln!("{usage}");
+        std::process::exit(2);
+    };
+    match open(wide).bench_reuse(tokens, 28, 512, rank, kv, factors, 5) {
+        Ok(f) => println!("{f:?}"),
+        Err(e) => {
+            eprintln!("kamera-gpu-bench: {e}");
+            std::process::exit(1);
         }
     }
 }

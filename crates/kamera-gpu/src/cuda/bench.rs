@@ -139,7 +139,7 @@ impl CudaBackend {
         let tc_smem = super::launch::tc_smem(512, 32);
         for (name, threads, smem) in [
             ("reuse_bf16_bf16", 256, 8 * 32 * 4),
-            ("reuse4_bf16_bf16", 128, 8 * 32 * 4),
+            ("reuse4_bf16_bf16", 128, 16 * 32 * 4),
             ("reuse4_f32_f32", 128, 8 * 32 * 4),
             ("reuse4tc_bf16_bf16_bf16", 256, tc_smem),
             ("reuse4tc_f32_f32_bf16", 256, tc_smem),

@@ -12,7 +12,7 @@ const SMEM_LIMIT: usize = 48 * 1024;
 /// Rows per MMA tile, tiles per block and shared-tile padding of the tensor-core kernels
 /// (`TC_ROWS`, `TC_TILES`, `TC_PAD`).
 const TC_ROWS: usize = 16;
-const TC_TILES: usize = 4;
+const TC_TILES: usize = 8;
 const TC_PAD: usize = 8;
 /// Columns a tensor-core block takes at most (whole heads; two threads per 4-column unit).
 const TC_CHUNK: usize = 512;
@@ -34,8 +34,15 @@ pub(super) fn tc_smem(chunk: usize, max_rank: usize) -> usize {
     TC_ROWS * (chunk + TC_PAD) * 4 + kp * (chunk + TC_PAD) * 2 + TC_ROWS * (kp + TC_PAD) * 2
 }
 
-/// Token rows per block of the FMA kernels (`ROWS`).
-const FMA_ROWS: usize = 8;
+/// Token rows per block of the FMA kernels (`ROWS`): the two-column ones take 8; the
+/// four-column ones 8 for f32 sources and 16 for 16-bit ones.
+fn fma_rows(kernel: Kernel, src: DType) -> usize {
+    if kernel == Kernel::Wide && src != DType::F32 {
+        16
+    } else {
+        8
+    }
+}
 
 impl CudaBackend {
     /// The fastest kernel the row width, rotation, factor dtype (`Some` when every ranked layer
@@ -84,7 +91,7 @@ impl CudaBackend {
         // (rows per block, threads, columns per block, shared memory)
         let (rows, threads, chunk, smem) = match kernel {
             Kernel::Pairs | Kernel::Wide => {
-                let rows = FMA_ROWS;
+                let rows = fma_rows(kernel, src.dtype);
                 let units = if kernel == Kernel::Wide {
                     src.cols / 4
                 } else {
