@@ -234,6 +234,29 @@ struct BF16 {
     }
 };
 
+// Copies a tile of a row-major matrix into shared memory: rows row0.. of `src` (row stride
+// `src_stride`; `rows` rows and `valid` columns hold data) into `max_rows` × `width` slots of
+// `dst` (row stride `dst_stride`), zero elsewhere, with 8 loads in flight per thread (a plain
+// load-then-store loop would wait out one memory latency per element).
+template <class T>
+__device__ __forceinline__ void stage(T* dst, int dst_stride, const T* __restrict__ src, i64 src_stride, int row0,
+                                      int rows, int valid, int width, int max_rows) {
+    const int total = max_rows * width;
+    for (int base = 0; base < total; base += 8 * blockDim.x) {
+        T v[8];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const int i = base + k * blockDim.x + threadIdx.x, r = i / width, j = i - r * width;
+            v[k] = (i < total && r < rows && j < valid) ? src[(i64)(row0 + r) * src_stride + j] : (T)0;
+        }
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const int i = base + k * blockDim.x + threadIdx.x, r = i / width, j = i - r * width;
+            if (i < total) dst[r * dst_stride + j] = v[k];
+        }
+    }
+}
+
 // Where a 4-column unit `u` lives: a half-split rotary unit is columns (a, a+1 | b, b+1) with
 // pairs (x0, x2), (x1, x3); any other unit is four adjacent columns a..a+3 with pairs (x0, x1),
 // (x2, x3) where they rotate. `pair` is the first rotary pair index, `rot` whether R applies.
@@ -269,66 +292,64 @@ __device__ __forceinline__ void reuse4_body(
     float* coef = (float*)coef4;
     const int layer = blockIdx.y, row0 = blockIdx.x * ROWS;
     const int rows = min(ROWS, n - row0);
-    const i64 p_off = jobs[3 * layer], wt_off = jobs[3 * layer + 1];
-    const int rank = (int)jobs[3 * layer + 2], rank4 = (rank + 3) & ~3;
-    for (int i = threadIdx.x; i < ROWS * rank4; i += blockDim.x) {
-        const int r = i / rank4, j = i - r * rank4;
-        coef[i] = (r < rows && j < rank) ? p[p_off + (i64)(row0 + r) * rank + j] : 0.f;
-    }
-    __syncthreads();
-    const int half = rotary_dims >> 1, units = cols >> 2;
+    // One 4-column unit per thread (blockIdx.z picks the group of units).
+    const int u = blockIdx.z * blockDim.x + threadIdx.x, active = u < (cols >> 2);
+    const Unit un(u, rotate, n_heads, head_dim, rotary_dims, interleaved);
     const i64 in_base = ((i64)layer * n + row0) * cols;
     const i64 out_base = ((i64)layer * dst_rows + dst_row + row0) * cols;
+    // The rows are requested first so that they are in flight while P is staged.
+    typename In::Raw raw[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+        if (active && r < rows) raw[r] = In::load(src, in_base + (i64)r * cols, un.a, un.b, un.split);
+    const i64 p_off = jobs[3 * layer], wt_off = jobs[3 * layer + 1];
+    const int rank = (int)jobs[3 * layer + 2], rank4 = (rank + 3) & ~3;
+    stage(coef, rank4, p + p_off, rank, row0, rows, rank, rank4, ROWS);
+    __syncthreads();
+    if (!active) return;
     const float* w = wt + wt_off;
+    float c0 = 1.f, s0 = 0.f, c1 = 1.f, s1 = 0.f;
+    if (un.rot) {
+        const i64 t = (i64)layer * (rotary_dims >> 1) + un.pair;
+        c0 = cosv[t]; s0 = sinv[t]; c1 = cosv[t + 1]; s1 = sinv[t + 1];
+    }
     float nf = 0.f;
-    for (int u = threadIdx.x; u < units; u += blockDim.x) {
-        const Unit un(u, rotate, n_heads, head_dim, rotary_dims, interleaved);
-        typename In::Raw raw[ROWS];
 #pragma unroll
-        for (int r = 0; r < ROWS; ++r)
-            if (r < rows) raw[r] = In::load(src, in_base + (i64)r * cols, un.a, un.b, un.split);
-        float c0 = 1.f, s0 = 0.f, c1 = 1.f, s1 = 0.f;
-        if (un.rot) {
-            const i64 t = (i64)layer * half + un.pair;
-            c0 = cosv[t]; s0 = sinv[t]; c1 = cosv[t + 1]; s1 = sinv[t + 1];
-        }
+    for (int b0 = 0; b0 < ROWS; b0 += BATCH) {
+        float4 x[BATCH];
 #pragma unroll
-        for (int b0 = 0; b0 < ROWS; b0 += BATCH) {
-            float4 x[BATCH];
+        for (int r = 0; r < BATCH; ++r) x[r] = b0 + r < rows ? In::unpack(raw[b0 + r]) : make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int j0 = 0; j0 < rank4; j0 += 4) {
+            float4 wq[4];
 #pragma unroll
-            for (int r = 0; r < BATCH; ++r) x[r] = b0 + r < rows ? In::unpack(raw[b0 + r]) : make_float4(0.f, 0.f, 0.f, 0.f);
-            for (int j0 = 0; j0 < rank4; j0 += 4) {
-                float4 wq[4];
-#pragma unroll
-                for (int q = 0; q < 4; ++q) {
-                    const int j = j0 + q;
-                    wq[q] = make_float4(0.f, 0.f, 0.f, 0.f);
-                    if (j < rank) {
-                        const float* wj = w + (i64)j * cols;
-                        if (un.split) {
-                            const float2 lo = *(const float2*)(wj + un.a), hi = *(const float2*)(wj + un.b);
-                            wq[q] = make_float4(lo.x, lo.y, hi.x, hi.y);
-                        } else wq[q] = *(const float4*)(wj + un.a);
-                    }
-                }
-#pragma unroll
-                for (int r = 0; r < BATCH; ++r) {
-                    const float4 c = coef4[((b0 + r) * rank4 + j0) >> 2];
-                    const float cj[4] = {c.x, c.y, c.z, c.w};
-#pragma unroll
-                    for (int q = 0; q < 4; ++q) {
-                        x[r].x += cj[q] * wq[q].x; x[r].y += cj[q] * wq[q].y;
-                        x[r].z += cj[q] * wq[q].z; x[r].w += cj[q] * wq[q].w;
-                    }
+            for (int q = 0; q < 4; ++q) {
+                const int j = j0 + q;
+                wq[q] = make_float4(0.f, 0.f, 0.f, 0.f);
+                if (j < rank) {
+                    const float* wj = w + (i64)j * cols;
+                    if (un.split) {
+                        const float2 lo = *(const float2*)(wj + un.a), hi = *(const float2*)(wj + un.b);
+                        wq[q] = make_float4(lo.x, lo.y, hi.x, hi.y);
+                    } else wq[q] = *(const float4*)(wj + un.a);
                 }
             }
 #pragma unroll
             for (int r = 0; r < BATCH; ++r) {
-                if (b0 + r < rows) {
-                    const float4 v = un.rot ? un.turn(x[r], c0, s0, c1, s1) : x[r];
-                    nf = taint4(nf, v);
-                    Out::store(dst, out_base + (i64)(b0 + r) * cols, un.a, un.b, un.split, v);
+                const float4 c = coef4[((b0 + r) * rank4 + j0) >> 2];
+                const float cj[4] = {c.x, c.y, c.z, c.w};
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    x[r].x += cj[q] * wq[q].x; x[r].y += cj[q] * wq[q].y;
+                    x[r].z += cj[q] * wq[q].z; x[r].w += cj[q] * wq[q].w;
                 }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < BATCH; ++r) {
+            if (b0 + r < rows) {
+                const float4 v = un.rot ? un.turn(x[r], c0, s0, c1, s1) : x[r];
+                nf = taint4(nf, v);
+                Out::store(dst, out_base + (i64)(b0 + r) * cols, un.a, un.b, un.split, v);
             }
         }
     }
@@ -361,7 +382,7 @@ REUSE4(reuse4_bf16_bf16, BF16, BF16, 16)
 // do. A block owns one column chunk (whole heads, at most 512 columns) of TC_TILES tiles of
 // TC_ROWS rows: it stages the chunk's Wᵀ in shared memory once; per tile it stages P, forms the
 // 16 × chunk tile of P·Wᵀ with mma.m16n8k16 (each warp a strip of 8-column tiles) into shared
-// memory while the next tile's rows are already loading, and each thread adds the patch to its
+// memory while the next tile's rows and P are already loading, and each thread adds the patch to its
 // 4-column unit of 8 of the 16 rows, rotates and stores. Shared memory: patch
 // [TC_ROWS][chunk + TC_PAD] f32, Wᵀ [kp][chunk + TC_PAD] and P [TC_ROWS][kp + TC_PAD] as 16-bit
 // words, kp = rank rounded up to 16.
@@ -385,10 +406,7 @@ __device__ __forceinline__ void reuse4tc_body(
     float* patch = (float*)smem4;
     u16* wtile = (u16*)(patch + TC_ROWS * stride);
     u16* ptile = wtile + kp * stride;
-    for (int i = tid; i < kp * chunk_cols; i += blockDim.x) {
-        const int k = i / chunk_cols, c = i - k * chunk_cols;
-        wtile[k * stride + c] = (k < rank && c < width) ? wt[wt_off + (i64)k * cols + c0 + c] : (u16)0;
-    }
+    stage(wtile, stride, wt + wt_off + c0, cols, 0, rank, width, chunk_cols, kp);
     // Thread = (half of the tile's rows, 4-column unit of the chunk).
     const int lanes = blockDim.x >> 1, part = tid >= lanes, ui = tid - part * lanes;
     const int active = ui < (width >> 2);
@@ -407,14 +425,30 @@ __device__ __forceinline__ void reuse4tc_body(
         const int row = first + part * 8 + r;
         if (active && row < n) cur[r] = In::load(src, ((i64)layer * n + row) * cols, un.a, un.b, un.split);
     }
+    // The next tile's P rows wait in registers (up to 4 values per thread) until its turn.
+    const int pcount = TC_ROWS * kp, pregs = pcount <= 4 * (int)blockDim.x;
+    u16 pn[4];
+    auto fetch_p = [&](int r0) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const int i = k * blockDim.x + tid, r = i / max(kp, 1), j = i - r * kp;
+            pn[k] = (i < pcount && r0 + r < n && j < rank) ? p[p_off + (i64)(r0 + r) * rank + j] : (u16)0;
+        }
+    };
+    if (pregs) fetch_p(first);
     float nf = 0.f;
     for (int tile = 0; tile < TC_TILES; ++tile) {
         const int row0 = first + tile * TC_ROWS;
         if (row0 >= n) break;
         const int rows = min(TC_ROWS, n - row0);
-        for (int i = tid; i < TC_ROWS * kp; i += blockDim.x) {
-            const int r = i / kp, j = i - r * kp;
-            ptile[r * pstride + j] = (r < rows && j < rank) ? p[p_off + (i64)(row0 + r) * rank + j] : (u16)0;
+        if (pregs) {
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const int i = k * blockDim.x + tid, r = i / max(kp, 1), j = i - r * kp;
+                if (i < pcount) ptile[r * pstride + j] = pn[k];
+            }
+        } else {
+            stage(ptile, pstride, p + p_off, rank, row0, rows, rank, kp, TC_ROWS);
         }
         __syncthreads();
         // The next tile's rows start loading now and land during the MMA and the stores.
@@ -424,6 +458,7 @@ __device__ __forceinline__ void reuse4tc_body(
                 const int row = row0 + TC_ROWS + part * 8 + r;
                 if (active && row < n) nxt[r] = In::load(src, ((i64)layer * n + row) * cols, un.a, un.b, un.split);
             }
+            if (pregs) fetch_p(row0 + TC_ROWS);
         }
         if (rank > 0) {
             for (int nt = warp; nt < ((width + 7) >> 3); nt += nwarps) {

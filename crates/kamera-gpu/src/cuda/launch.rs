@@ -90,15 +90,16 @@ impl CudaBackend {
         }
         // (rows per block, threads, columns per block, shared memory)
         let (rows, threads, chunk, smem) = match kernel {
-            Kernel::Pairs | Kernel::Wide => {
+            Kernel::Pairs => {
                 let rows = fma_rows(kernel, src.dtype);
-                let units = if kernel == Kernel::Wide {
-                    src.cols / 4
-                } else {
-                    src.cols.div_ceil(2)
-                };
-                let smem = rows * fac.max_rank.next_multiple_of(4) * 4;
-                (rows, units.next_multiple_of(32).min(256), src.cols, smem)
+                let threads = src.cols.div_ceil(2).next_multiple_of(32).min(256);
+                (rows, threads, src.cols, rows * fac.max_rank.next_multiple_of(4) * 4)
+            }
+            // One 4-column unit per thread; blockIdx.z picks the group of units (`chunk` columns).
+            Kernel::Wide => {
+                let rows = fma_rows(kernel, src.dtype);
+                let threads = (src.cols / 4).next_multiple_of(32).min(256);
+                (rows, threads, 4 * threads, rows * fac.max_rank.next_multiple_of(4) * 4)
             }
             // Two threads per 4-column unit (rows 0-7 and 8-15 of each tile).
             Kernel::WideTc { chunk, .. } => (
