@@ -89,7 +89,7 @@ impl CudaBackend {
             spectrum: Vec::new(),
         };
         let lrs = vec![&lr; layers];
-        let plan = |rotate: bool| self.plan(features, (&rot, rotate), super::factor_dtype(Some(&lrs)), rank);
+        let plan = |rotate: bool| self.plan(dtype, features, (&rot, rotate), super::factor_dtype(Some(&lrs)), rank);
         let (kk, kv) = (plan(true), plan(false));
         let (fk, fv) = (
             self.upload_factors(layers, Some(&lrs), kk)?,
@@ -142,7 +142,7 @@ impl CudaBackend {
             ("reuse4_bf16_bf16", 128, 16 * 32 * 4),
             ("reuse4_f32_f32", 128, 8 * 32 * 4),
             ("reuse4tc_bf16_bf16_bf16", 256, tc_smem),
-            ("reuse4tc_f32_f32_bf16", 256, tc_smem),
+            ("reuse4tc_f16_f16_f16", 256, tc_smem),
         ] {
             let f = self.module.load_function(name).map_err(driver(OP))?;
             if smem > 48 * 1024 {

@@ -45,9 +45,16 @@ fn fma_rows(kernel: Kernel, src: DType) -> usize {
 }
 
 impl CudaBackend {
-    /// The fastest kernel the row width, rotation, factor dtype (`Some` when every ranked layer
-    /// has 16-bit factors of that one type) and device allow.
-    pub(super) fn plan(&self, cols: usize, rot: (&Rotation, bool), factors: Option<DType>, max_rank: usize) -> Kernel {
+    /// The fastest kernel the source dtype, row width, rotation, factor dtype (`Some` when every
+    /// ranked layer has 16-bit factors of that one type) and device allow.
+    pub(super) fn plan(
+        &self,
+        src: DType,
+        cols: usize,
+        rot: (&Rotation, bool),
+        factors: Option<DType>,
+        max_rank: usize,
+    ) -> Kernel {
         let (r, rotate) = rot;
         let wide = self.wide
             && cols % 4 == 0
@@ -55,7 +62,8 @@ impl CudaBackend {
         if !wide {
             return Kernel::Pairs;
         }
-        let Some(factors) = factors.filter(|_| self.tensor_cores && max_rank > 0) else {
+        // The MMA pays off for 16-bit rows; f32 rows stay on the FMA kernel (measured faster).
+        let Some(factors) = factors.filter(|_| self.tensor_cores && max_rank > 0 && src != DType::F32) else {
             return Kernel::Wide;
         };
         // Whole heads per block when rotating (a half-split unit spans half a head).

@@ -373,7 +373,13 @@ impl CudaBackend {
             let max_rank = lrs
                 .as_ref()
                 .map_or(0, |v| v.iter().map(|lr| lr.rank()).max().unwrap_or(0));
-            let kernel = self.plan(src.cols, (&rot, rotate), factor_dtype(lrs.as_deref()), max_rank);
+            let kernel = self.plan(
+                src.dtype,
+                src.cols,
+                (&rot, rotate),
+                factor_dtype(lrs.as_deref()),
+                max_rank,
+            );
             let fac = self.upload_factors(layers, lrs.as_deref(), kernel)?;
             self.launch(kernel, &src, out, dst_row, &fac, (&rot, rotate), bad)?;
         }
@@ -471,7 +477,7 @@ mod tests {
             "reuse_f16_bf16",
             "reuse4_bf16_f32",
             "reuse4tc_bf16_bf16_bf16",
-            "reuse4tc_f32_f16_f16",
+            "reuse4tc_f16_f32_f16",
         ] {
             assert!(ptx.contains(&format!(".entry {name}(")), "{name} missing from the PTX");
         }
