@@ -3,9 +3,9 @@
 # toolchain and no registry).
 #   here:   scripts/gpu-check.sh --build    builds the parity tests and the bandwidth bench with
 #                                           `--features cuda` into .gpu/ (git-ignored; carry it)
-#   device: scripts/gpu-check.sh            runs the parity tests, then the bandwidth bench
-#                                           (T = 1024..16384, 28 layers, F = 512, rank 16/32);
-#                                           finishes well inside 8 minutes.
+#   device: scripts/gpu-check.sh            runs the parity tests, the bandwidth bench (T =
+#                                           1024..16384, 28 layers, F = 512, rank 0/16/32) and
+#                                           compute-sanitizer memcheck: about 50 s on an H200.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -14,3 +14,8 @@ if [ -x scripts/install-chromium.sh ]; then scripts/install-chromium.sh; fi
 
 cargo fmt --all --check
 cargo test --release --workspace --no-fail-fast "$@"
+
+# The CUDA backend builds, and every kernel compiles with NVRTC alone (no GPU needed; its GPU
+# parity tests report themselves skipped where no GPU exists).
+nvrtc=$(scripts/install-nvrtc.sh)
+LD_LIBRARY_PATH="${nvrtc}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" cargo test --release -p kamera-gpu --features cuda --no-fail-fast
