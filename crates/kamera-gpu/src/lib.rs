@@ -15,15 +15,17 @@ mod backend;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod error;
+mod figures;
 #[cfg(not(feature = "cuda"))]
 mod stub;
 
 pub use backend::{Backend, CpuBackend, tolerance};
 #[cfg(feature = "cuda")]
-pub use cuda::{BenchFigures, CudaBackend};
+pub use cuda::CudaBackend;
 pub use error::{Error, Result};
+pub use figures::BenchFigures;
 #[cfg(not(feature = "cuda"))]
-pub use stub::{BenchFigures, CudaBackend};
+pub use stub::CudaBackend;
 
 /// The CUDA sources, compiled by NVRTC at first use.
 pub const KERNEL_SOURCE: &str = include_str!("../../../kernels/reuse.cu");

@@ -1,5 +1,6 @@
 //! The CUDA backend when built without the `cuda` feature: every call is a clear error.
 
+use crate::BenchFigures;
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use kamera_ops::{ChunkKv, DType, Patch, RopeSpec};
@@ -8,18 +9,6 @@ use kamera_ops::{ChunkKv, DType, Patch, RopeSpec};
 #[derive(Debug)]
 pub struct CudaBackend {
     _private: (),
-}
-
-/// Bandwidth figures of the device benchmark (see the `cuda` build).
-#[derive(Debug, Clone)]
-pub struct BenchFigures {
-    pub kernel: String,
-    pub fused_ms: f64,
-    pub fused_gbs: f64,
-    pub k_ms: f64,
-    pub v_ms: f64,
-    pub copy_ms: f64,
-    pub copy_gbs: f64,
 }
 
 impl CudaBackend {

@@ -15,7 +15,6 @@ use kamera_ops::{Buf, ChunkKv, DType, LowRank, Mat, PairLayout, Patch, Placement
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-pub use bench::BenchFigures;
 use launch::Kernel;
 
 fn driver(op: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error {
