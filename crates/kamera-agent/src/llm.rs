@@ -131,7 +131,8 @@ impl Llm {
     /// Picks the choice the model finds most likely after `question` (mean token log-likelihood).
     pub fn choose(&self, chunks: &[Part], question: &str, choices: &[String]) -> Result<ModelCall> {
         let t0 = Instant::now();
-        let ctx = self.assemble(chunks)?;
+        let mut qctx = self.assemble(chunks)?;
+        let context_tokens = qctx.len();
         let reuse_ms = ms(t0);
         let prompt = self.close_turn(&format!(
             "Question: {question}\nAnswer with one of: {}.",
@@ -139,9 +140,7 @@ impl Llm {
         ));
         let ptoks = self.tokens(&prompt, false)?;
         let t1 = Instant::now();
-        let q = self.model.prefill(&ptoks, ctx.end(), &ctx).map_err(model("prefill"))?;
-        let mut qctx = ctx.clone();
-        qctx.push(&q.chunk).map_err(model("push"))?;
+        let q = self.model.extend(&ptoks, &mut qctx).map_err(model("prefill"))?;
         let prefill_ms = ms(t1);
         let t2 = Instant::now();
         let mut scores = Vec::new();
@@ -173,7 +172,7 @@ impl Llm {
             .unwrap_or_default();
         let output_tokens = self.tokens(&best, false)?;
         Ok(ModelCall {
-            context_tokens: ctx.len(),
+            context_tokens,
             prompt_tokens: ptoks.len(),
             prompt,
             output: best,
@@ -203,14 +202,13 @@ impl Llm {
         seed: u64,
     ) -> Result<ModelCall> {
         let t0 = Instant::now();
-        let ctx = self.assemble(chunks)?;
+        let mut gctx = self.assemble(chunks)?;
+        let context_tokens = gctx.len();
         let reuse_ms = ms(t0);
         let prompt = format!("{}{lead}", self.close_turn(instruction));
         let ptoks = self.tokens(&prompt, false)?;
         let t1 = Instant::now();
-        let mut step = self.model.prefill(&ptoks, ctx.end(), &ctx).map_err(model("prefill"))?;
-        let mut gctx = ctx.clone();
-        gctx.push(&step.chunk).map_err(model("push"))?;
+        let mut step = self.model.extend(&ptoks, &mut gctx).map_err(model("prefill"))?;
         let prefill_ms = ms(t1);
         let t2 = Instant::now();
         let stop = self.model.chat_stop_tokens();
@@ -227,18 +225,14 @@ impl Llm {
                 break;
             }
             out.push(next);
-            step = self
-                .model
-                .prefill(&[next], gctx.end(), &gctx)
-                .map_err(model("decode"))?;
-            gctx.push(&step.chunk).map_err(model("push"))?;
+            step = self.model.extend(&[next], &mut gctx).map_err(model("decode"))?;
         }
         let output = format!(
             "{lead}{}",
             self.model.tokenizer().decode(&out, true).map_err(model("decode"))?
         );
         Ok(ModelCall {
-            context_tokens: ctx.len(),
+            context_tokens,
             prompt_tokens: ptoks.len(),
             prompt,
             output,

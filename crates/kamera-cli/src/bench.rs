@@ -22,9 +22,12 @@ enum BenchCommand {
         /// Prefill lengths in tokens.
         #[arg(long, value_delimiter = ',', default_values_t = vec![512usize, 2048])]
         prefill: Vec<usize>,
-        /// Tokens to decode (after a 128-token prompt).
+        /// Tokens to decode after each prompt length of --decode-after.
         #[arg(long, default_value_t = 64)]
         decode: usize,
+        /// Prompt lengths before decoding (rows `decode` for 128, `decode_N` otherwise).
+        #[arg(long, value_delimiter = ',', default_values_t = vec![128usize])]
+        decode_after: Vec<usize>,
         /// Timed repetitions of each prefill (the best is kept).
         #[arg(long, default_value_t = 2)]
         reps: usize,
@@ -48,15 +51,16 @@ fn tokens(model: &Model, n: usize) -> Result<Vec<u32>> {
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
-    let (name, prefill, decode, reps, json) = match a.command {
+    let (name, prefill, decode, decode_after, reps, json) = match a.command {
         BenchCommand::Reuse(r) => return crate::bench_reuse::run(r),
         BenchCommand::Model {
             model,
             prefill,
             decode,
+            decode_after,
             reps,
             json,
-        } => (model, prefill, decode, reps, json),
+        } => (model, prefill, decode, decode_after, reps, json),
     };
     let model = crate::models::load(&name)?;
     let mut rows = Vec::new();
@@ -70,19 +74,22 @@ pub fn run(a: BenchArgs) -> Result<()> {
         }
         rows.push((format!("prefill_{n}"), n as f64 / best));
     }
-    if decode > 0 {
-        let prompt = tokens(&model, 128)?;
+    for &after in decode_after.iter().filter(|_| decode > 0) {
+        let prompt = tokens(&model, after.max(1))?;
         let mut ctx = model.empty_context();
-        let out = model.prefill(&prompt, 0, &ctx)?;
-        ctx.push(&out.chunk)?;
+        let out = model.extend(&prompt, &mut ctx)?;
         let mut next = kamera_model::argmax(&out.logits);
         let t = Instant::now();
         for _ in 0..decode {
-            let out = model.prefill(&[next], ctx.end(), &ctx)?;
-            ctx.push(&out.chunk)?;
+            let out = model.extend(&[next], &mut ctx)?;
             next = kamera_model::argmax(&out.logits);
         }
-        rows.push(("decode".to_string(), decode as f64 / t.elapsed().as_secs_f64()));
+        let row = if after == 128 {
+            "decode".to_string()
+        } else {
+            format!("decode_{after}")
+        };
+        rows.push((row, decode as f64 / t.elapsed().as_secs_f64()));
     }
     if json {
         let obj: serde_json::Map<String, serde_json::Value> = rows

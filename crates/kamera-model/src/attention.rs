@@ -75,7 +75,7 @@ impl CustomOp1 for MaskedSoftmax<'_> {
     }
 }
 
-/// `q: [kvh, g, n, hd]` (contiguous) against `k, v: [kvh, t, hd]` (contiguous) ->
+/// `q: [kvh, g, n, hd]` (contiguous) against `k, v: [kvh, t, hd]` (rows contiguous) ->
 /// `[kvh, g, n, hd]`. Query `i` sits at `q_pos[i]`, key `j` at `k_pos[j]` (increasing).
 pub(crate) fn attend(
     q: &Tensor,
@@ -110,7 +110,8 @@ pub(crate) fn attend(
             continue;
         }
         let kb = k.narrow(1, lo, hi - lo).ctx(OP)?;
-        let vb = v.narrow(1, lo, hi - lo).ctx(OP)?.contiguous().ctx(OP)?;
+        // Views of the context buffers (any batch stride): candle's matmul reads them in place.
+        let vb = v.narrow(1, lo, hi - lo).ctx(OP)?;
         let scores = qb.matmul(&kb.t().ctx(OP)?).ctx("attn scores")?;
         let probs = scores
             .apply_op1_no_bwd(&MaskedSoftmax {

@@ -7,6 +7,7 @@ use kamera_ops::RopeSpec;
 
 use crate::attention::attend;
 use crate::config::{Activation, Config};
+use crate::context::heads_first;
 use crate::error::{CandleCtx, OpsCtx, Result};
 use crate::weights::LayerWeights;
 
@@ -68,38 +69,28 @@ pub(crate) fn project_qkv(
     Ok((q, k, v))
 }
 
-/// `[rows, groups·hd]` -> `[groups, rows, hd]`, contiguous.
-fn heads_first(x: &Tensor, rows: usize, groups: usize, hd: usize) -> Result<Tensor> {
-    x.reshape((rows, groups, hd))
-        .ctx(OP)?
-        .transpose(0, 1)
-        .ctx(OP)?
-        .contiguous()
-        .ctx(OP)
-}
-
-/// The rest of the layer: attention of `q` (at `positions`) over `k_all`/`v_all` (at `k_pos`,
-/// `window` limiting q − k), output projection, residuals, MLP. Returns the new hidden states.
+/// The rest of the layer: attention of `q` (at `positions`) over `k_all`/`v_all` (head-first
+/// `[kv_heads, t, hd]`, at `k_pos`; `window` limiting q − k), output projection, residuals, MLP.
+/// Returns the new hidden states.
 pub(crate) fn attend_and_mlp(
     cfg: &Config,
     w: &LayerWeights,
     x: &Tensor,
     q: &Tensor,
-    (k_all, v_all): (&Tensor, &Tensor),
+    (kh, vh): (&Tensor, &Tensor),
     positions: &[i64],
     k_pos: &[i64],
     window: Option<usize>,
 ) -> Result<Tensor> {
     let n = positions.len();
     let (hd, heads, kvh) = (cfg.head_dim, cfg.heads, cfg.kv_heads);
-    let t = k_all.dim(0).ctx(OP)?;
     // q: [n, heads, hd] -> [heads, n, hd] = [kvh, g, n, hd] (heads of a group are adjacent).
-    let qh = heads_first(q, n, heads, hd)?
-        .reshape((kvh, heads / kvh, n, hd))
+    let qh = heads_first(q, heads)?.reshape((kvh, heads / kvh, n, hd)).ctx(OP)?;
+    let att = attend(&qh, kh, vh, positions, k_pos, cfg.attn_scale, window)?;
+    // [heads, n, hd] -> [n, heads·hd]
+    let att = heads_first(&att.reshape((heads, n * hd)).ctx(OP)?, n)?
+        .reshape((n, heads * hd))
         .ctx(OP)?;
-    let (kh, vh) = (heads_first(k_all, t, kvh, hd)?, heads_first(v_all, t, kvh, hd)?);
-    let att = attend(&qh, &kh, &vh, positions, k_pos, cfg.attn_scale, window)?;
-    let att = heads_first(&att, heads, n, hd)?.reshape((n, heads * hd)).ctx(OP)?;
     let mut a = linear(&att, &w.wo, None)?;
     if let Some(pn) = &w.post_attn_norm {
         a = norm(&a, pn, cfg.rms_eps)?;
@@ -120,8 +111,9 @@ pub(crate) fn attend_and_mlp(
     (x + m).ctx(OP)
 }
 
-/// One layer over `x: [n, hidden]` at `positions`, attending to `past` (`[t, kv_dim]` each)
-/// followed by the new tokens; keys sit at `k_pos` (past then new), `window` limits q - k.
+/// One layer over `x: [n, hidden]` at `positions`, attending to `past` (head-first
+/// `[kv_heads, t, hd]` each) followed by the new tokens; keys sit at `k_pos` (past then new),
+/// `window` limits q - k.
 pub(crate) fn layer_forward(
     cfg: &Config,
     w: &LayerWeights,
@@ -129,17 +121,18 @@ pub(crate) fn layer_forward(
     spec: &RopeSpec,
     x: &Tensor,
     positions: &[i64],
-    past: Option<(&Tensor, &Tensor)>,
+    past: Option<(Tensor, Tensor)>,
     k_pos: &[i64],
     window: Option<usize>,
 ) -> Result<LayerOut> {
     let (q, k, v) = project_qkv(cfg, w, layer, spec, x, positions)?;
+    let (kn, vn) = (heads_first(&k, cfg.kv_heads)?, heads_first(&v, cfg.kv_heads)?);
     let (k_all, v_all) = match past {
-        Some((pk, pv)) if pk.dim(0).ctx(OP)? > 0 => (
-            Tensor::cat(&[pk, &k], 0).ctx("cat past k")?,
-            Tensor::cat(&[pv, &v], 0).ctx("cat past v")?,
+        Some((pk, pv)) => (
+            Tensor::cat(&[&pk, &kn], 1).ctx("cat past k")?,
+            Tensor::cat(&[&pv, &vn], 1).ctx("cat past v")?,
         ),
-        _ => (k.clone(), v.clone()),
+        None => (kn, vn),
     };
     let x = attend_and_mlp(cfg, w, x, &q, (&k_all, &v_all), positions, k_pos, window)?;
     Ok(LayerOut { x, k, v })

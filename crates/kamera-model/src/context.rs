@@ -1,5 +1,8 @@
 //! A context: the per-layer K/V of tokens laid out contiguously from a start position, built
 //! from cached chunks (each relocated to its slot and optionally patched) or grown by prefill.
+//! K and V are kept head-first in buffers with spare capacity, so appending tokens
+//! ([`crate::Model::extend`], [`Context::push`]) writes only the new rows instead of copying the
+//! whole context each step.
 
 use candle_core::{Device, Tensor};
 use kamera_ops::{ChunkKv, DType, KvLayout, LayerKv, Mat, Placement, RopeSpec, assemble};
@@ -7,14 +10,47 @@ use kamera_ops::{ChunkKv, DType, KvLayout, LayerKv, Mat, Placement, RopeSpec, as
 use crate::error::{CandleCtx, Error, OpsCtx, Result};
 
 const OP: &str = "Context";
+/// Rows a context's buffers hold at least once it holds anything.
+const MIN_CAPACITY: usize = 256;
 
-/// Per-layer K/V (`[len, kv_dim]` candle tensors) at positions `offset..offset + len`.
-#[derive(Debug, Clone)]
+/// Per-layer K/V at positions `offset..offset + len`: each channel a `[kv_heads, capacity,
+/// width]` f32 buffer whose first `len` rows are valid.
+#[derive(Debug)]
 pub struct Context {
     layout: KvLayout,
     offset: i64,
     len: usize,
+    capacity: usize,
     layers: Vec<(Tensor, Tensor)>,
+}
+
+/// `[rows, groups·width]` -> `[groups, rows, width]`, contiguous.
+pub(crate) fn heads_first(x: &Tensor, groups: usize) -> Result<Tensor> {
+    let (rows, cols) = x.dims2().ctx(OP)?;
+    x.reshape((rows, groups, cols / groups.max(1)))
+        .ctx(OP)?
+        .transpose(0, 1)
+        .ctx(OP)?
+        .contiguous()
+        .ctx(OP)
+}
+
+impl Clone for Context {
+    /// A deep copy of the valid rows: the copy and the original can then grow apart (appends
+    /// write into a buffer in place, so two contexts must never share one).
+    fn clone(&self) -> Context {
+        let mut c = Context::empty(self.layout, self.offset);
+        if self.len > 0 {
+            let copy = |t: &Tensor| t.narrow(1, 0, self.len).and_then(|v| v.copy());
+            let layers: candle_core::Result<Vec<_>> =
+                self.layers.iter().map(|(k, v)| Ok((copy(k)?, copy(v)?))).collect();
+            // A copy of tensors that already exist cannot fail short of running out of memory.
+            c.layers = layers.expect("copying a context's K/V");
+            c.len = self.len;
+            c.capacity = self.len;
+        }
+        c
+    }
 }
 
 impl Context {
@@ -24,6 +60,7 @@ impl Context {
             layout,
             offset,
             len: 0,
+            capacity: 0,
             layers: Vec::new(),
         }
     }
@@ -72,22 +109,76 @@ impl Context {
         if self.len == 0 {
             self.offset = chunk.offset();
         }
-        let dev = Device::Cpu;
         let n = chunk.n_tokens();
+        let dev = Device::Cpu;
         let to_t = |m: &Mat| Tensor::from_vec(m.to_f32_vec(), (n, m.cols()), &dev).ctx(OP);
-        let mut layers = Vec::with_capacity(chunk.layers().len());
-        for (i, l) in chunk.layers().iter().enumerate() {
-            let (k, v) = (to_t(&l.k)?, to_t(&l.v)?);
-            layers.push(match self.layers.get(i) {
-                Some((pk, pv)) if self.len > 0 => {
-                    (Tensor::cat(&[pk, &k], 0).ctx(OP)?, Tensor::cat(&[pv, &v], 0).ctx(OP)?)
-                }
-                _ => (k, v),
-            });
+        self.reserve(n)?;
+        for (l, kv) in chunk.layers().iter().enumerate() {
+            self.write(l, &to_t(&kv.k)?, &to_t(&kv.v)?)?;
+        }
+        self.commit(n);
+        Ok(())
+    }
+
+    /// Makes room for `n` more rows in every layer (doubling, so appends cost amortised O(n)).
+    pub(crate) fn reserve(&mut self, n: usize) -> Result<()> {
+        let need = self.len + n;
+        if need <= self.capacity && !self.layers.is_empty() {
+            return Ok(());
+        }
+        let cap = need.max(2 * self.capacity).max(MIN_CAPACITY);
+        let g = self.layout.kv_heads();
+        let (kw, vw) = (self.layout.k_features() / g, self.layout.v_features() / g);
+        let dev = Device::Cpu;
+        let mut layers = Vec::with_capacity(self.layout.n_layers);
+        for l in 0..self.layout.n_layers {
+            let (k, v) = (
+                Tensor::zeros((g, cap, kw), candle_core::DType::F32, &dev).ctx(OP)?,
+                Tensor::zeros((g, cap, vw), candle_core::DType::F32, &dev).ctx(OP)?,
+            );
+            if self.len > 0
+                && let Some((ok, ov)) = self.layers.get(l)
+            {
+                k.slice_set(&ok.narrow(1, 0, self.len).ctx(OP)?.contiguous().ctx(OP)?, 1, 0)
+                    .ctx(OP)?;
+                v.slice_set(&ov.narrow(1, 0, self.len).ctx(OP)?.contiguous().ctx(OP)?, 1, 0)
+                    .ctx(OP)?;
+            }
+            layers.push((k, v));
         }
         self.layers = layers;
-        self.len += n;
+        self.capacity = cap;
         Ok(())
+    }
+
+    /// Writes the rows-first K and V of new tokens (`[n, features]`) after the valid rows of
+    /// `layer` (not yet counted: see [`Context::commit`]; [`Context::reserve`] first, since
+    /// growing keeps only counted rows) and returns that layer's K and V up to and including
+    /// them, head-first (`[kv_heads, len + n, width]`, views of the buffers).
+    pub(crate) fn write(&mut self, layer: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+        let n = k.dim(0).ctx(OP)?;
+        if self.len + n > self.capacity {
+            return Err(Error::Invalid {
+                op: "Context::write",
+                detail: format!("{n} rows after {} exceed the reserved {}", self.len, self.capacity),
+            });
+        }
+        let g = self.layout.kv_heads();
+        let (bk, bv) = self.layers.get(layer).ok_or_else(|| Error::Shape {
+            op: "Context::write",
+            detail: format!("layer {layer} of {}", self.layout.n_layers),
+        })?;
+        bk.slice_set(&heads_first(k, g)?, 1, self.len).ctx(OP)?;
+        bv.slice_set(&heads_first(v, g)?, 1, self.len).ctx(OP)?;
+        Ok((
+            bk.narrow(1, 0, self.len + n).ctx(OP)?,
+            bv.narrow(1, 0, self.len + n).ctx(OP)?,
+        ))
+    }
+
+    /// Counts `n` rows written to every layer by [`Context::write`].
+    pub(crate) fn commit(&mut self, n: usize) {
+        self.len += n;
     }
 
     /// Position of the first token.
@@ -115,17 +206,34 @@ impl Context {
         &self.layout
     }
 
-    /// K and V of `layer`, or `None` while empty.
-    pub(crate) fn layer(&self, layer: usize) -> Option<(&Tensor, &Tensor)> {
-        self.layers.get(layer).filter(|_| self.len > 0).map(|(k, v)| (k, v))
+    /// K and V of `layer`, head-first (`[kv_heads, len, width]` views), or `None` while empty.
+    pub(crate) fn layer(&self, layer: usize) -> Result<Option<(Tensor, Tensor)>> {
+        match self.layers.get(layer) {
+            Some((k, v)) if self.len > 0 => Ok(Some((
+                k.narrow(1, 0, self.len).ctx(OP)?,
+                v.narrow(1, 0, self.len).ctx(OP)?,
+            ))),
+            _ => Ok(None),
+        }
     }
 
     /// The whole context as one chunk.
     pub fn to_chunk(&self) -> Result<ChunkKv> {
+        let rows_first = |t: &Tensor| -> Result<Mat> {
+            let (g, n, w) = t.dims3().ctx(OP)?;
+            tensor_to_mat(
+                &t.transpose(0, 1)
+                    .ctx(OP)?
+                    .contiguous()
+                    .ctx(OP)?
+                    .reshape((n, g * w))
+                    .ctx(OP)?,
+            )
+        };
         let mut layers = Vec::with_capacity(self.layout.n_layers);
         for l in 0..self.layout.n_layers {
-            let (k, v) = match self.layer(l) {
-                Some((k, v)) => (tensor_to_mat(k)?, tensor_to_mat(v)?),
+            let (k, v) = match self.layer(l)? {
+                Some((k, v)) => (rows_first(&k)?, rows_first(&v)?),
                 None => (
                     Mat::zeros(0, self.layout.k_features(), DType::F32),
                     Mat::zeros(0, self.layout.v_features(), DType::F32),

@@ -121,8 +121,7 @@ impl Model {
         if max_tokens == 0 {
             return Ok(out);
         }
-        let mut step = self.prefill(prompt, 0, &ctx)?;
-        ctx.push(&step.chunk)?;
+        let mut step = self.extend(prompt, &mut ctx)?;
         let eos = self.tokenizer().eos();
         loop {
             let next = sampler.pick(&step.logits);
@@ -134,8 +133,7 @@ impl Model {
             if out.len() >= max_tokens {
                 break;
             }
-            step = self.prefill(&[next], ctx.end(), &ctx)?;
-            ctx.push(&step.chunk)?;
+            step = self.extend(&[next], &mut ctx)?;
         }
         Ok(out)
     }

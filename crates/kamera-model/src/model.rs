@@ -7,7 +7,7 @@ use candle_core::{Device, Tensor};
 use kamera_ops::{ChunkKv, KvLayout, LayerKv, RopeSpec};
 use sha2::{Digest, Sha256};
 
-use crate::block::{head, layer_forward};
+use crate::block::{attend_and_mlp, head, layer_forward, project_qkv};
 use crate::config::Config;
 use crate::context::{Context, tensor_to_mat};
 use crate::error::{CandleCtx, Error, OpsCtx, Result};
@@ -166,7 +166,7 @@ impl Model {
                 &self.rope,
                 &x,
                 &positions,
-                context.layer(l),
+                context.layer(l)?,
                 &k_pos,
                 window,
             )?;
@@ -176,10 +176,76 @@ impl Model {
             });
             x = out.x;
         }
+        let (logits, all_logits) = self.logits(&x, opts)?;
+        let chunk = ChunkKv::new(self.layout, start_pos, layers).ops(OP)?;
+        Ok(Prefill {
+            logits,
+            all_logits,
+            chunk,
+        })
+    }
+
+    /// Appends `tokens` to `context` in place (its next positions) and returns the logits at the
+    /// last one and the new tokens' K/V: what [`Model::prefill`] then [`Context::push`] do, but
+    /// the new rows are written into the context's buffers once instead of the whole context
+    /// being copied every step (decode loops). On error the context is left as it was.
+    pub fn extend(&self, tokens: &[u32], context: &mut Context) -> Result<Prefill> {
+        const OP: &str = "Model::extend";
+        if *context.layout() != self.layout {
+            return Err(Error::Shape {
+                op: OP,
+                detail: format!(
+                    "context layout {:?} != model layout {:?}",
+                    context.layout(),
+                    self.layout
+                ),
+            });
+        }
+        if tokens.is_empty() {
+            return Err(Error::Invalid {
+                op: OP,
+                detail: "empty input".into(),
+            });
+        }
+        let start = context.end();
+        let mut x = self.embed(Input::Tokens(tokens))?;
+        let n = tokens.len();
+        let positions: Vec<i64> = (0..n as i64).map(|i| start + i).collect();
+        let k_pos: Vec<i64> = (context.offset()..start + n as i64).collect();
+        context.reserve(n)?;
+        let mut layers = Vec::with_capacity(self.cfg.n_layers);
+        for (l, w) in self.weights.layers.iter().enumerate() {
+            let window = if self.cfg.local_layers[l] {
+                self.cfg.sliding_window
+            } else {
+                None
+            };
+            let (q, k, v) = project_qkv(&self.cfg, w, l, &self.rope, &x, &positions)?;
+            let (kh, vh) = context.write(l, &k, &v)?;
+            x = attend_and_mlp(&self.cfg, w, &x, &q, (&kh, &vh), &positions, &k_pos, window)?;
+            layers.push(LayerKv {
+                k: tensor_to_mat(&k)?,
+                v: tensor_to_mat(&v)?,
+            });
+        }
+        let (logits, all_logits) = self.logits(&x, PrefillOptions::default())?;
+        let chunk = ChunkKv::new(self.layout, start, layers).ops(OP)?;
+        context.commit(n);
+        Ok(Prefill {
+            logits,
+            all_logits,
+            chunk,
+        })
+    }
+
+    /// Logits at the last row of `x` (and at every row with `opts.all_logits`).
+    fn logits(&self, x: &Tensor, opts: PrefillOptions) -> Result<(Vec<f32>, Option<Vec<f32>>)> {
+        const OP: &str = "Model::logits";
+        let n = x.dim(0).ctx(OP)?;
         let lm = self.weights.lm_head.as_ref().unwrap_or(&self.weights.embed);
         let eps = self.cfg.rms_eps;
-        let (logits, all_logits) = if opts.all_logits {
-            let all = head(&x, &self.weights.out_norm, lm, eps)?
+        Ok(if opts.all_logits {
+            let all = head(x, &self.weights.out_norm, lm, eps)?
                 .flatten_all()
                 .ctx(OP)?
                 .to_vec1::<f32>()
@@ -195,12 +261,6 @@ impl Model {
                     .ctx(OP)?,
                 None,
             )
-        };
-        let chunk = ChunkKv::new(self.layout, start_pos, layers).ops(OP)?;
-        Ok(Prefill {
-            logits,
-            all_logits,
-            chunk,
         })
     }
 

@@ -12,7 +12,7 @@ use kamera_ops::{ChunkKv, LayerKv, Mat};
 
 use crate::block::{LayerOut, attend_and_mlp, layer_forward, project_qkv};
 use crate::config::Config;
-use crate::context::{Context, tensor_to_mat};
+use crate::context::{Context, heads_first, tensor_to_mat};
 use crate::error::{CandleCtx, Error, OpsCtx, Result};
 use crate::model::{Input, Model};
 use crate::weights::LayerWeights;
@@ -128,7 +128,7 @@ impl Model {
                 self.rope(),
                 &x,
                 &positions,
-                prefix.layer(l),
+                prefix.layer(l)?,
                 &all_k,
                 window(l),
             )?;
@@ -172,7 +172,7 @@ impl Model {
             };
             let w = &self.weights().layers[l];
             let keys = MixedKeys {
-                prefix: prefix.layer(l),
+                prefix: prefix.layer(l)?,
                 cached: (&c.k, &c.v),
                 rows: &selected,
                 k_pos: &all_k,
@@ -193,7 +193,8 @@ impl Model {
 /// The keys a selected token sees: the prefix, then the region's cached rows with the selected
 /// rows (`rows`) replaced by their recomputed K/V; all at `k_pos` (increasing).
 struct MixedKeys<'a> {
-    prefix: Option<(&'a Tensor, &'a Tensor)>,
+    /// Head-first `[kv_heads, t, hd]`.
+    prefix: Option<(Tensor, Tensor)>,
     cached: (&'a Mat, &'a Mat),
     rows: &'a [usize],
     k_pos: &'a [i64],
@@ -218,9 +219,13 @@ fn layer_mixed(
         let m = scatter_rows(base, keys.rows, new)?;
         Tensor::from_vec(m.to_f32_vec(), (m.rows(), m.cols()), dev).ctx(OP)
     };
-    let (rk, rv) = (region(keys.cached.0, &nk)?, region(keys.cached.1, &nv)?);
-    let (k_all, v_all) = match keys.prefix {
-        Some((pk, pv)) => (Tensor::cat(&[pk, &rk], 0).ctx(OP)?, Tensor::cat(&[pv, &rv], 0).ctx(OP)?),
+    let g = cfg.kv_heads;
+    let (rk, rv) = (
+        heads_first(&region(keys.cached.0, &nk)?, g)?,
+        heads_first(&region(keys.cached.1, &nv)?, g)?,
+    );
+    let (k_all, v_all) = match &keys.prefix {
+        Some((pk, pv)) => (Tensor::cat(&[pk, &rk], 1).ctx(OP)?, Tensor::cat(&[pv, &rv], 1).ctx(OP)?),
         None => (rk, rv),
     };
     let x = attend_and_mlp(cfg, w, x, &q, (&k_all, &v_all), positions, keys.k_pos, window)?;

@@ -238,3 +238,51 @@ fn cached_decode_matches_full_prefill_qwen25() -> Result<()> {
     eprintln!("qwen2.5-0.5b greedy: {:?}", m.tokenizer().decode(&out, true)?);
     Ok(())
 }
+
+/// `Model::extend` appends in place: token by token (across the buffers' first growth at 256
+/// rows) it gives the logits and K/V of one full prefill, and two clones of a context extended
+/// with different tokens do not disturb each other.
+#[test]
+fn extend_in_place_matches_prefill_and_clones_grow_apart_smollm2() -> Result<()> {
+    let m = common::load(ModelName::Smollm2_135m)?;
+    let mut seq = Vec::new();
+    while seq.len() < 250 {
+        seq.extend(toks(&m, A)?);
+        seq.extend(toks(&m, B)?);
+    }
+    seq.truncate(250);
+    let mut ctx = m.empty_context();
+    m.extend(&seq, &mut ctx)?;
+    let tail = toks(&m, C)?;
+    for &t in &tail[..10] {
+        let step = m.extend(&[t], &mut ctx)?;
+        seq.push(t);
+        let full = m.prefill(&seq, 0, &m.empty_context())?;
+        let kl = common::kl(&full.logits, &step.logits);
+        anyhow::ensure!(kl < 1e-6, "extend vs prefill at {}: KL {kl}", seq.len());
+    }
+    let full = m.prefill(&seq, 0, &m.empty_context())?;
+    let (ek, ev) = max_kv_err(&ctx.to_chunk()?, &full.chunk);
+    anyhow::ensure!(ek < 1e-3 && ev < 1e-3, "context K/V vs prefill: {ek} {ev}");
+
+    let q = toks(&m, Q)?;
+    let mut other = ctx.clone();
+    let a = m.extend(&q, &mut ctx)?;
+    let b = m.extend(&tail[10..14], &mut other)?;
+    for (extra, got) in [(&q[..], &a), (&tail[10..14], &b)] {
+        let mut s = seq.clone();
+        s.extend_from_slice(extra);
+        let want = m.prefill(&s, 0, &m.empty_context())?;
+        let kl = common::kl(&want.logits, &got.logits);
+        anyhow::ensure!(kl < 1e-6, "clone extended apart: KL {kl}");
+    }
+    anyhow::ensure!(ctx.len() == seq.len() + q.len() && other.len() == seq.len() + 4);
+    // One more step on the first context still sees its own rows, not the clone's.
+    let next = m.extend(&tail[14..15], &mut ctx)?;
+    let mut s = seq.clone();
+    s.extend_from_slice(&q);
+    s.push(tail[14]);
+    let kl = common::kl(&m.prefill(&s, 0, &m.empty_context())?.logits, &next.logits);
+    anyhow::ensure!(kl < 1e-6, "context after its clone grew: KL {kl}");
+    Ok(())
+}
