@@ -373,6 +373,22 @@ impl ChunkStore for SledStore {
         }
     }
 
+    fn touch(&self, key: &Key) -> Result<()> {
+        let kb = key.to_bytes();
+        if let Some(mut m) = self
+            .meta
+            .get(kb)
+            .map_err(|e| self.err("touch", e))?
+            .and_then(|v| Meta::from_bytes(&v))
+        {
+            m.tick = self.tick();
+            self.meta
+                .insert(kb, &m.to_bytes()[..])
+                .map_err(|e| self.err("touch", e))?;
+        }
+        Ok(())
+    }
+
     fn put(&self, key: &Key, record: Record) -> Result<()> {
         if record.model != key.model {
             return Err(Error::Invalid {

@@ -27,6 +27,11 @@ pub trait ChunkStore: Send + Sync {
     fn flush(&self) -> Result<()>;
     /// Counters since open.
     fn stats(&self) -> Stats;
+    /// Marks `key` as used now, for the store's eviction order, without reading it (a memory
+    /// tier in front calls this on its hits). Recency only: a store may ignore it.
+    fn touch(&self, _key: &Key) -> Result<()> {
+        Ok(())
+    }
 
     /// `get`, with unusable records turned into a miss (logged; counted by `get`).
     fn lookup(&self, key: &Key) -> Result<Option<Arc<Record>>> {

@@ -104,15 +104,23 @@ impl<S: ChunkStore> Tiered<S> {
 
 impl<S: ChunkStore> ChunkStore for Tiered<S> {
     fn get(&self, key: &Key) -> Result<Option<Arc<Record>>> {
-        {
+        let hit = {
             let mut m = self.lock();
             m.clock += 1;
             let now = m.clock;
-            if let Some(e) = m.map.get_mut(key) {
+            m.map.get_mut(key).map(|e| {
                 e.tick = now;
                 Counters::add(&self.counters.mem_hits, 1);
-                return Ok(Some(e.rec.clone()));
+                e.rec.clone()
+            })
+        };
+        if let Some(rec) = hit {
+            // The backing store's eviction order must see this use too, or a record hot in
+            // memory ages there and is the first dropped under its disk budget.
+            if let Err(e) = self.inner.touch(key) {
+                tracing::debug!(%key, error = %e, "store: recency update failed");
             }
+            return Ok(Some(rec));
         }
         let r = self.inner.get(key)?;
         if let Some(rec) = &r {
@@ -147,6 +155,10 @@ impl<S: ChunkStore> ChunkStore for Tiered<S> {
 
     fn keys(&self, model: Option<ModelFp>) -> Result<Vec<Key>> {
         self.inner.keys(model)
+    }
+
+    fn touch(&self, key: &Key) -> Result<()> {
+        self.inner.touch(key)
     }
 
     fn flush(&self) -> Result<()> {

@@ -113,6 +113,38 @@ fn disk_budget_evicts_cheap_and_old_records_first() -> Result<()> {
     Ok(())
 }
 
+/// Hits served by the memory tier count as uses on disk too: under the disk budget the record
+/// read through the tier outlives an older-untouched one of the same worth.
+#[test]
+fn memory_tier_hits_keep_records_fresh_on_disk() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let m = common::model();
+    let layout = common::layouts()[0];
+    let rec = || Record::kv(m, 1000, common::chunk(layout, 40, 7, DType::Bf16));
+    let key = |i: u64| Key::canonical(m, ChunkId::of(&i.to_le_bytes(), "e", m));
+    let one = codec::encode(&key(0), &rec(), None)?.len() as u64;
+    let cfg = StoreConfig {
+        budget_bytes: Some(one * 3),
+        ..StoreConfig::at(dir.path())
+    };
+    let t = Tiered::new(SledStore::open(cfg)?, one * 100, EvictionPolicy { half_life: 4.0 });
+    for i in 0..3 {
+        t.put(&key(i), rec())?;
+    }
+    for _ in 0..5 {
+        assert!(t.get(&key(0))?.is_some());
+    }
+    assert!(t.stats().mem_hits >= 5, "the reads were memory hits");
+    t.put(&key(3), rec())?;
+    let disk = t.inner();
+    assert!(
+        disk.contains(&key(0))?,
+        "the record read through the tier was evicted from disk"
+    );
+    assert!(!disk.contains(&key(1))?, "the oldest untouched record stayed");
+    Ok(())
+}
+
 #[test]
 fn memory_tier_respects_its_budget_and_prefers_valuable_records() -> Result<()> {
     let m = common::model();
