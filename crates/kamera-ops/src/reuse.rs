@@ -1,6 +1,8 @@
 //! Fused reuse: R(δ)·(canonical + P Wᵀ) written into a destination KV buffer in one pass over
 //! the chunk, and context assembly from several placed chunks (KAMERA.md, "The operator").
 
+use std::borrow::Cow;
+
 use crate::chunk::ChunkKv;
 use crate::error::{Error, Result, shape};
 use crate::patch::Patch;
@@ -75,7 +77,7 @@ pub fn reuse_into(
         };
         let lp = patch.map(|p| &p.layers()[l]);
         let k = Fuse {
-            patch: lp.map(|lp| (lp.k.p.to_f32_vec(), lp.k.wt.to_f32_vec(), lp.k.rank())),
+            patch: lp.map(|lp| (f32_view(&lp.k.p), f32_view(&lp.k.wt), lp.k.rank())),
             rot: rot.as_ref().map(|r| (r, n_heads)),
         };
         k.run(&src.k, &mut out.k, dst_row).map_err(|index| Error::NonFinite {
@@ -84,7 +86,7 @@ pub fn reuse_into(
             index,
         })?;
         let v = Fuse {
-            patch: lp.map(|lp| (lp.v.p.to_f32_vec(), lp.v.wt.to_f32_vec(), lp.v.rank())),
+            patch: lp.map(|lp| (f32_view(&lp.v.p), f32_view(&lp.v.wt), lp.v.rank())),
             rot: None,
         };
         v.run(&src.v, &mut out.v, dst_row).map_err(|index| Error::NonFinite {
@@ -96,9 +98,20 @@ pub fn reuse_into(
     Ok(())
 }
 
+/// A matrix's values as f32: borrowed when stored as f32, converted once otherwise.
+fn f32_view(m: &Mat) -> Cow<'_, [f32]> {
+    match m.data() {
+        Buf::F32(v) => Cow::Borrowed(v),
+        _ => Cow::Owned(m.to_f32_vec()),
+    }
+}
+
+/// A channel's patch factors as f32: (P, Wᵀ, rank).
+type Factors<'a> = (Cow<'a, [f32]>, Cow<'a, [f32]>, usize);
+
 /// One channel's fused pass: optional low-rank add, optional rotation.
 struct Fuse<'a> {
-    patch: Option<(Vec<f32>, Vec<f32>, usize)>,
+    patch: Option<Factors<'a>>,
     rot: Option<(&'a Rotation, usize)>,
 }
 
