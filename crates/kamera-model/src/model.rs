@@ -118,16 +118,7 @@ impl Model {
         opts: PrefillOptions,
     ) -> Result<Prefill> {
         const OP: &str = "Model::prefill";
-        if *context.layout() != self.layout {
-            return Err(Error::Shape {
-                op: OP,
-                detail: format!(
-                    "context layout {:?} != model layout {:?}",
-                    context.layout(),
-                    self.layout
-                ),
-            });
-        }
+        self.check_layout(OP, context)?;
         if !context.is_empty() && context.end() != start_pos {
             return Err(Error::Invalid {
                 op: OP,
@@ -154,11 +145,7 @@ impl Model {
             .collect();
         let mut layers = Vec::with_capacity(self.cfg.n_layers);
         for (l, w) in self.weights.layers.iter().enumerate() {
-            let window = if self.cfg.local_layers[l] {
-                self.cfg.sliding_window
-            } else {
-                None
-            };
+            let window = self.window(l);
             let out = layer_forward(
                 &self.cfg,
                 w,
@@ -191,16 +178,7 @@ impl Model {
     /// being copied every step (decode loops). On error the context is left as it was.
     pub fn extend(&self, tokens: &[u32], context: &mut Context) -> Result<Prefill> {
         const OP: &str = "Model::extend";
-        if *context.layout() != self.layout {
-            return Err(Error::Shape {
-                op: OP,
-                detail: format!(
-                    "context layout {:?} != model layout {:?}",
-                    context.layout(),
-                    self.layout
-                ),
-            });
-        }
+        self.check_layout(OP, context)?;
         if tokens.is_empty() {
             return Err(Error::Invalid {
                 op: OP,
@@ -215,11 +193,7 @@ impl Model {
         context.reserve(n)?;
         let mut layers = Vec::with_capacity(self.cfg.n_layers);
         for (l, w) in self.weights.layers.iter().enumerate() {
-            let window = if self.cfg.local_layers[l] {
-                self.cfg.sliding_window
-            } else {
-                None
-            };
+            let window = self.window(l);
             let (q, k, v) = project_qkv(&self.cfg, w, l, &self.rope, &x, &positions)?;
             let (kh, vh) = context.write(l, &k, &v)?;
             x = attend_and_mlp(&self.cfg, w, &x, &q, (&kh, &vh), &positions, &k_pos, window)?;
@@ -236,6 +210,29 @@ impl Model {
             all_logits,
             chunk,
         })
+    }
+
+    fn check_layout(&self, op: &'static str, context: &Context) -> Result<()> {
+        if *context.layout() != self.layout {
+            return Err(Error::Shape {
+                op,
+                detail: format!(
+                    "context layout {:?} != model layout {:?}",
+                    context.layout(),
+                    self.layout
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// The sliding window of layer `l` (Gemma's local layers), if any.
+    fn window(&self, l: usize) -> Option<usize> {
+        if self.cfg.local_layers[l] {
+            self.cfg.sliding_window
+        } else {
+            None
+        }
     }
 
     /// Logits at the last row of `x` (and at every row with `opts.all_logits`).
