@@ -190,8 +190,8 @@ fn print_summary(s: &RunSummary) {
     println!("scenario  {}", s.scenario);
     println!("window    h hit, r relocate, R recall, m miss (prefill), e evict, p placed with a patch");
     println!(
-        "{:>4}  {:<28} {:<34} {:<26} {:>8} {:>8} {:>8}  {}",
-        "step", "page", "action", "window", "encode", "model", "total", "result"
+        "{:>4}  {:<28} {:<34} {:<26} {:>8} {:>8} {:>8}  result",
+        "step", "page", "action", "window", "encode", "model", "total"
     );
     for st in &s.steps {
         let ops = |o: kamera_agent::Op| st.plan.iter().filter(|p| p.op == o).count();
