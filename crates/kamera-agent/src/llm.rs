@@ -130,23 +130,41 @@ impl Llm {
 
     /// Picks the choice the model finds most likely after `question` (mean token log-likelihood).
     pub fn choose(&self, chunks: &[Part], question: &str, choices: &[String]) -> Result<ModelCall> {
-        let t0 = Instant::now();
-        let mut qctx = self.assemble(chunks)?;
-        let context_tokens = qctx.len();
-        let reuse_ms = ms(t0);
         let prompt = self.close_turn(&format!(
             "Question: {question}\nAnswer with one of: {}.",
             choices.join(", ")
         ));
+        self.rank_after(chunks, prompt, choices)
+    }
+
+    /// Picks the continuation of the reply started by `lead` after `instruction` that the model
+    /// finds most likely (mean token log-likelihood); the output is `lead` + that continuation.
+    /// This is how the model policy stays inside the action grammar.
+    pub fn rank(&self, chunks: &[Part], instruction: &str, lead: &str, candidates: &[String]) -> Result<ModelCall> {
+        let prompt = format!("{}{lead}", self.close_turn(instruction));
+        let mut call = self.rank_after(chunks, prompt, candidates)?;
+        call.output = format!("{lead}{}", call.output);
+        Ok(call)
+    }
+
+    /// Scores `candidates` after `prompt` (prefilled after the assembled `chunks`).
+    fn rank_after(&self, chunks: &[Part], prompt: String, candidates: &[String]) -> Result<ModelCall> {
+        let t0 = Instant::now();
+        let mut qctx = self.assemble(chunks)?;
+        let context_tokens = qctx.len();
+        let reuse_ms = ms(t0);
         let ptoks = self.tokens(&prompt, false)?;
         let t1 = Instant::now();
         let q = self.model.extend(&ptoks, &mut qctx).map_err(model("prefill"))?;
         let prefill_ms = ms(t1);
         let t2 = Instant::now();
         let mut scores = Vec::new();
-        for c in choices {
+        for c in candidates {
             let ct = self.tokens(c, false)?;
-            let mut lp = log_softmax_at(&q.logits, ct[0]);
+            let Some(&first) = ct.first() else {
+                continue;
+            };
+            let mut lp = log_softmax_at(&q.logits, first);
             if ct.len() > 1 {
                 let out = self
                     .model

@@ -1,6 +1,7 @@
 //! Policies pick the next action: [`ScriptedPolicy`] follows a scenario's steps and asks the
 //! model only the scenario's questions; [`ModelPolicy`] prompts the model with an action grammar
-//! and parses strict JSON, retrying a bounded number of times.
+//! and takes its JSON when it names a valid action, else ranks the page's valid actions by the
+//! model's likelihood, so every step ends with an action the page can take.
 
 use kamera_browser::{Action, Observation};
 use std::collections::HashMap;
@@ -151,15 +152,18 @@ impl Policy for ScriptedPolicy {
     }
 }
 
-/// Asks the model for each action as strict JSON.
+/// Asks the model for each action: first as free JSON (greedy, then `retries` seeded samples);
+/// when no reply names a valid action, the model ranks every valid action of the page
+/// (`click` / `type` into each element, `key Enter`, `back`, `scroll`, `done`) by mean token
+/// log-likelihood after the same prompt, and writes the text of a chosen `type` or `done`.
 pub struct ModelPolicy {
-    /// Extra attempts after the first (greedy) one; retries sample with fixed seeds.
+    /// Extra free-form attempts after the first (greedy) one; retries sample with fixed seeds.
     pub retries: usize,
 }
 
 impl Default for ModelPolicy {
     fn default() -> Self {
-        ModelPolicy { retries: 2 }
+        ModelPolicy { retries: 0 }
     }
 }
 
@@ -173,45 +177,159 @@ pub const ACTION_GRAMMAR: &str = r#"Reply with exactly one JSON object and nothi
 {"action":"done","answer":"..."}
 N is the number in brackets before an element on the current page."#;
 
+/// The reply is started as a JSON object so the model only has to fill it in.
+const LEAD: &str = "{\"action\": \"";
+
+/// A valid action of the page, as the rest of the JSON reply after [`LEAD`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Candidate {
+    Click(u32),
+    /// Type into an input; the text is generated after the choice.
+    Type(u32),
+    Enter,
+    Back,
+    Scroll,
+    /// Finish; the answer is generated after the choice.
+    Done,
+}
+
+impl Candidate {
+    /// Every action the page allows: inputs and text areas take `type`, every element `click`.
+    fn all(obs: &Observation) -> Vec<Candidate> {
+        let mut v = Vec::new();
+        for e in &obs.elements {
+            if matches!(e.tag.as_str(), "input" | "textarea") {
+                v.push(Candidate::Type(e.id));
+            }
+            v.push(Candidate::Click(e.id));
+        }
+        v.extend([Candidate::Enter, Candidate::Back, Candidate::Scroll, Candidate::Done]);
+        v
+    }
+
+    /// The JSON after [`LEAD`]; `type` and `done` stop at the opening quote of their text.
+    fn continuation(self) -> String {
+        match self {
+            Candidate::Click(id) => format!("click\", \"id\": {id}}}"),
+            Candidate::Type(id) => format!("type\", \"id\": {id}, \"text\": \""),
+            Candidate::Enter => "key\", \"key\": \"Enter\"}".into(),
+            Candidate::Back => "back\"}".into(),
+            Candidate::Scroll => "scroll\", \"dy\": 300}".into(),
+            Candidate::Done => "done\", \"answer\": \"".into(),
+        }
+    }
+
+    /// The action, with `text` for `type` and `done`.
+    fn action(self, text: String) -> Action {
+        match self {
+            Candidate::Click(id) => Action::Click { id },
+            Candidate::Type(id) => Action::Type { id: Some(id), text },
+            Candidate::Enter => Action::Key { key: "Enter".into() },
+            Candidate::Back => Action::Back,
+            Candidate::Scroll => Action::Scroll { dy: 300.0 },
+            Candidate::Done => Action::Done { answer: text },
+        }
+    }
+}
+
+/// Whether `action` is one the page can take (elements exist; no navigation off the page).
+fn valid(obs: &Observation, action: &Action) -> bool {
+    match action {
+        Action::Click { id } | Action::Type { id: Some(id), .. } => obs.element(*id).is_some(),
+        Action::Navigate { .. } | Action::ClickXy { .. } => false,
+        _ => true,
+    }
+}
+
+impl ModelPolicy {
+    /// The page's valid action the model finds most likely, with generated text where it has one.
+    fn ranked(&self, obs: &Observation, mind: &mut Mind<'_>, instruction: &str) -> Result<Decision> {
+        let cands = Candidate::all(obs);
+        let texts: Vec<String> = cands.iter().map(|c| c.continuation()).collect();
+        let mut call = mind.llm.rank(&mind.chunks, instruction, LEAD, &texts)?;
+        let best = call.output.strip_prefix(LEAD).unwrap_or_default().to_string();
+        let Some(choice) = cands.iter().zip(&texts).find(|(_, t)| **t == best).map(|(c, _)| *c) else {
+            return Err(Error::Policy {
+                tries: self.retries + 2,
+                last: call.output,
+            });
+        };
+        let mut text = String::new();
+        if matches!(choice, Candidate::Type(_) | Candidate::Done) {
+            // The text, greedily, up to its closing quote.
+            let lead = format!("{LEAD}{best}");
+            let written_call =
+                mind.llm
+                    .generate_after(&mind.chunks, instruction, &lead, mind.max_new_tokens.max(16), 0)?;
+            let written = written_call.output.strip_prefix(&lead).unwrap_or(&written_call.output);
+            text = written.split('"').next().unwrap_or_default().trim().to_string();
+            call.output = format!("{lead}{text}\"}}");
+            call.output_tokens.extend(written_call.output_tokens.iter().copied());
+            call.timings.decode_ms +=
+                written_call.timings.prefill_ms + written_call.timings.decode_ms + written_call.timings.reuse_ms;
+        }
+        Ok(Decision {
+            action: choice.action(text),
+            model: Some(call),
+        })
+    }
+}
+
 impl Policy for ModelPolicy {
     fn next(&mut self, _step: usize, obs: &Observation, mind: &mut Mind<'_>) -> Result<Decision> {
         let instruction = format!(
             "Current page: {} ({}).\nGoal: {}\n{ACTION_GRAMMAR}",
             obs.title, obs.url, mind.goal
         );
-        let mut last = String::new();
         for attempt in 0..=self.retries {
-            // The reply is started as a JSON object so the model only has to fill it in.
-            let lead = "{\"action\": \"";
             let call = mind.llm.generate_after(
                 &mind.chunks,
                 &instruction,
-                lead,
+                LEAD,
                 mind.max_new_tokens.max(24),
                 attempt as u64,
             )?;
-            last = call.output.clone();
             match parse_action(&call.output) {
-                Ok(action) => {
-                    let valid = match &action {
-                        Action::Click { id } | Action::Type { id: Some(id), .. } => obs.element(*id).is_some(),
-                        Action::Navigate { .. } | Action::ClickXy { .. } => false,
-                        _ => true,
-                    };
-                    if valid {
-                        return Ok(Decision {
-                            action,
-                            model: Some(call),
-                        });
-                    }
-                    tracing::debug!(attempt, output = %call.output, "model action names no element of the page");
+                Ok(action) if valid(obs, &action) => {
+                    return Ok(Decision {
+                        action,
+                        model: Some(call),
+                    });
                 }
+                Ok(_) => tracing::debug!(attempt, output = %call.output, "model action is not one the page allows"),
                 Err(e) => tracing::debug!(attempt, error = %e, output = %call.output, "model output is not an action"),
             }
         }
-        Err(Error::Policy {
-            tries: self.retries + 1,
-            last,
-        })
+        self.ranked(obs, mind, &instruction)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every candidate's JSON, completed with its text, parses back to the same action.
+    #[test]
+    fn candidates_are_grammar_actions() {
+        let obs: Observation = serde_json::from_value(serde_json::json!({
+            "url": "http://127.0.0.1/", "title": "t", "text": "",
+            "elements": [
+                {"id": 1, "tag": "button", "text": "Go", "x": 1.0, "y": 1.0},
+                {"id": 2, "tag": "input", "text": "", "x": 1.0, "y": 1.0}
+            ],
+            "screenshot_png": []
+        }))
+        .expect("observation");
+        let cands = Candidate::all(&obs);
+        assert_eq!(cands.len(), 7, "{cands:?}");
+        for c in cands {
+            let mut json = format!("{LEAD}{}", c.continuation());
+            if matches!(c, Candidate::Type(_) | Candidate::Done) {
+                json.push_str("hi\"}");
+            }
+            let parsed = parse_action(&json).unwrap_or_else(|e| panic!("{json}: {e}"));
+            assert_eq!(parsed, c.action("hi".into()), "{json}");
+            assert!(valid(&obs, &parsed));
+        }
     }
 }

@@ -165,3 +165,21 @@ async fn navigation_off_allowed_origins_is_refused() -> Result<()> {
     assert!(r.end.answer.is_some());
     Ok(())
 }
+
+/// The model policy always acts within the grammar: when SmolLM2's free JSON names no valid
+/// action, it ranks the page's valid actions; on click-test it clicks the button.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn model_policy_acts_validly_on_miniwob_click_test() -> Result<()> {
+    require_chromium();
+    let s = scenario("miniwob-click-test-model");
+    let r = kamera_agent::run_scenario(&s, &llm(), &kamera_model::default_home(), RunConfig::default()).await?;
+    assert_eq!(r.end.error, None, "{:?}", r.end);
+    for st in &r.steps {
+        assert_eq!(st.result, "ok", "step {}: {}", st.step, st.result);
+        let m = st.model.as_ref().expect("every action came from the model");
+        assert!(m.output.starts_with("{\"action\": \""), "{}", m.output);
+    }
+    let reward = r.end.reward.expect("episode ended with a reward");
+    assert!(reward > 0.0, "reward {reward}: {:?}", r.steps.last().map(|s| &s.action));
+    Ok(())
+}
