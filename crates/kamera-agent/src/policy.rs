@@ -156,16 +156,12 @@ impl Policy for ScriptedPolicy {
 /// when no reply names a valid action, the model ranks every valid action of the page
 /// (`click` / `type` into each element, `key Enter`, `back`, `scroll`, `done`) by mean token
 /// log-likelihood after the same prompt, and writes the text of a chosen `type` or `done`.
+#[derive(Debug, Clone, Default)]
 pub struct ModelPolicy {
     /// Extra free-form attempts after the first (greedy) one; retries sample with fixed seeds.
     pub retries: usize,
 }
 
-impl Default for ModelPolicy {
-    fn default() -> Self {
-        ModelPolicy { retries: 0 }
-    }
-}
 
 /// The action grammar shown to the model.
 pub const ACTION_GRAMMAR: &str = r#"Reply with exactly one JSON object and nothing else, one of:
