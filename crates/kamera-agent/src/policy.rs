@@ -162,7 +162,6 @@ pub struct ModelPolicy {
     pub retries: usize,
 }
 
-
 /// The action grammar shown to the model.
 pub const ACTION_GRAMMAR: &str = r#"Reply with exactly one JSON object and nothing else, one of:
 {"action":"click","id":N}
