@@ -18,9 +18,6 @@ impl CudaBackend {
     pub fn with_wide_units(self, _wide: bool) -> CudaBackend {
         self
     }
-    pub fn with_tensor_cores(self, _on: bool) -> CudaBackend {
-        self
-    }
     pub fn device_name(&self) -> String {
         String::new()
     }

@@ -170,12 +170,6 @@ impl CudaBackend {
         self
     }
 
-    /// With `false`, 16-bit patch factors go through the FMA kernels too (for benchmarks).
-    pub fn with_tensor_cores(mut self, on: bool) -> CudaBackend {
-        self.tensor_cores &= on;
-        self
-    }
-
     /// The device's name, e.g. "NVIDIA H200".
     pub fn device_name(&self) -> String {
         self.name.clone()
@@ -213,6 +207,7 @@ impl CudaBackend {
                             all.extend_from_slice(v);
                         }
                     }
+                    all.resize(all.len().max(1), 0.0); // no zero-byte allocations
                     DevBuf::F32(self.stream.clone_htod(&all).map_err(driver(op))?)
                 }
                 _ => {
@@ -224,6 +219,7 @@ impl CudaBackend {
                             Buf::F32(_) => {}
                         }
                     }
+                    all.resize(all.len().max(1), 0);
                     DevBuf::U16(self.stream.clone_htod(&all).map_err(driver(op))?)
                 }
             },
