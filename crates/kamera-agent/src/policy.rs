@@ -156,10 +156,15 @@ impl Policy for ScriptedPolicy {
 /// when no reply names a valid action, the model ranks every valid action of the page
 /// (`click` / `type` into each element, `key Enter`, `back`, `scroll`, `done`) by mean token
 /// log-likelihood after the same prompt, and writes the text of a chosen `type` or `done`.
+/// An action already taken on a page that has not changed since (it did nothing) is not taken
+/// again.
 #[derive(Debug, Clone, Default)]
 pub struct ModelPolicy {
     /// Extra free-form attempts after the first (greedy) one; retries sample with fixed seeds.
     pub retries: usize,
+    /// The page (url, text) of the last step and the actions taken on it since it last changed.
+    page: Option<(String, String)>,
+    tried: Vec<Action>,
 }
 
 /// The action grammar shown to the model.
@@ -237,9 +242,25 @@ fn valid(obs: &Observation, action: &Action) -> bool {
 }
 
 impl ModelPolicy {
+    /// A model policy with `retries` extra free-form attempts per step.
+    pub fn with_retries(retries: usize) -> ModelPolicy {
+        ModelPolicy {
+            retries,
+            ..ModelPolicy::default()
+        }
+    }
+
+    /// Whether `action` was already taken on this unchanged page (text actions may be retried).
+    fn stale(&self, action: &Action) -> bool {
+        !matches!(action, Action::Type { .. } | Action::Done { .. }) && self.tried.contains(action)
+    }
+
     /// The page's valid action the model finds most likely, with generated text where it has one.
     fn ranked(&self, obs: &Observation, mind: &mut Mind<'_>, instruction: &str) -> Result<Decision> {
-        let cands = Candidate::all(obs);
+        let cands: Vec<Candidate> = Candidate::all(obs)
+            .into_iter()
+            .filter(|c| !self.stale(&c.action(String::new())))
+            .collect();
         let texts: Vec<String> = cands.iter().map(|c| c.continuation()).collect();
         let mut call = mind.llm.rank(&mind.chunks, instruction, LEAD, &texts)?;
         let best = call.output.strip_prefix(LEAD).unwrap_or_default().to_string();
@@ -276,26 +297,39 @@ impl Policy for ModelPolicy {
             "Current page: {} ({}).\nGoal: {}\n{ACTION_GRAMMAR}",
             obs.title, obs.url, mind.goal
         );
+        let page = (obs.url.clone(), obs.text.clone());
+        if self.page.as_ref() != Some(&page) {
+            self.page = Some(page);
+            self.tried.clear();
+        }
+        let decision = self.free_or_ranked(obs, mind, &instruction)?;
+        self.tried.push(decision.action.clone());
+        Ok(decision)
+    }
+}
+
+impl ModelPolicy {
+    fn free_or_ranked(&self, obs: &Observation, mind: &mut Mind<'_>, instruction: &str) -> Result<Decision> {
         for attempt in 0..=self.retries {
             let call = mind.llm.generate_after(
                 &mind.chunks,
-                &instruction,
+                instruction,
                 LEAD,
                 mind.max_new_tokens.max(24),
                 attempt as u64,
             )?;
             match parse_action(&call.output) {
-                Ok(action) if valid(obs, &action) => {
+                Ok(action) if valid(obs, &action) && !self.stale(&action) => {
                     return Ok(Decision {
                         action,
                         model: Some(call),
                     });
                 }
-                Ok(_) => tracing::debug!(attempt, output = %call.output, "model action is not one the page allows"),
+                Ok(_) => tracing::debug!(attempt, output = %call.output, "model action is not one the page allows now"),
                 Err(e) => tracing::debug!(attempt, error = %e, output = %call.output, "model output is not an action"),
             }
         }
-        self.ranked(obs, mind, &instruction)
+        self.ranked(obs, mind, instruction)
     }
 }
 
@@ -326,5 +360,17 @@ mod tests {
             assert_eq!(parsed, c.action("hi".into()), "{json}");
             assert!(valid(&obs, &parsed));
         }
+    }
+
+    /// Actions already taken on an unchanged page are not offered again; text actions are.
+    #[test]
+    fn actions_that_did_nothing_are_not_repeated() {
+        let mut p = ModelPolicy::with_retries(0);
+        p.tried = vec![Action::Scroll { dy: 300.0 }, Action::Click { id: 2 }];
+        assert!(p.stale(&Action::Scroll { dy: 300.0 }));
+        assert!(p.stale(&Action::Click { id: 2 }));
+        assert!(!p.stale(&Action::Click { id: 3 }));
+        p.tried.push(Action::Done { answer: "x".into() });
+        assert!(!p.stale(&Action::Done { answer: "x".into() }));
     }
 }
