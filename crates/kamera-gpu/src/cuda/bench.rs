@@ -4,7 +4,7 @@
 use super::{Channel, CudaBackend, DevBuf, driver};
 use crate::BenchFigures;
 use crate::error::Result;
-use kamera_ops::{Buf, DType, KvLayout, LowRank, Mat, PairLayout, RopeSpec};
+use kamera_ops::{DType, KvLayout, LowRank, Mat, PairLayout, RopeSpec};
 
 fn val(i: usize) -> f32 {
     ((i.wrapping_mul(2_654_435_761) >> 7) % 2000) as f32 / 1000.0 - 1.0
@@ -13,28 +13,8 @@ fn val(i: usize) -> f32 {
 impl CudaBackend {
     /// `layers` copies of one synthetic `[rows, cols]` matrix in `dtype`, on the device.
     fn synthetic_channel(&self, dtype: DType, layers: usize, rows: usize, cols: usize) -> Result<Channel> {
-        let op = "CudaBackend::bench_reuse";
         let one = Mat::from_f32(rows, cols, (0..rows * cols).map(val).collect())?.to_dtype(dtype);
-        let buf = match one.data() {
-            Buf::F32(v) => DevBuf::F32(self.stream.clone_htod(&v.repeat(layers)).map_err(driver(op))?),
-            Buf::F16(v) => DevBuf::U16(
-                self.stream
-                    .clone_htod(&v.iter().map(|x| x.to_bits()).collect::<Vec<_>>().repeat(layers))
-                    .map_err(driver(op))?,
-            ),
-            Buf::Bf16(v) => DevBuf::U16(
-                self.stream
-                    .clone_htod(&v.iter().map(|x| x.to_bits()).collect::<Vec<_>>().repeat(layers))
-                    .map_err(driver(op))?,
-            ),
-        };
-        Ok(Channel {
-            buf,
-            dtype,
-            layers,
-            rows,
-            cols,
-        })
+        self.upload_mats(&vec![&one; layers], dtype, rows, cols)
     }
 
     /// Times `iters` fused reuses of a synthetic chunk (`tokens` × `features` per K and V in each

@@ -190,45 +190,39 @@ impl CudaBackend {
 
     /// Uploads the K (or V) channel of every layer.
     fn upload_channel(&self, kv: &ChunkKv, v_channel: bool) -> Result<Channel> {
-        let op = "CudaBackend::upload";
         let mats: Vec<&Mat> = kv
             .layers()
             .iter()
             .map(|x| if v_channel { &x.v } else { &x.k })
             .collect();
         let cols = mats.first().map_or(0, |m| m.cols());
-        let (dtype, buf) = (
-            kv.dtype(),
-            match kv.dtype() {
-                DType::F32 => {
-                    let mut all = Vec::with_capacity(mats.len() * kv.n_tokens() * cols);
-                    for m in &mats {
-                        if let Buf::F32(v) = m.data() {
-                            all.extend_from_slice(v);
-                        }
-                    }
-                    all.resize(all.len().max(1), 0.0); // no zero-byte allocations
-                    DevBuf::F32(self.stream.clone_htod(&all).map_err(driver(op))?)
+        self.upload_mats(&mats, kv.dtype(), kv.n_tokens(), cols)
+    }
+
+    /// Uploads `[rows, cols]` matrices of `dtype`, one per layer, back to back (f32 as is, 16-bit
+    /// types as raw words; one padding element when empty: no zero-byte allocations).
+    fn upload_mats(&self, mats: &[&Mat], dtype: DType, rows: usize, cols: usize) -> Result<Channel> {
+        let op = "CudaBackend::upload";
+        let buf = if dtype == DType::F32 {
+            let mut all = Vec::with_capacity(mats.len() * rows * cols);
+            for m in mats {
+                match m.data() {
+                    Buf::F32(v) => all.extend_from_slice(v),
+                    _ => all.extend(m.to_f32_vec()),
                 }
-                _ => {
-                    let mut all = Vec::with_capacity(mats.len() * kv.n_tokens() * cols);
-                    for m in &mats {
-                        match m.data() {
-                            Buf::F16(v) => all.extend(v.iter().map(|x| x.to_bits())),
-                            Buf::Bf16(v) => all.extend(v.iter().map(|x| x.to_bits())),
-                            Buf::F32(_) => {}
-                        }
-                    }
-                    all.resize(all.len().max(1), 0);
-                    DevBuf::U16(self.stream.clone_htod(&all).map_err(driver(op))?)
-                }
-            },
-        );
+            }
+            all.resize(all.len().max(1), 0.0);
+            DevBuf::F32(self.stream.clone_htod(&all).map_err(driver(op))?)
+        } else {
+            let mut all: Vec<u16> = mats.iter().flat_map(|m| bits16(m)).collect();
+            all.resize(all.len().max(1), 0);
+            DevBuf::U16(self.stream.clone_htod(&all).map_err(driver(op))?)
+        };
         Ok(Channel {
             buf,
             dtype,
             layers: mats.len(),
-            rows: kv.n_tokens(),
+            rows,
             cols,
         })
     }
