@@ -181,6 +181,13 @@ impl Context {
         self.len += n;
     }
 
+    /// Keeps the first `len` tokens (no-op when it holds fewer): the rows after them are
+    /// overwritten by the next append, nothing is copied or freed. This is how a runtime drops a
+    /// question after answering it, or the chunks after the first one that moved.
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
     /// Position of the first token.
     pub fn offset(&self) -> i64 {
         self.offset

@@ -4,12 +4,14 @@
 use std::fmt;
 
 use kamera_store::ChunkId;
+use serde::{Deserialize, Serialize};
 
 use crate::error::short;
 
 /// Linear estimates in µs. The defaults are SmolLM2-135M on a 2-core CPU (kamera-model and
 /// kamera-ops measurements, order of magnitude); a runner should calibrate them.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct CostModel {
     /// Prefill cost per new token (MLPs, projections).
     pub prefill_us_per_token: f64,
@@ -25,6 +27,10 @@ pub struct CostModel {
     pub expected_reuses: f64,
     /// Orderings sampled to form an orbit patch.
     pub orbit_orderings: usize,
+    /// Prior share of new chunks that come back later after the same earlier context (a
+    /// revisit, a recall, the same task run again): weighs keeping a first visit's difference
+    /// patch.
+    pub revisit_rate: f64,
 }
 
 impl Default for CostModel {
@@ -37,12 +43,13 @@ impl Default for CostModel {
             svd_us_per_token: 300.0,
             expected_reuses: 4.0,
             orbit_orderings: 3,
+            revisit_rate: 0.5,
         }
     }
 }
 
 /// What to do with one chunk (or one set, for a reorder).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Choice {
     /// Relocate the canonical KV only: exact when nothing precedes it.
     Relocate,
@@ -54,6 +61,9 @@ pub enum Choice {
     Reprefill,
     /// Relocate the canonical KV without the patch it would need (lossy).
     Blind,
+    /// A new chunk: prefill it in place (exact) and alone (canonical), and keep their
+    /// difference as the patch for this earlier context (an SVD, no extra forward pass).
+    PrefillKeepPatch,
 }
 
 /// One decision and its explanation.
@@ -107,6 +117,44 @@ impl CostModel {
     /// SVDs of a patch of `n` tokens.
     pub fn svd(&self, n: usize) -> f64 {
         n as f64 * self.svd_us_per_token
+    }
+
+    /// A new chunk of `n` tokens appended after `ctx` tokens: it is prefilled in place (exact)
+    /// and alone (its canonical KV, for the store); the choice is whether to keep the difference
+    /// of the two as the patch for this earlier context, which spares a conditioned prefill each
+    /// time the chunk comes back after the same context.
+    pub fn insert(&self, chunk: ChunkId, n: usize, ctx: usize) -> Decision {
+        let canonical = self.prefill(n, 0);
+        if ctx == 0 {
+            return Decision {
+                op: "insert",
+                chunk: Some(chunk),
+                choice: Choice::Reprefill,
+                options: vec![(Choice::Reprefill, canonical)],
+                reason: "nothing precedes it: one prefill is both canonical and in place".into(),
+            };
+        }
+        let both = self.prefill(n, ctx) + canonical;
+        let keep = both + self.svd(n);
+        let saved = self.revisit_rate * self.expected_reuses * (self.prefill(n, ctx) - self.reuse(n));
+        let (choice, verb) = if saved > self.svd(n) {
+            (Choice::PrefillKeepPatch, "keep")
+        } else {
+            (Choice::Reprefill, "skip")
+        };
+        Decision {
+            op: "insert",
+            chunk: Some(chunk),
+            choice,
+            options: vec![(Choice::PrefillKeepPatch, keep), (Choice::Reprefill, both)],
+            reason: format!(
+                "prefill in place (exact) and alone (canonical); {verb} the difference patch: its SVD costs {:.1} ms and saves {:.1} ms over {} expected reuses at a revisit rate of {}",
+                self.svd(n) / 1000.0,
+                saved / 1000.0,
+                self.expected_reuses,
+                self.revisit_rate
+            ),
+        }
     }
 
     /// A chunk of `n` tokens brought back (recall) after `ctx` tokens of fixed earlier context.

@@ -227,6 +227,22 @@ impl<E: Encoder, S: ChunkStore> Executor<E, S> {
                 self.stats.patches_formed += 1;
                 self.stats.form_s += t.elapsed().as_secs_f64();
             }
+            Step::StorePatch { chunk, key } => {
+                let t = Instant::now();
+                let canon = self.canonical("store-patch", *chunk)?;
+                let placed = self
+                    .resident
+                    .get(chunk)
+                    .ok_or_else(|| Error::chunk("store-patch", chunk, "is not resident"))?;
+                let patch =
+                    kamera_ops::form_patch(placed, &canon, &rope, &self.cfg.patch).map_err(ops_err("store-patch"))?;
+                let cost = t.elapsed().as_micros() as u64;
+                self.store
+                    .put(key, Record::patch(model, cost, patch))
+                    .map_err(store_err("store-patch"))?;
+                self.stats.patches_formed += 1;
+                self.stats.form_s += t.elapsed().as_secs_f64();
+            }
             Step::FormOrbit {
                 keys, orderings, at, ..
             } => {

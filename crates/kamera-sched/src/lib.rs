@@ -34,4 +34,4 @@ pub use cost::{Choice, CostModel, Decision};
 pub use error::{Error, Result, short};
 pub use exec::{BoxError, Encoder, ExecConfig, ExecStats, Executor};
 pub use plan::{Plan, Step};
-pub use window::{Order, Slot, SlotState, Window, WindowConfig, orbit_orderings};
+pub use window::{Order, Slot, SlotState, Visit, Window, WindowConfig, orbit_orderings};

@@ -5,12 +5,14 @@
 use std::fmt;
 
 use kamera_store::{ChunkId, Key};
+use serde::{Deserialize, Serialize};
 
 use crate::cost::Decision;
 use crate::error::short;
 
 /// One step for the runner.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "step", rename_all = "snake_case")]
 pub enum Step {
     /// Encode + prefill `chunk`'s tokens. `alone`: at position 0 with no context, giving the
     /// canonical KV(B|∅) (staged for `StoreCanonical` / `Place`); otherwise at `at`, after the
@@ -23,6 +25,10 @@ pub enum Step {
     /// Form the patch `key` of `chunk` conditioned on the window's KV of positions `0..at` (one
     /// conditioned prefill of the chunk at `at`, then a truncated SVD), and store it.
     FormPatch { chunk: ChunkId, key: Key, at: i64 },
+    /// Form the patch `key` of `chunk`, just prefilled in place, from the difference of its
+    /// in-place KV and its staged canonical KV (a truncated SVD; no forward pass), and store it:
+    /// a later recall after the same earlier context is then a relocation + this patch.
+    StorePatch { chunk: ChunkId, key: Key },
     /// Form one orbit patch per chunk of `set` (keys in `keys`) from prefills of the set under
     /// each of `orderings`, all placed at `at` after the window's KV of positions `0..at`.
     FormOrbit {
@@ -64,6 +70,23 @@ impl Plan {
     pub(crate) fn push(&mut self, s: Step) {
         self.steps.push(s);
     }
+    /// Appends `other`'s steps and decisions (they run after this plan's).
+    pub fn append(&mut self, other: Plan) {
+        self.steps.extend(other.steps);
+        self.decisions.extend(other.decisions);
+    }
+    /// Tokens prefilled by this plan's forward passes (`tokens` of each chunk by id), the
+    /// passes that form orbit patches included.
+    pub fn prefill_tokens(&self, tokens: impl Fn(&ChunkId) -> usize) -> usize {
+        self.steps
+            .iter()
+            .map(|s| match s {
+                Step::Prefill { chunk, .. } | Step::FormPatch { chunk, .. } => tokens(chunk),
+                Step::FormOrbit { orderings, .. } => orderings.iter().flatten().map(&tokens).sum(),
+                _ => 0,
+            })
+            .sum()
+    }
     /// Number of steps of each name, for tests and logs.
     pub fn count(&self, name: &str) -> usize {
         self.steps.iter().filter(|s| s.name() == name).count()
@@ -77,6 +100,7 @@ impl Step {
             Step::StoreCanonical { .. } => "store",
             Step::Recall { .. } => "recall",
             Step::FormPatch { .. } => "form-patch",
+            Step::StorePatch { .. } => "store-patch",
             Step::FormOrbit { .. } => "form-orbit",
             Step::Place { .. } => "place",
             Step::Relocate { .. } => "relocate",
@@ -98,6 +122,9 @@ impl fmt::Display for Step {
             Step::StoreCanonical { chunk } => write!(f, "store canonical KV of {}", short(chunk)),
             Step::Recall { chunk } => write!(f, "recall canonical KV of {} from the store", short(chunk)),
             Step::FormPatch { chunk, key, at } => write!(f, "form patch {key} for {} at {at}", short(chunk)),
+            Step::StorePatch { chunk, key } => {
+                write!(f, "store patch {key} of {} (in-place minus canonical KV)", short(chunk))
+            }
             Step::FormOrbit { set, orderings, .. } => {
                 write!(
                     f,

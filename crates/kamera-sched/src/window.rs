@@ -24,6 +24,20 @@ pub enum Order {
     Relevance,
 }
 
+/// What meeting a chunk did to the window ([`Window::visit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Visit {
+    /// Resident already: its KV stays where it is.
+    Hit,
+    /// Never seen: prefilled.
+    New,
+    /// Evicted earlier in this window: rehydrated from the store.
+    Recall,
+    /// Never in this window, but its canonical KV is in the store (an earlier session's).
+    Stored,
+}
+
 /// Window settings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct WindowConfig {
@@ -281,27 +295,73 @@ impl Window {
     }
 
     /// Inserts a new chunk after the placed chunks: encode + prefill in place (exact), store
-    /// its canonical KV; evicts (by [`WindowConfig::evict`]) to make room.
+    /// its canonical KV, and keep the difference as a patch where the cost model says so;
+    /// evicts (by [`WindowConfig::evict`]) to make room.
     pub fn insert(&mut self, id: ChunkId, n_tokens: usize) -> Result<Plan> {
         const OP: &str = "insert";
         self.check_new(OP, &id, n_tokens)?;
         let mut plan = self.make_room(OP, n_tokens)?;
         let at = self.end();
+        let antecedents: Vec<(ChunkId, i64)> = self.slots.iter().map(|s| (s.chunk, s.start)).collect();
         let state = Self::encode_steps(&mut plan, id, at);
-        let c = &self.cfg.cost;
-        let exact = c.prefill(n_tokens, at as usize) + if at > 0 { c.prefill(n_tokens, 0) } else { 0.0 };
-        plan.decisions.push(Decision {
-            op: OP,
-            chunk: Some(id),
-            choice: Choice::Reprefill,
-            options: vec![(Choice::Reprefill, exact)],
-            reason: if at == 0 {
-                "new chunk with nothing before it: one prefill is both canonical and in place".into()
-            } else {
-                "new chunk: prefill alone for the store's canonical KV, and in place (exact) for the window".into()
-            },
-        });
+        let d = self.cfg.cost.insert(id, n_tokens, at as usize);
+        if d.choice == Choice::PrefillKeepPatch {
+            let key = Key::patch(self.cfg.model, id, &antecedents, at);
+            plan.push(Step::StorePatch { chunk: id, key });
+            self.patches.insert(key);
+        }
+        plan.decisions.push(d);
         self.new_slot(id, n_tokens, false, state);
+        Ok(plan)
+    }
+
+    /// What a runtime does when it meets chunk `id` (`n_tokens` long) again or anew: a resident
+    /// chunk is a hit (nothing moves; it counts as used now), an evicted one is recalled, one
+    /// this window never saw but whose canonical KV `stored` reports (an earlier session's) is
+    /// admitted like a recall, anything else is inserted. `stored` tells which store records
+    /// exist (canonical KV, patches), so a patch formed earlier is reused, not formed again.
+    pub fn visit(&mut self, id: ChunkId, n_tokens: usize, stored: &dyn Fn(&Key) -> bool) -> Result<(Visit, Plan)> {
+        if self.slot(&id).is_some() {
+            self.touch(&id);
+            return Ok((Visit::Hit, Plan::default()));
+        }
+        if self.known.contains_key(&id) {
+            return Ok((Visit::Recall, self.recall_with(id, stored)?));
+        }
+        if stored(&Key::canonical(self.cfg.model, id)) {
+            self.check_new("visit", &id, n_tokens)?;
+            self.check_fits("visit", n_tokens)?;
+            let now = self.tick();
+            self.known.insert(
+                id,
+                Known {
+                    n_tokens,
+                    arrival: now,
+                    relevance: 0.0,
+                },
+            );
+            return match self.recall_with(id, stored) {
+                Ok(plan) => Ok((Visit::Stored, plan)),
+                Err(e) => {
+                    self.known.remove(&id);
+                    Err(e)
+                }
+            };
+        }
+        Ok((Visit::New, self.insert(id, n_tokens)?))
+    }
+
+    /// [`Window::pin`], or where `stored` reports the chunk's canonical KV and it goes first, its
+    /// relocation from the store (exact: nothing precedes it).
+    pub fn pin_stored(&mut self, id: ChunkId, n_tokens: usize, stored: &dyn Fn(&Key) -> bool) -> Result<Plan> {
+        if self.end() != 0 || !stored(&Key::canonical(self.cfg.model, id)) {
+            return self.pin(id, n_tokens);
+        }
+        let mut plan = self.pin(id, n_tokens)?;
+        plan.steps
+            .retain(|s| !matches!(s, Step::Prefill { .. } | Step::StoreCanonical { .. }));
+        let place = plan.steps.len().saturating_sub(1);
+        plan.steps.insert(place, Step::Recall { chunk: id });
         Ok(plan)
     }
 
@@ -408,6 +468,12 @@ impl Window {
     /// before it, by id and position), formed once and cached — or re-prefill, as the cost
     /// model decides.
     pub fn recall(&mut self, id: ChunkId) -> Result<Plan> {
+        self.recall_with(id, &|_| false)
+    }
+
+    /// [`Window::recall`], where `stored` reports patches already in the store (formed in an
+    /// earlier session or by another process): such a patch is reused, not formed again.
+    pub fn recall_with(&mut self, id: ChunkId, stored: &dyn Fn(&Key) -> bool) -> Result<Plan> {
         const OP: &str = "recall";
         let Some(k) = self.known.get(&id).copied() else {
             return Err(Error::chunk(OP, &id, "was never inserted"));
@@ -420,7 +486,11 @@ impl Window {
         let at = self.end();
         let antecedents: Vec<(ChunkId, i64)> = self.slots.iter().map(|s| (s.chunk, s.start)).collect();
         let key = Key::patch(self.cfg.model, id, &antecedents, at);
-        let d = self.cfg.cost.recall(id, n, at as usize, self.patches.contains(&key));
+        let cached = self.patches.contains(&key) || stored(&key);
+        if cached {
+            self.patches.insert(key);
+        }
+        let d = self.cfg.cost.recall(id, n, at as usize, cached);
         let state = match d.choice {
             Choice::Relocate | Choice::Blind => {
                 plan.push(Step::Recall { chunk: id });
@@ -462,6 +532,59 @@ impl Window {
         };
         plan.decisions.push(d);
         self.new_slot(id, n, false, state);
+        Ok(plan)
+    }
+
+    /// Recall by relevance: brings back evicted chunks whose relevance ([`Window::set_relevance`])
+    /// exceeds `min_score`, most relevant first, each after the placed chunks; room is made by
+    /// evicting only resident chunks less relevant than the one coming back (least relevant,
+    /// then least recently used, first). A chunk that would need a more relevant one evicted stays
+    /// out. `stored` reports patches in the store, as in [`Window::recall_with`].
+    pub fn recall_relevant(&mut self, min_score: f64, stored: &dyn Fn(&Key) -> bool) -> Result<Plan> {
+        let mut cands: Vec<(ChunkId, Known)> = self
+            .known
+            .iter()
+            .filter(|(id, k)| k.relevance > min_score && self.slot(id).is_none())
+            .map(|(id, k)| (*id, *k))
+            .collect();
+        cands.sort_by(|a, b| b.1.relevance.total_cmp(&a.1.relevance).then(a.1.arrival.cmp(&b.1.arrival)));
+        let mut plan = Plan::default();
+        for (id, k) in cands {
+            let fixed = self.pinned_tokens();
+            if k.n_tokens + fixed > self.cfg.budget_tokens {
+                continue;
+            }
+            let mut order: Vec<&Slot> = self
+                .slots
+                .iter()
+                .filter(|s| !s.pinned && s.relevance < k.relevance)
+                .collect();
+            order.sort_by(|a, b| a.relevance.total_cmp(&b.relevance).then(a.last_used.cmp(&b.last_used)));
+            let mut free = self.cfg.budget_tokens - self.chunk_tokens();
+            let mut victims = BTreeSet::new();
+            for s in order {
+                if free >= k.n_tokens {
+                    break;
+                }
+                victims.insert(s.chunk);
+                free += s.n_tokens;
+            }
+            if free < k.n_tokens {
+                continue;
+            }
+            let evicted: Vec<String> = victims.iter().map(crate::error::short).collect();
+            self.evict_many(&victims, &mut plan);
+            let mut p = self.recall_with(id, stored)?;
+            for d in &mut p.decisions {
+                d.reason = format!(
+                    "relevance {:.2} over evicted [{}]; {}",
+                    k.relevance,
+                    evicted.join(", "),
+                    d.reason
+                );
+            }
+            plan.append(p);
+        }
         Ok(plan)
     }
 

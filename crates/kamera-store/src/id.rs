@@ -191,3 +191,82 @@ impl fmt::Display for Key {
         write!(f, "@{}", &hex(&self.model.0)[..8])
     }
 }
+
+fn unhex<const N: usize>(s: &str, what: &'static str) -> Result<[u8; N]> {
+    let bad = |detail: String| Error::Invalid {
+        op: "parse",
+        what,
+        detail,
+    };
+    if s.len() != 2 * N || !s.is_ascii() {
+        return Err(bad(format!("{s:?} is not {} hex digits", 2 * N)));
+    }
+    let mut out = [0u8; N];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).map_err(|_| bad(format!("{s:?} is not hex")))?;
+    }
+    Ok(out)
+}
+
+impl std::str::FromStr for ChunkId {
+    type Err = Error;
+    /// 64 hex digits, as [`ChunkId`]'s `Display` writes them.
+    fn from_str(s: &str) -> Result<ChunkId> {
+        unhex::<32>(s, "chunk id").map(ChunkId)
+    }
+}
+
+impl Key {
+    /// The key's 81 bytes as 162 hex digits (what serde writes; [`Key::from_hex`] reads it).
+    pub fn to_hex(&self) -> String {
+        hex(&self.to_bytes())
+    }
+    /// Parses [`Key::to_hex`].
+    pub fn from_hex(s: &str) -> Result<Key> {
+        Key::from_bytes(&unhex::<KEY_LEN>(s, "key")?)
+    }
+}
+
+// Ids and keys travel in traces and reports as hex strings.
+impl serde::Serialize for ChunkId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for ChunkId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<ChunkId, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl serde::Serialize for Key {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_hex())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Key {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Key, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        Key::from_hex(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_and_keys_round_trip_as_hex() {
+        let m = ModelFp::of("m");
+        let id = ChunkId::of(b"page", "text", m);
+        assert_eq!(id.to_string().parse::<ChunkId>().unwrap(), id);
+        let key = Key::patch(m, id, &[(id, 3)], 9);
+        assert_eq!(Key::from_hex(&key.to_hex()).unwrap(), key);
+        assert!("xyz".parse::<ChunkId>().is_err());
+        assert!(Key::from_hex(&"0".repeat(162)).is_ok());
+        assert!(Key::from_hex(&"g".repeat(162)).is_err());
+    }
+}
