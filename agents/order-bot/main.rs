@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use kamera_agent::{Decision, Env, Llm, MemoryCache, Mind, Policy, RunOptions, Scenario, resolve_target};
+use kamera_agent::{Agent, Decision, Env, Mind, Policy, RunOptions, Scenario, resolve_target};
 use kamera_browser::{Action, ChromiumBrowser, ChromiumConfig, Content, Observation, Origins, Server};
 use tokio_util::sync::CancellationToken;
 
@@ -52,7 +52,7 @@ impl Policy for OrderBot {
             _ => {
                 let choices: Vec<String> = kamera_agent::site::STATUSES.iter().map(|s| s.to_string()).collect();
                 let q = format!("What is the shipping status of order {}?", self.order);
-                let call = mind.llm.choose(&mind.chunks, &q, &choices)?;
+                let call = mind.llm.choose(mind.ctx, &q, &choices)?;
                 Ok(Decision {
                     action: Action::Done {
                         answer: call.output.clone(),
@@ -72,7 +72,7 @@ async fn main() -> Result<()> {
     let origins = Origins::new(&[server.origin()])?;
     let mut browser = ChromiumBrowser::launch(ChromiumConfig::new(origins)).await?;
     let home = kamera_model::default_home();
-    let llm = Llm::new(kamera_agent::default_model(&home).context("default model")?);
+    let model = kamera_agent::default_model(&home).context("default model")?;
 
     // Only the goal and budgets are taken from a scenario; the steps are the app's own policy.
     let scenario = Scenario::parse(
@@ -109,8 +109,14 @@ async fn main() -> Result<()> {
         })),
         ..Default::default()
     };
-    let mut cache = MemoryCache::default();
-    let summary = kamera_agent::run_episode(&mut browser, &mut policy, &llm, &mut cache, &scenario, &env, opts).await;
+    // A session over an in-memory store (pass a sled store to keep canonical KV across runs).
+    let mut session = kamera_agent::session_for(&scenario, model, None, None, None);
+    let agent = Agent {
+        browser: &mut browser,
+        policy: &mut policy,
+        session: &mut session,
+    };
+    let summary = kamera_agent::run_episode(agent, &scenario, &env, opts).await;
     kamera_browser::Browser::close(&mut browser).await?;
     let summary = summary?;
     let truth = kamera_agent::site::data(seed)
@@ -118,11 +124,11 @@ async fn main() -> Result<()> {
         .into_iter()
         .find(|o| o.id == order);
     println!(
-        "order {order}: tracking {:?}, model says {:?}, site says {:?}; cache {:?}",
+        "order {order}: tracking {:?}, model says {:?}, site says {:?}; session {:?}",
         policy.tracking,
         summary.end.answer,
         truth.map(|o| o.status),
-        summary.cache
+        summary.session
     );
     Ok(())
 }

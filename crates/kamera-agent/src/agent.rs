@@ -1,23 +1,21 @@
-//! The agent loop: observe -> chunk -> window plan -> policy (model) -> action, with a trace line
-//! per step. [`run_episode`] is the embedding API: the caller brings the browser, policy, model
-//! and chunk cache.
+//! The agent loop: observe -> the session meets the page's chunk (the scheduler's plan, executed)
+//! -> recall by relevance before a question -> policy (model) -> action, with a trace line per
+//! step. [`run_episode`] is the embedding API: the caller brings browser, policy and session.
 
-use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Instant;
 
 use kamera_browser::{Action, Browser, Observation};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
-use crate::cache::{ChunkCache, Op, Window, chunk_id};
 use crate::error::{Error, Result};
-use crate::llm::{Llm, Part};
+use crate::llm::Llm;
 use crate::miniwob;
-use crate::policy::{Mind, Policy};
+use crate::policy::{Decision, Mind, Policy};
+use crate::runtime::{Applied, Session, SessionStats};
 use crate::scenario::Scenario;
 use crate::trace::{
-    EndRecord, Header, Line, ObsRecord, StepRecord, StepTimings, TRACE_VERSION, TraceWriter, sha256_hex,
+    EndRecord, Header, Line, ObsRecord, StepRecord, StepResult, StepTimings, TRACE_VERSION, TraceWriter, sha256_hex,
 };
 
 /// Where a run happens: the served origin and the start URL.
@@ -40,26 +38,9 @@ pub struct RunOptions {
     pub on_step: Option<OnStep>,
     /// For replays: the recorded end (reward and JS check come from it; there is no page).
     pub recorded_end: Option<EndRecord>,
-    /// At the answering step, also time a full re-prefill of the context (the baseline that
-    /// relocation replaces) and record it as `baseline_prefill_ms`.
+    /// At the answering step, also time a full re-prefill of the window (the baseline that
+    /// reuse replaces) and record it as `baseline_prefill_ms`.
     pub baseline: bool,
-}
-
-/// Counts of what the window did over a run.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct CacheStats {
-    pub hits: usize,
-    pub relocates: usize,
-    pub recalls: usize,
-    pub misses: usize,
-    pub evicts: usize,
-    /// Page tokens placed without prefill (hits, relocations, recalls).
-    pub tokens_reused: usize,
-    /// Page tokens prefilled.
-    pub tokens_prefilled: usize,
-    /// Conditioning patches formed (on recall) and placements that applied one.
-    pub patches_formed: usize,
-    pub patched_placements: usize,
 }
 
 /// The outcome of a run.
@@ -69,7 +50,8 @@ pub struct RunSummary {
     pub steps: Vec<StepRecord>,
     pub end: EndRecord,
     pub expected: Option<String>,
-    pub cache: CacheStats,
+    /// What the session did during this run.
+    pub session: SessionStats,
     pub refused: usize,
     pub wall_ms: f64,
 }
@@ -79,6 +61,59 @@ impl RunSummary {
     pub fn actions(&self) -> Vec<Action> {
         self.steps.iter().filter_map(|s| s.action.clone()).collect()
     }
+}
+
+/// What a run drives: the page, the decisions, the context.
+pub struct Agent<'a> {
+    pub browser: &'a mut dyn Browser,
+    pub policy: &'a mut dyn Policy,
+    pub session: &'a mut Session,
+}
+
+/// The page text a chunk holds: title, path (origin stripped so chunks repeat across servers), text.
+pub fn chunk_text(obs: &Observation, origin: &str) -> String {
+    let path = obs.url.strip_prefix(origin).unwrap_or(&obs.url);
+    format!("Page \"{}\" ({path}):\n{}\n\n", obs.title, obs.text)
+}
+
+/// Runs `scenario` once. Ends on a `done` action, the step budget, a fatal error or
+/// cancellation. A refused navigation or a vanished element is recorded and the run goes on; a
+/// fatal error (the browser died, the policy failed, cancellation) ends the run with the trace's
+/// end line saying why and is returned as the `Err`.
+pub async fn run_episode(agent: Agent<'_>, scenario: &Scenario, env: &Env, opts: RunOptions) -> Result<RunSummary> {
+    let mut run = Run {
+        replay: agent.browser.is_replay(),
+        llm: Llm::new(agent.session.model().clone()),
+        stats0: agent.session.stats().clone(),
+        agent,
+        scenario,
+        env,
+        opts,
+        summary: RunSummary {
+            scenario: scenario.name.clone(),
+            expected: scenario.success.answer.clone(),
+            ..Default::default()
+        },
+        answer: None,
+        reward: None,
+        t0: Instant::now(),
+    };
+    let r = run.drive().await;
+    run.finish(r).await
+}
+
+struct Run<'a, 's> {
+    agent: Agent<'a>,
+    llm: Llm,
+    scenario: &'s Scenario,
+    env: &'s Env,
+    opts: RunOptions,
+    summary: RunSummary,
+    answer: Option<String>,
+    reward: Option<f64>,
+    replay: bool,
+    stats0: SessionStats,
+    t0: Instant,
 }
 
 fn blocking<T>(f: impl FnOnce() -> T) -> T {
@@ -92,12 +127,6 @@ fn ms(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1e3
 }
 
-/// The page text a chunk holds: title, path (origin stripped so chunks repeat across servers), text.
-pub fn chunk_text(obs: &Observation, origin: &str) -> String {
-    let path = obs.url.strip_prefix(origin).unwrap_or(&obs.url);
-    format!("Page \"{}\" ({path}):\n{}\n\n", obs.title, obs.text)
-}
-
 fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -105,168 +134,91 @@ fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// Runs `scenario` once: `browser` drives the page, `policy` picks actions, `llm` answers over
-/// chunks from `cache`. Ends on a `done` action, the step budget, a fatal browser error or
-/// cancellation; browser errors end the run cleanly with the error in the trace and the summary.
-pub async fn run_episode(
-    browser: &mut dyn Browser,
-    policy: &mut dyn Policy,
-    llm: &Llm,
-    cache: &mut dyn ChunkCache,
-    scenario: &Scenario,
-    env: &Env,
-    mut opts: RunOptions,
-) -> Result<RunSummary> {
-    let t_run = Instant::now();
-    let replay = browser.is_replay();
-    let fingerprint = llm.model().fingerprint().to_string();
-    if let Some(t) = opts.trace.as_mut() {
-        t.write(&Line::Header(Header {
-            version: TRACE_VERSION,
-            scenario: scenario.to_toml(),
-            origin: env.origin.clone(),
-            model: fingerprint.clone(),
-            started_unix_ms: now_ms(),
-        }))?;
-    }
-    let mut summary = RunSummary {
-        scenario: scenario.name.clone(),
-        expected: scenario.success.answer.clone(),
-        ..Default::default()
-    };
-
-    // The fixed prefix chunk (system turn + goal), cached like any page.
-    let prefix_text = llm.prefix_text(&scenario.goal);
-    let prefix_id = chunk_id(&fingerprint, &prefix_text, "");
-    let prefix_tokens = llm.tokens(&prefix_text, true)?;
-    let prefix = match cache.get(&prefix_id) {
-        Some(c) => c,
-        None => {
-            let t = Instant::now();
-            let c = Arc::new(blocking(|| llm.canonical(&prefix_tokens))?);
-            cache.put(&prefix_id, c.clone(), t.elapsed().as_micros() as u64);
-            c
+impl Run<'_, '_> {
+    async fn drive(&mut self) -> Result<()> {
+        self.start().await?;
+        for step in 0..self.scenario.budget.steps {
+            if self.opts.cancel.is_cancelled() {
+                return Err(Error::Cancelled);
+            }
+            let (record, fatal) = self.step(step).await?;
+            if let Some(t) = self.opts.trace.as_mut() {
+                t.write(&Line::Step(Box::new(record.clone())))?;
+            }
+            if let Some(f) = self.opts.on_step.as_mut() {
+                f(&record);
+            }
+            self.summary.steps.push(record);
+            if let Some(e) = fatal {
+                return Err(e);
+            }
+            if self.answer.is_some() || self.reward.is_some() {
+                break;
+            }
         }
-    };
-    let mut window = Window::new(scenario.budget.window_tokens, prefix.n_tokens());
-    // Conditioning patches by (chunk, its antecedents in the window).
-    let mut patches: HashMap<(String, String), Arc<kamera_ops::Patch>> = HashMap::new();
-    let mut chunk_tokens: HashMap<String, Vec<u32>> = HashMap::new();
-    let antecedents = |ids: &[String]| blake3::hash(ids.join(",").as_bytes()).to_hex().to_string();
-
-    let mut fatal: Option<String> = None;
-    if !replay {
-        if let Err(e) = browser.navigate(&env.start_url).await {
-            fatal = Some(e.to_string());
-        } else if let Some(mw) = &scenario.miniwob
-            && let Err(e) = browser.eval(&miniwob::start_js(mw.seed, mw.episode_ms)).await
-        {
-            fatal = Some(e.to_string());
-        }
+        Ok(())
     }
 
-    let mut answer = None;
-    let mut reward = None;
-    let mut step = 0;
-    while fatal.is_none() && step < scenario.budget.steps {
-        if opts.cancel.is_cancelled() {
-            fatal = Some(Error::Cancelled.to_string());
-            break;
+    /// The trace header, the pinned prefix (system turn + goal), the start page.
+    async fn start(&mut self) -> Result<()> {
+        let model = self.agent.session.model().fingerprint().to_string();
+        if let Some(t) = self.opts.trace.as_mut() {
+            t.write(&Line::Header(Header {
+                version: TRACE_VERSION,
+                scenario: self.scenario.to_toml(),
+                origin: self.env.origin.clone(),
+                model,
+                started_unix_ms: now_ms(),
+            }))?;
         }
+        let prefix = self.llm.prefix_text(&self.scenario.goal);
+        let session = &mut *self.agent.session;
+        blocking(|| session.pin(&prefix))?;
+        if !self.replay {
+            self.agent.browser.navigate(&self.env.start_url).await?;
+            if let Some(mw) = &self.scenario.miniwob {
+                self.agent
+                    .browser
+                    .eval(&miniwob::start_js(mw.seed, mw.episode_ms))
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// One step: observe, plan + execute, decide, act. `Err` before a record exists; a record
+    /// and the fatal error it ended with otherwise.
+    async fn step(&mut self, step: usize) -> Result<(StepRecord, Option<Error>)> {
         let t_step = Instant::now();
         let mut timings = StepTimings::default();
         let t = Instant::now();
-        let obs = match browser.observe().await {
-            Ok(o) => o,
-            Err(e) => {
-                fatal = Some(e.to_string());
-                break;
-            }
-        };
+        let obs = self.agent.browser.observe().await?;
         timings.observe_ms = ms(t);
-        let shot = match opts.trace.as_ref() {
+        let shot = match self.opts.trace.as_ref() {
             Some(tw) => tw.resource(&obs.screenshot_png, "png")?,
             None => sha256_hex(&obs.screenshot_png),
         };
-        let text = chunk_text(&obs, &env.origin);
-        let id = chunk_id(&fingerprint, &text, &shot);
-        let tokens = llm.tokens(&text, false)?;
-        let cached = cache.get(&id).is_some();
-        if !cached {
-            let t = Instant::now();
-            let kv = blocking(|| llm.canonical(&tokens))?;
-            cache.put(&id, Arc::new(kv), t.elapsed().as_micros() as u64);
-            timings.encode_ms = ms(t);
+        let text = chunk_text(&obs, &self.env.origin);
+        let session = &mut *self.agent.session;
+        let mut applied = blocking(|| session.observe(&text, &shot))?;
+        if let Some(focus) = self.agent.policy.focus() {
+            let query = [self.scenario.goal.clone(), focus]
+                .into_iter()
+                .chain(self.agent.policy.memory())
+                .collect::<Vec<_>>()
+                .join("\n");
+            let session = &mut *self.agent.session;
+            let recalled = blocking(|| session.recall_relevant(&query))?;
+            merge(&mut applied, recalled);
         }
-        chunk_tokens.insert(id.clone(), tokens.clone());
-        let plan = window.observe(&id, tokens.len(), cached);
-        for p in &plan {
-            let s = &mut summary.cache;
-            match p.op {
-                Op::Hit => s.hits += 1,
-                Op::Relocate => s.relocates += 1,
-                Op::Recall => s.recalls += 1,
-                Op::Miss => s.misses += 1,
-                Op::Evict => s.evicts += 1,
-            }
-            match p.op {
-                Op::Hit | Op::Relocate | Op::Recall => s.tokens_reused += p.tokens,
-                Op::Miss => s.tokens_prefilled += p.tokens,
-                Op::Evict => {}
-            }
-        }
-        let mut plan = plan;
-        let ids = window.chunks();
-        let mut chunks = vec![Part {
-            kv: prefix.clone(),
-            patch: None,
-        }];
-        for (i, cid) in ids.iter().enumerate() {
-            let kv = cache.get(cid).ok_or_else(|| Error::Step {
-                step,
-                detail: format!("chunk {cid} left the cache while in the window"),
-            })?;
-            let key = (cid.clone(), antecedents(&ids[..i]));
-            let recalled = plan.iter().any(|p| p.chunk == *cid && p.op == Op::Recall);
-            if recalled && scenario.budget.patch_rank > 0 && !patches.contains_key(&key) && *cid == id {
-                // Recall: a patch conditioned on the chunk's fixed earlier context, formed once
-                // (or found in the store from an earlier run).
-                let mut ante = vec![prefix_id.clone()];
-                ante.extend(ids[..i].iter().cloned());
-                if let Some(p) = cache.get_patch(cid, &ante) {
-                    patches.insert(key.clone(), p);
-                } else {
-                    let t = Instant::now();
-                    let mut parts = chunks.clone();
-                    parts.push(Part {
-                        kv: kv.clone(),
-                        patch: None,
-                    });
-                    let p = Arc::new(blocking(|| {
-                        llm.form_patch(&parts, &tokens, scenario.budget.patch_rank)
-                    })?);
-                    cache.put_patch(cid, &ante, p.clone(), t.elapsed().as_micros() as u64);
-                    patches.insert(key.clone(), p);
-                    timings.patch_ms += ms(t);
-                    summary.cache.patches_formed += 1;
-                }
-            }
-            let patch = patches.get(&key).cloned();
-            if patch.is_some() {
-                summary.cache.patched_placements += 1;
-                if let Some(p) = plan.iter_mut().find(|p| p.chunk == *cid && p.op != Op::Evict) {
-                    p.patch = true;
-                }
-            }
-            chunks.push(Part { kv, patch });
-        }
-        let mut mind = Mind {
-            llm,
-            chunks,
-            goal: &scenario.goal,
-            max_new_tokens: scenario.budget.max_new_tokens,
-        };
-        let decision = blocking(|| policy.next(step, &obs, &mut mind));
+        timings.encode_ms = applied.timings.prefill_ms;
+        timings.patch_ms = applied.timings.patch_ms;
+        timings.reuse_ms = applied.timings.place_ms + applied.timings.sync_ms;
+        let chunk = applied.chunk.ok_or_else(|| Error::Runtime {
+            op: "observe",
+            detail: "the session's visit named no chunk".into(),
+        })?;
+        let decision = self.decide(step, &obs);
         let mut record = StepRecord {
             step,
             observation: ObsRecord {
@@ -276,127 +228,154 @@ pub async fn run_episode(
                 elements: obs.elements.clone(),
                 screenshot: shot,
             },
-            chunk: id,
-            chunk_tokens: tokens.len(),
-            plan,
+            chunk,
+            chunk_tokens: self.agent.session.chunk_tokens(&chunk).map_or(0, <[u32]>::len),
+            visit: applied.visit.unwrap_or(kamera_sched::Visit::Hit),
+            why: applied.plan.decisions.iter().map(|d| d.to_string()).collect(),
+            plan: applied.plan.steps,
+            prefill_tokens: applied.prefill_tokens,
             model: None,
             action: None,
-            result: "ok".into(),
+            result: StepResult::Ok,
             reward: None,
             timings,
         };
-        match decision {
+        let fatal = match decision {
             Err(e) => {
-                record.result = e.to_string();
-                fatal = Some(e.to_string());
+                record.result = StepResult::Failed { error: e.to_string() };
+                Some(e)
             }
-            Ok(d) => {
-                if let Some(m) = &d.model {
-                    record.timings.reuse_ms = m.timings.reuse_ms;
-                    record.timings.prefill_ms = m.timings.prefill_ms;
-                    record.timings.decode_ms = m.timings.decode_ms;
-                }
-                record.model = d.model;
-                record.action = Some(d.action.clone());
-                if let Action::Done { answer: a } = &d.action {
-                    answer = Some(a.clone());
-                    if opts.baseline {
-                        let mut all = prefix_tokens.clone();
-                        for cid in &ids {
-                            all.extend(chunk_tokens.get(cid).cloned().unwrap_or_default());
-                        }
-                        let t = Instant::now();
-                        blocking(|| llm.canonical(&all))?;
-                        record.timings.baseline_prefill_ms = Some(ms(t));
-                    }
-                } else {
-                    let t = Instant::now();
-                    let r = browser.act(&d.action).await;
-                    record.timings.act_ms = ms(t);
-                    match r {
-                        Ok(()) => {}
-                        Err(e @ kamera_browser::Error::Refused { .. }) => {
-                            summary.refused += 1;
-                            record.result = e.to_string();
-                            tracing::warn!(step, error = %e, "navigation refused");
-                        }
-                        Err(e @ kamera_browser::Error::NoElement { .. }) => record.result = e.to_string(),
-                        Err(e) => {
-                            record.result = e.to_string();
-                            fatal = Some(e.to_string());
-                        }
-                    }
-                    if scenario.miniwob.is_some() && !replay && fatal.is_none() {
-                        match browser.eval(miniwob::REWARD_JS).await {
-                            Ok(v) => {
-                                if v[0].as_bool() == Some(true) {
-                                    reward = v[1].as_f64();
-                                    record.reward = reward;
-                                }
-                            }
-                            Err(e) => fatal = Some(e.to_string()),
-                        }
-                    }
-                }
-            }
-        }
+            Ok(d) => self.act(d, &mut record).await,
+        };
         record.timings.total_ms = ms(t_step);
-        if let Some(t) = opts.trace.as_mut() {
-            t.write(&Line::Step(Box::new(record.clone())))?;
-        }
-        if let Some(f) = opts.on_step.as_mut() {
-            f(&record);
-        }
-        summary.steps.push(record);
-        step += 1;
-        if answer.is_some() || reward.is_some() {
-            break;
-        }
-    }
-    cache.flush();
-    if replay && let Some(r) = &opts.recorded_end {
-        reward = r.reward;
+        Ok((record, fatal))
     }
 
-    // Judge.
-    let mut js_check = None;
-    if let Some(js) = &scenario.success.js {
-        js_check = if replay {
-            opts.recorded_end.as_ref().and_then(|r| r.js_check)
-        } else {
-            Some(browser.eval(js).await.map(|v| truthy(&v)).unwrap_or(false))
-        };
+    /// The policy's decision over the window's live context.
+    fn decide(&mut self, step: usize, obs: &Observation) -> Result<Decision> {
+        let session = &mut *self.agent.session;
+        let policy = &mut *self.agent.policy;
+        let (llm, goal, max_new) = (&self.llm, &self.scenario.goal, self.scenario.budget.max_new_tokens);
+        blocking(|| {
+            let ctx = session.context()?;
+            let mut mind = Mind {
+                llm,
+                ctx,
+                goal,
+                max_new_tokens: max_new,
+            };
+            policy.next(step, obs, &mut mind)
+        })
     }
-    let mut checks = Vec::new();
-    if let Some(exp) = &scenario.success.answer {
-        let a = answer.clone().unwrap_or_default().trim().to_lowercase();
-        let e = exp.trim().to_lowercase();
-        checks.push(!a.is_empty() && (a == e || a.contains(&e)));
-    }
-    if let Some(j) = js_check {
-        checks.push(j);
-    }
-    if let Some(min) = scenario.success.min_reward {
-        checks.push(reward.is_some_and(|r| r > min));
-    }
-    let success = if checks.is_empty() {
+
+    /// Carries out a decision: `done` answers (and times the baseline when asked), anything else
+    /// goes to the browser. Returns the error that ends the run, if any.
+    async fn act(&mut self, d: Decision, record: &mut StepRecord) -> Option<Error> {
+        if let Some(m) = &d.model {
+            record.timings.prefill_ms = m.timings.prefill_ms;
+            record.timings.decode_ms = m.timings.decode_ms;
+        }
+        record.model = d.model;
+        record.action = Some(d.action.clone());
+        if let Action::Done { answer } = &d.action {
+            self.answer = Some(answer.clone());
+            if self.opts.baseline {
+                let tokens = self.agent.session.window_tokens();
+                let t = Instant::now();
+                if let Err(e) = blocking(|| self.llm.full_prefill(&tokens)) {
+                    record.result = StepResult::Failed { error: e.to_string() };
+                    return Some(e);
+                }
+                record.timings.baseline_prefill_ms = Some(ms(t));
+            }
+            return None;
+        }
+        let t = Instant::now();
+        let r = self.agent.browser.act(&d.action).await;
+        record.timings.act_ms = ms(t);
+        match r {
+            Ok(()) => {}
+            Err(e @ kamera_browser::Error::Refused { .. }) => {
+                self.summary.refused += 1;
+                tracing::warn!(step = record.step, error = %e, "navigation refused");
+                record.result = StepResult::Refused { detail: e.to_string() };
+            }
+            Err(e @ kamera_browser::Error::NoElement { .. }) => {
+                record.result = StepResult::NoElement { detail: e.to_string() };
+            }
+            Err(e) => {
+                record.result = StepResult::Failed { error: e.to_string() };
+                return Some(e.into());
+            }
+        }
+        if self.scenario.miniwob.is_some() && !self.replay {
+            match self.agent.browser.eval(miniwob::REWARD_JS).await {
+                Ok(v) if v[0].as_bool() == Some(true) => {
+                    self.reward = v[1].as_f64();
+                    record.reward = self.reward;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    record.result = StepResult::Failed { error: e.to_string() };
+                    return Some(e.into());
+                }
+            }
+        }
         None
-    } else {
-        Some(fatal.is_none() && checks.iter().all(|c| *c))
-    };
-    summary.end = EndRecord {
-        steps: summary.steps.len(),
-        answer,
-        success,
-        js_check,
-        reward,
-        error: fatal,
-    };
-    if let Some(t) = opts.trace.as_mut() {
-        t.write(&Line::End(summary.end.clone()))?;
     }
-    summary.wall_ms = ms(t_run);
-    Ok(summary)
+
+    /// Judges the run, writes the end line, and returns the summary or the fatal error.
+    async fn finish(mut self, r: Result<()>) -> Result<RunSummary> {
+        if let Err(e) = self.agent.session.flush() {
+            tracing::warn!(error = %e, "chunk store flush failed");
+        }
+        if self.replay
+            && let Some(end) = &self.opts.recorded_end
+        {
+            self.reward = end.reward;
+        }
+        let js_check = match (&self.scenario.success.js, self.replay, r.is_ok()) {
+            (None, ..) => None,
+            (Some(_), true, _) => self.opts.recorded_end.as_ref().and_then(|e| e.js_check),
+            (Some(js), false, true) => Some(self.agent.browser.eval(js).await.map(|v| truthy(&v)).unwrap_or(false)),
+            (Some(_), false, false) => Some(false),
+        };
+        let mut checks = Vec::new();
+        if let Some(exp) = &self.scenario.success.answer {
+            let a = self.answer.clone().unwrap_or_default().trim().to_lowercase();
+            let e = exp.trim().to_lowercase();
+            checks.push(!a.is_empty() && (a == e || a.contains(&e)));
+        }
+        checks.extend(js_check);
+        if let Some(min) = self.scenario.success.min_reward {
+            checks.push(self.reward.is_some_and(|x| x > min));
+        }
+        let success = (!checks.is_empty()).then(|| r.is_ok() && checks.iter().all(|c| *c));
+        self.summary.end = EndRecord {
+            steps: self.summary.steps.len(),
+            answer: self.answer.clone(),
+            success,
+            js_check,
+            reward: self.reward,
+            error: r.as_ref().err().map(|e| e.to_string()),
+        };
+        if let Some(t) = self.opts.trace.as_mut() {
+            t.write(&Line::End(self.summary.end.clone()))?;
+        }
+        self.summary.session = self.agent.session.stats().since(&self.stats0);
+        self.summary.wall_ms = ms(self.t0);
+        r.map(|()| self.summary)
+    }
+}
+
+/// Appends a later plan of the same step (recall by relevance) to the visit's.
+fn merge(into: &mut Applied, later: Applied) {
+    into.plan.append(later.plan);
+    into.prefill_tokens += later.prefill_tokens;
+    into.timings.prefill_ms += later.timings.prefill_ms;
+    into.timings.patch_ms += later.timings.patch_ms;
+    into.timings.place_ms += later.timings.place_ms;
+    into.timings.sync_ms += later.timings.sync_ms;
 }
 
 fn truthy(v: &serde_json::Value) -> bool {

@@ -28,6 +28,18 @@ pub enum Error {
         #[source]
         source: Box<kamera_ops::Error>,
     },
+    /// The scheduler refused an operation (budget, unknown chunk).
+    #[error("scheduler: {0}")]
+    Sched(#[from] Box<kamera_sched::Error>),
+    /// The chunk store failed.
+    #[error("store: {0}")]
+    Store(#[from] Box<kamera_store::Error>),
+    /// The relocation backend failed.
+    #[error("backend: {0}")]
+    Backend(#[from] Box<kamera_gpu::Error>),
+    /// The session's state cannot carry out a plan step (a bug, or a store that lost a record).
+    #[error("runtime {op}: {detail}")]
+    Runtime { op: &'static str, detail: String },
     /// The model policy produced no valid action within its retries.
     #[error("policy: no valid action after {tries} tries; last output {last:?}")]
     Policy { tries: usize, last: String },
@@ -66,5 +78,23 @@ pub(crate) fn model(op: &'static str) -> impl FnOnce(kamera_model::Error) -> Err
 impl From<kamera_browser::Error> for Error {
     fn from(e: kamera_browser::Error) -> Self {
         Error::Browser(Box::new(e))
+    }
+}
+
+impl From<kamera_sched::Error> for Error {
+    fn from(e: kamera_sched::Error) -> Self {
+        Error::Sched(Box::new(e))
+    }
+}
+
+impl From<kamera_store::Error> for Error {
+    fn from(e: kamera_store::Error) -> Self {
+        Error::Store(Box::new(e))
+    }
+}
+
+impl From<kamera_gpu::Error> for Error {
+    fn from(e: kamera_gpu::Error) -> Self {
+        Error::Backend(Box::new(e))
     }
 }

@@ -1,11 +1,11 @@
-//! The model side of the loop: pages become canonical KV chunks; questions and action prompts are
-//! answered over a context assembled from relocated chunks (no re-prefill of cached pages).
+//! The model side of the loop: questions and action prompts are appended to the session's live
+//! window context (whose chunks the scheduler placed), answered, and cut off again: nothing
+//! before the prompt is copied or prefilled.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use kamera_model::{Context, Input, Model, PrefillOptions};
-use kamera_ops::{ChunkKv, Patch, PatchConfig, Placement};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result, model};
@@ -13,7 +13,7 @@ use crate::error::{Error, Result, model};
 /// Timings of one model call, in milliseconds.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct CallTimings {
-    /// Assembling the context from cached chunks (relocation).
+    /// Bringing the window's context up to date before the call (the session's plan execution).
     pub reuse_ms: f64,
     /// Prefilling the question / instruction suffix.
     pub prefill_ms: f64,
@@ -36,14 +36,6 @@ pub struct ModelCall {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub scores: Vec<(String, f32)>,
     pub timings: CallTimings,
-}
-
-/// One chunk of a context: canonical KV and, when it has one for its current antecedents, its
-/// conditioning patch.
-#[derive(Debug, Clone)]
-pub struct Part {
-    pub kv: Arc<ChunkKv>,
-    pub patch: Option<Arc<Patch>>,
 }
 
 /// The embedded model plus the chat framing the agent uses.
@@ -83,45 +75,19 @@ impl Llm {
         if bos { t.encode(text) } else { t.encode_raw(text) }.map_err(model("encode"))
     }
 
-    /// Canonical KV of `tokens`: prefilled alone at positions 0..n.
-    pub fn canonical(&self, tokens: &[u32]) -> Result<ChunkKv> {
+    /// Logits after prefilling `tokens` from scratch at position 0: the full re-prefill that
+    /// reuse replaces (baselines, and the reference for KL).
+    pub fn full_prefill(&self, tokens: &[u32]) -> Result<Vec<f32>> {
         let p = self
             .model
             .prefill(tokens, 0, &self.model.empty_context())
             .map_err(model("prefill"))?;
-        Ok(p.chunk)
+        Ok(p.logits)
     }
 
-    /// The context: `chunks` laid out from position 0, each relocated to its slot and patched.
-    pub fn assemble(&self, chunks: &[Part]) -> Result<Context> {
-        let parts: Vec<Placement<'_>> = chunks
-            .iter()
-            .map(|c| Placement {
-                chunk: &c.kv,
-                patch: c.patch.as_deref(),
-            })
-            .collect();
-        Context::from_chunks(&parts, self.model.rope(), 0).map_err(model("assemble"))
-    }
-
-    /// The rank-`rank` conditioning patch of the last part (whose tokens are `tokens`) given the
-    /// parts before it: one conditioned prefill of the chunk after its antecedents, then the
-    /// truncated SVD of the deficit in the canonical frame (`kamera_ops::form_patch`).
-    pub fn form_patch(&self, parts: &[Part], tokens: &[u32], rank: usize) -> Result<Patch> {
-        let (last, before) = parts.split_last().ok_or_else(|| Error::Step {
-            step: 0,
-            detail: "form_patch needs a chunk".into(),
-        })?;
-        let ctx = self.assemble(before)?;
-        let cond = self
-            .model
-            .prefill(tokens, ctx.end(), &ctx)
-            .map_err(model("conditioned prefill"))?;
-        let cfg = PatchConfig::fixed(rank, kamera_ops::DType::F32);
-        Ok(kamera_ops::form_patch(&cond.chunk, &last.kv, self.model.rope(), &cfg)?)
-    }
-
-    fn close_turn(&self, text: &str) -> String {
+    /// `text` as the user's turn, closed, with the assistant's turn opened: what follows the
+    /// window's chunks in every model call.
+    pub fn close_turn(&self, text: &str) -> String {
         // "<|im_end|>\n<|im_start|>assistant\n" etc.: the tail of the chat template after the user text.
         let chat = self.model.chat_prompt("\u{0}");
         let tail = chat.split('\u{0}').nth(1).unwrap_or("\n");
@@ -129,33 +95,43 @@ impl Llm {
     }
 
     /// Picks the choice the model finds most likely after `question` (mean token log-likelihood).
-    pub fn choose(&self, chunks: &[Part], question: &str, choices: &[String]) -> Result<ModelCall> {
-        let prompt = self.close_turn(&format!(
+    pub fn choose(&self, ctx: &mut Context, question: &str, choices: &[String]) -> Result<ModelCall> {
+        let prompt = self.question_prompt(question, choices);
+        self.rank_after(ctx, prompt, choices)
+    }
+
+    /// The question prompt of [`Llm::choose`] (what a baseline prefills after the same window).
+    pub fn question_prompt(&self, question: &str, choices: &[String]) -> String {
+        self.close_turn(&format!(
             "Question: {question}\nAnswer with one of: {}.",
             choices.join(", ")
-        ));
-        self.rank_after(chunks, prompt, choices)
+        ))
     }
 
     /// Picks the continuation of the reply started by `lead` after `instruction` that the model
     /// finds most likely (mean token log-likelihood); the output is `lead` + that continuation.
     /// This is how the model policy stays inside the action grammar.
-    pub fn rank(&self, chunks: &[Part], instruction: &str, lead: &str, candidates: &[String]) -> Result<ModelCall> {
+    pub fn rank(&self, ctx: &mut Context, instruction: &str, lead: &str, candidates: &[String]) -> Result<ModelCall> {
         let prompt = format!("{}{lead}", self.close_turn(instruction));
-        let mut call = self.rank_after(chunks, prompt, candidates)?;
+        let mut call = self.rank_after(ctx, prompt, candidates)?;
         call.output = format!("{lead}{}", call.output);
         Ok(call)
     }
 
-    /// Scores `candidates` after `prompt` (prefilled after the assembled `chunks`).
-    fn rank_after(&self, chunks: &[Part], prompt: String, candidates: &[String]) -> Result<ModelCall> {
-        let t0 = Instant::now();
-        let mut qctx = self.assemble(chunks)?;
+    /// Scores `candidates` after `prompt`, appended to `ctx` (and cut off again after).
+    fn rank_after(&self, ctx: &mut Context, prompt: String, candidates: &[String]) -> Result<ModelCall> {
+        let base = ctx.len();
+        let r = self.rank_on(ctx, prompt, candidates);
+        ctx.truncate(base);
+        r
+    }
+
+    fn rank_on(&self, qctx: &mut Context, prompt: String, candidates: &[String]) -> Result<ModelCall> {
         let context_tokens = qctx.len();
-        let reuse_ms = ms(t0);
+        let reuse_ms = 0.0;
         let ptoks = self.tokens(&prompt, false)?;
         let t1 = Instant::now();
-        let q = self.model.extend(&ptoks, &mut qctx).map_err(model("prefill"))?;
+        let q = self.model.extend(&ptoks, qctx).map_err(model("prefill"))?;
         let prefill_ms = ms(t1);
         let t2 = Instant::now();
         let mut scores = Vec::new();
@@ -171,7 +147,7 @@ impl Llm {
                     .prefill_with(
                         Input::Tokens(&ct[..ct.len() - 1]),
                         qctx.end(),
-                        &qctx,
+                        qctx,
                         PrefillOptions { all_logits: true },
                     )
                     .map_err(model("score"))?;
@@ -205,28 +181,40 @@ impl Llm {
     }
 
     /// Greedy generation (or seeded sampling when `seed > 0`) after `instruction`.
-    pub fn generate(&self, chunks: &[Part], instruction: &str, max_new: usize, seed: u64) -> Result<ModelCall> {
-        self.generate_after(chunks, instruction, "", max_new, seed)
+    pub fn generate(&self, ctx: &mut Context, instruction: &str, max_new: usize, seed: u64) -> Result<ModelCall> {
+        self.generate_after(ctx, instruction, "", max_new, seed)
     }
 
     /// Like [`Llm::generate`], with the assistant's reply started by `lead` (e.g. `{"action": "`
     /// to hold the model to a JSON object); the output includes `lead`.
     pub fn generate_after(
         &self,
-        chunks: &[Part],
+        ctx: &mut Context,
         instruction: &str,
         lead: &str,
         max_new: usize,
         seed: u64,
     ) -> Result<ModelCall> {
-        let t0 = Instant::now();
-        let mut gctx = self.assemble(chunks)?;
+        let base = ctx.len();
+        let r = self.generate_on(ctx, instruction, lead, max_new, seed);
+        ctx.truncate(base);
+        r
+    }
+
+    fn generate_on(
+        &self,
+        gctx: &mut Context,
+        instruction: &str,
+        lead: &str,
+        max_new: usize,
+        seed: u64,
+    ) -> Result<ModelCall> {
         let context_tokens = gctx.len();
-        let reuse_ms = ms(t0);
+        let reuse_ms = 0.0;
         let prompt = format!("{}{lead}", self.close_turn(instruction));
         let ptoks = self.tokens(&prompt, false)?;
         let t1 = Instant::now();
-        let mut step = self.model.extend(&ptoks, &mut gctx).map_err(model("prefill"))?;
+        let mut step = self.model.extend(&ptoks, gctx).map_err(model("prefill"))?;
         let prefill_ms = ms(t1);
         let t2 = Instant::now();
         let stop = self.model.chat_stop_tokens();
@@ -243,7 +231,7 @@ impl Llm {
                 break;
             }
             out.push(next);
-            step = self.model.extend(&[next], &mut gctx).map_err(model("decode"))?;
+            step = self.model.extend(&[next], gctx).map_err(model("decode"))?;
         }
         let output = format!(
             "{lead}{}",

@@ -7,14 +7,14 @@ use kamera_browser::{Action, Observation};
 use std::collections::HashMap;
 
 use crate::error::{Error, Result};
-use crate::llm::{Llm, ModelCall, Part, parse_action};
+use crate::llm::{Llm, ModelCall, parse_action};
 use crate::scenario::Step;
 
-/// What a policy sees of the model: the context window's chunks, in order, and the goal.
+/// What a policy sees of the model: the window's live context (the session's chunks, placed by
+/// the scheduler) and the goal. Model calls append their prompt to it and cut it off again.
 pub struct Mind<'a> {
     pub llm: &'a Llm,
-    /// Prefix chunk then page chunks, each canonical (relocated and patched on assembly).
-    pub chunks: Vec<Part>,
+    pub ctx: &'a mut kamera_model::Context,
     pub goal: &'a str,
     pub max_new_tokens: usize,
 }
@@ -30,6 +30,15 @@ pub struct Decision {
 /// Picks the next action. Synchronous: model work runs on the caller's blocking thread.
 pub trait Policy: Send {
     fn next(&mut self, step: usize, obs: &Observation, mind: &mut Mind<'_>) -> Result<Decision>;
+    /// The question the next model call will answer, when the policy knows it ahead: the
+    /// session recalls the chunks relevant to it (with the goal and [`Policy::memory`]) first.
+    fn focus(&self) -> Option<String> {
+        None
+    }
+    /// Values the policy has read off pages so far (they make the pages that hold them relevant).
+    fn memory(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// Follows scripted [`Step`]s; `remember` steps read values off the page without acting.
@@ -76,6 +85,20 @@ pub fn resolve_target(obs: &Observation, target: &str) -> Option<u32> {
 }
 
 impl Policy for ScriptedPolicy {
+    fn focus(&self) -> Option<String> {
+        self.steps[self.cursor.min(self.steps.len())..]
+            .iter()
+            .find(|s| !matches!(s, Step::Remember { .. }))
+            .and_then(|s| match s {
+                Step::Ask { question, .. } => Some(self.subst(question)),
+                _ => None,
+            })
+    }
+
+    fn memory(&self) -> Vec<String> {
+        self.vars.values().cloned().collect()
+    }
+
     fn next(&mut self, _step: usize, obs: &Observation, mind: &mut Mind<'_>) -> Result<Decision> {
         loop {
             let i = self.cursor;
@@ -91,61 +114,59 @@ impl Policy for ScriptedPolicy {
                 let t = self.subst(t);
                 resolve_target(obs, &t).ok_or_else(|| bad(format!("no element matches {t:?} on {}", obs.url)))
             };
-            let action = if let Some(name) = &st.remember {
-                let re = regex::Regex::new(st.regex.as_deref().unwrap_or("")).map_err(|e| bad(e.to_string()))?;
-                let cap = re
-                    .captures(&obs.text)
-                    .and_then(|c| c.get(1).or(c.get(0)))
-                    .ok_or_else(|| bad(format!("regex {:?} matches nothing on {}", re.as_str(), obs.url)))?;
-                self.vars.insert(name.clone(), cap.as_str().to_string());
-                continue;
-            } else if let Some(q) = &st.ask {
-                let q = self.subst(q);
-                let call = if st.choices.is_empty() {
-                    mind.llm.generate(
-                        &mind.chunks,
-                        &format!("Question: {q}\nAnswer briefly."),
-                        mind.max_new_tokens,
-                        0,
-                    )?
-                } else {
-                    mind.llm.choose(&mind.chunks, &q, &st.choices)?
-                };
-                return Ok(Decision {
-                    action: Action::Done {
-                        answer: call.output.trim().to_string(),
-                    },
-                    model: Some(call),
-                });
-            } else if let Some(t) = &st.click {
-                Action::Click { id: target(t)? }
-            } else if let Some(text) = &st.r#type {
-                let id = match &st.into {
-                    Some(t) => Some(target(t)?),
-                    None => None,
-                };
-                Action::Type {
-                    id,
-                    text: self.subst(text),
+            let action = match st {
+                Step::Remember { name, regex } => {
+                    let re = regex::Regex::new(&regex).map_err(|e| bad(e.to_string()))?;
+                    let cap = re
+                        .captures(&obs.text)
+                        .and_then(|c| c.get(1).or(c.get(0)))
+                        .ok_or_else(|| bad(format!("regex {:?} matches nothing on {}", re.as_str(), obs.url)))?;
+                    self.vars.insert(name, cap.as_str().to_string());
+                    continue;
                 }
-            } else if let Some(k) = &st.key {
-                Action::Key { key: k.clone() }
-            } else if let Some(u) = &st.navigate {
-                let u = self.subst(u);
-                let url = if u.starts_with('/') {
-                    format!("{}{u}", self.origin)
-                } else {
-                    u
-                };
-                Action::Navigate { url }
-            } else if st.back.is_some() {
-                Action::Back
-            } else if let Some(dy) = st.scroll {
-                Action::Scroll { dy }
-            } else if let Some(ms) = st.wait_ms {
-                Action::Wait { ms }
-            } else {
-                return Err(bad("empty step".into()));
+                Step::Ask { question, choices } => {
+                    let q = self.subst(&question);
+                    let call = if choices.is_empty() {
+                        mind.llm.generate(
+                            mind.ctx,
+                            &format!("Question: {q}\nAnswer briefly."),
+                            mind.max_new_tokens,
+                            0,
+                        )?
+                    } else {
+                        mind.llm.choose(mind.ctx, &q, &choices)?
+                    };
+                    return Ok(Decision {
+                        action: Action::Done {
+                            answer: call.output.trim().to_string(),
+                        },
+                        model: Some(call),
+                    });
+                }
+                Step::Click { target: t } => Action::Click { id: target(&t)? },
+                Step::Type { text, into } => {
+                    let id = match &into {
+                        Some(t) => Some(target(t)?),
+                        None => None,
+                    };
+                    Action::Type {
+                        id,
+                        text: self.subst(&text),
+                    }
+                }
+                Step::Key { key } => Action::Key { key },
+                Step::Navigate { url } => {
+                    let u = self.subst(&url);
+                    let url = if u.starts_with('/') {
+                        format!("{}{u}", self.origin)
+                    } else {
+                        u
+                    };
+                    Action::Navigate { url }
+                }
+                Step::Back => Action::Back,
+                Step::Scroll { dy } => Action::Scroll { dy },
+                Step::Wait { ms } => Action::Wait { ms },
             };
             return Ok(Decision { action, model: None });
         }
@@ -262,7 +283,7 @@ impl ModelPolicy {
             .filter(|c| !self.stale(&c.action(String::new())))
             .collect();
         let texts: Vec<String> = cands.iter().map(|c| c.continuation()).collect();
-        let mut call = mind.llm.rank(&mind.chunks, instruction, LEAD, &texts)?;
+        let mut call = mind.llm.rank(mind.ctx, instruction, LEAD, &texts)?;
         let best = call.output.strip_prefix(LEAD).unwrap_or_default().to_string();
         let Some(choice) = cands.iter().zip(&texts).find(|(_, t)| **t == best).map(|(c, _)| *c) else {
             return Err(Error::Policy {
@@ -274,9 +295,9 @@ impl ModelPolicy {
         if matches!(choice, Candidate::Type(_) | Candidate::Done) {
             // The text, greedily, up to its closing quote.
             let lead = format!("{LEAD}{best}");
-            let written_call =
-                mind.llm
-                    .generate_after(&mind.chunks, instruction, &lead, mind.max_new_tokens.max(16), 0)?;
+            let written_call = mind
+                .llm
+                .generate_after(mind.ctx, instruction, &lead, mind.max_new_tokens.max(16), 0)?;
             let written = written_call.output.strip_prefix(&lead).unwrap_or(&written_call.output);
             text = written.split('"').next().unwrap_or_default().trim().to_string();
             call.output = format!("{lead}{text}\"}}");
@@ -311,13 +332,9 @@ impl Policy for ModelPolicy {
 impl ModelPolicy {
     fn free_or_ranked(&self, obs: &Observation, mind: &mut Mind<'_>, instruction: &str) -> Result<Decision> {
         for attempt in 0..=self.retries {
-            let call = mind.llm.generate_after(
-                &mind.chunks,
-                instruction,
-                LEAD,
-                mind.max_new_tokens.max(24),
-                attempt as u64,
-            )?;
+            let call =
+                mind.llm
+                    .generate_after(mind.ctx, instruction, LEAD, mind.max_new_tokens.max(24), attempt as u64)?;
             match parse_action(&call.output) {
                 Ok(action) if valid(obs, &action) && !self.stale(&action) => {
                     return Ok(Decision {

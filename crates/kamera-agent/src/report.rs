@@ -7,7 +7,6 @@ use std::path::Path;
 use base64::Engine;
 
 use crate::agent::RunSummary;
-use crate::cache::Op;
 use crate::error::{Result, io};
 
 fn esc(s: &str) -> String {
@@ -28,12 +27,12 @@ pub fn write_html(summary: &RunSummary, resources: Option<&Path>, out: &Path) ->
          </style></head><body><h1>{name}</h1>",
         name = esc(&summary.scenario)
     );
-    let c = &summary.cache;
+    let c = &summary.session;
     let _ = write!(
         h,
         "<table><tr><th>steps</th><td>{}</td></tr><tr><th>answer</th><td>{}</td></tr><tr><th>expected</th><td>{}</td></tr>\
          <tr><th>success</th><td>{}</td></tr><tr><th>reward</th><td>{}</td></tr><tr><th>error</th><td>{}</td></tr>\
-         <tr><th>cache</th><td>{} hit, {} relocate, {} recall, {} miss, {} evict; {} tokens reused, {} prefilled; {} patches formed, {} patched placements</td></tr>\
+         <tr><th>window</th><td>{} hit, {} new, {} recall, {} from the store, {} evict, {} relocate; {} tokens placed without prefill, {} prefilled; {} patches formed, {} applied</td></tr>\
          <tr><th>wall</th><td>{:.0} ms</td></tr></table>",
         summary.end.steps,
         esc(summary.end.answer.as_deref().unwrap_or("-")),
@@ -42,14 +41,15 @@ pub fn write_html(summary: &RunSummary, resources: Option<&Path>, out: &Path) ->
         summary.end.reward.map(|r| format!("{r:.3}")).unwrap_or("-".into()),
         esc(summary.end.error.as_deref().unwrap_or("-")),
         c.hits,
-        c.relocates,
+        c.new,
         c.recalls,
-        c.misses,
-        c.evicts,
-        c.tokens_reused,
-        c.tokens_prefilled,
+        c.stored,
+        c.evictions,
+        c.relocations,
+        c.placed_tokens,
+        c.prefill_tokens,
         c.patches_formed,
-        c.patched_placements,
+        c.patches_applied,
         summary.wall_ms
     );
     // Timing chart: one stacked bar per step.
@@ -118,20 +118,8 @@ pub fn write_html(summary: &RunSummary, resources: Option<&Path>, out: &Path) ->
                 )
             })
             .unwrap_or_default();
-        let plan: Vec<String> = s
-            .plan
-            .iter()
-            .map(|p| {
-                let op = match p.op {
-                    Op::Hit => "hit",
-                    Op::Relocate => "relocate",
-                    Op::Recall => "recall",
-                    Op::Miss => "miss",
-                    Op::Evict => "evict",
-                };
-                let patch = if p.patch { " + patch" } else { "" };
-                format!("{} {op}{patch} ({} tok)", &p.chunk[..8.min(p.chunk.len())], p.tokens)
-            })
+        let plan: Vec<String> = std::iter::once(format!("{:?}", s.visit).to_lowercase())
+            .chain(s.plan.iter().map(|p| esc(&p.to_string())))
             .collect();
         let _ = write!(
             h,
@@ -142,7 +130,7 @@ pub fn write_html(summary: &RunSummary, resources: Option<&Path>, out: &Path) ->
             esc(&s.observation.text),
             plan.join("<br>"),
             esc(&s.action.as_ref().map(|a| a.label()).unwrap_or_default()),
-            esc(&s.result),
+            esc(&s.result.to_string()),
             s.timings.total_ms
         );
     }

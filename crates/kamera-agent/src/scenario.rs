@@ -109,41 +109,169 @@ impl Default for Budget {
     }
 }
 
-/// One scripted step. Exactly one of the action keys is set.
+/// One scripted step. In a scenario file it is a table with exactly one action key
+/// (`click`, `type` with optional `into`, `key`, `navigate`, `back = true`, `scroll`, `wait_ms`,
+/// `remember` with `regex`, `ask` with optional `choices`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "RawStep", into = "RawStep")]
+pub enum Step {
+    /// Click the element matching a target: `#html-id`, `text:Visible text`, or `[3]` (element id).
+    Click {
+        target: String,
+    },
+    /// Type `text` (`$name` inserts a remembered value) into `into` (a target) or the focus.
+    Type {
+        text: String,
+        into: Option<String>,
+    },
+    /// Press a key (`Enter`, `Tab`, ...).
+    Key {
+        key: String,
+    },
+    /// Go to a path on the site or a URL.
+    Navigate {
+        url: String,
+    },
+    Back,
+    Scroll {
+        dy: f64,
+    },
+    Wait {
+        ms: u64,
+    },
+    /// Remember the first capture group of `regex` on the current page text as `$name`.
+    Remember {
+        name: String,
+        regex: String,
+    },
+    /// Ask the model this question over the context window; its answer ends the run. With
+    /// `choices`, they are scored by the model's likelihood; otherwise it generates freely.
+    Ask {
+        question: String,
+        choices: Vec<String>,
+    },
+}
+
+/// A step as written in TOML: a bag of optional keys, checked into a [`Step`].
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Step {
-    /// Click the element matching a target: `#html-id`, `text:Visible text`, or `[3]` (element id).
+struct RawStep {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub click: Option<String>,
-    /// Type this text (`$name` inserts a remembered value) into `into` (a target) or the focus.
+    click: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub r#type: Option<String>,
+    r#type: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub into: Option<String>,
-    /// Press a key (`Enter`, `Tab`, ...).
+    into: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub key: Option<String>,
-    /// Go to a path on the site or a URL.
+    key: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub navigate: Option<String>,
+    navigate: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub back: Option<bool>,
+    back: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub scroll: Option<f64>,
+    scroll: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub wait_ms: Option<u64>,
-    /// Remember the first capture group of `regex` on the current page text as `$name`.
+    wait_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub remember: Option<String>,
+    remember: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub regex: Option<String>,
-    /// Ask the model this question over the context window; its answer ends the run.
+    regex: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ask: Option<String>,
-    /// Candidate answers, scored by the model's likelihood (otherwise it generates freely).
+    ask: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub choices: Vec<String>,
+    choices: Vec<String>,
+}
+
+impl TryFrom<RawStep> for Step {
+    type Error = String;
+    fn try_from(r: RawStep) -> std::result::Result<Step, String> {
+        let keys = [
+            ("click", r.click.is_some()),
+            ("type", r.r#type.is_some()),
+            ("key", r.key.is_some()),
+            ("navigate", r.navigate.is_some()),
+            ("back", r.back.is_some()),
+            ("scroll", r.scroll.is_some()),
+            ("wait_ms", r.wait_ms.is_some()),
+            ("remember", r.remember.is_some()),
+            ("ask", r.ask.is_some()),
+        ];
+        let set: Vec<&str> = keys.iter().filter(|k| k.1).map(|k| k.0).collect();
+        if set.len() != 1 {
+            return Err(format!(
+                "a step needs exactly one of click, type, key, navigate, back, scroll, wait_ms, remember, ask (found {})",
+                if set.is_empty() {
+                    "none".to_string()
+                } else {
+                    set.join(", ")
+                }
+            ));
+        }
+        let only = |name: &str, ok: bool| {
+            if ok {
+                Ok(())
+            } else {
+                Err(format!("`{name}` does not go with `{}`", set[0]))
+            }
+        };
+        only("into", r.into.is_none() || r.r#type.is_some())?;
+        only("regex", r.regex.is_none() || r.remember.is_some())?;
+        only("choices", r.choices.is_empty() || r.ask.is_some())?;
+        Ok(match r {
+            RawStep {
+                click: Some(target), ..
+            } => Step::Click { target },
+            RawStep {
+                r#type: Some(text),
+                into,
+                ..
+            } => Step::Type { text, into },
+            RawStep { key: Some(key), .. } => Step::Key { key },
+            RawStep {
+                navigate: Some(url), ..
+            } => Step::Navigate { url },
+            RawStep { back: Some(true), .. } => Step::Back,
+            RawStep { back: Some(false), .. } => {
+                return Err("`back = false` is not a step: write `back = true` to go back".into());
+            }
+            RawStep { scroll: Some(dy), .. } if dy.is_finite() => Step::Scroll { dy },
+            RawStep { scroll: Some(dy), .. } => return Err(format!("scroll {dy} is not a finite number")),
+            RawStep { wait_ms: Some(ms), .. } => Step::Wait { ms },
+            RawStep {
+                remember: Some(name),
+                regex,
+                ..
+            } => {
+                let regex = regex.ok_or("`remember` needs a `regex`")?;
+                regex::Regex::new(&regex).map_err(|e| format!("remember {name:?}: bad regex: {e}"))?;
+                Step::Remember { name, regex }
+            }
+            RawStep {
+                ask: Some(question),
+                choices,
+                ..
+            } => Step::Ask { question, choices },
+            _ => return Err("a step needs exactly one action key".into()),
+        })
+    }
+}
+
+impl From<Step> for RawStep {
+    fn from(s: Step) -> RawStep {
+        let mut r = RawStep::default();
+        match s {
+            Step::Click { target } => r.click = Some(target),
+            Step::Type { text, into } => (r.r#type, r.into) = (Some(text), into),
+            Step::Key { key } => r.key = Some(key),
+            Step::Navigate { url } => r.navigate = Some(url),
+            Step::Back => r.back = Some(true),
+            Step::Scroll { dy } => r.scroll = Some(dy),
+            Step::Wait { ms } => r.wait_ms = Some(ms),
+            Step::Remember { name, regex } => (r.remember, r.regex) = (Some(name), Some(regex)),
+            Step::Ask { question, choices } => (r.ask, r.choices) = (Some(question), choices),
+        }
+        r
+    }
 }
 
 /// How a run is judged.
@@ -159,25 +287,6 @@ pub struct Success {
     /// The MiniWoB++ reward must exceed this.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_reward: Option<f64>,
-}
-
-impl Step {
-    fn kind_count(&self) -> usize {
-        [
-            self.click.is_some(),
-            self.r#type.is_some(),
-            self.key.is_some(),
-            self.navigate.is_some(),
-            self.back.is_some(),
-            self.scroll.is_some(),
-            self.wait_ms.is_some(),
-            self.remember.is_some(),
-            self.ask.is_some(),
-        ]
-        .iter()
-        .filter(|b| **b)
-        .count()
-    }
 }
 
 impl Scenario {
@@ -214,24 +323,6 @@ impl Scenario {
         }
         if s.policy == PolicyKind::Scripted && s.steps.is_empty() {
             return Err(bad("a scripted scenario needs [[steps]]".into()));
-        }
-        for (i, st) in s.steps.iter().enumerate() {
-            let n = st.kind_count();
-            if n != 1 {
-                return Err(bad(format!(
-                    "step {} must have exactly one of click, type, key, navigate, back, scroll, wait_ms, remember, ask (has {n})",
-                    i + 1
-                )));
-            }
-            if st.remember.is_some() {
-                let Some(re) = &st.regex else {
-                    return Err(bad(format!("step {}: remember needs a regex", i + 1)));
-                };
-                regex::Regex::new(re).map_err(|e| bad(format!("step {}: bad regex: {e}", i + 1)))?;
-            }
-            if st.into.is_some() && st.r#type.is_none() {
-                return Err(bad(format!("step {}: `into` only goes with `type`", i + 1)));
-            }
         }
         Ok(s)
     }

@@ -9,12 +9,12 @@ use kamera_browser::{Action, Element, Observation};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::cache::PlanOp;
 use crate::error::{Error, Result, io};
 use crate::llm::ModelCall;
 
-/// Version of the trace format; readers refuse others.
-pub const TRACE_VERSION: u32 = 1;
+/// Version of the trace format; readers refuse others. 2: steps record the scheduler's typed
+/// plan (kamera-sched steps, chunk ids as kamera-store hex) and typed results.
+pub const TRACE_VERSION: u32 = 2;
 
 /// sha256 of `bytes`, lower-case hex.
 pub fn sha256_hex(bytes: &[u8]) -> String {
@@ -47,11 +47,13 @@ pub struct ObsRecord {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct StepTimings {
     pub observe_ms: f64,
-    /// Tokenizing and prefilling a new page chunk (0 on a hit, relocate or recall).
+    /// Forward passes of the step's plan: a new page alone and in place, re-prefills (0 on a
+    /// hit, relocation or recall from the store).
     pub encode_ms: f64,
-    /// Forming conditioning patches (on recall).
+    /// Forming patches: conditioned prefills + SVDs, difference patches, orbit patches.
     #[serde(default)]
     pub patch_ms: f64,
+    /// Relocating and patching chunks and writing the moved ones into the model context.
     pub reuse_ms: f64,
     pub prefill_ms: f64,
     pub decode_ms: f64,
@@ -66,19 +68,55 @@ pub struct StepTimings {
 pub struct StepRecord {
     pub step: usize,
     pub observation: ObsRecord,
-    pub chunk: String,
+    pub chunk: kamera_store::ChunkId,
     pub chunk_tokens: usize,
-    /// What the window did this step (hit, relocate, recall, miss, evict).
-    pub plan: Vec<PlanOp>,
+    /// How the window met the page's chunk.
+    pub visit: kamera_sched::Visit,
+    /// The scheduler's plan of this step (the visit, then any recall by relevance), as executed.
+    pub plan: Vec<kamera_sched::Step>,
+    /// The cost model's reason for each choice in the plan.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub why: Vec<String>,
+    /// Tokens that went through a forward pass for the plan.
+    pub prefill_tokens: usize,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<ModelCall>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub action: Option<Action>,
-    /// `ok`, or the error the step ended with.
-    pub result: String,
+    pub result: StepResult,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reward: Option<f64>,
     pub timings: StepTimings,
+}
+
+/// How a step's action went.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum StepResult {
+    #[default]
+    Ok,
+    /// Navigation off the allowed origins, refused (the run goes on).
+    Refused { detail: String },
+    /// The action's element is gone (the run goes on).
+    NoElement { detail: String },
+    /// The step failed and ended the run.
+    Failed { error: String },
+}
+
+impl StepResult {
+    pub fn is_ok(&self) -> bool {
+        *self == StepResult::Ok
+    }
+}
+
+impl std::fmt::Display for StepResult {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StepResult::Ok => f.write_str("ok"),
+            StepResult::Refused { detail } | StepResult::NoElement { detail } => f.write_str(detail),
+            StepResult::Failed { error } => write!(f, "failed: {error}"),
+        }
+    }
 }
 
 /// The end of a run.

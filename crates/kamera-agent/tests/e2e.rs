@@ -6,8 +6,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 use anyhow::Result;
-use kamera_agent::{Llm, Op, RunConfig, Scenario};
+use kamera_agent::{RunConfig, Scenario, StepResult};
 use kamera_model::Model;
+use kamera_sched::{Step, Visit};
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -24,10 +25,11 @@ fn require_chromium() {
     );
 }
 
-fn llm() -> Llm {
+fn model() -> Arc<Model> {
     static MODEL: OnceLock<Arc<Model>> = OnceLock::new();
-    let m = MODEL.get_or_init(|| kamera_agent::default_model(&kamera_model::default_home()).expect("default model"));
-    Llm::new(m.clone())
+    MODEL
+        .get_or_init(|| kamera_agent::default_model(&kamera_model::default_home()).expect("default model"))
+        .clone()
 }
 
 fn scenario(name: &str) -> Scenario {
@@ -38,7 +40,7 @@ fn scenario(name: &str) -> Scenario {
 async fn order_status_answers_through_recalled_chunks() -> Result<()> {
     require_chromium();
     let s = scenario("order-status");
-    let r = kamera_agent::run_scenario(&s, &llm(), &kamera_model::default_home(), RunConfig::default()).await?;
+    let r = kamera_agent::run_scenario(&s, model(), &kamera_model::default_home(), RunConfig::default()).await?;
     assert_eq!(r.end.error, None);
     assert_eq!(r.end.answer.as_deref(), Some("Awaiting pickup"), "{:?}", r.end);
     assert_eq!(r.end.success, Some(true));
@@ -47,19 +49,24 @@ async fn order_status_answers_through_recalled_chunks() -> Result<()> {
         Some(true),
         "the scenario's JS predicate holds on the final page"
     );
-    // The last step answers over chunks none of which was prefilled again: the order page came
-    // back from the store (recall, with a patch conditioned on its new antecedents), the shipping
-    // pages were relocated.
+    // The scheduler planned every step. The last step answers on the revisited order page: it
+    // had been evicted and came back from the store, relocated and patched for its new earlier
+    // context, not prefilled as a new page.
     let last = r.steps.last().unwrap();
+    assert_eq!(last.visit, Visit::Recall, "{:#?}", last.plan);
     assert!(
-        last.plan.iter().any(|p| p.op == Op::Recall && p.patch),
-        "{:?}",
+        last.plan
+            .iter()
+            .any(|p| matches!(p, Step::Place { chunk, patch: Some(_), .. } if *chunk == last.chunk)),
+        "{:#?}",
         last.plan
     );
-    assert_eq!(r.cache.patches_formed, 1, "one rank-16 patch, formed on recall");
-    assert!(!last.plan.iter().any(|p| p.op == Op::Miss), "{:?}", last.plan);
-    assert_eq!(last.timings.encode_ms, 0.0);
-    assert!(r.cache.evicts > 0 && r.cache.relocates > 0);
+    assert!(
+        !last.plan.iter().any(|p| matches!(p, Step::Prefill { alone: true, .. })),
+        "{:#?}",
+        last.plan
+    );
+    assert!(r.session.evictions > 0 && r.session.relocations > 0, "{:?}", r.session);
     let m = last.model.as_ref().expect("the question went to the model");
     assert!(m.context_tokens > 200);
     Ok(())
@@ -69,7 +76,7 @@ async fn order_status_answers_through_recalled_chunks() -> Result<()> {
 async fn miniwob_enter_text_scripted_reward() -> Result<()> {
     require_chromium();
     let s = scenario("miniwob-enter-text");
-    let r = kamera_agent::run_scenario(&s, &llm(), &kamera_model::default_home(), RunConfig::default()).await?;
+    let r = kamera_agent::run_scenario(&s, model(), &kamera_model::default_home(), RunConfig::default()).await?;
     let reward = r.end.reward.expect("episode ended with a reward");
     assert!(reward > 0.0, "reward {reward}: {:?}", r.end);
     assert_eq!(r.end.success, Some(true));
@@ -81,12 +88,12 @@ async fn record_then_replay_without_browser() -> Result<()> {
     require_chromium();
     let dir = tempfile::tempdir()?;
     let s = scenario("order-status");
-    let llm = llm();
+    let model = model();
     let cfg = RunConfig {
         trace_dir: Some(dir.path().to_path_buf()),
         ..Default::default()
     };
-    let rec = kamera_agent::run_scenario(&s, &llm, &kamera_model::default_home(), cfg).await?;
+    let rec = kamera_agent::run_scenario(&s, model.clone(), &kamera_model::default_home(), cfg).await?;
     assert!(dir.path().join("trace.ndjson").exists());
     let shots = std::fs::read_dir(dir.path().join("resources"))?.count();
     assert!(shots >= 5, "{shots} screenshots stored");
@@ -112,11 +119,13 @@ async fn record_then_replay_without_browser() -> Result<()> {
             "navigate"
         ]
     );
-    let rep = kamera_agent::replay(dir.path(), &llm).await?;
+    let rep = kamera_agent::replay(dir.path(), model).await?;
     assert!(rep.matches(), "first mismatch at {:?}", rep.first_mismatch);
     assert_eq!(rep.replayed, rec.actions());
     assert_eq!(rep.summary.end.answer, rec.end.answer);
-    assert_eq!(rep.summary.cache, rec.cache);
+    assert_eq!(rep.summary.session, rec.session, "the same plans, replayed");
+    let plans = |s: &kamera_agent::RunSummary| s.steps.iter().map(|x| x.plan.clone()).collect::<Vec<_>>();
+    assert_eq!(plans(&rep.summary), plans(&rec));
     Ok(())
 }
 
@@ -145,7 +154,7 @@ async fn navigation_off_allowed_origins_is_refused() -> Result<()> {
         "##,
         Path::new("escape.toml"),
     )?;
-    let r = kamera_agent::run_scenario(&s, &llm(), &kamera_model::default_home(), RunConfig::default()).await?;
+    let r = kamera_agent::run_scenario(&s, model(), &kamera_model::default_home(), RunConfig::default()).await?;
     assert_eq!(r.end.error, None, "a refusal does not end the run");
     assert_eq!(
         r.refused,
@@ -153,9 +162,11 @@ async fn navigation_off_allowed_origins_is_refused() -> Result<()> {
         "{:#?}",
         r.steps.iter().map(|s| &s.result).collect::<Vec<_>>()
     );
-    assert!(r.steps[0].result.contains("refused") && r.steps[0].result.contains("file"));
-    assert!(r.steps[1].result.contains("chrome"));
-    assert!(r.steps[3].result.contains("partner.invalid"));
+    let refused =
+        |i: usize, what: &str| matches!(&r.steps[i].result, StepResult::Refused { detail } if detail.contains(what));
+    assert!(refused(0, "file"), "{:?}", r.steps[0].result);
+    assert!(refused(1, "chrome"), "{:?}", r.steps[1].result);
+    assert!(refused(3, "partner.invalid"), "{:?}", r.steps[3].result);
     // Nothing off-origin was ever observed.
     assert!(
         r.steps
@@ -172,10 +183,10 @@ async fn navigation_off_allowed_origins_is_refused() -> Result<()> {
 async fn model_policy_acts_validly_on_miniwob_click_test() -> Result<()> {
     require_chromium();
     let s = scenario("miniwob-click-test-model");
-    let r = kamera_agent::run_scenario(&s, &llm(), &kamera_model::default_home(), RunConfig::default()).await?;
+    let r = kamera_agent::run_scenario(&s, model(), &kamera_model::default_home(), RunConfig::default()).await?;
     assert_eq!(r.end.error, None, "{:?}", r.end);
     for st in &r.steps {
-        assert_eq!(st.result, "ok", "step {}: {}", st.step, st.result);
+        assert_eq!(st.result, StepResult::Ok, "step {}: {}", st.step, st.result);
         let m = st.model.as_ref().expect("every action came from the model");
         assert!(m.output.starts_with("{\"action\": \""), "{}", m.output);
     }

@@ -37,10 +37,12 @@ enum BenchCommand {
     },
     /// Reuse (relocate + patch) against re-prefill, and revisit time to first token.
     Reuse(crate::bench_reuse::ReuseArgs),
+    /// A long browsing session: the Kamera session vs a prefix cache vs full re-prefill.
+    Session(crate::bench_session::SessionArgs),
 }
 
 /// Deterministic filler tokens: the tokenization of a long plain-English text.
-fn tokens(model: &Model, n: usize) -> Result<Vec<u32>> {
+pub fn tokens(model: &Model, n: usize) -> Result<Vec<u32>> {
     let text = "The quick brown fox jumps over the lazy dog while the farmer counts sheep in the valley. ";
     let mut ids = Vec::new();
     while ids.len() < n {
@@ -53,6 +55,7 @@ fn tokens(model: &Model, n: usize) -> Result<Vec<u32>> {
 pub fn run(a: BenchArgs) -> Result<()> {
     let (name, prefill, decode, decode_after, reps, json) = match a.command {
         BenchCommand::Reuse(r) => return crate::bench_reuse::run(r),
+        BenchCommand::Session(s) => return crate::bench_session::run(s),
         BenchCommand::Model {
             model,
             prefill,

@@ -3,6 +3,9 @@
 
 mod bench;
 mod bench_reuse;
+mod bench_session;
+mod bench_session_report;
+mod calibrate;
 mod eval;
 mod generate;
 mod logits;
@@ -35,6 +38,8 @@ enum Command {
     Eval(eval::EvalArgs),
     /// Throughput benchmarks.
     Bench(bench::BenchArgs),
+    /// Measure this machine's costs for the scheduler's cost model (kept under $KAMERA_HOME).
+    Calibrate(calibrate::CalibrateArgs),
     /// Run a scenario end to end on real Chromium (scripted or model policy).
     Run(run::RunArgs),
     /// Run a scenario and keep its trace (NDJSON + resources/ + DevTools Recorder JSON).
@@ -72,6 +77,7 @@ fn main() -> Result<()> {
         Command::Generate(a) => generate::run(a),
         Command::Eval(a) => eval::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Calibrate(a) => calibrate::run(a),
         Command::Store(a) => store::run(a),
     }
 }

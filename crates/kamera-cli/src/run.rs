@@ -7,7 +7,11 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use kamera_agent::{Llm, RunConfig, RunSummary, Scenario, StepRecord};
+use std::sync::Arc;
+
+use kamera_agent::{RunConfig, RunSummary, Scenario, StepRecord};
+use kamera_model::Model;
+use kamera_store::{ChunkStore, EvictionPolicy, SledStore, StoreConfig, Tiered};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Args)]
@@ -40,18 +44,21 @@ pub struct StoreArgs {
     store: Option<PathBuf>,
 }
 
+/// Bytes of decoded records the memory tier keeps in front of the disk store.
+const MEMORY_TIER_BYTES: u64 = 1 << 30;
+
 impl StoreArgs {
-    /// The chunk cache: the sled-backed canonical store (f32 kept exact), or memory when asked or
-    /// when the store cannot be opened (another process holds it).
-    fn cache(&self, fingerprint: &str) -> Option<Box<dyn kamera_agent::ChunkCache>> {
+    /// The chunk store: a memory tier over the sled canonical store (f32 kept exact), or memory
+    /// only when asked or when the store cannot be opened (another process holds it).
+    pub fn open(&self) -> Option<Arc<dyn ChunkStore>> {
         if self.no_store {
             return None;
         }
         let path = self.store.clone().unwrap_or_else(kamera_store::default_path);
-        let mut cfg = kamera_store::StoreConfig::at(&path);
+        let mut cfg = StoreConfig::at(&path);
         cfg.dtype = None;
-        match kamera_store::SledStore::open(cfg) {
-            Ok(s) => Some(Box::new(kamera_agent::StoreCache::new(s, fingerprint))),
+        match SledStore::open(cfg) {
+            Ok(s) => Some(Arc::new(Tiered::new(s, MEMORY_TIER_BYTES, EvictionPolicy::default()))),
             Err(e) => {
                 tracing::warn!(path = %path.display(), error = %e, "chunk store unavailable; using memory");
                 None
@@ -97,10 +104,9 @@ fn progress(total: usize) -> ProgressBar {
     pb
 }
 
-fn load_llm() -> Result<Llm> {
+fn load_model() -> Result<Arc<Model>> {
     let home = kamera_model::default_home();
-    let model = kamera_agent::default_model(&home).context("loading the default model (SmolLM2-135M-Instruct)")?;
-    Ok(Llm::new(model))
+    kamera_agent::default_model(&home).context("loading the default model (SmolLM2-135M-Instruct)")
 }
 
 fn cancel_on_ctrl_c(rt: &tokio::runtime::Runtime) -> CancellationToken {
@@ -156,7 +162,8 @@ fn execute(
     let path = kamera_agent::resolve(scenario_arg);
     let scenario = Scenario::load(&path)?;
     ensure_chromium()?;
-    let llm = load_llm()?;
+    let model = load_model()?;
+    let cost = crate::calibrate::load(&model);
     let rt = runtime()?;
     let cancel = cancel_on_ctrl_c(&rt);
     let pb = progress(scenario.budget.steps);
@@ -169,13 +176,15 @@ fn execute(
     let home = kamera_model::default_home();
     let summary = rt.block_on(kamera_agent::run_scenario(
         &scenario,
-        &llm,
+        model,
         &home,
         RunConfig {
             trace_dir: Some(trace_dir.to_path_buf()),
             cancel,
             on_step: Some(on_step),
-            cache: store.cache(llm.model().fingerprint()),
+            store: store.open(),
+            backend: None,
+            cost,
             baseline,
         },
     ))?;
@@ -188,22 +197,23 @@ fn execute(
 
 fn print_summary(s: &RunSummary) {
     println!("scenario  {}", s.scenario);
-    println!("window    h hit, r relocate, R recall, m miss (prefill), e evict, p placed with a patch");
+    println!("window    how the page's chunk was met (hit, new, recall, stored) and the plan's steps");
     println!(
-        "{:>4}  {:<28} {:<34} {:<26} {:>8} {:>8} {:>8}  result",
+        "{:>4}  {:<28} {:<34} {:<34} {:>8} {:>8} {:>8}  result",
         "step", "page", "action", "window", "encode", "model", "total"
     );
     for st in &s.steps {
-        let ops = |o: kamera_agent::Op| st.plan.iter().filter(|p| p.op == o).count();
+        let n = |name: &str| st.plan.iter().filter(|p| p.name() == name).count();
         let window = format!(
-            "{}h {}r {}R {}m {}e {}p",
-            ops(kamera_agent::Op::Hit),
-            ops(kamera_agent::Op::Relocate),
-            ops(kamera_agent::Op::Recall),
-            ops(kamera_agent::Op::Miss),
-            ops(kamera_agent::Op::Evict),
-            st.plan.iter().filter(|p| p.patch).count()
-        );
+            "{:?}: {}pf {}pl {}rl {}ev {}patch",
+            st.visit,
+            n("prefill"),
+            n("place"),
+            n("relocate"),
+            n("evict"),
+            n("form-patch") + n("store-patch") + n("form-orbit"),
+        )
+        .to_lowercase();
         let t = &st.timings;
         let page: String = st.observation.title.chars().take(28).collect();
         let action: String = st
@@ -215,33 +225,35 @@ fn print_summary(s: &RunSummary) {
             .take(34)
             .collect();
         println!(
-            "{:>4}  {:<28} {:<34} {:<26} {:>6.0}ms {:>6.0}ms {:>6.0}ms  {}",
+            "{:>4}  {:<28} {:<34} {:<34} {:>6.0}ms {:>6.0}ms {:>6.0}ms  {}",
             st.step,
             page,
             action,
             window,
-            t.encode_ms,
+            t.encode_ms + t.patch_ms,
             t.reuse_ms + t.prefill_ms + t.decode_ms,
             t.total_ms,
             st.result
         );
     }
-    let c = &s.cache;
+    let c = &s.session;
     println!(
-        "cache     {} hit, {} relocate, {} recall, {} miss (prefill), {} evict; {} page tokens reused without prefill, {} prefilled",
-        c.hits, c.relocates, c.recalls, c.misses, c.evicts, c.tokens_reused, c.tokens_prefilled
+        "session   {} hit, {} new, {} recall, {} from the store, {} evict, {} relocate; {} tokens placed without prefill, {} prefilled",
+        c.hits, c.new, c.recalls, c.stored, c.evictions, c.relocations, c.placed_tokens, c.prefill_tokens
     );
-    if c.patches_formed > 0 || c.patched_placements > 0 {
+    let page_prefill: usize = s.steps.iter().map(|st| st.prefill_tokens).sum();
+    println!("pages     {page_prefill} page tokens prefilled");
+    if c.patches_formed > 0 || c.patches_applied > 0 {
         let patch_ms: f64 = s.steps.iter().map(|st| st.timings.patch_ms).sum();
         println!(
-            "patches   {} formed on recall ({patch_ms:.0} ms), {} placements relocated + patched",
-            c.patches_formed, c.patched_placements
+            "patches   {} formed ({patch_ms:.0} ms), {} placements relocated + patched",
+            c.patches_formed, c.patches_applied
         );
     }
     if let Some(m) = s.steps.iter().rev().find_map(|st| st.model.as_ref()) {
         println!(
-            "model     context {} tokens assembled from cached chunks in {:.1} ms; question {} tokens prefilled in {:.0} ms; answer in {:.0} ms",
-            m.context_tokens, m.timings.reuse_ms, m.prompt_tokens, m.timings.prefill_ms, m.timings.decode_ms
+            "model     context {} tokens (the live window); question {} tokens prefilled in {:.0} ms; answer in {:.0} ms",
+            m.context_tokens, m.prompt_tokens, m.timings.prefill_ms, m.timings.decode_ms
         );
         if !m.scores.is_empty() {
             let scores: Vec<String> = m.scores.iter().map(|(c, v)| format!("{c} {v:.2}")).collect();
@@ -253,7 +265,7 @@ fn print_summary(s: &RunSummary) {
     {
         let reuse = st.timings.reuse_ms + st.timings.patch_ms;
         println!(
-            "baseline  full re-prefill of the {}-token context {base:.0} ms vs assembly {:.1} ms + patch {:.0} ms ({:.1}x)",
+            "baseline  full re-prefill of the {}-token context {base:.0} ms vs this step's reuse {:.1} ms + patch {:.0} ms ({:.1}x)",
             m.context_tokens,
             st.timings.reuse_ms,
             st.timings.patch_ms,
@@ -328,9 +340,9 @@ pub fn replay(a: ReplayArgs) -> Result<()> {
     if !a.dir.exists() {
         bail!("no trace at {}", a.dir.display());
     }
-    let llm = load_llm()?;
+    let model = load_model()?;
     let rt = runtime()?;
-    let report = rt.block_on(kamera_agent::replay(&a.dir, &llm))?;
+    let report = rt.block_on(kamera_agent::replay(&a.dir, model))?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use kamera_store::{ChunkId, Key, ModelFp};
 
-use crate::cost::{Choice, CostModel, Decision};
+use crate::cost::{Choice, CostModel};
 use crate::error::{Error, Result};
 use crate::plan::{Plan, Step};
 
@@ -167,6 +167,21 @@ impl Window {
             .copied()
             .collect()
     }
+    /// Changes the token budget (e.g. to make room for a pinned prefix); refused, changing
+    /// nothing, when the window already holds more.
+    pub fn set_budget(&mut self, budget_tokens: usize) -> Result<()> {
+        if self.used() > budget_tokens {
+            return Err(Error::OverBudget {
+                op: "set_budget",
+                need: self.used(),
+                budget: budget_tokens,
+                fixed: self.pinned_tokens(),
+            });
+        }
+        self.cfg.budget_tokens = budget_tokens;
+        Ok(())
+    }
+
     /// Tells the window that a patch is in the store (e.g. formed in an earlier session).
     pub fn assume_cached(&mut self, key: Key) {
         self.patches.insert(key);
@@ -521,7 +536,7 @@ impl Window {
                 self.patches.insert(key);
                 SlotState::Patched(key)
             }
-            Choice::Reprefill => {
+            Choice::Reprefill | Choice::PrefillKeepPatch => {
                 plan.push(Step::Prefill {
                     chunk: id,
                     at,
@@ -536,7 +551,7 @@ impl Window {
     }
 
     /// Recall by relevance: brings back evicted chunks whose relevance ([`Window::set_relevance`])
-    /// exceeds `min_score`, most relevant first, each after the placed chunks; room is made by
+    /// exceeds `min_score`, most relevant first (ties: latest arrival), each after the placed chunks; room is made by
     /// evicting only resident chunks less relevant than the one coming back (least relevant,
     /// then least recently used, first). A chunk that would need a more relevant one evicted stays
     /// out. `stored` reports patches in the store, as in [`Window::recall_with`].
@@ -547,7 +562,13 @@ impl Window {
             .filter(|(id, k)| k.relevance > min_score && self.slot(id).is_none())
             .map(|(id, k)| (*id, *k))
             .collect();
-        cands.sort_by(|a, b| b.1.relevance.total_cmp(&a.1.relevance).then(a.1.arrival.cmp(&b.1.arrival)));
+        // Most relevant first; on a tie the latest arrival (the newer evidence: a result page
+        // over the form that led to it).
+        cands.sort_by(|a, b| {
+            b.1.relevance
+                .total_cmp(&a.1.relevance)
+                .then(b.1.arrival.cmp(&a.1.arrival))
+        });
         let mut plan = Plan::default();
         for (id, k) in cands {
             let fixed = self.pinned_tokens();

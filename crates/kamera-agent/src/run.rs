@@ -1,19 +1,23 @@
 //! Convenience around [`run_episode`]: serve what a scenario needs on loopback, launch Chromium,
-//! run with the default scripted or model policy, and replay a trace without a browser.
+//! open a [`Session`] over the given store, run with the scenario's policy, and replay a trace
+//! without a browser.
 
 use std::path::Path;
 use std::sync::Arc;
 
 use kamera_browser::{Action, ChromiumBrowser, ChromiumConfig, Content, Origins, ReplayBrowser, Server};
+use kamera_gpu::{Backend, CpuBackend};
 use kamera_model::{Model, ModelName};
+use kamera_ops::{DType, PatchConfig};
+use kamera_sched::CostModel;
+use kamera_store::{ChunkStore, MemStore};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use crate::agent::{Env, RunOptions, RunSummary, run_episode};
-use crate::cache::{ChunkCache, MemoryCache};
+use crate::agent::{Agent, Env, RunOptions, RunSummary, run_episode};
 use crate::error::{Error, Result, model};
-use crate::llm::Llm;
 use crate::policy::{ModelPolicy, Policy, ScriptedPolicy};
+use crate::runtime::{Session, SessionConfig};
 use crate::scenario::{PolicyKind, Scenario};
 use crate::trace::{Trace, TraceWriter};
 use crate::{miniwob, site};
@@ -85,18 +89,33 @@ pub struct RunConfig {
     pub trace_dir: Option<std::path::PathBuf>,
     pub cancel: CancellationToken,
     pub on_step: Option<crate::agent::OnStep>,
-    /// The chunk cache; `None` is a fresh in-memory cache for this run.
-    pub cache: Option<Box<dyn ChunkCache>>,
-    /// Time a full re-prefill of the answering context too ([`RunOptions::baseline`]).
+    /// The chunk store (canonical KV, patches); `None` is a fresh in-memory store for this run.
+    pub store: Option<Arc<dyn ChunkStore>>,
+    /// Relocation and patching; `None` is the CPU reference backend.
+    pub backend: Option<Box<dyn Backend + Send>>,
+    /// The scheduler's cost model (e.g. `kamera calibrate`'s); `None` keeps the defaults.
+    pub cost: Option<CostModel>,
+    /// Time a full re-prefill of the answering window too ([`RunOptions::baseline`]).
     pub baseline: bool,
 }
 
-/// Serves, launches Chromium, runs, closes. The chunk cache lives for this run only.
-pub async fn run_scenario(scenario: &Scenario, llm: &Llm, home: &Path, cfg: RunConfig) -> Result<RunSummary> {
+impl SessionConfig {
+    /// The session a scenario's budget asks for.
+    pub fn for_scenario(scenario: &Scenario) -> SessionConfig {
+        SessionConfig {
+            window_tokens: scenario.budget.window_tokens,
+            patch: PatchConfig::fixed(scenario.budget.patch_rank, DType::F32),
+            ..SessionConfig::default()
+        }
+    }
+}
+
+/// Serves, launches Chromium, opens a session over `cfg.store`, runs, closes.
+pub async fn run_scenario(scenario: &Scenario, model: Arc<Model>, home: &Path, cfg: RunConfig) -> Result<RunSummary> {
     let served = serve(scenario, home).await?;
+    let mut session = session_for(scenario, model, cfg.store, cfg.backend, cfg.cost);
     let mut browser = ChromiumBrowser::launch(ChromiumConfig::new(served.origins.clone())).await?;
     let mut policy = policy_for(scenario, &served.env.origin);
-    let mut cache: Box<dyn ChunkCache> = cfg.cache.unwrap_or_else(|| Box::new(MemoryCache::default()));
     let trace = match &cfg.trace_dir {
         Some(d) => Some(TraceWriter::create(d)?),
         None => None,
@@ -108,18 +127,34 @@ pub async fn run_scenario(scenario: &Scenario, llm: &Llm, home: &Path, cfg: RunC
         recorded_end: None,
         baseline: cfg.baseline,
     };
-    let r = run_episode(
-        &mut browser,
-        policy.as_mut(),
-        llm,
-        cache.as_mut(),
-        scenario,
-        &served.env,
-        opts,
-    )
-    .await;
+    let agent = Agent {
+        browser: &mut browser,
+        policy: policy.as_mut(),
+        session: &mut session,
+    };
+    let r = run_episode(agent, scenario, &served.env, opts).await;
     let _ = kamera_browser::Browser::close(&mut browser).await;
     r
+}
+
+/// A session for `scenario` over `store` (memory when `None`) with `backend` (CPU when `None`).
+pub fn session_for(
+    scenario: &Scenario,
+    model: Arc<Model>,
+    store: Option<Arc<dyn ChunkStore>>,
+    backend: Option<Box<dyn Backend + Send>>,
+    cost: Option<CostModel>,
+) -> Session {
+    let mut cfg = SessionConfig::for_scenario(scenario);
+    if let Some(c) = cost {
+        cfg.cost = c;
+    }
+    Session::new(
+        model,
+        store.unwrap_or_else(|| Arc::new(MemStore::new())),
+        backend.unwrap_or_else(|| Box::new(CpuBackend)),
+        cfg,
+    )
 }
 
 /// The result of replaying a trace.
@@ -140,12 +175,12 @@ impl ReplayReport {
 }
 
 /// Re-runs the agent on a trace's recorded observations, no browser, and compares the actions.
-pub async fn replay(dir: &Path, llm: &Llm) -> Result<ReplayReport> {
+pub async fn replay(dir: &Path, model: Arc<Model>) -> Result<ReplayReport> {
     let trace = Trace::read(dir)?;
     let scenario = Scenario::parse(&trace.header.scenario, &dir.join("trace.ndjson"))?;
     let mut browser = ReplayBrowser::new(trace.observations()?);
     let mut policy = policy_for(&scenario, &trace.header.origin);
-    let mut cache = MemoryCache::default();
+    let mut session = session_for(&scenario, model, None, None, None);
     let env = Env {
         origin: trace.header.origin.clone(),
         start_url: String::new(),
@@ -157,7 +192,12 @@ pub async fn replay(dir: &Path, llm: &Llm) -> Result<ReplayReport> {
         recorded_end: trace.end.clone(),
         ..Default::default()
     };
-    let summary = run_episode(&mut browser, policy.as_mut(), llm, &mut cache, &scenario_r, &env, opts).await?;
+    let agent = Agent {
+        browser: &mut browser,
+        policy: policy.as_mut(),
+        session: &mut session,
+    };
+    let summary = run_episode(agent, &scenario_r, &env, opts).await?;
     let recorded = trace.actions();
     let replayed = summary.actions();
     let first_mismatch = (0..recorded.len().max(replayed.len())).find(|&i| recorded.get(i) != replayed.get(i));

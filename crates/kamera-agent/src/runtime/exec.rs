@@ -1,0 +1,277 @@
+//! Executing a kamera-sched [`Plan`] on the session's model, store and backend: every [`Step`] as
+//! kamera-sched's reference `Executor` defines it, but on the live model context, which is only
+//! rewritten from the first chunk that changed ([`Session::sync_to`]).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use kamera_ops::ChunkKv;
+use kamera_sched::{Plan, Step};
+use kamera_store::{ChunkId, Key, Record};
+
+use crate::error::{Error, Result, model};
+use crate::runtime::session::{ApplyTimings, Resident, Session};
+
+fn ms(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
+}
+
+fn invalid(op: &'static str, detail: String) -> Error {
+    Error::Runtime { op, detail }
+}
+
+impl Session {
+    /// Runs every step of `plan`, then brings the model context up to the window's end.
+    pub(crate) fn execute(&mut self, plan: &Plan) -> Result<ApplyTimings> {
+        let mut t = ApplyTimings::default();
+        let result = plan.steps.iter().try_for_each(|s| {
+            tracing::debug!(step = %s, "execute");
+            self.step(s, &mut t)
+        });
+        self.staged.clear();
+        result?;
+        let t0 = Instant::now();
+        self.sync_to(self.window.end())?;
+        t.sync_ms += ms(t0);
+        Ok(t)
+    }
+
+    fn tokens(&self, op: &'static str, chunk: &ChunkId) -> Result<Vec<u32>> {
+        self.content
+            .get(chunk)
+            .map(|c| c.tokens.clone())
+            .ok_or_else(|| invalid(op, format!("chunk {chunk} has no known content to prefill")))
+    }
+
+    /// The canonical KV of `chunk`: staged by this plan, else read from the store.
+    fn canonical(&mut self, op: &'static str, chunk: ChunkId) -> Result<Arc<Record>> {
+        if let Some(r) = self.staged.get(&chunk) {
+            return Ok(r.clone());
+        }
+        let rec = self
+            .store
+            .lookup(&Key::canonical(self.fp, chunk))?
+            .filter(|r| r.as_kv().is_some())
+            .ok_or_else(|| invalid(op, format!("chunk {chunk} has no usable canonical KV in the store")))?;
+        self.staged.insert(chunk, rec.clone());
+        Ok(rec)
+    }
+
+    fn set_resident(&mut self, chunk: ChunkId, kv: ChunkKv) {
+        self.version += 1;
+        self.stats.bytes_moved += kv.kv_bytes() as u64;
+        self.resident.insert(
+            chunk,
+            Resident {
+                kv,
+                version: self.version,
+            },
+        );
+    }
+
+    fn step(&mut self, step: &Step, t: &mut ApplyTimings) -> Result<()> {
+        let rope = self.model.rope().clone();
+        let fp = self.fp;
+        match step {
+            Step::Prefill { chunk, alone: true, .. } => {
+                let t0 = Instant::now();
+                let tokens = self.tokens("prefill", chunk)?;
+                let p = self
+                    .model
+                    .prefill(&tokens, 0, &self.model.empty_context())
+                    .map_err(model("prefill alone"))?;
+                let cost = t0.elapsed().as_micros() as u64;
+                self.staged.insert(*chunk, Arc::new(Record::kv(fp, cost, p.chunk)));
+                t.prefill_ms += ms(t0);
+            }
+            Step::Prefill {
+                chunk,
+                at,
+                alone: false,
+            } => {
+                let t0 = Instant::now();
+                self.sync_to(*at)?;
+                t.sync_ms += ms(t0);
+                let t0 = Instant::now();
+                let tokens = self.tokens("prefill", chunk)?;
+                let p = self
+                    .model
+                    .extend(&tokens, &mut self.ctx)
+                    .map_err(model("prefill in place"))?;
+                self.set_resident(*chunk, p.chunk);
+                let v = self.version;
+                self.ctx_chunks.push((*chunk, v));
+                t.prefill_ms += ms(t0);
+            }
+            Step::StoreCanonical { chunk } => {
+                let rec = self.canonical("store", *chunk)?;
+                self.store.put(&Key::canonical(fp, *chunk), (*rec).clone())?;
+            }
+            Step::Recall { chunk } => {
+                let t0 = Instant::now();
+                self.staged.remove(chunk);
+                self.canonical("recall", *chunk)?;
+                t.place_ms += ms(t0);
+            }
+            Step::FormPatch { chunk, key, at } => {
+                let t0 = Instant::now();
+                self.sync_to(*at)?;
+                let canon = self.canonical("form-patch", *chunk)?;
+                let tokens = self.tokens("form-patch", chunk)?;
+                let cond = self
+                    .model
+                    .prefill(&tokens, *at, &self.ctx)
+                    .map_err(model("conditioned prefill"))?;
+                self.form_and_store(&cond.chunk, &canon, key, t0)?;
+                t.patch_ms += ms(t0);
+            }
+            Step::StorePatch { chunk, key } => {
+                let t0 = Instant::now();
+                let canon = self.canonical("store-patch", *chunk)?;
+                let placed = self
+                    .resident
+                    .remove(chunk)
+                    .ok_or_else(|| invalid("store-patch", format!("chunk {chunk} is not resident")))?;
+                let r = self.form_and_store(&placed.kv, &canon, key, t0);
+                self.resident.insert(*chunk, placed);
+                r?;
+                t.patch_ms += ms(t0);
+            }
+            Step::FormOrbit {
+                keys, orderings, at, ..
+            } => {
+                let t0 = Instant::now();
+                self.form_orbit(keys, orderings, *at)?;
+                t.patch_ms += ms(t0);
+            }
+            Step::Place { chunk, at, patch } => {
+                let t0 = Instant::now();
+                let canon = self.canonical("place", *chunk)?;
+                let rec = match patch {
+                    Some(key) => Some(
+                        self.store
+                            .lookup(key)?
+                            .filter(|r| r.as_patch().is_some())
+                            .ok_or_else(|| invalid("place", format!("patch {key} is not in the store")))?,
+                    ),
+                    None => None,
+                };
+                let kv = canon.as_kv().expect("canonical() checks the body");
+                let placed = self
+                    .backend
+                    .reuse(kv, rec.as_ref().and_then(|r| r.as_patch()), &rope, *at)?;
+                self.stats.placed_tokens += placed.n_tokens();
+                self.stats.patches_applied += usize::from(rec.is_some());
+                self.set_resident(*chunk, placed);
+                t.place_ms += ms(t0);
+            }
+            Step::Relocate { chunk, delta } => {
+                let t0 = Instant::now();
+                let r = self
+                    .resident
+                    .get(chunk)
+                    .ok_or_else(|| invalid("relocate", format!("chunk {chunk} is not resident")))?;
+                let moved = self.backend.reuse(&r.kv, None, &rope, r.kv.offset() + delta)?;
+                self.set_resident(*chunk, moved);
+                t.place_ms += ms(t0);
+            }
+            Step::EvictToStore { chunk } => {
+                if self.resident.remove(chunk).is_none() {
+                    return Err(invalid("evict", format!("chunk {chunk} is not resident")));
+                }
+            }
+            Step::DropTail { .. } => {}
+        }
+        Ok(())
+    }
+
+    fn form_and_store(&mut self, cond: &ChunkKv, canon: &Record, key: &Key, t0: Instant) -> Result<()> {
+        let kv = canon.as_kv().expect("canonical() checks the body");
+        let patch = kamera_ops::form_patch(cond, kv, self.model.rope(), &self.cfg.patch)?;
+        let cost = t0.elapsed().as_micros() as u64;
+        self.store.put(key, Record::patch(self.fp, cost, patch))?;
+        self.stats.patches_formed += 1;
+        Ok(())
+    }
+
+    /// One orbit patch per chunk of a set: the set prefilled after the context `0..at` under each
+    /// ordering (appended to the live context, then truncated back), deficits averaged.
+    fn form_orbit(&mut self, keys: &[(ChunkId, Key)], orderings: &[Vec<ChunkId>], at: i64) -> Result<()> {
+        let t0 = Instant::now();
+        self.sync_to(at)?;
+        let base = self.ctx.len();
+        let mut cond: BTreeMap<ChunkId, Vec<ChunkKv>> = BTreeMap::new();
+        for ordering in orderings {
+            for c in ordering {
+                let tokens = self.tokens("form-orbit", c)?;
+                let p = self.model.extend(&tokens, &mut self.ctx);
+                let p = match p {
+                    Ok(p) => p,
+                    Err(e) => {
+                        self.ctx.truncate(base);
+                        return Err(model("orbit prefill")(e));
+                    }
+                };
+                self.stats.prefill_tokens += tokens.len();
+                cond.entry(*c).or_default().push(p.chunk);
+            }
+            self.ctx.truncate(base);
+        }
+        let cost = t0.elapsed().as_micros() as u64 / keys.len().max(1) as u64;
+        for (c, key) in keys {
+            let canon = self.canonical("form-orbit", *c)?;
+            let kv = canon.as_kv().expect("canonical() checks the body");
+            let conds = cond.get(c).map(Vec::as_slice).unwrap_or_default();
+            let patch = kamera_ops::orbit_patch(conds, kv, self.model.rope(), &self.cfg.patch)?;
+            self.store.put(key, Record::patch(self.fp, cost, patch))?;
+            self.stats.patches_formed += 1;
+        }
+        Ok(())
+    }
+
+    /// Makes the model context hold exactly the resident chunks of positions `0..at`, in order:
+    /// rows of the longest unchanged run of chunks from position 0 stay; the context is cut
+    /// there and the rest is written again.
+    pub(crate) fn sync_to(&mut self, at: i64) -> Result<()> {
+        let mut want: Vec<(ChunkId, i64, usize, u64)> = self
+            .resident
+            .iter()
+            .filter(|(_, r)| r.kv.offset() < at)
+            .map(|(id, r)| (*id, r.kv.offset(), r.kv.n_tokens(), r.version))
+            .collect();
+        want.sort_by_key(|w| w.1);
+        let mut pos = 0i64;
+        for w in &want {
+            if w.1 != pos {
+                return Err(invalid(
+                    "sync",
+                    format!(
+                        "resident KV does not tile 0..{at}: chunk {} starts at {} not {pos}",
+                        w.0, w.1
+                    ),
+                ));
+            }
+            pos += w.2 as i64;
+        }
+        if pos != at {
+            return Err(invalid("sync", format!("resident KV ends at {pos}, expected {at}")));
+        }
+        let keep = self
+            .ctx_chunks
+            .iter()
+            .zip(&want)
+            .take_while(|(have, w)| have.0 == w.0 && have.1 == w.3)
+            .count();
+        let rows: usize = want[..keep].iter().map(|w| w.2).sum();
+        self.ctx.truncate(rows);
+        self.ctx_chunks.truncate(keep);
+        for w in &want[keep..] {
+            let r = &self.resident[&w.0];
+            self.ctx.push(&r.kv).map_err(model("context push"))?;
+            self.stats.bytes_moved += r.kv.kv_bytes() as u64;
+            self.ctx_chunks.push((w.0, w.3));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,74 @@
+//! The runtime's reuse quality on real weights (SmolLM2-135M), no browser: a chunk evicted and
+//! recalled by the session comes back relocated with a patch for its new earlier context, and the
+//! answer over the window is closer to a full re-prefill of the same tokens than blind placement.
+
+use std::sync::Arc;
+
+use kamera_agent::{Llm, Session, SessionConfig};
+use kamera_gpu::CpuBackend;
+use kamera_ops::{DType, PatchConfig};
+use kamera_sched::{Step, Visit};
+use kamera_store::MemStore;
+use kamera_tests::model;
+
+const PAGES: [&str; 4] = [
+    "Page \"Vault\" (/vault):\nThe vault code is 4417. Mira Solberg keeps the only key; she works in Billing on the third floor.\n\n",
+    "Page \"Catalogue\" (/catalogue):\nDesk lamp P-200, office chair P-201, label printer P-202, monitor arm P-203, paper shredder P-204.\n\n",
+    "Page \"Directory\" (/people):\nAda Brandt (Logistics), Tomas Ek (Support), Jon Halloran (Platform), Ines Vidal (Billing), Kai Mercer.\n\n",
+    "Page \"Cart\" (/cart):\nP-200 quantity 2; P-203 quantity 1; P-206 quantity 4. Delivery by Harbor Line in three days.\n\n",
+];
+
+/// KL to the full re-prefill of the window + question after visiting every page, evicting the
+/// vault page and visiting it again, with patches of `rank` (0: blind relocation).
+fn kl_after_recall(rank: usize) -> anyhow::Result<(f64, Vec<Step>)> {
+    let model = model();
+    let llm = Llm::new(model.clone());
+    let cfg = SessionConfig {
+        window_tokens: 100,
+        patch: PatchConfig::fixed(rank, DType::F32),
+        ..SessionConfig::default()
+    };
+    let mut s = Session::new(model.clone(), Arc::new(MemStore::new()), Box::new(CpuBackend), cfg);
+    s.pin(&llm.prefix_text("Find who keeps the vault key and the code."))?;
+    for p in PAGES {
+        s.observe(p, "")?;
+    }
+    let vault = s.chunk_id(PAGES[0], "");
+    assert!(
+        s.window().is_evicted(&vault),
+        "the window of 100 tokens must have evicted the vault page"
+    );
+    let back = s.observe(PAGES[0], "")?;
+    assert_eq!(back.visit, Some(Visit::Recall));
+    let question = llm.question_prompt(
+        "Who keeps the vault key?",
+        &["Mira Solberg".into(), "Ada Brandt".into()],
+    );
+    let q = llm.tokens(&question, false)?;
+    let mut full = s.window_tokens();
+    full.extend(&q);
+    let reference = llm.full_prefill(&full)?;
+    let ctx = s.context()?;
+    let base = ctx.len();
+    let got = model.extend(&q, ctx)?.logits;
+    ctx.truncate(base);
+    Ok((kamera_eval::kl(&reference, &got), back.plan.steps))
+}
+
+#[test]
+fn recalled_chunk_with_its_patch_answers_closer_to_full_than_blind() -> anyhow::Result<()> {
+    let (patched, steps) = kl_after_recall(16)?;
+    let (blind, _) = kl_after_recall(0)?;
+    eprintln!("KL to full re-prefill: rank-16 patch {patched:.3e}, blind relocation {blind:.3e}");
+    assert!(
+        steps.iter().any(|s| matches!(s, Step::Place { patch: Some(_), .. })),
+        "the recall placed the canonical KV with a patch: {steps:#?}"
+    );
+    assert!(
+        !steps.iter().any(|s| matches!(s, Step::Prefill { alone: true, .. })),
+        "a recalled chunk is never encoded again: {steps:#?}"
+    );
+    assert!(patched < blind, "patched {patched} vs blind {blind}");
+    assert!(patched < 0.02, "KL {patched} with a rank-16 patch");
+    Ok(())
+}
