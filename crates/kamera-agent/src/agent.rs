@@ -247,6 +247,20 @@ impl Run<'_, '_> {
             }
             Ok(d) => self.act(d, &mut record).await,
         };
+        // The new page's canonical KV and difference patch, off the path to the model's answer.
+        let session = &mut *self.agent.session;
+        match blocking(|| session.settle()) {
+            Ok(t) => {
+                record.timings.encode_ms += t.prefill_ms;
+                record.timings.patch_ms += t.patch_ms;
+            }
+            Err(e) if fatal.is_none() => {
+                record.result = StepResult::Failed { error: e.to_string() };
+                record.timings.total_ms = ms(t_step);
+                return Ok((record, Some(e)));
+            }
+            Err(_) => {}
+        }
         record.timings.total_ms = ms(t_step);
         Ok((record, fatal))
     }

@@ -68,12 +68,12 @@ fn malformed_traces_say_where() {
     );
 
     let header =
-        r#"{"kind":"header","version":1,"scenario":"","origin":"http://127.0.0.1:1","model":"m","started_unix_ms":0}"#;
+        r#"{"kind":"header","version":2,"scenario":"","origin":"http://127.0.0.1:1","model":"m","started_unix_ms":0}"#;
     std::fs::write(&t, format!("{header}\n{{\"kind\":\"step\",\"step\":0}}\n")).unwrap();
     let e = Trace::read(dir.path()).unwrap_err();
     assert!(e.to_string().contains("line 2"), "{e}");
 
-    std::fs::write(&t, header.replace("\"version\":1", "\"version\":99") + "\n").unwrap();
+    std::fs::write(&t, header.replace("\"version\":2", "\"version\":99") + "\n").unwrap();
     let e = Trace::read(dir.path()).unwrap_err();
     assert!(e.to_string().contains("version 99"), "{e}");
 

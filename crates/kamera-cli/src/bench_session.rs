@@ -52,6 +52,8 @@ pub struct WalkStep {
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct MethodStep {
     pub ttft_ms: f64,
+    /// Work done after the first token (Kamera: a new page's canonical KV and difference patch).
+    pub deferred_ms: f64,
     pub prefill_tokens: usize,
     pub bytes_moved: u64,
     /// KL of the answer distribution to the full re-prefill (question steps).
@@ -222,6 +224,9 @@ pub fn run(a: SessionArgs) -> Result<()> {
         let k_logits = model.extend(&ptoks, ctx)?.logits;
         let k_ttft = t0.elapsed().as_secs_f64() * 1e3;
         ctx.truncate(base);
+        let t0 = Instant::now();
+        session.settle()?;
+        let k_deferred = t0.elapsed().as_secs_f64() * 1e3;
         let mut seq = session.window_tokens();
         let window_tokens = seq.len();
         seq.extend(&ptoks);
@@ -248,6 +253,7 @@ pub fn run(a: SessionArgs) -> Result<()> {
             truth: w.answer.clone(),
             kamera: MethodStep {
                 ttft_ms: k_ttft,
+                deferred_ms: k_deferred,
                 prefill_tokens: applied.prefill_tokens + ptoks.len(),
                 bytes_moved: session.stats().bytes_moved - moved0,
                 kl: kl(&k_logits),
@@ -255,6 +261,7 @@ pub fn run(a: SessionArgs) -> Result<()> {
             },
             prefix: MethodStep {
                 ttft_ms: p_ttft,
+                deferred_ms: 0.0,
                 prefill_tokens: p_prefill,
                 bytes_moved: 0,
                 kl: kl(&p_logits),
@@ -262,6 +269,7 @@ pub fn run(a: SessionArgs) -> Result<()> {
             },
             full: MethodStep {
                 ttft_ms: f_ttft,
+                deferred_ms: 0.0,
                 prefill_tokens: seq.len(),
                 bytes_moved: 0,
                 kl: kl(&f_logits),

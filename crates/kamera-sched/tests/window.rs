@@ -154,30 +154,38 @@ proptest! {
 
 #[test]
 fn recall_forms_a_patch_once_and_restores_the_conditioned_kv() {
+    // revisit_rate 0: the insert keeps no difference patch, so the first recall forms one; at
+    // the default rate the insert keeps it and already the first recall is served from it.
+    for revisit_rate in [0.0, 0.5] {
+        let mut synth = Synth::new();
+        let (a, b, c) = (synth.chunk(1, 5), synth.chunk(2, 6), synth.chunk(3, 7));
+        let mut ex = executor(synth);
+        let mut w = window(100, 10.0);
+        w.cost_model_mut().revisit_rate = revisit_rate;
+        for (id, n) in [(a, 5), (b, 6), (c, 7)] {
+            ex.run(&w.insert(id, n).unwrap()).unwrap();
+        }
+        let exact = ex.window_kv().unwrap().unwrap();
+        for round in 0..2 {
+            ex.run(&w.evict(&c).unwrap()).unwrap();
+            let plan = w.recall(c).unwrap();
+            let want = if round == 0 && revisit_rate == 0.0 {
+                Choice::FormPatch
+            } else {
+                Choice::CachedPatch
+            };
+            assert_eq!(plan.decisions[0].choice, want, "rate {revisit_rate} round {round}:\n{plan}");
+            assert_eq!(plan.count("form-patch"), usize::from(want == Choice::FormPatch));
+            assert_eq!(plan.count("prefill"), 0, "recall must not re-encode");
+            ex.run(&plan).unwrap();
+            let got = ex.window_kv().unwrap().unwrap();
+            let err = max_diff(&got, &exact);
+            assert!(err < 1e-4, "rate {revisit_rate} round {round}: recalled KV differs by {err}");
+        }
+    }
     let mut synth = Synth::new();
     let (a, b, c) = (synth.chunk(1, 5), synth.chunk(2, 6), synth.chunk(3, 7));
-    let mut ex = executor(synth);
-    let mut w = window(100, 10.0);
-    for (id, n) in [(a, 5), (b, 6), (c, 7)] {
-        ex.run(&w.insert(id, n).unwrap()).unwrap();
-    }
-    let exact = ex.window_kv().unwrap().unwrap();
-    for round in 0..2 {
-        ex.run(&w.evict(&c).unwrap()).unwrap();
-        let plan = w.recall(c).unwrap();
-        let want = if round == 0 {
-            Choice::FormPatch
-        } else {
-            Choice::CachedPatch
-        };
-        assert_eq!(plan.decisions[0].choice, want, "round {round}:\n{plan}");
-        assert_eq!(plan.count("form-patch"), usize::from(round == 0));
-        assert_eq!(plan.count("prefill"), 0, "recall must not re-encode");
-        ex.run(&plan).unwrap();
-        let got = ex.window_kv().unwrap().unwrap();
-        let err = max_diff(&got, &exact);
-        assert!(err < 1e-4, "round {round}: recalled KV differs by {err}");
-    }
+    let ex = executor(synth);
     // Blind reuse (no patch) is measurably worse: the deficit is real.
     let canon = ex.encoder().kv(c, 0, None);
     let blind = kamera_ops::relocate(&canon, &ex.encoder().rope, 11).unwrap();

@@ -23,18 +23,55 @@ fn invalid(op: &'static str, detail: String) -> Error {
 
 impl Session {
     /// Runs every step of `plan`, then brings the model context up to the window's end.
+    /// With [`SessionConfig::defer`](crate::SessionConfig), the work a new chunk's first
+    /// answer does not need (its canonical KV alone, storing it, its difference patch) is kept for
+    /// [`Session::settle`].
     pub(crate) fn execute(&mut self, plan: &Plan) -> Result<ApplyTimings> {
         let mut t = ApplyTimings::default();
-        let result = plan.steps.iter().try_for_each(|s| {
+        let in_place: Vec<ChunkId> = plan
+            .steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::Prefill {
+                    chunk, alone: false, ..
+                } => Some(*chunk),
+                _ => None,
+            })
+            .collect();
+        let deferrable = |s: &Step| match s {
+            Step::Prefill { chunk, alone: true, .. } | Step::StoreCanonical { chunk } | Step::StorePatch { chunk, .. } => {
+                in_place.contains(chunk)
+            }
+            _ => false,
+        };
+        let mut result = Ok(());
+        for s in &plan.steps {
+            if self.cfg.defer && deferrable(s) {
+                self.deferred.push(s.clone());
+                continue;
+            }
             tracing::debug!(step = %s, "execute");
-            self.step(s, &mut t)
-        });
+            result = self.step(s, &mut t);
+            if result.is_err() {
+                break;
+            }
+        }
         self.staged.clear();
         result?;
         let t0 = Instant::now();
         self.sync_to(self.window.end())?;
         t.sync_ms += ms(t0);
         Ok(t)
+    }
+
+    /// Runs the deferred work of earlier plans (canonical KV of new chunks, their storage and
+    /// difference patches): off the path to the first token, before the next plan.
+    pub fn settle(&mut self) -> Result<ApplyTimings> {
+        let mut t = ApplyTimings::default();
+        let steps = std::mem::take(&mut self.deferred);
+        let result = steps.iter().try_for_each(|s| self.step(s, &mut t));
+        self.staged.clear();
+        result.map(|()| t)
     }
 
     fn tokens(&self, op: &'static str, chunk: &ChunkId) -> Result<Vec<u32>> {

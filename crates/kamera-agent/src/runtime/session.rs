@@ -31,6 +31,9 @@ pub struct SessionConfig {
     pub evict: Order,
     /// Relevance recall: evicted chunks scoring above this are brought back before a question.
     pub min_relevance: f64,
+    /// Keep a new chunk's canonical prefill, its storage and its difference patch for
+    /// [`Session::settle`] (after the model call) instead of doing them before the first token.
+    pub defer: bool,
 }
 
 impl Default for SessionConfig {
@@ -41,6 +44,7 @@ impl Default for SessionConfig {
             cost: CostModel::default(),
             evict: Order::Recency,
             min_relevance: 1.0,
+            defer: true,
         }
     }
 }
@@ -134,6 +138,8 @@ pub struct Session {
     pub(crate) resident: HashMap<ChunkId, Resident>,
     /// Canonical KV needed by the plan being executed.
     pub(crate) staged: HashMap<ChunkId, Arc<Record>>,
+    /// Steps kept for [`Session::settle`].
+    pub(crate) deferred: Vec<kamera_sched::Step>,
     pub(crate) ctx: Context,
     /// The chunks (id, version) whose rows the context holds, in order from position 0.
     pub(crate) ctx_chunks: Vec<(ChunkId, u64)>,
@@ -169,6 +175,7 @@ impl Session {
             content: HashMap::new(),
             resident: HashMap::new(),
             staged: HashMap::new(),
+            deferred: Vec::new(),
             ctx,
             ctx_chunks: Vec::new(),
             version: 0,
@@ -240,6 +247,7 @@ impl Session {
     /// Pins the prefix chunk (system turn, goal) at the front of the window. The window's budget
     /// grows by its tokens, so pages keep `window_tokens`.
     pub fn pin(&mut self, text: &str) -> Result<Applied> {
+        self.settle()?;
         let tokens = self.tokenize(text, true)?;
         let id = ChunkId::of(&tokens_bytes(&tokens), "prefix:v1", self.fp);
         self.learn(id, text, tokens.clone(), false);
@@ -255,6 +263,7 @@ impl Session {
     /// A page observed: its chunk is met by the window ([`Window::visit`]) and the plan is
     /// executed. `text` is the page's chunk text; `screenshot_sha256` joins the content id.
     pub fn observe(&mut self, text: &str, screenshot_sha256: &str) -> Result<Applied> {
+        self.settle()?;
         let id = self.chunk_id(text, screenshot_sha256);
         let tokens = match self.content.get(&id) {
             Some(c) => c.tokens.clone(),
@@ -309,8 +318,9 @@ impl Session {
             .collect()
     }
 
-    /// Makes every record written durable.
-    pub fn flush(&self) -> Result<()> {
+    /// Runs deferred work, then makes every record written durable.
+    pub fn flush(&mut self) -> Result<()> {
+        self.settle()?;
         Ok(self.store.flush()?)
     }
 
