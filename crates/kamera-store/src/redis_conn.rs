@@ -47,7 +47,10 @@ impl Conn {
 }
 
 /// SCAN with MATCH on one node until the cursor returns to 0.
-fn scan_node(pattern: &str, mut run: impl FnMut(&Cmd) -> RedisResult<(u64, Vec<Vec<u8>>)>) -> RedisResult<Vec<Vec<u8>>> {
+fn scan_node(
+    pattern: &str,
+    mut run: impl FnMut(&Cmd) -> RedisResult<(u64, Vec<Vec<u8>>)>,
+) -> RedisResult<Vec<Vec<u8>>> {
     let (mut cursor, mut out) = (0u64, Vec::new());
     loop {
         let mut cmd = redis::cmd("SCAN");
@@ -72,7 +75,9 @@ fn primaries(c: &mut ClusterConnection) -> RedisResult<Vec<(String, u16)>> {
     let mut out: Vec<(String, u16)> = Vec::new();
     for range in ranges {
         let Value::Array(fields) = range else { return Err(bad()) };
-        let Some(Value::Array(node)) = fields.get(2) else { return Err(bad()) };
+        let Some(Value::Array(node)) = fields.get(2) else {
+            return Err(bad());
+        };
         let host: String = redis::from_redis_value_ref(node.first().ok_or_else(bad)?)?;
         let port: u16 = redis::from_redis_value_ref(node.get(1).ok_or_else(bad)?)?;
         if !out.iter().any(|(h, p)| *h == host && *p == port) {

@@ -111,7 +111,9 @@ impl Manifest {
             });
         }
         if checksum(prefix, key, &bytes[..40]) != bytes[40..HEADER_LEN] {
-            return Err(bad("manifest checksum mismatch (damaged, or written for another key or prefix)".into()));
+            return Err(bad(
+                "manifest checksum mismatch (damaged, or written for another key or prefix)".into(),
+            ));
         }
         let u32_at = |at: usize| u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]]);
         let mut len = [0u8; 8];
@@ -145,7 +147,11 @@ impl Manifest {
             Layout::Inline => self.record_len,
             Layout::Pieces { count, piece_bytes } => {
                 let p = piece_bytes as u64;
-                if i + 1 < count { p } else { self.record_len - p * (count as u64 - 1) }
+                if i + 1 < count {
+                    p
+                } else {
+                    self.record_len - p * (count as u64 - 1)
+                }
             }
         }
     }
@@ -175,7 +181,13 @@ mod tests {
         let key = Key::canonical(m, ChunkId::of(b"x", "e", m));
         let record: Vec<u8> = (0..1000u32).map(|i| (i * 7) as u8).collect();
         let man = Manifest::of(&record, 300).unwrap();
-        assert_eq!(man.layout, Layout::Pieces { count: 4, piece_bytes: 300 });
+        assert_eq!(
+            man.layout,
+            Layout::Pieces {
+                count: 4,
+                piece_bytes: 300
+            }
+        );
         assert_eq!((0..4).map(|i| man.piece_len(i)).sum::<u64>(), 1000);
         let h = man.header("p", &key);
         assert_eq!(Manifest::parse("p", &key, &h).unwrap(), man);
@@ -183,7 +195,10 @@ mod tests {
             for mask in [1u8, 0x80, 0xff] {
                 let mut b = h;
                 b[at] ^= mask;
-                assert!(Manifest::parse("p", &key, &b).is_err_and(|e| e.is_miss()), "flip at {at}");
+                assert!(
+                    Manifest::parse("p", &key, &b).is_err_and(|e| e.is_miss()),
+                    "flip at {at}"
+                );
             }
         }
         assert!(Manifest::parse("q", &key, &h).is_err(), "another prefix");

@@ -146,7 +146,10 @@ impl RedisStore {
         if cfg.timeout.is_zero() || cfg.ttl.is_some_and(|t| t.as_millis() == 0) {
             return Err(invalid(
                 "timeout",
-                format!("timeout {:?}, ttl {:?}: both must be at least 1 ms", cfg.timeout, cfg.ttl),
+                format!(
+                    "timeout {:?}, ttl {:?}: both must be at least 1 ms",
+                    cfg.timeout, cfg.ttl
+                ),
             ));
         }
         let pool = Pool::new(&cfg.url, cfg.timeout).map_err(|e| invalid("url", format!("{url}: {e}")))?;

@@ -6,22 +6,17 @@ mod common;
 #[path = "common/redis_server.rs"]
 mod redis_server;
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use kamera_ops::DType;
-use kamera_store::{
-    ChunkId, ChunkStore, Error, Key, Layered, ModelFp, RedisConfig, RedisStore, SledStore, StoreConfig, Tiered,
-    codec,
-};
+use kamera_store::{ChunkId, ChunkStore, Error, Key, ModelFp, RedisConfig, RedisStore, codec};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
-use rand::{Rng, SeedableRng, rngs::StdRng};
 use redis::Commands;
-use redis_server::{RedisCluster, RedisServer};
+use redis_server::RedisServer;
 
 fn store(url: &str, prefix: &str, piece_bytes: usize) -> RedisStore {
     RedisStore::open(RedisConfig {
@@ -58,7 +53,10 @@ fn round_trip_with_pieces_overwrites_and_ttl() -> Result<()> {
         let len = codec::encode(&k, &r, None)?.len();
         assert_eq!(*s2.get(&k)?.context("present")?, r, "record {i}");
         assert!(s2.contains(&k)?);
-        assert_eq!(pieces(&mut raw, &s, &k).len(), if len > 1024 { len.div_ceil(1024) } else { 0 });
+        assert_eq!(
+            pieces(&mut raw, &s, &k).len(),
+            if len > 1024 { len.div_ceil(1024) } else { 0 }
+        );
         multi += usize::from(len > 1024);
     }
     ensure!(multi >= 4, "only {multi} records were split in pieces");
@@ -71,12 +69,20 @@ fn round_trip_with_pieces_overwrites_and_ttl() -> Result<()> {
 
     // Overwrites: a bigger record, then an inline one; old pieces go, the new ones serve.
     let (k, _) = common::nth(0);
-    let big = kamera_store::Record::kv(common::model(), 1, common::chunk(common::layouts()[0], 90, 5, DType::Bf16));
+    let big = kamera_store::Record::kv(
+        common::model(),
+        1,
+        common::chunk(common::layouts()[0], 90, 5, DType::Bf16),
+    );
     s.put(&k, big.clone())?;
     let n_big = pieces(&mut raw, &s, &k).len();
     assert!(n_big > 2);
     assert_eq!(*s.get(&k)?.context("big")?, big);
-    let small = kamera_store::Record::kv(common::model(), 1, common::chunk(common::layouts()[1], 2, 6, DType::Bf16));
+    let small = kamera_store::Record::kv(
+        common::model(),
+        1,
+        common::chunk(common::layouts()[1], 2, 6, DType::Bf16),
+    );
     s.put(&k, small.clone())?;
     assert_eq!(pieces(&mut raw, &s, &k), Vec::<String>::new(), "stale pieces left");
     assert_eq!(*s.get(&k)?.context("small")?, small);
@@ -101,7 +107,10 @@ fn round_trip_with_pieces_overwrites_and_ttl() -> Result<()> {
     let kv = common::chunk(common::layouts()[0], 40, 3, DType::F32);
     let k = Key::canonical(m, ChunkId::of(b"f32", "enc", m));
     t.put(&k, kamera_store::Record::kv(m, 0, kv.clone()))?;
-    assert_eq!(t.get(&k)?.context("ttl record")?.as_kv(), Some(&kv.to_dtype(DType::Bf16)));
+    assert_eq!(
+        t.get(&k)?.context("ttl record")?.as_kv(),
+        Some(&kv.to_dtype(DType::Bf16))
+    );
     let names = [vec![t.manifest_key(&k)], pieces(&mut raw, &t, &k)].concat();
     assert!(names.len() > 2);
     for n in &names {
@@ -131,7 +140,11 @@ fn op() -> impl Strategy<Value = Op> {
 fn rec_of(v: u8) -> kamera_store::Record {
     let m = common::model();
     let layout = common::layouts()[(v % 3) as usize];
-    kamera_store::Record::kv(m, v as u64, common::chunk(layout, 1 + v as usize % 7, v as u64, DType::Bf16))
+    kamera_store::Record::kv(
+        m,
+        v as u64,
+        common::chunk(layout, 1 + v as usize % 7, v as u64, DType::Bf16),
+    )
 }
 
 /// The store behaves like a BTreeMap across puts (inline and in pieces), removes, gets and
@@ -216,7 +229,8 @@ fn other_prefixes_and_models_are_never_served() -> Result<()> {
     a.put_raw(&k, &bytes)?;
     assert!(matches!(a.get(&k), Err(Error::Version { found: 9, .. })));
     let st = a.stats();
-    assert_eq!((st.foreign, st.version, st.corrupt), (1, 1, 6));
+    // Each copy above was read twice (get, lookup): 6 records × 2 refusals.
+    assert_eq!((st.foreign, st.version, st.corrupt), (1, 1, 12));
     Ok(())
 }
 
@@ -232,9 +246,16 @@ fn damaged_and_incomplete_records_are_refused_and_counted() -> Result<()> {
     let mut refused = 0u64;
     let mut flip = |raw: &mut redis::Connection, name: &str, at: usize| -> Result<()> {
         let old: Vec<u8> = redis::cmd("GETRANGE").arg(name).arg(at).arg(at).query(raw)?;
-        let _: i64 = redis::cmd("SETRANGE").arg(name).arg(at).arg(&[old[0] ^ 0x20][..]).query(raw)?;
+        let _: i64 = redis::cmd("SETRANGE")
+            .arg(name)
+            .arg(at)
+            .arg(&[old[0] ^ 0x20][..])
+            .query(raw)?;
         let e = s.get(&k).expect_err("damaged record served");
-        assert!(e.is_miss() && matches!(e, Error::Corrupt { .. } | Error::Version { .. }), "{e}");
+        assert!(
+            e.is_miss() && matches!(e, Error::Corrupt { .. } | Error::Version { .. }),
+            "{e}"
+        );
         let _: i64 = redis::cmd("SETRANGE").arg(name).arg(at).arg(&old[..]).query(raw)?;
         assert_eq!(*s.get(&k)?.context("restored")?, r);
         refused += 1;
@@ -257,9 +278,17 @@ fn damaged_and_incomplete_records_are_refused_and_counted() -> Result<()> {
     for at in 0..len {
         let name = s.manifest_key(&ki);
         let old: Vec<u8> = redis::cmd("GETRANGE").arg(&name).arg(at).arg(at).query(&mut raw)?;
-        let _: i64 = redis::cmd("SETRANGE").arg(&name).arg(at).arg(&[!old[0]][..]).query(&mut raw)?;
+        let _: i64 = redis::cmd("SETRANGE")
+            .arg(&name)
+            .arg(at)
+            .arg(&[!old[0]][..])
+            .query(&mut raw)?;
         assert!(s.get(&ki).is_err_and(|e| e.is_miss()), "inline flip at {at} served");
-        let _: i64 = redis::cmd("SETRANGE").arg(&name).arg(at).arg(&old[..]).query(&mut raw)?;
+        let _: i64 = redis::cmd("SETRANGE")
+            .arg(&name)
+            .arg(at)
+            .arg(&old[..])
+            .query(&mut raw)?;
     }
     assert!(s.get(&ki)?.is_some());
     let st = s.stats();
@@ -268,13 +297,70 @@ fn damaged_and_incomplete_records_are_refused_and_counted() -> Result<()> {
     let v: Vec<u8> = raw.get(&names[1])?;
     let _: () = raw.set(&names[1], &v[..v.len() - 1])?;
     assert!(matches!(s.get(&k), Err(Error::Corrupt { .. })));
-    let _: () = raw.set(&names[1], &names[0].as_bytes().repeat(v.len() / names[0].len() + 1)[..v.len()])?;
+    let _: () = raw.set(
+        &names[1],
+        &names[0].as_bytes().repeat(v.len() / names[0].len() + 1)[..v.len()],
+    )?;
     assert!(matches!(s.get(&k), Err(Error::Corrupt { .. })));
     let _: () = raw.del(&names[1])?;
     let e = s.get(&k).expect_err("incomplete record served");
     assert!(matches!(e, Error::Incomplete { .. }) && e.is_miss(), "{e}");
     assert!(s.lookup(&k)?.is_none());
     assert_eq!(s.stats().incomplete, 2);
-    assert!(s.contains(&k)?, "the manifest is still there (possibly damaged, as for sled)");
+    assert!(
+        s.contains(&k)?,
+        "the manifest is still there (possibly damaged, as for sled)"
+    );
+    Ok(())
+}
+
+#[test]
+fn open_checks_settings_and_takes_credentials_from_the_url() -> Result<()> {
+    let refused = |cfg: RedisConfig, what: &str| {
+        let e = RedisStore::open(cfg).expect_err(what);
+        assert!(matches!(e, Error::Invalid { .. }), "{what}: {e}");
+        e.to_string()
+    };
+    let msg = refused(RedisConfig::at("rediss://u:hunter2@cache:6380/"), "rediss");
+    assert!(
+        msg.contains("rediss://u:***@cache:6380/") && msg.contains("TLS") && !msg.contains("hunter2"),
+        "{msg}"
+    );
+    for prefix in ["", "a{b}", "a*", "a b"] {
+        refused(
+            RedisConfig {
+                prefix: prefix.into(),
+                ..RedisConfig::default()
+            },
+            prefix,
+        );
+    }
+    refused(
+        RedisConfig {
+            piece_bytes: 0,
+            ..RedisConfig::default()
+        },
+        "piece_bytes",
+    );
+    refused(RedisConfig::at("http://x"), "scheme");
+
+    let srv = RedisServer::start(&["--requirepass", "s3cret"])?;
+    let url = |auth: &str| format!("redis://{auth}127.0.0.1:{}/", srv.port);
+    for auth in [":s3cret@", "default:s3cret@"] {
+        let s = store(&url(auth), "auth", 4096);
+        s.ping()?;
+        let (k, r) = common::nth(2);
+        s.put(&k, r.clone())?;
+        assert_eq!(*s.get(&k)?.context("auth record")?, r);
+        assert_eq!(s.is_cluster(), Some(false));
+    }
+    let wrong = store(&url(":wrong-pw@"), "auth", 4096);
+    let e = wrong.ping().expect_err("a wrong password");
+    assert!(e.is_unavailable() && !e.to_string().contains("wrong-pw"), "{e}");
+    // Nothing listens: a connection error, typed as unavailable (what `Layered` skips).
+    let port = redis_server::free_port()?;
+    let gone = store(&format!("redis://127.0.0.1:{port}/"), "x", 4096);
+    let e = gone.get(&common::nth(0).0).expect_err("no server");
+    assert!(e.is_unavailable() && !e.is_miss(), "{e}");
     Ok(())
 }

@@ -1,5 +1,6 @@
 //! A `redis-server` of the test's own on a free loopback port in a temp dir, SIGKILLed when
 //! dropped; and a three-primary Redis Cluster. Fails (never skips) when redis-server is missing.
+#![allow(dead_code)]
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -85,10 +86,13 @@ impl RedisServer {
     fn wait_ready(&mut self) -> Result<()> {
         let t0 = Instant::now();
         loop {
-            if let Ok(mut c) = self.client().get_connection_with_timeout(Duration::from_secs(1))
-                && redis::cmd("PING").query::<String>(&mut c).is_ok()
-            {
-                return Ok(());
+            if let Ok(mut c) = self.client().get_connection_with_timeout(Duration::from_secs(1)) {
+                match redis::cmd("PING").query::<String>(&mut c) {
+                    // A server with a password answers too (loading, it says LOADING).
+                    Ok(_) => return Ok(()),
+                    Err(e) if e.code() == Some("NOAUTH") => return Ok(()),
+                    Err(_) => {}
+                }
             }
             if let Some(child) = self.child.as_mut()
                 && let Some(status) = child.try_wait()?
