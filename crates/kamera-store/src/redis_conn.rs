@@ -15,7 +15,7 @@ const MAX_IDLE: usize = 8;
 /// One connection, to a single server or to a cluster.
 pub(crate) enum Conn {
     Single(redis::Connection),
-    Cluster(ClusterConnection),
+    Cluster(Box<ClusterConnection>),
 }
 
 impl Conn {
@@ -23,7 +23,7 @@ impl Conn {
     pub fn query<T: redis::FromRedisValue>(&mut self, cmd: &Cmd) -> RedisResult<T> {
         match self {
             Conn::Single(c) => cmd.query(c),
-            Conn::Cluster(c) => cmd.query(c),
+            Conn::Cluster(c) => cmd.query(c.as_mut()),
         }
     }
 
@@ -154,7 +154,7 @@ impl Pool {
         let c = client.get_connection()?;
         c.set_read_timeout(Some(self.timeout))?;
         c.set_write_timeout(Some(self.timeout))?;
-        Ok(Conn::Cluster(c))
+        Ok(Conn::Cluster(Box::new(c)))
     }
 
     /// Runs `f` on a pooled connection. A connection that failed is dropped; when a pooled one
