@@ -37,9 +37,13 @@ impl RedisServer {
     /// Starts a server with `extra` settings (`["--appendonly", "yes"]`, ...): no RDB snapshots,
     /// loopback only.
     pub fn start(extra: &[&str]) -> Result<RedisServer> {
+        RedisServer::start_on(free_port()?, extra)
+    }
+
+    /// [`RedisServer::start`] on `port`.
+    pub fn start_on(port: u16, extra: &[&str]) -> Result<RedisServer> {
         require("redis-server")?;
         let dir = tempfile::tempdir()?;
-        let port = free_port()?;
         let mut args: Vec<String> = [
             "--port",
             &port.to_string(),
@@ -159,19 +163,31 @@ pub struct RedisCluster {
 impl RedisCluster {
     pub fn start() -> Result<RedisCluster> {
         require("redis-cli")?;
+        // Six distinct ports (three clients', three cluster buses'), held until all are chosen.
+        let held: Vec<TcpListener> = (0..6)
+            .map(|_| TcpListener::bind("127.0.0.1:0"))
+            .collect::<Result<_, _>>()?;
+        let ports: Vec<u16> = held
+            .iter()
+            .map(|l| l.local_addr().map(|a| a.port()))
+            .collect::<Result<_, _>>()?;
+        drop(held);
         let mut nodes = Vec::new();
-        for _ in 0..3 {
-            let bus = free_port()?.to_string();
-            nodes.push(RedisServer::start(&[
-                "--cluster-enabled",
-                "yes",
-                "--cluster-config-file",
-                "nodes.conf",
-                "--cluster-port",
-                &bus,
-                "--cluster-node-timeout",
-                "2000",
-            ])?);
+        for i in 0..3 {
+            let bus = ports[3 + i].to_string();
+            nodes.push(RedisServer::start_on(
+                ports[i],
+                &[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-port",
+                    &bus,
+                    "--cluster-node-timeout",
+                    "2000",
+                ],
+            )?);
         }
         let addrs: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
         let out = Command::new("redis-cli")
