@@ -44,6 +44,25 @@ pub enum Error {
         #[source]
         source: sled::Error,
     },
+    /// A Redis command failed: connection refused or lost, timeout, or an error reply.
+    #[error("{op}: redis at {url} failed on {key}: {source}")]
+    Redis {
+        op: &'static str,
+        /// The server URL, password redacted.
+        url: String,
+        /// The record key, or what the command was about.
+        key: String,
+        #[source]
+        source: redis::RedisError,
+    },
+    /// A record stored in pieces lacks a piece (evicted or expired before its manifest, or
+    /// removed under a reader): refused, never served in part.
+    #[error("{op}: record {key} is incomplete: {detail}")]
+    Incomplete {
+        op: &'static str,
+        key: String,
+        detail: String,
+    },
     /// A KV or patch shape rejected by kamera-ops while decoding.
     #[error("{op}: {source}")]
     Ops {
@@ -58,8 +77,18 @@ impl Error {
     pub fn is_miss(&self) -> bool {
         matches!(
             self,
-            Error::Corrupt { .. } | Error::Version { .. } | Error::ForeignModel { .. } | Error::Ops { .. }
+            Error::Corrupt { .. }
+                | Error::Version { .. }
+                | Error::ForeignModel { .. }
+                | Error::Incomplete { .. }
+                | Error::Ops { .. }
         )
+    }
+
+    /// Whether this error means "the store cannot be reached or read right now" (a Redis
+    /// connection, a database I/O error), as opposed to a bad record or a bad argument.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, Error::Redis { .. } | Error::Db { .. })
     }
 
     pub(crate) fn corrupt(op: &'static str, key: &Key, detail: impl Into<String>) -> Error {

@@ -1,6 +1,7 @@
 //! kamera-store: the canonical store of Kamera. Canonical KV (a chunk prefilled alone at 0),
 //! conditioning patches and orbit patches, content-addressed by blake3 ids, in a sled database
-//! on disk with a memory tier in front. Records use our own versioned, checksummed encoding
+//! on disk with a memory tier in front, and optionally Redis behind it for a fleet
+//! ([`RedisStore`], tiered with [`Layered`]). Records use our own versioned, checksummed encoding
 //! (see the README), so a damaged, foreign-model or future-format record is a typed, counted
 //! miss and never served as KV.
 //!
@@ -23,14 +24,20 @@
 pub mod codec;
 mod error;
 mod id;
+mod layered;
 mod record;
+mod redis_conn;
+mod redis_manifest;
+mod redis_store;
 mod sled_store;
 mod store;
 mod tier;
 
 pub use error::{Error, Result};
 pub use id::{ChunkId, KEY_LEN, Key, Kind, ModelFp};
+pub use layered::Layered;
 pub use record::{Body, Record};
+pub use redis_store::{RedisConfig, RedisStore};
 pub use sled_store::{GcReport, Meta, SledStore, StoreConfig, VerifyReport, default_path};
 pub use store::{ChunkStore, EvictionPolicy, Stats};
 pub use tier::{MemStore, Tiered};

@@ -52,6 +52,8 @@ pub struct Stats {
     pub mem_hits: u64,
     /// Records served from disk.
     pub disk_hits: u64,
+    /// Records served from a remote store (Redis).
+    pub remote_hits: u64,
     /// Lookups that found nothing.
     pub misses: u64,
     /// Records that failed their checksum or did not parse.
@@ -60,6 +62,8 @@ pub struct Stats {
     pub version: u64,
     /// Records of another model.
     pub foreign: u64,
+    /// Records stored in pieces of which a piece was missing (evicted or expired first).
+    pub incomplete: u64,
     pub puts: u64,
     pub removes: u64,
     /// Records dropped by the eviction policy (memory tier and disk budget).
@@ -71,7 +75,7 @@ pub struct Stats {
 impl Stats {
     /// Misses including unusable records.
     pub fn all_misses(&self) -> u64 {
-        self.misses + self.corrupt + self.version + self.foreign
+        self.misses + self.corrupt + self.version + self.foreign + self.incomplete
     }
 }
 
@@ -79,10 +83,12 @@ impl Stats {
 pub(crate) struct Counters {
     pub mem_hits: AtomicU64,
     pub disk_hits: AtomicU64,
+    pub remote_hits: AtomicU64,
     pub misses: AtomicU64,
     pub corrupt: AtomicU64,
     pub version: AtomicU64,
     pub foreign: AtomicU64,
+    pub incomplete: AtomicU64,
     pub puts: AtomicU64,
     pub removes: AtomicU64,
     pub evictions: AtomicU64,
@@ -99,10 +105,12 @@ impl Counters {
         Stats {
             mem_hits: g(&self.mem_hits),
             disk_hits: g(&self.disk_hits),
+            remote_hits: g(&self.remote_hits),
             misses: g(&self.misses),
             corrupt: g(&self.corrupt),
             version: g(&self.version),
             foreign: g(&self.foreign),
+            incomplete: g(&self.incomplete),
             puts: g(&self.puts),
             removes: g(&self.removes),
             evictions: g(&self.evictions),
@@ -117,6 +125,7 @@ impl Counters {
             E::Corrupt { .. } | E::Ops { .. } => Counters::add(&self.corrupt, 1),
             E::Version { .. } => Counters::add(&self.version, 1),
             E::ForeignModel { .. } => Counters::add(&self.foreign, 1),
+            E::Incomplete { .. } => Counters::add(&self.incomplete, 1),
             _ => {}
         }
     }

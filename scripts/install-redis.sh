@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Installs Debian's redis-server (with redis-cli, from redis-tools) for kamera-store's Redis tests
+# when redis-server is missing. Idempotent; needs root (or passwordless sudo). Non-interactive.
+set -euo pipefail
+if command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1; then
+  exit 0
+fi
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  SUDO="sudo"
+fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update
+$SUDO apt-get install -y --no-install-recommends redis-server redis-tools
+redis-server --version
