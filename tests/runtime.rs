@@ -49,8 +49,17 @@ async fn a_second_run_over_a_warm_store_prefills_no_page_token() -> Result<()> {
     assert_eq!(
         page_prefill_tokens(&second),
         0,
-        "{:#?}",
-        second.steps.iter().map(|s| (&s.visit, &s.plan)).collect::<Vec<_>>()
+        "{}",
+        second
+            .steps
+            .iter()
+            .map(|s| format!(
+                "{:?}: {}",
+                s.visit,
+                s.plan.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("; ")
+            ))
+            .collect::<Vec<_>>()
+            .join("\n")
     );
     assert!(second.steps.iter().any(|s| s.visit == Visit::Stored));
     assert_eq!(

@@ -1,6 +1,8 @@
 //! The runtime's reuse quality on real weights (SmolLM2-135M), no browser: a chunk evicted and
-//! recalled by the session comes back relocated with a patch for its new earlier context, and the
-//! answer over the window is closer to a full re-prefill of the same tokens than blind placement.
+//! recalled comes back exact (its conditioned prefill forms the patch and is placed as is); evicted
+//! and recalled again after the same context, it is its canonical KV relocated + that patch, with
+//! no model call, and the answer over the window is closer to a full re-prefill of the same
+//! tokens than blind relocation.
 
 use std::sync::Arc;
 
@@ -19,7 +21,8 @@ const PAGES: [&str; 4] = [
 ];
 
 /// KL to the full re-prefill of the window + question after visiting every page, evicting the
-/// vault page and visiting it again, with patches of `rank` (0: blind relocation).
+/// vault page, visiting it again, evicting it and visiting it again, with patches of `rank` (0:
+/// blind relocation); and the plan of the last visit.
 fn kl_after_recall(rank: usize) -> anyhow::Result<(f64, Vec<Step>)> {
     let model = model();
     let llm = Llm::new(model.clone());
@@ -31,15 +34,34 @@ fn kl_after_recall(rank: usize) -> anyhow::Result<(f64, Vec<Step>)> {
     let mut s = Session::new(model.clone(), Arc::new(MemStore::new()), Box::new(CpuBackend), cfg);
     s.pin(&llm.prefix_text("Find who keeps the vault key and the code."))?;
     for p in PAGES {
-        s.observe(p, "")?;
+        s.observe(p)?;
     }
-    let vault = s.chunk_id(PAGES[0], "");
+    let vault = s.chunk_id(PAGES[0]);
     assert!(
         s.window().is_evicted(&vault),
         "the window of 100 tokens must have evicted the vault page"
     );
-    let back = s.observe(PAGES[0], "")?;
+    let first = s.observe(PAGES[0])?;
+    assert_eq!(first.visit, Some(Visit::Recall));
+    assert_eq!(first.plan.count("form-patch"), 1, "{}", first.plan);
+    eprintln!(
+        "rank {rank}: KL after the first recall (placed exact) {:.3e}",
+        kl_now(&mut s, &llm)?
+    );
+    s.evict(&vault)?;
+    let back = s.observe(PAGES[0])?;
     assert_eq!(back.visit, Some(Visit::Recall));
+    assert_eq!(
+        back.prefill_tokens, 0,
+        "served from the patch formed on the first recall: {}",
+        back.plan
+    );
+    Ok((kl_now(&mut s, &llm)?, back.plan.steps))
+}
+
+/// KL of the question's next-token distribution over the session's window to a full re-prefill
+/// of the same tokens.
+fn kl_now(s: &mut Session, llm: &Llm) -> anyhow::Result<f64> {
     let question = llm.question_prompt(
         "Who keeps the vault key?",
         &["Mira Solberg".into(), "Ada Brandt".into()],
@@ -48,11 +70,12 @@ fn kl_after_recall(rank: usize) -> anyhow::Result<(f64, Vec<Step>)> {
     let mut full = s.window_tokens();
     full.extend(&q);
     let reference = llm.full_prefill(&full)?;
+    let model = s.model().clone();
     let ctx = s.context()?;
     let base = ctx.len();
     let got = model.extend(&q, ctx)?.logits;
     ctx.truncate(base);
-    Ok((kamera_eval::kl(&reference, &got), back.plan.steps))
+    Ok(kamera_eval::kl(&reference, &got))
 }
 
 #[test]

@@ -200,7 +200,7 @@ impl Run<'_, '_> {
         };
         let text = chunk_text(&obs, &self.env.origin);
         let session = &mut *self.agent.session;
-        let mut applied = blocking(|| session.observe(&text, &shot))?;
+        let mut applied = blocking(|| session.observe(&text))?;
         if let Some(focus) = self.agent.policy.focus() {
             let query = [self.scenario.goal.clone(), focus]
                 .into_iter()

@@ -35,6 +35,9 @@ pub struct SessionArgs {
     /// Site seed.
     #[arg(long, default_value_t = 7)]
     seed: u64,
+    /// Orders the agent works on (three pages each).
+    #[arg(long, default_value_t = 3)]
+    orders: usize,
     /// Folder for session.json, session.md and session.svg.
     #[arg(long, default_value = "bench-session")]
     out: PathBuf,
@@ -54,6 +57,8 @@ pub struct MethodStep {
     pub ttft_ms: f64,
     /// Work done after the first token (Kamera: a new page's canonical KV and difference patch).
     pub deferred_ms: f64,
+    /// Kamera: the plan's execution (the rest of the time to first token is the prompt).
+    pub plan_ms: f64,
     pub prefill_tokens: usize,
     pub bytes_moved: u64,
     /// KL of the answer distribution to the full re-prefill (question steps).
@@ -75,11 +80,14 @@ pub struct StepRow {
     pub full: MethodStep,
 }
 
-/// A walk over the site: per order, the list, the order, its shipment, back to the order, a
-/// detour (catalogue, a product, the directory), a question on the order's status; every third
-/// order, a return to an earlier order with a question about it.
-fn walk(seed: u64, n: usize) -> Vec<WalkStep> {
+/// A walk over the site as an agent that works a few orders: first it opens each order's pages
+/// (the list, the order, its shipment), then it goes back and forth over them (order, shipment,
+/// the list, the next order) answering a status question on each pass, with a detour to the
+/// catalogue now and then. The window holds about half of the working set, so revisits evict,
+/// relocate and recall pages instead of hitting them.
+fn walk(seed: u64, n: usize, orders: usize) -> Vec<WalkStep> {
     let data = site::data(seed);
+    let orders = &data.orders[..orders.clamp(1, data.orders.len())];
     let visit = |p: &str| WalkStep {
         path: p.to_string(),
         question: None,
@@ -90,31 +98,25 @@ fn walk(seed: u64, n: usize) -> Vec<WalkStep> {
         question: Some(format!("What is the shipping status of order {}?", order.id)),
         answer: Some(order.status.clone()),
     };
-    let detours = [
-        "/catalogue",
-        "/product/P-201",
-        "/people",
-        "/cart",
-        "/product/P-204",
-        "/people/mira",
-    ];
-    let mut out = Vec::new();
-    let mut i = 0;
-    while out.len() < n {
-        let o = &data.orders[i % data.orders.len()];
-        out.push(visit("/orders"));
+    let mut out = vec![visit("/"), visit("/orders")];
+    for o in orders {
         out.push(visit(&format!("/orders/{}", o.id)));
         out.push(visit(&format!("/shipping/{}", o.tracking)));
-        out.push(visit(&format!("/orders/{}", o.id)));
-        out.push(visit(detours[i % detours.len()]));
-        out.push(visit(detours[(i + 1) % detours.len()]));
-        out.push(ask("/", o));
-        if i % 3 == 2 {
-            let earlier = &data.orders[(i - 2) % data.orders.len()];
+    }
+    let mut pass = 0;
+    while out.len() < n {
+        for (i, o) in orders.iter().enumerate() {
             out.push(visit("/orders"));
-            out.push(ask(&format!("/orders/{}", earlier.id), earlier));
+            out.push(visit(&format!("/orders/{}", o.id)));
+            out.push(visit(&format!("/shipping/{}", o.tracking)));
+            if (pass + i) % 2 == 0 {
+                out.push(ask(&format!("/orders/{}", o.id), o));
+            }
         }
-        i += 1;
+        if pass % 2 == 1 {
+            out.push(visit("/catalogue"));
+        }
+        pass += 1;
     }
     out.truncate(n);
     out
@@ -151,8 +153,8 @@ impl PrefixCache {
     }
 }
 
-/// Observes every page of the walk once on real Chromium: (chunk text, screenshot sha256).
-async fn observe_pages(seed: u64, walk: &[WalkStep]) -> Result<Vec<(String, String)>> {
+/// Observes every page of the walk once on real Chromium: the chunk text of each.
+async fn observe_pages(seed: u64, walk: &[WalkStep]) -> Result<Vec<String>> {
     let server = Server::start(Content::Memory(site::generate(seed))).await?;
     let origin = server.origin();
     let mut browser = ChromiumBrowser::launch(ChromiumConfig::new(Origins::new(&[origin.clone()])?)).await?;
@@ -160,10 +162,7 @@ async fn observe_pages(seed: u64, walk: &[WalkStep]) -> Result<Vec<(String, Stri
     for w in walk {
         browser.navigate(&server.url(&w.path)).await?;
         let obs = browser.observe().await?;
-        out.push((
-            kamera_agent::chunk_text(&obs, &origin),
-            kamera_agent::sha256_hex(&obs.screenshot_png),
-        ));
+        out.push(kamera_agent::chunk_text(&obs, &origin));
     }
     browser.close().await?;
     Ok(out)
@@ -186,7 +185,7 @@ fn answer_of(llm: &Llm, logits: &[f32], choices: &[String]) -> Result<String> {
 pub fn run(a: SessionArgs) -> Result<()> {
     let model = Arc::new(crate::models::load(&a.model)?);
     let llm = Llm::new(model.clone());
-    let walk = walk(a.seed, a.steps);
+    let walk = walk(a.seed, a.steps, a.orders);
     eprintln!("observing {} pages on Chromium...", walk.len());
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let pages = rt.block_on(observe_pages(a.seed, &walk))?;
@@ -205,20 +204,22 @@ pub fn run(a: SessionArgs) -> Result<()> {
         capacity: 4,
     };
     let mut rows = Vec::new();
-    for (i, (w, (text, shot))) in walk.iter().zip(&pages).enumerate() {
+    for (i, (w, text)) in walk.iter().zip(&pages).enumerate() {
         let prompt = match &w.question {
             Some(q) => llm.question_prompt(q, &choices),
-            None => llm.close_turn("What should the agent do next on this page?"),
+            // As the model policy asks: the instruction names the current page.
+            None => llm.close_turn(&format!("Current page: {}. What should the agent do next?", w.path)),
         };
         let ptoks = llm.tokens(&prompt, false)?;
         // Kamera: the session's plan, then the prompt on the live context.
-        let moved0 = session.stats().bytes_moved;
+        let (moved0, prefilled0) = (session.stats().bytes_moved, session.stats().prefill_tokens);
         let t0 = Instant::now();
-        let mut applied = session.observe(text, shot)?;
+        let mut applied = session.observe(text)?;
         if let Some(q) = &w.question {
             let r = session.recall_relevant(&format!("{goal}\n{q}"))?;
             applied.prefill_tokens += r.prefill_tokens;
         }
+        let k_plan = t0.elapsed().as_secs_f64() * 1e3;
         let ctx = session.context()?;
         let base = ctx.len();
         let k_logits = model.extend(&ptoks, ctx)?.logits;
@@ -254,7 +255,9 @@ pub fn run(a: SessionArgs) -> Result<()> {
             kamera: MethodStep {
                 ttft_ms: k_ttft,
                 deferred_ms: k_deferred,
-                prefill_tokens: applied.prefill_tokens + ptoks.len(),
+                plan_ms: k_plan,
+                // The plan's, the prompt's, and the repair's after the answer.
+                prefill_tokens: session.stats().prefill_tokens - prefilled0 + ptoks.len(),
                 bytes_moved: session.stats().bytes_moved - moved0,
                 kl: kl(&k_logits),
                 answer: ans(&k_logits)?,
@@ -262,6 +265,7 @@ pub fn run(a: SessionArgs) -> Result<()> {
             prefix: MethodStep {
                 ttft_ms: p_ttft,
                 deferred_ms: 0.0,
+                plan_ms: 0.0,
                 prefill_tokens: p_prefill,
                 bytes_moved: 0,
                 kl: kl(&p_logits),
@@ -270,6 +274,7 @@ pub fn run(a: SessionArgs) -> Result<()> {
             full: MethodStep {
                 ttft_ms: f_ttft,
                 deferred_ms: 0.0,
+                plan_ms: 0.0,
                 prefill_tokens: seq.len(),
                 bytes_moved: 0,
                 kl: kl(&f_logits),
@@ -277,10 +282,11 @@ pub fn run(a: SessionArgs) -> Result<()> {
             },
         };
         eprintln!(
-            "step {i:>2} {:<22} {:<7} ttft kamera {:>7.0} ms, prefix {:>7.0} ms, full {:>7.0} ms{}",
+            "step {i:>2} {:<22} {:<7} ttft kamera {:>7.0} ms (plan {:>5.0}), prefix {:>7.0} ms, full {:>7.0} ms{}",
             row.path,
             row.visit,
             k_ttft,
+            k_plan,
             p_ttft,
             f_ttft,
             row.kamera.kl.map(|k| format!(", KL {k:.2e}")).unwrap_or_default()

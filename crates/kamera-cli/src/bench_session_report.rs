@@ -61,7 +61,8 @@ fn method(
         ttft_p50_ms: percentile(ttft.clone(), 0.5),
         ttft_p95_ms: percentile(ttft.clone(), 0.95),
         ttft_mean_ms: ttft.iter().sum::<f64>() / ttft.len().max(1) as f64,
-        compute_mean_ms: rows.iter().map(|r| pick(r).ttft_ms + pick(r).deferred_ms).sum::<f64>() / rows.len().max(1) as f64,
+        compute_mean_ms: rows.iter().map(|r| pick(r).ttft_ms + pick(r).deferred_ms).sum::<f64>()
+            / rows.len().max(1) as f64,
         prefill_tokens: rows.iter().map(|r| pick(r).prefill_tokens).sum(),
         bytes_moved: rows.iter().map(|r| pick(r).bytes_moved).sum(),
         mean_kl: (!kls.is_empty()).then(|| kls.iter().sum::<f64>() / kls.len() as f64),

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use kamera_agent::{RunConfig, RunSummary, Scenario, StepRecord};
 use kamera_model::Model;
-use kamera_store::{ChunkStore, EvictionPolicy, SledStore, StoreConfig, Tiered};
+use kamera_store::{ChunkStore, EvictionPolicy, Layered, RedisConfig, RedisStore, SledStore, StoreConfig, Tiered};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Args)]
@@ -39,9 +39,10 @@ pub struct StoreArgs {
     /// Keep canonical chunks only in memory for this run (no persistent chunk store).
     #[arg(long)]
     no_store: bool,
-    /// The persistent chunk store (default: $KAMERA_HOME/store).
+    /// The persistent chunk store: a directory (default: $KAMERA_HOME/store), or a Redis URL
+    /// (`redis://[user:pass@]host:port/db`) shared by a fleet, tiered memory -> local sled -> Redis.
     #[arg(long)]
-    store: Option<PathBuf>,
+    store: Option<String>,
 }
 
 /// Bytes of decoded records the memory tier keeps in front of the disk store.
@@ -50,20 +51,39 @@ const MEMORY_TIER_BYTES: u64 = 1 << 30;
 impl StoreArgs {
     /// The chunk store: a memory tier over the sled canonical store (f32 kept exact), or memory
     /// only when asked or when the store cannot be opened (another process holds it).
-    pub fn open(&self) -> Option<Arc<dyn ChunkStore>> {
+    pub fn open(&self) -> Result<Option<Arc<dyn ChunkStore>>> {
         if self.no_store {
-            return None;
+            return Ok(None);
         }
-        let path = self.store.clone().unwrap_or_else(kamera_store::default_path);
+        let redis = self
+            .store
+            .as_deref()
+            .filter(|s| s.starts_with("redis://") || s.starts_with("rediss://"));
+        let path = match (&self.store, redis) {
+            (Some(p), None) => PathBuf::from(p),
+            _ => kamera_store::default_path(),
+        };
         let mut cfg = StoreConfig::at(&path);
         cfg.dtype = None;
-        match SledStore::open(cfg) {
-            Ok(s) => Some(Arc::new(Tiered::new(s, MEMORY_TIER_BYTES, EvictionPolicy::default()))),
+        let sled = match SledStore::open(cfg) {
+            Ok(s) => s,
             Err(e) => {
                 tracing::warn!(path = %path.display(), error = %e, "chunk store unavailable; using memory");
-                None
+                return Ok(None);
             }
-        }
+        };
+        let tier = |s: Box<dyn ChunkStore>| -> Arc<dyn ChunkStore> {
+            Arc::new(Tiered::new(s, MEMORY_TIER_BYTES, EvictionPolicy::default()))
+        };
+        Ok(Some(match redis {
+            None => tier(Box::new(sled)),
+            Some(url) => {
+                let mut rc = RedisConfig::at(url);
+                rc.dtype = None;
+                let far = RedisStore::open(rc).context("opening the Redis store")?;
+                tier(Box::new(Layered::new(sled, far)))
+            }
+        }))
     }
 }
 
@@ -182,7 +202,7 @@ fn execute(
             trace_dir: Some(trace_dir.to_path_buf()),
             cancel,
             on_step: Some(on_step),
-            store: store.open(),
+            store: store.open()?,
             backend: None,
             cost,
             baseline,

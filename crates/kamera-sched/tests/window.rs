@@ -174,13 +174,19 @@ fn recall_forms_a_patch_once_and_restores_the_conditioned_kv() {
             } else {
                 Choice::CachedPatch
             };
-            assert_eq!(plan.decisions[0].choice, want, "rate {revisit_rate} round {round}:\n{plan}");
+            assert_eq!(
+                plan.decisions[0].choice, want,
+                "rate {revisit_rate} round {round}:\n{plan}"
+            );
             assert_eq!(plan.count("form-patch"), usize::from(want == Choice::FormPatch));
             assert_eq!(plan.count("prefill"), 0, "recall must not re-encode");
             ex.run(&plan).unwrap();
             let got = ex.window_kv().unwrap().unwrap();
             let err = max_diff(&got, &exact);
-            assert!(err < 1e-4, "rate {revisit_rate} round {round}: recalled KV differs by {err}");
+            assert!(
+                err < 1e-4,
+                "rate {revisit_rate} round {round}: recalled KV differs by {err}"
+            );
         }
         // Once: formed on the first recall, or kept at insert (b and c; a has no antecedent).
         let formed = if revisit_rate == 0.0 { 1 } else { 2 };

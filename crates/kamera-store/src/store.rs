@@ -45,6 +45,37 @@ pub trait ChunkStore: Send + Sync {
     }
 }
 
+/// A boxed store is a store (so tiers can be stacked at run time).
+impl<S: ChunkStore + ?Sized> ChunkStore for Box<S> {
+    fn get(&self, key: &Key) -> Result<Option<Arc<Record>>> {
+        (**self).get(key)
+    }
+    fn put(&self, key: &Key, record: Record) -> Result<()> {
+        (**self).put(key, record)
+    }
+    fn contains(&self, key: &Key) -> Result<bool> {
+        (**self).contains(key)
+    }
+    fn remove(&self, key: &Key) -> Result<bool> {
+        (**self).remove(key)
+    }
+    fn keys(&self, model: Option<ModelFp>) -> Result<Vec<Key>> {
+        (**self).keys(model)
+    }
+    fn flush(&self) -> Result<()> {
+        (**self).flush()
+    }
+    fn stats(&self) -> Stats {
+        (**self).stats()
+    }
+    fn touch(&self, key: &Key) -> Result<()> {
+        (**self).touch(key)
+    }
+    fn lookup(&self, key: &Key) -> Result<Option<Arc<Record>>> {
+        (**self).lookup(key)
+    }
+}
+
 /// Counters of a store (a snapshot).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Stats {

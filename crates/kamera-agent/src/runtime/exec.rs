@@ -39,9 +39,9 @@ impl Session {
             })
             .collect();
         let deferrable = |s: &Step| match s {
-            Step::Prefill { chunk, alone: true, .. } | Step::StoreCanonical { chunk } | Step::StorePatch { chunk, .. } => {
-                in_place.contains(chunk)
-            }
+            Step::Prefill { chunk, alone: true, .. }
+            | Step::StoreCanonical { chunk }
+            | Step::StorePatch { chunk, .. } => in_place.contains(chunk),
             _ => false,
         };
         let mut result = Ok(());
@@ -57,6 +57,7 @@ impl Session {
             }
         }
         self.staged.clear();
+        self.exact.clear();
         result?;
         let t0 = Instant::now();
         self.sync_to(self.window.end())?;
@@ -64,14 +65,28 @@ impl Session {
         Ok(t)
     }
 
-    /// Runs the deferred work of earlier plans (canonical KV of new chunks, their storage and
-    /// difference patches): off the path to the first token, before the next plan.
+    /// Runs the deferred work of earlier plans, off the path to the first token and before the
+    /// next plan: canonical KV of new chunks, their storage and difference patches, then the
+    /// repair of survivors of evictions (see `survivors.rs`).
     pub fn settle(&mut self) -> Result<ApplyTimings> {
         let mut t = ApplyTimings::default();
-        let steps = std::mem::take(&mut self.deferred);
+        let mut steps = std::mem::take(&mut self.deferred);
+        let repair = self.repair_steps();
+        for s in &repair {
+            if let Step::Prefill { chunk, .. } = s {
+                let n = self.content.get(chunk).map_or(0, |c| c.tokens.len());
+                self.stats.repair_tokens += n;
+                self.stats.prefill_tokens += n;
+            }
+        }
+        steps.extend(repair);
         let result = steps.iter().try_for_each(|s| self.step(s, &mut t));
         self.staged.clear();
-        result.map(|()| t)
+        result?;
+        let t0 = Instant::now();
+        self.sync_to(self.window.end())?;
+        t.sync_ms += ms(t0);
+        Ok(t)
     }
 
     fn tokens(&self, op: &'static str, chunk: &ChunkId) -> Result<Vec<u32>> {
@@ -161,6 +176,9 @@ impl Session {
                     .prefill(&tokens, *at, &self.ctx)
                     .map_err(model("conditioned prefill"))?;
                 self.form_and_store(&cond.chunk, &canon, key, t0)?;
+                // The conditioned KV is exact for this placement: the Place that follows uses it
+                // instead of canonical + the patch that approximates it.
+                self.exact.insert(*chunk, cond.chunk);
                 t.patch_ms += ms(t0);
             }
             Step::StorePatch { chunk, key } => {
@@ -184,6 +202,12 @@ impl Session {
             }
             Step::Place { chunk, at, patch } => {
                 let t0 = Instant::now();
+                if let Some(kv) = self.exact.remove(chunk).filter(|kv| kv.offset() == *at) {
+                    self.stats.placed_tokens += kv.n_tokens();
+                    self.set_resident(*chunk, kv);
+                    t.place_ms += ms(t0);
+                    return Ok(());
+                }
                 let canon = self.canonical("place", *chunk)?;
                 let rec = match patch {
                     Some(key) => Some(

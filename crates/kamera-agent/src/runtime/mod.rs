@@ -4,6 +4,7 @@
 mod exec;
 mod relevance;
 mod session;
+mod survivors;
 
 pub use relevance::Relevance;
 pub use session::{Applied, ApplyTimings, Session, SessionConfig, SessionStats};

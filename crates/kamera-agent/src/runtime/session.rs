@@ -34,6 +34,9 @@ pub struct SessionConfig {
     /// Keep a new chunk's canonical prefill, its storage and its difference patch for
     /// [`Session::settle`] (after the model call) instead of doing them before the first token.
     pub defer: bool,
+    /// Repair survivors of an eviction in [`Session::settle`] (prefill them again in place and
+    /// store their patches for the new context), so a recurring context is served exactly.
+    pub repair: bool,
 }
 
 impl Default for SessionConfig {
@@ -45,6 +48,7 @@ impl Default for SessionConfig {
             evict: Order::Recency,
             min_relevance: 1.0,
             defer: true,
+            repair: true,
         }
     }
 }
@@ -84,8 +88,10 @@ pub struct SessionStats {
     pub stored: usize,
     pub evictions: usize,
     pub relocations: usize,
-    /// Tokens through forward passes (page, prefix and patch-forming prefills).
+    /// Tokens through forward passes (page, prefix and patch-forming prefills, repairs).
     pub prefill_tokens: usize,
+    /// Of those, tokens prefilled again after the answer to repair survivors of evictions.
+    pub repair_tokens: usize,
     /// Tokens placed from canonical KV (relocated, patched) without a prefill.
     pub placed_tokens: usize,
     pub patches_formed: usize,
@@ -105,6 +111,7 @@ impl SessionStats {
             evictions: self.evictions - earlier.evictions,
             relocations: self.relocations - earlier.relocations,
             prefill_tokens: self.prefill_tokens - earlier.prefill_tokens,
+            repair_tokens: self.repair_tokens - earlier.repair_tokens,
             placed_tokens: self.placed_tokens - earlier.placed_tokens,
             patches_formed: self.patches_formed - earlier.patches_formed,
             patches_applied: self.patches_applied - earlier.patches_applied,
@@ -138,6 +145,11 @@ pub struct Session {
     pub(crate) resident: HashMap<ChunkId, Resident>,
     /// Canonical KV needed by the plan being executed.
     pub(crate) staged: HashMap<ChunkId, Arc<Record>>,
+    /// Conditioned KV computed by a FormPatch step of the plan being executed (exact where it was
+    /// computed).
+    pub(crate) exact: HashMap<ChunkId, ChunkKv>,
+    /// Resident chunks whose KV still carries an evicted chunk's conditioning.
+    pub(crate) stale: std::collections::HashSet<ChunkId>,
     /// Steps kept for [`Session::settle`].
     pub(crate) deferred: Vec<kamera_sched::Step>,
     pub(crate) ctx: Context,
@@ -175,6 +187,8 @@ impl Session {
             content: HashMap::new(),
             resident: HashMap::new(),
             staged: HashMap::new(),
+            exact: HashMap::new(),
+            stale: Default::default(),
             deferred: Vec::new(),
             ctx,
             ctx_chunks: Vec::new(),
@@ -206,15 +220,11 @@ impl Session {
         self.backend.name()
     }
 
-    /// The content id of a page chunk: its text and the sha256 of its screenshot, under this
-    /// model (kamera-store's id scheme).
-    pub fn chunk_id(&self, text: &str, screenshot_sha256: &str) -> ChunkId {
-        let mut bytes = Vec::with_capacity(text.len() + screenshot_sha256.len() + 16);
-        for part in [text, screenshot_sha256] {
-            bytes.extend_from_slice(&(part.len() as u64).to_le_bytes());
-            bytes.extend_from_slice(part.as_bytes());
-        }
-        ChunkId::of(&bytes, TEXT_ENCODER, self.fp)
+    /// The content id of a page chunk: what the model reads of it (its text), under this model
+    /// (kamera-store's id scheme). The screenshot is not part of a text chunk's id: a blinking
+    /// caret must not make the same text a new chunk.
+    pub fn chunk_id(&self, text: &str) -> ChunkId {
+        ChunkId::of(text.as_bytes(), TEXT_ENCODER, self.fp)
     }
 
     /// Tokens of a chunk text (`bos` for the first chunk of a context).
@@ -260,11 +270,11 @@ impl Session {
         self.apply(Some(id), None, plan)
     }
 
-    /// A page observed: its chunk is met by the window ([`Window::visit`]) and the plan is
-    /// executed. `text` is the page's chunk text; `screenshot_sha256` joins the content id.
-    pub fn observe(&mut self, text: &str, screenshot_sha256: &str) -> Result<Applied> {
+    /// A page observed: its chunk (`text`, the page's chunk text) is met by the window
+    /// ([`Window::visit`]) and the plan is executed.
+    pub fn observe(&mut self, text: &str) -> Result<Applied> {
         self.settle()?;
-        let id = self.chunk_id(text, screenshot_sha256);
+        let id = self.chunk_id(text);
         let tokens = match self.content.get(&id) {
             Some(c) => c.tokens.clone(),
             None => self.tokenize(text, false)?,
@@ -300,6 +310,14 @@ impl Session {
         self.apply(None, None, plan)
     }
 
+    /// Evicts a placed chunk (its canonical KV stays in the store; the chunks after it are
+    /// re-rotated).
+    pub fn evict(&mut self, id: &ChunkId) -> Result<Applied> {
+        self.settle()?;
+        let plan = self.window.evict(id)?;
+        self.apply(Some(*id), None, plan)
+    }
+
     /// The model context of the window (positions `0..end`), ready for a model call that
     /// appends a prompt with [`Model::extend`] and truncates back to [`Context::len`] after.
     pub fn context(&mut self) -> Result<&mut Context> {
@@ -324,10 +342,12 @@ impl Session {
         Ok(self.store.flush()?)
     }
 
-    fn apply(&mut self, chunk: Option<ChunkId>, visit: Option<Visit>, plan: Plan) -> Result<Applied> {
+    fn apply(&mut self, chunk: Option<ChunkId>, visit: Option<Visit>, mut plan: Plan) -> Result<Applied> {
+        self.patch_survivors(&mut plan);
         let content = &self.content;
         let prefill_tokens = plan.prefill_tokens(|id| content.get(id).map_or(0, |c| c.tokens.len()));
         let timings = self.execute(&plan)?;
+        self.mark_stale(&plan);
         self.stats.prefill_tokens += prefill_tokens;
         self.stats.evictions += plan.count("evict");
         self.stats.relocations += plan.count("relocate");
