@@ -1,13 +1,17 @@
 //! The scheduler drives the agent on real Chromium with SmolLM2-135M: a second run over a warm
-//! sled store prefills no page token, and with a window too small for every page the page that
-//! holds the answer is back in the window at the question, recalled by relevance.
+//! sled store prefills no page token, a second host sharing only a Redis server prefills none
+//! either, and with a window too small for every page the page that holds the answer is back in
+//! the window at the question, recalled by relevance.
+
+#[path = "../crates/kamera-store/tests/common/redis_server.rs"]
+mod redis_server;
 
 use std::sync::Arc;
 
 use anyhow::Result;
 use kamera_agent::{RunConfig, RunSummary, Scenario};
 use kamera_sched::{Step, Visit};
-use kamera_store::{ChunkStore, EvictionPolicy, SledStore, StoreConfig, Tiered};
+use kamera_store::{ChunkStore, EvictionPolicy, Layered, RedisConfig, RedisStore, SledStore, StoreConfig, Tiered};
 use kamera_tests::{model, require_chromium, root};
 
 fn open_store(dir: &std::path::Path) -> Result<Arc<dyn ChunkStore>> {
@@ -66,6 +70,34 @@ async fn a_second_run_over_a_warm_store_prefills_no_page_token() -> Result<()> {
         second.session.prefill_tokens, 0,
         "the pinned prefix came from the store too"
     );
+    Ok(())
+}
+
+/// Memory -> a host's own sled -> the fleet's Redis, as `kamera run --store redis://...` opens it.
+fn open_fleet_store(dir: &std::path::Path, url: &str) -> Result<Arc<dyn ChunkStore>> {
+    let mut cfg = StoreConfig::at(dir);
+    cfg.dtype = None;
+    let mut rc = RedisConfig::at(url);
+    rc.dtype = None;
+    let layered = Layered::new(SledStore::open(cfg)?, RedisStore::open(rc)?);
+    Ok(Arc::new(Tiered::new(layered, 1 << 30, EvictionPolicy::default())))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_host_sharing_redis_prefills_no_page_token() -> Result<()> {
+    require_chromium();
+    let redis = redis_server::RedisServer::start(&[])?;
+    let url = format!("redis://127.0.0.1:{}/0", redis.port);
+    let s = Scenario::load(&root().join("scenarios/order-status.toml"))?;
+    let (host_a, host_b) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let first = run(&s, Some(open_fleet_store(host_a.path(), &url)?)).await?;
+    assert_eq!(first.end.success, Some(true), "{:?}", first.end);
+    assert!(page_prefill_tokens(&first) > 0);
+    // Host B: an empty local store; everything it reuses comes from Redis.
+    let second = run(&s, Some(open_fleet_store(host_b.path(), &url)?)).await?;
+    assert_eq!(second.end.success, Some(true), "{:?}", second.end);
+    assert_eq!(page_prefill_tokens(&second), 0);
+    assert_eq!(second.session.prefill_tokens, 0);
     Ok(())
 }
 

@@ -43,6 +43,12 @@ pub struct Llm {
     model: Arc<Model>,
 }
 
+/// Tokens of `text` under `model`'s tokenizer, with BOS when `bos`.
+pub(crate) fn tokenize(model: &Model, text: &str, bos: bool) -> Result<Vec<u32>> {
+    let t = model.tokenizer();
+    if bos { t.encode(text) } else { t.encode_raw(text) }.map_err(crate::error::model("encode"))
+}
+
 fn ms(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1e3
 }
@@ -69,10 +75,9 @@ impl Llm {
         format!("{open}Goal: {goal}\nPages seen so far:\n")
     }
 
-    /// Tokens of a chunk text (no BOS; the prefix carries it).
+    /// Tokens of a text (`bos` for the first chunk of a context; prompts and pages go without).
     pub fn tokens(&self, text: &str, bos: bool) -> Result<Vec<u32>> {
-        let t = self.model.tokenizer();
-        if bos { t.encode(text) } else { t.encode_raw(text) }.map_err(model("encode"))
+        tokenize(&self.model, text, bos)
     }
 
     /// Logits after prefilling `tokens` from scratch at position 0: the full re-prefill that

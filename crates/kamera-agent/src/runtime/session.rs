@@ -12,7 +12,7 @@ use kamera_sched::{CostModel, Order, Plan, Visit, Window, WindowConfig};
 use kamera_store::{ChunkId, ChunkStore, Key, ModelFp, Record};
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Result, model};
+use crate::error::Result;
 use crate::runtime::relevance::Relevance;
 
 /// Encoder name hashed into page chunk ids (the compact page text, tokenized).
@@ -229,8 +229,7 @@ impl Session {
 
     /// Tokens of a chunk text (`bos` for the first chunk of a context).
     pub fn tokenize(&self, text: &str, bos: bool) -> Result<Vec<u32>> {
-        let t = self.model.tokenizer();
-        if bos { t.encode(text) } else { t.encode_raw(text) }.map_err(model("encode"))
+        crate::llm::tokenize(&self.model, text, bos)
     }
 
     /// The tokens of a chunk this session has met.
