@@ -15,6 +15,7 @@ if [ -x scripts/install-chromium.sh ]; then scripts/install-chromium.sh; fi
 if [ -x scripts/install-redis.sh ]; then scripts/install-redis.sh; fi
 
 cargo fmt --all --check
+cargo clippy --release --workspace --all-targets -- -D warnings
 cargo test --release --workspace --no-fail-fast "$@"
 
 # The CUDA backend builds, and every kernel compiles with NVRTC alone (no GPU needed; its GPU

@@ -105,6 +105,7 @@ impl SessionConfig {
         SessionConfig {
             window_tokens: scenario.budget.window_tokens,
             patch: PatchConfig::fixed(scenario.budget.patch_rank, DType::F32),
+            repair: scenario.budget.repair,
             ..SessionConfig::default()
         }
     }

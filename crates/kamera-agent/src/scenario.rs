@@ -79,9 +79,18 @@ pub struct Budget {
     /// Most new tokens per model answer.
     #[serde(default = "default_decode")]
     pub max_new_tokens: usize,
-    /// Rank of the conditioning patch formed when a chunk is recalled (0: plain relocation).
+    /// Rank of the conditioning patches the session forms (0: plain relocation).
     #[serde(default = "default_patch_rank")]
     pub patch_rank: usize,
+    /// Repair the survivors of an eviction after each answer (prefill them again in place and
+    /// store their patches for the new context): exact answers and patches for recurring
+    /// contexts, at the cost of that prefill between steps. Off: survivors are only re-rotated.
+    #[serde(default = "default_repair")]
+    pub repair: bool,
+}
+
+fn default_repair() -> bool {
+    true
 }
 
 fn default_patch_rank() -> usize {
@@ -105,6 +114,7 @@ impl Default for Budget {
             window_tokens: default_window(),
             max_new_tokens: default_decode(),
             patch_rank: default_patch_rank(),
+            repair: default_repair(),
         }
     }
 }

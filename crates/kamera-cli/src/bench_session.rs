@@ -38,6 +38,9 @@ pub struct SessionArgs {
     /// Orders the agent works on (three pages each).
     #[arg(long, default_value_t = 3)]
     orders: usize,
+    /// Do not repair the survivors of evictions after each answer (they are only re-rotated).
+    #[arg(long)]
+    no_repair: bool,
     /// Folder for session.json, session.md and session.svg.
     #[arg(long, default_value = "bench-session")]
     out: PathBuf,
@@ -157,7 +160,8 @@ impl PrefixCache {
 async fn observe_pages(seed: u64, walk: &[WalkStep]) -> Result<Vec<String>> {
     let server = Server::start(Content::Memory(site::generate(seed))).await?;
     let origin = server.origin();
-    let mut browser = ChromiumBrowser::launch(ChromiumConfig::new(Origins::new(&[origin.clone()])?)).await?;
+    let mut browser =
+        ChromiumBrowser::launch(ChromiumConfig::new(Origins::new(std::slice::from_ref(&origin))?)).await?;
     let mut out = Vec::new();
     for w in walk {
         browser.navigate(&server.url(&w.path)).await?;
@@ -195,6 +199,7 @@ pub fn run(a: SessionArgs) -> Result<()> {
         window_tokens: a.window,
         patch: PatchConfig::fixed(a.rank, DType::F32),
         cost: crate::calibrate::load(&model).unwrap_or_default(),
+        repair: !a.no_repair,
         ..SessionConfig::default()
     };
     let mut session = Session::new(model.clone(), Arc::new(MemStore::new()), Box::new(CpuBackend), cfg);
@@ -293,7 +298,7 @@ pub fn run(a: SessionArgs) -> Result<()> {
         );
         rows.push(row);
     }
-    let summary = report::summarize(&a.model, a.window, a.rank, &rows, session.stats());
+    let summary = report::summarize(&a.model, (a.window, a.orders, a.rank), &rows, session.stats());
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     std::fs::write(
         a.out.join("session.json"),

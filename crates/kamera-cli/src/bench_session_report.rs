@@ -31,6 +31,7 @@ pub struct Summary {
     pub steps: usize,
     pub questions: usize,
     pub window_tokens: usize,
+    pub orders: usize,
     pub rank: usize,
     pub methods: Vec<MethodSummary>,
     /// p50 time to first token of full re-prefill / Kamera, and of the prefix cache / Kamera.
@@ -75,7 +76,12 @@ fn method(
     }
 }
 
-pub fn summarize(model: &str, window: usize, rank: usize, rows: &[StepRow], session: &SessionStats) -> Summary {
+pub fn summarize(
+    model: &str,
+    (window, orders, rank): (usize, usize, usize),
+    rows: &[StepRow],
+    session: &SessionStats,
+) -> Summary {
     let truth: Vec<Option<String>> = rows.iter().map(|r| r.truth.clone()).collect();
     let methods = vec![
         method("kamera", rows, |r| &r.kamera, &truth),
@@ -87,6 +93,7 @@ pub fn summarize(model: &str, window: usize, rank: usize, rows: &[StepRow], sess
         steps: rows.len(),
         questions: rows.iter().filter(|r| r.question).count(),
         window_tokens: window,
+        orders,
         rank,
         p50_speedup_vs_full: methods[2].ttft_p50_ms / methods[0].ttft_p50_ms,
         p50_speedup_vs_prefix: methods[1].ttft_p50_ms / methods[0].ttft_p50_ms,
@@ -99,8 +106,8 @@ pub fn markdown(s: &Summary) -> String {
     let mut m = String::new();
     let _ = writeln!(
         m,
-        "`kamera bench session --model {} --steps {} --window {}` (rank-{} patches; {} question steps)\n",
-        s.model, s.steps, s.window_tokens, s.rank, s.questions
+        "`kamera bench session --model {} --steps {} --orders {} --window {}` (rank-{} patches; {} question steps)\n",
+        s.model, s.steps, s.orders, s.window_tokens, s.rank, s.questions
     );
     let _ = writeln!(
         m,
@@ -134,8 +141,16 @@ pub fn markdown(s: &Summary) -> String {
     let c = &s.session;
     let _ = writeln!(
         m,
-        "Session: {} hit, {} new, {} recall, {} evict, {} relocate; {} patches formed, {} applied.",
-        c.hits, c.new, c.recalls, c.evictions, c.relocations, c.patches_formed, c.patches_applied
+        "Session: {} hit, {} new, {} recall, {} evict, {} relocate; {} patches formed, {} applied; {} of its {} prefilled tokens repaired survivors after the answer.",
+        c.hits,
+        c.new,
+        c.recalls,
+        c.evictions,
+        c.relocations,
+        c.patches_formed,
+        c.patches_applied,
+        c.repair_tokens,
+        c.prefill_tokens
     );
     m
 }
@@ -179,7 +194,8 @@ pub fn svg(rows: &[StepRow]) -> String {
             xx = x(i)
         );
     }
-    let series: [(&str, &str, fn(&StepRow) -> f64); 3] = [
+    type Series = (&'static str, &'static str, fn(&StepRow) -> f64);
+    let series: [Series; 3] = [
         ("kamera", "#2a9d8f", |r| r.kamera.ttft_ms),
         ("prefix cache", "#e9c46a", |r| r.prefix.ttft_ms),
         ("full re-prefill", "#e63946", |r| r.full.ttft_ms),
@@ -198,9 +214,9 @@ pub fn svg(rows: &[StepRow]) -> String {
             pad + 130.0 * k as f64
         );
     }
-    let _ = write!(
+    let _ = writeln!(
         s,
-        "<text x=\"{}\" y=\"16\" fill=\"#b8860b\">▮ question step</text><text x=\"{}\" y=\"{}\">step</text></svg>\n",
+        "<text x=\"{}\" y=\"16\" fill=\"#b8860b\">▮ question step</text><text x=\"{}\" y=\"{}\">step</text></svg>",
         pad + 400.0,
         w / 2.0,
         h - 12.0
