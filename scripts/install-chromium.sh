@@ -5,11 +5,5 @@ set -euo pipefail
 if [ -x /usr/bin/chromium ]; then
   exit 0
 fi
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then
-  SUDO="sudo"
-fi
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update
-$SUDO apt-get install -y --no-install-recommends chromium fonts-dejavu-core
+"$(dirname "$0")/apt-install.sh" chromium fonts-dejavu-core
 /usr/bin/chromium --version

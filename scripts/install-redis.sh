@@ -5,11 +5,5 @@ set -euo pipefail
 if command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1; then
   exit 0
 fi
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then
-  SUDO="sudo"
-fi
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update
-$SUDO apt-get install -y --no-install-recommends redis-server redis-tools
+"$(dirname "$0")/apt-install.sh" redis-server redis-tools
 redis-server --version

@@ -11,17 +11,11 @@ use std::sync::Arc;
 use anyhow::Result;
 use kamera_agent::{RunConfig, RunSummary, Scenario};
 use kamera_sched::{Step, Visit};
-use kamera_store::{ChunkStore, EvictionPolicy, Layered, RedisConfig, RedisStore, SledStore, StoreConfig, Tiered};
+use kamera_store::ChunkStore;
 use kamera_tests::{model, require_chromium, root};
 
 fn open_store(dir: &std::path::Path) -> Result<Arc<dyn ChunkStore>> {
-    let mut cfg = StoreConfig::at(dir);
-    cfg.dtype = None;
-    Ok(Arc::new(Tiered::new(
-        SledStore::open(cfg)?,
-        1 << 30,
-        EvictionPolicy::default(),
-    )))
+    Ok(kamera_store::open_stack(dir, None, 1 << 30)?)
 }
 
 async fn run(s: &Scenario, store: Option<Arc<dyn ChunkStore>>) -> Result<RunSummary> {
@@ -75,12 +69,7 @@ async fn a_second_run_over_a_warm_store_prefills_no_page_token() -> Result<()> {
 
 /// Memory -> a host's own sled -> the fleet's Redis, as `kamera run --store redis://...` opens it.
 fn open_fleet_store(dir: &std::path::Path, url: &str) -> Result<Arc<dyn ChunkStore>> {
-    let mut cfg = StoreConfig::at(dir);
-    cfg.dtype = None;
-    let mut rc = RedisConfig::at(url);
-    rc.dtype = None;
-    let layered = Layered::new(SledStore::open(cfg)?, RedisStore::open(rc)?);
-    Ok(Arc::new(Tiered::new(layered, 1 << 30, EvictionPolicy::default())))
+    Ok(kamera_store::open_stack(dir, Some(url), 1 << 30)?)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

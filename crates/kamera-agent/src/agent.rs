@@ -4,6 +4,8 @@
 
 use std::time::Instant;
 
+use crate::ms;
+
 use kamera_browser::{Action, Browser, Observation};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
@@ -121,10 +123,6 @@ fn blocking<T>(f: impl FnOnce() -> T) -> T {
         Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
         _ => f(),
     }
-}
-
-fn ms(t: Instant) -> f64 {
-    t.elapsed().as_secs_f64() * 1e3
 }
 
 fn now_ms() -> u64 {

@@ -33,6 +33,11 @@ mod scenario;
 pub mod site;
 mod trace;
 
+/// Milliseconds since `t`.
+pub(crate) fn ms(t: std::time::Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
+}
+
 pub use agent::{Agent, Env, OnStep, RunOptions, RunSummary, chunk_text, run_episode};
 pub use error::{Error, Result};
 pub use llm::{CallTimings, Llm, ModelCall, parse_action};

@@ -5,6 +5,8 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::ms;
+
 use kamera_model::{Context, Input, Model, PrefillOptions};
 use serde::{Deserialize, Serialize};
 
@@ -47,10 +49,6 @@ pub struct Llm {
 pub(crate) fn tokenize(model: &Model, text: &str, bos: bool) -> Result<Vec<u32>> {
     let t = model.tokenizer();
     if bos { t.encode(text) } else { t.encode_raw(text) }.map_err(crate::error::model("encode"))
-}
-
-fn ms(t: Instant) -> f64 {
-    t.elapsed().as_secs_f64() * 1e3
 }
 
 fn log_softmax_at(logits: &[f32], id: u32) -> f32 {

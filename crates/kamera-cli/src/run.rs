@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use kamera_agent::{RunConfig, RunSummary, Scenario, StepRecord};
 use kamera_model::Model;
-use kamera_store::{ChunkStore, EvictionPolicy, Layered, RedisConfig, RedisStore, SledStore, StoreConfig, Tiered};
+use kamera_store::ChunkStore;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Args)]
@@ -63,27 +63,16 @@ impl StoreArgs {
             (Some(p), None) => PathBuf::from(p),
             _ => kamera_store::default_path(),
         };
-        let mut cfg = StoreConfig::at(&path);
-        cfg.dtype = None;
-        let sled = match SledStore::open(cfg) {
-            Ok(s) => s,
-            Err(e) => {
+        // The local sled store may be held by another process: run on memory then. A bad Redis
+        // URL is the user's to fix.
+        match kamera_store::open_stack(&path, redis, MEMORY_TIER_BYTES) {
+            Ok(s) => Ok(Some(s)),
+            Err(e @ kamera_store::Error::Db { .. }) => {
                 tracing::warn!(path = %path.display(), error = %e, "chunk store unavailable; using memory");
-                return Ok(None);
+                Ok(None)
             }
-        };
-        let tier = |s: Box<dyn ChunkStore>| -> Arc<dyn ChunkStore> {
-            Arc::new(Tiered::new(s, MEMORY_TIER_BYTES, EvictionPolicy::default()))
-        };
-        Ok(Some(match redis {
-            None => tier(Box::new(sled)),
-            Some(url) => {
-                let mut rc = RedisConfig::at(url);
-                rc.dtype = None;
-                let far = RedisStore::open(rc).context("opening the Redis store")?;
-                tier(Box::new(Layered::new(sled, far)))
-            }
-        }))
+            Err(e) => Err(e).context("opening the chunk store"),
+        }
     }
 }
 

@@ -184,6 +184,19 @@ impl Window {
         Ok(())
     }
 
+    /// The patch key of resident `id` for its place now: after exactly the chunks before it, at
+    /// their positions (what a recall, a kept difference patch or a repair stores it under).
+    pub fn patch_key(&self, id: &ChunkId) -> Option<Key> {
+        let i = self.slots.iter().position(|s| s.chunk == *id)?;
+        Some(self.key_after(*id, i, self.slots[i].start))
+    }
+
+    /// The patch key of `id` placed at `at` after the first `n` slots.
+    fn key_after(&self, id: ChunkId, n: usize, at: i64) -> Key {
+        let ants: Vec<(ChunkId, i64)> = self.slots[..n].iter().map(|s| (s.chunk, s.start)).collect();
+        Key::patch(self.cfg.model, id, &ants, at)
+    }
+
     /// Tells the window that a patch is in the store (e.g. formed in an earlier session).
     pub fn assume_cached(&mut self, key: Key) {
         self.patches.insert(key);
@@ -319,11 +332,10 @@ impl Window {
         self.check_new(OP, &id, n_tokens)?;
         let mut plan = self.make_room(OP, n_tokens)?;
         let at = self.end();
-        let antecedents: Vec<(ChunkId, i64)> = self.slots.iter().map(|s| (s.chunk, s.start)).collect();
         let state = Self::encode_steps(&mut plan, id, at);
         let d = self.cfg.cost.insert(id, n_tokens, at as usize);
         if d.choice == Choice::PrefillKeepPatch {
-            let key = Key::patch(self.cfg.model, id, &antecedents, at);
+            let key = self.key_after(id, self.slots.len(), at);
             plan.push(Step::StorePatch { chunk: id, key });
             self.patches.insert(key);
         }
@@ -451,8 +463,7 @@ impl Window {
         let n = k.n_tokens;
         let mut plan = self.make_room(OP, n)?;
         let at = self.end();
-        let antecedents: Vec<(ChunkId, i64)> = self.slots.iter().map(|s| (s.chunk, s.start)).collect();
-        let key = Key::patch(self.cfg.model, id, &antecedents, at);
+        let key = self.key_after(id, self.slots.len(), at);
         let cached = self.patches.contains(&key) || stored(&key);
         if cached {
             self.patches.insert(key);

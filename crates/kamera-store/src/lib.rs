@@ -30,6 +30,7 @@ mod redis_conn;
 mod redis_manifest;
 mod redis_store;
 mod sled_store;
+mod stack;
 mod store;
 mod tier;
 
@@ -39,5 +40,6 @@ pub use layered::Layered;
 pub use record::{Body, Record};
 pub use redis_store::{RedisConfig, RedisStore};
 pub use sled_store::{GcReport, Meta, SledStore, StoreConfig, VerifyReport, default_path};
+pub use stack::open_stack;
 pub use store::{ChunkStore, EvictionPolicy, Stats};
 pub use tier::{MemStore, Tiered};

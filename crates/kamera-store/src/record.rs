@@ -3,7 +3,8 @@
 
 use kamera_ops::{ChunkKv, DType, Patch};
 
-use crate::id::{Kind, ModelFp};
+use crate::error::{Error, Result};
+use crate::id::{Key, Kind, ModelFp};
 
 /// The body of a record.
 #[derive(Debug, Clone, PartialEq)]
@@ -40,6 +41,18 @@ impl Record {
             body: Body::Patch(patch),
         }
     }
+    /// Refuses a record of one model stored under a key of another (every store's `put`).
+    pub fn check_model(&self, key: &Key) -> Result<()> {
+        if self.model != key.model {
+            return Err(Error::Invalid {
+                op: "put",
+                what: "record model",
+                detail: format!("record of model {} under a key of model {}", self.model, key.model),
+            });
+        }
+        Ok(())
+    }
+
     /// Whether the body fits a key of `kind`.
     pub fn fits(&self, kind: Kind) -> bool {
         matches!(

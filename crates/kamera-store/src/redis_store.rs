@@ -344,13 +344,7 @@ impl ChunkStore for RedisStore {
     }
 
     fn put(&self, key: &Key, record: Record) -> Result<()> {
-        if record.model != key.model {
-            return Err(Error::Invalid {
-                op: "put",
-                what: "record model",
-                detail: format!("record of model {} under a key of model {}", record.model, key.model),
-            });
-        }
+        record.check_model(key)?;
         self.put_raw(key, &codec::encode(key, &record, self.cfg.dtype)?)
     }
 

@@ -402,13 +402,7 @@ impl ChunkStore for SledStore {
     }
 
     fn put(&self, key: &Key, record: Record) -> Result<()> {
-        if record.model != key.model {
-            return Err(Error::Invalid {
-                op: "put",
-                what: "record model",
-                detail: format!("record of model {} under a key of model {}", record.model, key.model),
-            });
-        }
+        record.check_model(key)?;
         let bytes = codec::encode(key, &record, self.cfg.dtype)?;
         self.put_raw(key, &bytes, record.cost_us)
     }

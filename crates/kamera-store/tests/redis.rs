@@ -18,16 +18,7 @@ use proptest::test_runner::{Config, TestRunner};
 use redis::Commands;
 use redis_server::RedisServer;
 
-fn store(url: &str, prefix: &str, piece_bytes: usize) -> RedisStore {
-    RedisStore::open(RedisConfig {
-        prefix: prefix.into(),
-        piece_bytes,
-        timeout: Duration::from_secs(2),
-        dtype: None,
-        ..RedisConfig::at(url)
-    })
-    .expect("open")
-}
+use redis_server::store;
 
 /// Raw names of `key`'s pieces, in piece order.
 fn pieces(raw: &mut redis::Connection, s: &RedisStore, key: &Key) -> Vec<String> {
@@ -120,33 +111,6 @@ fn round_trip_with_pieces_overwrites_and_ttl() -> Result<()> {
     Ok(())
 }
 
-#[derive(Debug, Clone)]
-enum Op {
-    Put(u8, u8),
-    Remove(u8),
-    Get(u8),
-    Reopen,
-}
-
-fn op() -> impl Strategy<Value = Op> {
-    prop_oneof![
-        4 => (0u8..12, any::<u8>()).prop_map(|(k, v)| Op::Put(k, v)),
-        2 => (0u8..12).prop_map(Op::Remove),
-        3 => (0u8..12).prop_map(Op::Get),
-        1 => Just(Op::Reopen),
-    ]
-}
-
-fn rec_of(v: u8) -> kamera_store::Record {
-    let m = common::model();
-    let layout = common::layouts()[(v % 3) as usize];
-    kamera_store::Record::kv(
-        m,
-        v as u64,
-        common::chunk(layout, 1 + v as usize % 7, v as u64, DType::Bf16),
-    )
-}
-
 /// The store behaves like a BTreeMap across puts (inline and in pieces), removes, gets and
 /// reopens (a new client); each case in its own prefix on one server.
 #[test]
@@ -157,7 +121,7 @@ fn behaves_like_a_btreemap() -> Result<()> {
         cases: 16,
         ..Config::default()
     });
-    let result = runner.run(&proptest::collection::vec(op(), 1..30), |ops| {
+    let result = runner.run(&proptest::collection::vec(common::op(12), 1..30), |ops| {
         case.set(case.get() + 1);
         let prefix = format!("model-{}", case.get());
         let m = common::model();
@@ -166,17 +130,17 @@ fn behaves_like_a_btreemap() -> Result<()> {
         let mut s = store(&srv.url(), &prefix, 160);
         for op in ops {
             match op {
-                Op::Put(k, v) => {
-                    s.put(&key(k), rec_of(v)).unwrap();
+                common::Op::Put(k, v) => {
+                    s.put(&key(k), common::rec_of(v)).unwrap();
                     model.insert(k, v);
                 }
-                Op::Remove(k) => prop_assert_eq!(s.remove(&key(k)).unwrap(), model.remove(&k).is_some()),
-                Op::Get(k) => {
+                common::Op::Remove(k) => prop_assert_eq!(s.remove(&key(k)).unwrap(), model.remove(&k).is_some()),
+                common::Op::Get(k) => {
                     let got = s.get(&key(k)).unwrap();
-                    prop_assert_eq!(got.map(Arc::unwrap_or_clone), model.get(&k).map(|v| rec_of(*v)));
+                    prop_assert_eq!(got.map(Arc::unwrap_or_clone), model.get(&k).map(|v| common::rec_of(*v)));
                     prop_assert_eq!(s.contains(&key(k)).unwrap(), model.contains_key(&k));
                 }
-                Op::Reopen => s = store(&srv.url(), &prefix, 333),
+                common::Op::Reopen => s = store(&srv.url(), &prefix, 333),
             }
             let mut want: Vec<Key> = model.keys().map(|k| key(*k)).collect();
             want.sort();

@@ -13,24 +13,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
 use kamera_ops::DType;
-use kamera_store::{
-    ChunkId, ChunkStore, Error, EvictionPolicy, Key, Layered, Record, RedisConfig, RedisStore, SledStore, StoreConfig,
-    Tiered,
-};
+use kamera_store::{ChunkId, ChunkStore, Error, EvictionPolicy, Key, Layered, Record, SledStore, StoreConfig, Tiered};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use redis::Commands;
 use redis_server::{RedisCluster, RedisServer};
 
-fn store(url: &str, prefix: &str, piece_bytes: usize) -> RedisStore {
-    RedisStore::open(RedisConfig {
-        prefix: prefix.into(),
-        piece_bytes,
-        timeout: Duration::from_secs(2),
-        dtype: None,
-        ..RedisConfig::at(url)
-    })
-    .expect("open")
-}
+use redis_server::store;
 
 const TRIALS: u64 = 8;
 

@@ -177,43 +177,12 @@ fn memory_tier_respects_its_budget_and_prefers_valuable_records() -> Result<()> 
     Ok(())
 }
 
-#[derive(Debug, Clone)]
-enum Op {
-    Put(u8, u8),
-    Remove(u8),
-    Get(u8),
-    Reopen,
-}
-
-fn op() -> impl Strategy<Value = Op> {
-    prop_oneof![
-        4 => (0u8..16, any::<u8>()).prop_map(|(k, v)| Op::Put(k, v)),
-        2 => (0u8..16).prop_map(Op::Remove),
-        3 => (0u8..16).prop_map(Op::Get),
-        1 => Just(Op::Reopen),
-    ]
-}
-
-fn rec_of(v: u8) -> Record {
-    let m = common::model();
-    Record::kv(
-        m,
-        v as u64,
-        common::chunk(
-            common::layouts()[(v % 3) as usize],
-            1 + v as usize % 7,
-            v as u64,
-            DType::Bf16,
-        ),
-    )
-}
-
 proptest! {
     #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
     /// The store behaves like a BTreeMap across puts, removes, gets and reopens (flushed), with
     /// a memory tier in front that must never serve a stale record.
     #[test]
-    fn behaves_like_a_btreemap(ops in proptest::collection::vec(op(), 1..40)) {
+    fn behaves_like_a_btreemap(ops in proptest::collection::vec(common::op(16), 1..40)) {
         let dir = tempfile::tempdir().unwrap();
         let m = common::model();
         let key = |k: u8| Key::canonical(m, ChunkId::of(&[k], "e", m));
@@ -221,13 +190,13 @@ proptest! {
         let mut s = Tiered::new(open(dir.path()), 4096, EvictionPolicy::default());
         for op in ops {
             match op {
-                Op::Put(k, v) => { s.put(&key(k), rec_of(v)).unwrap(); model.insert(k, v); }
-                Op::Remove(k) => { prop_assert_eq!(s.remove(&key(k)).unwrap(), model.remove(&k).is_some()); }
-                Op::Get(k) => {
+                common::Op::Put(k, v) => { s.put(&key(k), common::rec_of(v)).unwrap(); model.insert(k, v); }
+                common::Op::Remove(k) => { prop_assert_eq!(s.remove(&key(k)).unwrap(), model.remove(&k).is_some()); }
+                common::Op::Get(k) => {
                     let got = s.get(&key(k)).unwrap();
-                    prop_assert_eq!(got.map(Arc::unwrap_or_clone), model.get(&k).map(|v| rec_of(*v)));
+                    prop_assert_eq!(got.map(Arc::unwrap_or_clone), model.get(&k).map(|v| common::rec_of(*v)));
                 }
-                Op::Reopen => {
+                common::Op::Reopen => {
                     s.flush().unwrap();
                     drop(s);
                     s = Tiered::new(open(dir.path()), 4096, EvictionPolicy::default());
@@ -238,7 +207,7 @@ proptest! {
             want.sort();
             prop_assert_eq!(keys, want);
         }
-        let total: u64 = model.iter().map(|(k, v)| codec::encode(&key(*k), &rec_of(*v), None).unwrap().len() as u64).sum();
+        let total: u64 = model.iter().map(|(k, v)| codec::encode(&key(*k), &common::rec_of(*v), None).unwrap().len() as u64).sum();
         prop_assert_eq!(s.inner().total_bytes(), total);
     }
 }

@@ -6,16 +6,14 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::ms;
+
 use kamera_ops::ChunkKv;
 use kamera_sched::{Plan, Step};
 use kamera_store::{ChunkId, Key, Record};
 
 use crate::error::{Error, Result, model};
 use crate::runtime::session::{ApplyTimings, Resident, Session};
-
-fn ms(t: Instant) -> f64 {
-    t.elapsed().as_secs_f64() * 1e3
-}
 
 fn invalid(op: &'static str, detail: String) -> Error {
     Error::Runtime { op, detail }
@@ -59,10 +57,16 @@ impl Session {
         self.staged.clear();
         self.exact.clear();
         result?;
+        self.sync_end(&mut t)?;
+        Ok(t)
+    }
+
+    /// Brings the model context up to the window's end, timed.
+    fn sync_end(&mut self, t: &mut ApplyTimings) -> Result<()> {
         let t0 = Instant::now();
         self.sync_to(self.window.end())?;
         t.sync_ms += ms(t0);
-        Ok(t)
+        Ok(())
     }
 
     /// Runs the deferred work of earlier plans, off the path to the first token and before the
@@ -83,9 +87,7 @@ impl Session {
         let result = steps.iter().try_for_each(|s| self.step(s, &mut t));
         self.staged.clear();
         result?;
-        let t0 = Instant::now();
-        self.sync_to(self.window.end())?;
-        t.sync_ms += ms(t0);
+        self.sync_end(&mut t)?;
         Ok(t)
     }
 
@@ -123,7 +125,8 @@ impl Session {
     }
 
     fn step(&mut self, step: &Step, t: &mut ApplyTimings) -> Result<()> {
-        let rope = self.model.rope().clone();
+        let m = self.model.clone();
+        let rope = m.rope();
         let fp = self.fp;
         match step {
             Step::Prefill { chunk, alone: true, .. } => {
@@ -175,7 +178,8 @@ impl Session {
                     .model
                     .prefill(&tokens, *at, &self.ctx)
                     .map_err(model("conditioned prefill"))?;
-                self.form_and_store(&cond.chunk, &canon, key, t0)?;
+                let patch = self.patch_of(&cond.chunk, &canon)?;
+                self.put_patch(key, patch, t0.elapsed().as_micros() as u64)?;
                 // The conditioned KV is exact for this placement: the Place that follows uses it
                 // instead of canonical + the patch that approximates it.
                 self.exact.insert(*chunk, cond.chunk);
@@ -186,11 +190,10 @@ impl Session {
                 let canon = self.canonical("store-patch", *chunk)?;
                 let placed = self
                     .resident
-                    .remove(chunk)
+                    .get(chunk)
                     .ok_or_else(|| invalid("store-patch", format!("chunk {chunk} is not resident")))?;
-                let r = self.form_and_store(&placed.kv, &canon, key, t0);
-                self.resident.insert(*chunk, placed);
-                r?;
+                let patch = self.patch_of(&placed.kv, &canon)?;
+                self.put_patch(key, patch, t0.elapsed().as_micros() as u64)?;
                 t.patch_ms += ms(t0);
             }
             Step::FormOrbit {
@@ -221,7 +224,7 @@ impl Session {
                 let kv = canon.as_kv().expect("canonical() checks the body");
                 let placed = self
                     .backend
-                    .reuse(kv, rec.as_ref().and_then(|r| r.as_patch()), &rope, *at)?;
+                    .reuse(kv, rec.as_ref().and_then(|r| r.as_patch()), rope, *at)?;
                 self.stats.placed_tokens += placed.n_tokens();
                 self.stats.patches_applied += usize::from(rec.is_some());
                 self.set_resident(*chunk, placed);
@@ -233,7 +236,7 @@ impl Session {
                     .resident
                     .get(chunk)
                     .ok_or_else(|| invalid("relocate", format!("chunk {chunk} is not resident")))?;
-                let moved = self.backend.reuse(&r.kv, None, &rope, r.kv.offset() + delta)?;
+                let moved = self.backend.reuse(&r.kv, None, rope, r.kv.offset() + delta)?;
                 self.set_resident(*chunk, moved);
                 t.place_ms += ms(t0);
             }
@@ -247,11 +250,15 @@ impl Session {
         Ok(())
     }
 
-    fn form_and_store(&mut self, cond: &ChunkKv, canon: &Record, key: &Key, t0: Instant) -> Result<()> {
+    /// The patch taking `canon`'s canonical KV to `cond` (a chunk's KV after some context).
+    fn patch_of(&self, cond: &ChunkKv, canon: &Record) -> Result<kamera_ops::Patch> {
         let kv = canon.as_kv().expect("canonical() checks the body");
-        let patch = kamera_ops::form_patch(cond, kv, self.model.rope(), &self.cfg.patch)?;
-        let cost = t0.elapsed().as_micros() as u64;
-        self.store.put(key, Record::patch(self.fp, cost, patch))?;
+        Ok(kamera_ops::form_patch(cond, kv, self.model.rope(), &self.cfg.patch)?)
+    }
+
+    /// Stores a patch that took `cost_us` to form (for the store's eviction order).
+    fn put_patch(&mut self, key: &Key, patch: kamera_ops::Patch, cost_us: u64) -> Result<()> {
+        self.store.put(key, Record::patch(self.fp, cost_us, patch))?;
         self.stats.patches_formed += 1;
         Ok(())
     }
@@ -274,7 +281,6 @@ impl Session {
                         return Err(model("orbit prefill")(e));
                     }
                 };
-                self.stats.prefill_tokens += tokens.len();
                 cond.entry(*c).or_default().push(p.chunk);
             }
             self.ctx.truncate(base);
@@ -285,8 +291,7 @@ impl Session {
             let kv = canon.as_kv().expect("canonical() checks the body");
             let conds = cond.get(c).map(Vec::as_slice).unwrap_or_default();
             let patch = kamera_ops::orbit_patch(conds, kv, self.model.rope(), &self.cfg.patch)?;
-            self.store.put(key, Record::patch(self.fp, cost, patch))?;
-            self.stats.patches_formed += 1;
+            self.put_patch(key, patch, cost)?;
         }
         Ok(())
     }

@@ -6,19 +6,10 @@
 //! call.
 
 use kamera_sched::{Plan, Step};
-use kamera_store::{ChunkId, Key};
 
 use crate::runtime::session::Session;
 
 impl Session {
-    /// The patch key of resident `chunk` for its place in the window now.
-    fn survivor_key(&self, chunk: &ChunkId) -> Option<(Key, i64)> {
-        let slots = self.window.slots();
-        let i = slots.iter().position(|s| s.chunk == *chunk)?;
-        let ants: Vec<(ChunkId, i64)> = slots[..i].iter().map(|s| (s.chunk, s.start)).collect();
-        Some((Key::patch(self.fp, *chunk, &ants, slots[i].start), slots[i].start))
-    }
-
     /// Replaces a survivor's `Relocate` by a placement with the stored patch for its new earlier
     /// context, where there is one (a chunk relocated once and not evicted later in the plan).
     pub(crate) fn patch_survivors(&self, plan: &mut Plan) {
@@ -30,13 +21,13 @@ impl Session {
                     |s| matches!(s, Step::Relocate { chunk: c, .. } | Step::EvictToStore { chunk: c } if c == chunk),
                 );
                 if !moved_again
-                    && let Some((key, at)) = self.survivor_key(chunk)
+                    && let (Some(key), Some(slot)) = (self.window.patch_key(chunk), self.window.slot(chunk))
                     && Self::stored(self.store.as_ref(), &key)
                 {
                     out.push(Step::Recall { chunk: *chunk });
                     out.push(Step::Place {
                         chunk: *chunk,
-                        at,
+                        at: slot.start,
                         patch: Some(key),
                     });
                     continue;
@@ -80,17 +71,15 @@ impl Session {
             return Vec::new();
         };
         let mut repair = Vec::new();
-        for (i, s) in slots.iter().enumerate().skip(first) {
-            let ants: Vec<(ChunkId, i64)> = slots[..i].iter().map(|a| (a.chunk, a.start)).collect();
+        for s in &slots[first..] {
             repair.push(Step::Prefill {
                 chunk: s.chunk,
                 at: s.start,
                 alone: false,
             });
-            repair.push(Step::StorePatch {
-                chunk: s.chunk,
-                key: Key::patch(self.fp, s.chunk, &ants, s.start),
-            });
+            if let Some(key) = self.window.patch_key(&s.chunk) {
+                repair.push(Step::StorePatch { chunk: s.chunk, key });
+            }
         }
         repair
     }

@@ -98,3 +98,32 @@ pub fn nth(i: u64) -> (Key, Record) {
         ),
     }
 }
+
+/// One operation of a model-based store test (a store against a `BTreeMap`).
+#[derive(Debug, Clone)]
+pub enum Op {
+    Put(u8, u8),
+    Remove(u8),
+    Get(u8),
+    Reopen,
+}
+
+/// Operations over `keys` distinct keys, reopening now and then.
+pub fn op(keys: u8) -> impl proptest::strategy::Strategy<Value = Op> {
+    use proptest::prelude::*;
+    prop_oneof![
+        4 => (0..keys, any::<u8>()).prop_map(|(k, v)| Op::Put(k, v)),
+        2 => (0..keys).prop_map(Op::Remove),
+        3 => (0..keys).prop_map(Op::Get),
+        1 => Just(Op::Reopen),
+    ]
+}
+
+/// The record a model-based test stores for value `v` (layout, length and payload follow `v`).
+pub fn rec_of(v: u8) -> Record {
+    Record::kv(
+        model(),
+        v as u64,
+        chunk(layouts()[(v % 3) as usize], 1 + v as usize % 7, v as u64, DType::Bf16),
+    )
+}

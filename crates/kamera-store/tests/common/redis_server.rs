@@ -9,6 +9,18 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 
+/// A `RedisStore` on `url` under `prefix`, f32 kept exact, writing pieces of `piece_bytes`.
+pub fn store(url: &str, prefix: &str, piece_bytes: usize) -> kamera_store::RedisStore {
+    kamera_store::RedisStore::open(kamera_store::RedisConfig {
+        prefix: prefix.into(),
+        piece_bytes,
+        timeout: Duration::from_secs(2),
+        dtype: None,
+        ..kamera_store::RedisConfig::at(url)
+    })
+    .expect("open")
+}
+
 /// Fails with the fix when the binaries are missing.
 pub fn require(bin: &str) -> Result<()> {
     match Command::new(bin).arg("--version").output() {

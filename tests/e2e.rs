@@ -2,35 +2,12 @@
 //! local site's order-status flow, a MiniWoB++ task, record + replay, refused navigation.
 //! Needs Debian's chromium: scripts/install-chromium.sh installs it.
 
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::path::Path;
 
 use anyhow::Result;
 use kamera_agent::{RunConfig, Scenario, StepResult};
-use kamera_model::Model;
 use kamera_sched::{Step, Visit};
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn require_chromium() {
-    let exe = std::env::var_os("KAMERA_CHROMIUM")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/usr/bin/chromium"));
-    assert!(
-        exe.exists(),
-        "chromium not found at {}: run scripts/install-chromium.sh (as root) before the end-to-end tests",
-        exe.display()
-    );
-}
-
-fn model() -> Arc<Model> {
-    static MODEL: OnceLock<Arc<Model>> = OnceLock::new();
-    MODEL
-        .get_or_init(|| kamera_agent::default_model(&kamera_model::default_home()).expect("default model"))
-        .clone()
-}
+use kamera_tests::{model, require_chromium, root};
 
 fn scenario(name: &str) -> Scenario {
     Scenario::load(&root().join("scenarios").join(format!("{name}.toml"))).expect("scenario")
