@@ -69,6 +69,19 @@ pub struct MethodStep {
     pub answer: Option<String>,
 }
 
+impl MethodStep {
+    /// A baseline's step: all of its work is before the first token, nothing is moved.
+    fn baseline(ttft_ms: f64, prefill_tokens: usize, kl: Option<f64>, answer: Option<String>) -> MethodStep {
+        MethodStep {
+            ttft_ms,
+            prefill_tokens,
+            kl,
+            answer,
+            ..MethodStep::default()
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct StepRow {
     pub step: usize,
@@ -219,10 +232,9 @@ pub fn run(a: SessionArgs) -> Result<()> {
         // Kamera: the session's plan, then the prompt on the live context.
         let (moved0, prefilled0) = (session.stats().bytes_moved, session.stats().prefill_tokens);
         let t0 = Instant::now();
-        let mut applied = session.observe(text)?;
+        let applied = session.observe(text)?;
         if let Some(q) = &w.question {
-            let r = session.recall_relevant(&format!("{goal}\n{q}"))?;
-            applied.prefill_tokens += r.prefill_tokens;
+            session.recall_relevant(&format!("{goal}\n{q}"))?;
         }
         let k_plan = t0.elapsed().as_secs_f64() * 1e3;
         let ctx = session.context()?;
@@ -267,24 +279,8 @@ pub fn run(a: SessionArgs) -> Result<()> {
                 kl: kl(&k_logits),
                 answer: ans(&k_logits)?,
             },
-            prefix: MethodStep {
-                ttft_ms: p_ttft,
-                deferred_ms: 0.0,
-                plan_ms: 0.0,
-                prefill_tokens: p_prefill,
-                bytes_moved: 0,
-                kl: kl(&p_logits),
-                answer: ans(&p_logits)?,
-            },
-            full: MethodStep {
-                ttft_ms: f_ttft,
-                deferred_ms: 0.0,
-                plan_ms: 0.0,
-                prefill_tokens: seq.len(),
-                bytes_moved: 0,
-                kl: kl(&f_logits),
-                answer: ans(&f_logits)?,
-            },
+            prefix: MethodStep::baseline(p_ttft, p_prefill, kl(&p_logits), ans(&p_logits)?),
+            full: MethodStep::baseline(f_ttft, seq.len(), kl(&f_logits), ans(&f_logits)?),
         };
         eprintln!(
             "step {i:>2} {:<22} {:<7} ttft kamera {:>7.0} ms (plan {:>5.0}), prefix {:>7.0} ms, full {:>7.0} ms{}",
