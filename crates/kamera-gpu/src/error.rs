@@ -13,12 +13,16 @@ pub enum Error {
     #[error("{op}: CUDA driver error: {detail}")]
     Driver { op: &'static str, detail: String },
     /// NVRTC failed to compile kernels/*.cu.
-    #[error("{op}: NVRTC failed to compile kernels/reuse.cu for {arch}: {detail}")]
+    #[error("{op}: NVRTC failed to compile kernels/{file}.cu for {arch}: {detail}")]
     Compile {
         op: &'static str,
+        file: &'static str,
         arch: String,
         detail: String,
     },
+    /// A model, context or chunk the device path does not take.
+    #[error("{op}: {detail}")]
+    Unsupported { op: &'static str, detail: String },
     /// The operator rejected its inputs (shapes, non-finite values, specs).
     #[error(transparent)]
     Ops(#[from] kamera_ops::Error),

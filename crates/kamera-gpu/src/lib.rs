@@ -16,16 +16,29 @@ mod backend;
 mod cuda;
 mod error;
 mod figures;
+mod model;
+mod pool;
+mod reference;
 #[cfg(not(feature = "cuda"))]
 mod stub;
 
 pub use backend::{Backend, CpuBackend, tolerance};
 #[cfg(feature = "cuda")]
 pub use cuda::CudaBackend;
+#[cfg(feature = "cuda")]
+pub use cuda::model::{DeviceKv, DeviceModel};
+#[cfg(feature = "cuda")]
+pub use cuda::pool::{DevicePool, ResidentChunk};
+pub use model::{HostLayer, HostWeights, ModelSpec};
+pub use pool::{PoolStats, Slots};
+pub use reference::reference_prefill;
 pub use error::{Error, Result};
-pub use figures::BenchFigures;
+pub use figures::{BenchFigures, ModelBenchConfig, ModelFigures};
 #[cfg(not(feature = "cuda"))]
-pub use stub::CudaBackend;
+pub use stub::{CudaBackend, DeviceKv, DeviceModel, DevicePool, ResidentChunk};
 
 /// The CUDA sources, compiled by NVRTC at first use.
 pub const KERNEL_SOURCE: &str = include_str!("../../../kernels/reuse.cu");
+
+/// The device transformer's kernels (everything but the cuBLAS products).
+pub const MODEL_KERNEL_SOURCE: &str = include_str!("../../../kernels/model.cu");

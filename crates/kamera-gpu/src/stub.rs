@@ -3,6 +3,7 @@
 use crate::BenchFigures;
 use crate::backend::Backend;
 use crate::error::{Error, Result};
+use crate::{HostWeights, ModelSpec, PoolStats, Slots};
 use kamera_ops::{ChunkKv, DType, Patch, RopeSpec};
 
 /// Stand-in for the CUDA backend; [`CudaBackend::new`] always fails with [`Error::NotCompiled`].
@@ -51,5 +52,142 @@ impl Backend for CudaBackend {
         Err(Error::NotCompiled {
             op: "CudaBackend::reuse_into",
         })
+    }
+}
+
+/// No value of this type exists: the stand-ins below cannot be constructed without CUDA.
+#[derive(Debug)]
+enum Never {}
+
+/// Stand-in for the device transformer; [`DeviceModel::new`] always fails.
+#[derive(Debug)]
+pub struct DeviceModel {
+    never: Never,
+    spec: ModelSpec,
+}
+
+/// Stand-in for a device KV context.
+#[derive(Debug)]
+pub struct DeviceKv {
+    never: Never,
+}
+
+/// Stand-in for a resident canonical chunk.
+#[derive(Debug)]
+pub struct ResidentChunk {
+    never: Never,
+}
+
+impl CudaBackend {
+    pub fn upload_chunk(&self, _chunk: &ChunkKv) -> Result<ResidentChunk> {
+        Err(Error::NotCompiled {
+            op: "CudaBackend::upload_chunk",
+        })
+    }
+}
+
+impl DeviceModel {
+    pub fn new(_ordinal: usize, _spec: ModelSpec, _weights: &HostWeights) -> Result<DeviceModel> {
+        Err(Error::NotCompiled { op: "DeviceModel::new" })
+    }
+    pub fn spec(&self) -> &ModelSpec {
+        let _ = &self.spec;
+        match self.never {}
+    }
+    pub fn backend(&self) -> &CudaBackend {
+        match self.never {}
+    }
+    pub fn synchronize(&self) -> Result<()> {
+        match self.never {}
+    }
+    pub fn context(&self, _offset: i64) -> Result<DeviceKv> {
+        match self.never {}
+    }
+    pub fn reserve(&self, _kv: &mut DeviceKv, _n: usize) -> Result<()> {
+        match self.never {}
+    }
+    pub fn prefill(&self, _kv: &mut DeviceKv, _tokens: &[u32], _all_logits: bool) -> Result<Vec<f32>> {
+        match self.never {}
+    }
+    pub fn download(&self, _kv: &DeviceKv, _from: usize) -> Result<ChunkKv> {
+        match self.never {}
+    }
+    pub fn place(&self, _kv: &mut DeviceKv, _chunk: &ResidentChunk, _patch: Option<&Patch>) -> Result<()> {
+        match self.never {}
+    }
+}
+
+impl DeviceKv {
+    pub fn len(&self) -> usize {
+        match self.never {}
+    }
+    pub fn is_empty(&self) -> bool {
+        match self.never {}
+    }
+    pub fn offset(&self) -> i64 {
+        match self.never {}
+    }
+    pub fn end(&self) -> i64 {
+        match self.never {}
+    }
+    pub fn truncate(&mut self, _len: usize) {
+        match self.never {}
+    }
+    pub fn reset(&mut self, _offset: i64) {
+        match self.never {}
+    }
+    pub fn bytes(&self) -> usize {
+        match self.never {}
+    }
+}
+
+impl ResidentChunk {
+    pub fn n_tokens(&self) -> usize {
+        match self.never {}
+    }
+    pub fn offset(&self) -> i64 {
+        match self.never {}
+    }
+    pub fn bytes(&self) -> usize {
+        match self.never {}
+    }
+}
+
+/// Stand-in for the device pool: bookkeeping works, uploads fail.
+#[derive(Debug)]
+pub struct DevicePool {
+    slots: Slots<ResidentChunk>,
+}
+
+impl DevicePool {
+    pub fn new(budget_bytes: usize) -> DevicePool {
+        DevicePool {
+            slots: Slots::new(budget_bytes),
+        }
+    }
+    pub fn get_or_upload(
+        &mut self,
+        _backend: &CudaBackend,
+        _key: [u8; 32],
+        _load: impl FnOnce() -> std::result::Result<ChunkKv, String>,
+    ) -> Result<&ResidentChunk> {
+        Err(Error::NotCompiled {
+            op: "DevicePool::get_or_upload",
+        })
+    }
+    pub fn evict(&mut self, key: &[u8; 32]) {
+        self.slots.remove(key);
+    }
+    pub fn contains(&self, key: &[u8; 32]) -> bool {
+        self.slots.contains(key)
+    }
+    pub fn stats(&self) -> PoolStats {
+        self.slots.stats()
+    }
+}
+
+impl DeviceModel {
+    pub fn bench_reuse(&self, _cfg: &crate::ModelBenchConfig) -> Result<crate::ModelFigures> {
+        match self.never {}
     }
 }

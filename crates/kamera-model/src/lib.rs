@@ -16,6 +16,7 @@ mod block;
 mod bpe;
 mod config;
 mod context;
+mod device;
 mod error;
 mod fetch;
 mod generate;

@@ -4,6 +4,9 @@
 
 mod bench;
 mod launch;
+pub(crate) mod model;
+pub(crate) mod pool;
+mod model_bench;
 
 use crate::KERNEL_SOURCE;
 use crate::backend::Backend;
@@ -37,6 +40,8 @@ pub struct CudaBackend {
     tensor_cores: bool,
     /// Shared memory one block may opt in to.
     smem_optin: usize,
+    /// `sm_XY` of the device.
+    arch: &'static str,
 }
 
 /// Device-side storage of one channel: f32 as is, f16/bf16 as raw 16-bit words.
@@ -99,16 +104,16 @@ fn dtype_tag(d: DType) -> &'static str {
     }
 }
 
-/// PTX of kernels/reuse.cu per architecture, compiled once per process.
-fn ptx_for(arch: &'static str) -> Result<Ptx> {
-    static CACHE: OnceLock<Mutex<HashMap<&'static str, String>>> = OnceLock::new();
+/// PTX of one kernel source (`name`: its cache key) per architecture, compiled once per process.
+pub(super) fn ptx_for_source(src: &'static str, name: &'static str, arch: &'static str) -> Result<Ptx> {
+    static CACHE: OnceLock<Mutex<HashMap<(&'static str, &'static str), String>>> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
     let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(src) = cache.get(arch) {
-        return Ok(Ptx::from_src(src.clone()));
+    if let Some(ptx) = cache.get(&(name, arch)) {
+        return Ok(Ptx::from_src(ptx.clone()));
     }
     let ptx = compile_ptx_with_opts(
-        KERNEL_SOURCE,
+        src,
         CompileOptions {
             arch: Some(arch),
             ..Default::default()
@@ -116,11 +121,17 @@ fn ptx_for(arch: &'static str) -> Result<Ptx> {
     )
     .map_err(|e| Error::Compile {
         op: "CudaBackend::new",
+        file: name,
         arch: arch.to_string(),
         detail: e.to_string(),
     })?;
-    cache.insert(arch, ptx.to_src());
+    cache.insert((name, arch), ptx.to_src());
     Ok(ptx)
+}
+
+/// PTX of kernels/reuse.cu per architecture.
+fn ptx_for(arch: &'static str) -> Result<Ptx> {
+    ptx_for_source(KERNEL_SOURCE, "reuse", arch)
 }
 
 impl CudaBackend {
@@ -159,6 +170,7 @@ impl CudaBackend {
             wide: true,
             tensor_cores: major >= 8,
             smem_optin,
+            arch,
         })
     }
 
@@ -352,10 +364,27 @@ impl CudaBackend {
         dst_row: usize,
         bad: &mut CudaSlice<i32>,
     ) -> Result<()> {
-        let layers = canonical.layout().n_layers;
-        let rot = self.rotation(rope, canonical.layout(), delta)?;
-        for (v_channel, out) in [(false, &mut dst.0), (true, &mut dst.1)] {
-            let src = self.upload_channel(canonical, v_channel)?;
+        let src = (self.upload_channel(canonical, false)?, self.upload_channel(canonical, true)?);
+        self.reuse_resident(&src, canonical.layout(), patch, rope, delta, (&mut dst.0, &mut dst.1), dst_row, bad)
+    }
+
+    /// Writes K/V already on the device (`src`), relocated to δ and patched, into rows
+    /// `dst_row..` of `dst`, one launch per channel.
+    #[allow(clippy::too_many_arguments)]
+    fn reuse_resident(
+        &self,
+        src: &(Channel, Channel),
+        layout: &kamera_ops::KvLayout,
+        patch: Option<&Patch>,
+        rope: &RopeSpec,
+        delta: i64,
+        dst: (&mut Channel, &mut Channel),
+        dst_row: usize,
+        bad: &mut CudaSlice<i32>,
+    ) -> Result<()> {
+        let layers = layout.n_layers;
+        let rot = self.rotation(rope, layout, delta)?;
+        for (v_channel, src, out) in [(false, &src.0, dst.0), (true, &src.1, dst.1)] {
             let lrs: Option<Vec<&LowRank>> =
                 patch.map(|p| p.layers().iter().map(|x| if v_channel { &x.v } else { &x.k }).collect());
             let rotate = !v_channel && delta != 0;
@@ -370,7 +399,7 @@ impl CudaBackend {
                 max_rank,
             );
             let fac = self.upload_factors(layers, lrs.as_deref(), kernel)?;
-            self.launch(kernel, &src, out, dst_row, &fac, (&rot, rotate), bad)?;
+            self.launch(kernel, src, out, dst_row, &fac, (&rot, rotate), bad)?;
         }
         Ok(())
     }

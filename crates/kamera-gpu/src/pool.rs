@@ -1,0 +1,137 @@
+//! The device pool's bookkeeping, independent of CUDA (so it is tested everywhere): entries by
+//! 32-byte key under a byte budget, least recently used evicted first.
+
+use std::collections::HashMap;
+
+/// Counters and occupancy of a pool.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PoolStats {
+    pub resident: usize,
+    pub bytes: usize,
+    pub budget: usize,
+    pub hits: u64,
+    pub uploads: u64,
+    pub evictions: u64,
+}
+
+/// Entries with sizes under a byte budget; `insert` evicts the least recently used until the
+/// new entry fits.
+#[derive(Debug)]
+pub struct Slots<T> {
+    map: HashMap<[u8; 32], (T, usize, u64)>,
+    clock: u64,
+    stats: PoolStats,
+}
+
+impl<T> Slots<T> {
+    pub fn new(budget: usize) -> Slots<T> {
+        Slots {
+            map: HashMap::new(),
+            clock: 0,
+            stats: PoolStats {
+                budget,
+                ..PoolStats::default()
+            },
+        }
+    }
+
+    pub fn budget(&self) -> usize {
+        self.stats.budget
+    }
+
+    /// Marks `key` used now; true (a hit) when present.
+    pub fn touch(&mut self, key: &[u8; 32]) -> bool {
+        self.clock += 1;
+        match self.map.get_mut(key) {
+            Some(e) => {
+                e.2 = self.clock;
+                self.stats.hits += 1;
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub fn get(&self, key: &[u8; 32]) -> Option<&T> {
+        self.map.get(key).map(|e| &e.0)
+    }
+
+    pub fn contains(&self, key: &[u8; 32]) -> bool {
+        self.map.contains_key(key)
+    }
+
+    /// Inserts (or replaces) `key`, evicting least recently used entries until `bytes` fits.
+    /// An entry larger than the budget is still inserted alone (callers refuse those first).
+    pub fn insert(&mut self, key: [u8; 32], value: T, bytes: usize) {
+        self.remove(&key);
+        while self.stats.bytes + bytes > self.stats.budget {
+            let Some(oldest) = self.map.iter().min_by_key(|(_, e)| e.2).map(|(k, _)| *k) else {
+                break;
+            };
+            self.remove(&oldest);
+            self.stats.evictions += 1;
+        }
+        self.clock += 1;
+        self.map.insert(key, (value, bytes, self.clock));
+        self.stats.bytes += bytes;
+        self.stats.uploads += 1;
+        self.stats.resident = self.map.len();
+    }
+
+    /// Removes `key`; its value, when present.
+    pub fn remove(&mut self, key: &[u8; 32]) -> Option<T> {
+        let (v, bytes, _) = self.map.remove(key)?;
+        self.stats.bytes -= bytes;
+        self.stats.resident = self.map.len();
+        Some(v)
+    }
+
+    pub fn stats(&self) -> PoolStats {
+        self.stats
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Slots;
+    use proptest::prelude::*;
+
+    fn key(i: u8) -> [u8; 32] {
+        [i; 32]
+    }
+
+    #[test]
+    fn evicts_least_recently_used_first() {
+        let mut s = Slots::new(30);
+        s.insert(key(1), 'a', 10);
+        s.insert(key(2), 'b', 10);
+        s.insert(key(3), 'c', 10);
+        assert!(s.touch(&key(1)));
+        s.insert(key(4), 'd', 10);
+        assert!(s.contains(&key(1)) && !s.contains(&key(2)) && s.contains(&key(3)) && s.contains(&key(4)));
+        assert_eq!(s.stats().evictions, 1);
+        assert_eq!(s.stats().bytes, 30);
+    }
+
+    proptest! {
+        /// Whatever the sequence, bytes are the sum of the entries, never above the budget, and
+        /// the entry just inserted is resident.
+        #[test]
+        fn budget_and_accounting_hold(ops in proptest::collection::vec((0u8..12, 1usize..40, any::<bool>()), 1..200)) {
+            let mut s = Slots::new(100);
+            let mut sizes = std::collections::HashMap::new();
+            for (k, bytes, touch) in ops {
+                if touch {
+                    s.touch(&key(k));
+                } else {
+                    s.insert(key(k), k, bytes);
+                    sizes.insert(k, bytes);
+                    prop_assert!(s.contains(&key(k)));
+                }
+                let sum: usize = (0..12u8).filter(|i| s.contains(&key(*i))).map(|i| sizes[&i]).sum();
+                prop_assert_eq!(s.stats().bytes, sum);
+                prop_assert!(s.stats().bytes <= 100);
+            }
+        }
+    }
+}
