@@ -548,3 +548,241 @@ REUSE4TC(reuse4tc_bf16_f32, BF16, F32)
 REUSE4TC(reuse4tc_bf16_f16, BF16, F16)
 REUSE4TC(reuse4tc_bf16_bf16, BF16, BF16)
 
+
+// Pipelined tensor-core kernels (sm_80+), for 16-bit rows whose staged pieces are 16-byte
+// aligned (row width, column chunk and Wᵀ offset multiples of 8 elements, 16-byte aligned
+// buffers; the host checks, and rank ≤ 16·TCP_KSTEPS). Same math as reuse4tc_*: the patch is
+// formed by mma.m16n8k16 from 16-bit P and Wᵀ (exact products, f32 sums) into an f32 tile in
+// shared memory, then each thread adds it to its 4-column unit of a few rows, rotates and stores.
+// What differs is how the rows arrive: `cp.async` copies each tile's source rows and P rows
+// straight into a ring of TCP_STAGES shared-memory slots, TCP_STAGES - 1 tiles ahead of the one
+// being computed, so several tiles' loads are in flight per block without holding them in
+// registers; Wᵀ arrives the same way, with the first tile. One barrier per tile (two with a
+// patch): the one that publishes tile t's copies also frees the slot tile t - 1 used, which the
+// copies of tile t + TCP_STAGES - 1 then reuse. Shared memory (stride = chunk + TC_PAD):
+//   rows  [TCP_STAGES][TC_ROWS][stride] 16-bit   patch [TC_ROWS][stride] f32
+//   Wᵀ    [kp][stride] 16-bit                    P     [TCP_STAGES][TC_ROWS·kp + 8] 16-bit
+// A tile's P rows are one contiguous run of rows·rank words, copied from the 16-byte boundary at
+// or below its start (`lead` words before it) and read back with row stride `rank`; the last
+// piece reads only up to the run's end (the rest of it is zero-filled).
+#define TCP_STAGES 4
+#define TCP_KSTEPS 4
+
+__device__ __forceinline__ u32 smem_u32(const void* p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }\n" : "=r"(a) : "l"(p));
+    return a;
+}
+// 16 bytes global → shared, asynchronously; only the first `bytes` are read, the rest zeroed.
+__device__ __forceinline__ void cp_async16(u32 dst, const void* src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+// Two adjacent 16-bit values of a P row as one MMA operand word (low = column j), zero at and
+// past `rank` (a staged P row is followed by the next row's values, or by stale words).
+__device__ __forceinline__ u32 p_pair(const u16* row, int j, int rank) {
+    const u32 lo = j < rank ? row[j] : 0u, hi = j + 1 < rank ? row[j + 1] : 0u;
+    return lo | (hi << 16);
+}
+template <int BF>
+__device__ __forceinline__ void mma16816(float& d0, float& d1, float& d2, float& d3, const u32* a, u32 b0, u32 b1) {
+    if (BF)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                     "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                     : "+f"(d0), "+f"(d1), "+f"(d2), "+f"(d3)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                     "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                     : "+f"(d0), "+f"(d1), "+f"(d2), "+f"(d3)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <class In, class Out, int BF>
+__device__ __forceinline__ void reuse4tcp_body(
+    const typename In::T* __restrict__ src, typename Out::T* __restrict__ dst, int n, int cols, int dst_row,
+    int dst_rows, const u16* __restrict__ p, const u16* __restrict__ wt, const i64* __restrict__ jobs,
+    const float* __restrict__ cosv, const float* __restrict__ sinv, int rotate, int n_heads, int head_dim,
+    int rotary_dims, int interleaved, int chunk_cols, int tiles, int* bad) {
+#if __CUDA_ARCH__ >= 800
+    extern __shared__ float4 smem4[];
+    const int layer = blockIdx.y, tid = threadIdx.x, nthreads = blockDim.x;
+    const int lane = tid & 31, warp = tid >> 5, nwarps = nthreads >> 5, g = lane >> 2, t4 = lane & 3;
+    const int c0 = blockIdx.z * chunk_cols, width = min(chunk_cols, cols - c0), pieces = width >> 3;
+    const i64 p_off = jobs[3 * layer], wt_off = jobs[3 * layer + 1];
+    const int rank = (int)jobs[3 * layer + 2], kp = ((rank + 15) >> 4) << 4, nks = kp >> 4;
+    // The host only plans this kernel where every staged piece is 16-byte aligned; anything else
+    // stops here rather than faulting in a copy.
+    if (((cols | chunk_cols) & 7) || (((size_t)src | (size_t)p | (size_t)wt) & 15) || (wt_off & 7) ||
+        nks > TCP_KSTEPS || (chunk_cols >> 2) > nthreads)
+        __trap();
+    const int stride = chunk_cols + TC_PAD, pslot = TC_ROWS * kp + 8;
+    u16* rows_s = (u16*)smem4;
+    float* patch = (float*)(rows_s + TCP_STAGES * TC_ROWS * stride);
+    u16* wtile = (u16*)(patch + TC_ROWS * stride);
+    u16* ptiles = wtile + kp * stride;
+    const int first = blockIdx.x * tiles * TC_ROWS;
+    const int ntiles = min(tiles, (n - first + TC_ROWS - 1) / TC_ROWS);
+    const typename In::T* src_l = src + (i64)layer * n * cols + c0;
+    const u16* p_l = p + p_off;
+    // This thread's 16-byte piece of a staged row and its first row (rstep rows apart).
+    const int rstep = nthreads / pieces, pj = tid % pieces, prow = tid < rstep * pieces ? tid / pieces : TC_ROWS;
+    // Copies tile t's rows (and P rows) into slot t % TCP_STAGES and commits them as one group;
+    // past the last tile the group is empty, so every thread always commits one group per call.
+    auto issue = [&](int t) {
+        if (t < ntiles) {
+            const int row0 = first + t * TC_ROWS, rows = min(TC_ROWS, n - row0), slot = t % TCP_STAGES;
+            u16* rs = rows_s + slot * TC_ROWS * stride;
+            const typename In::T* g0 = src_l + (i64)row0 * cols + 8 * pj;
+            for (int r = prow; r < rows; r += rstep) cp_async16(smem_u32(rs + r * stride + 8 * pj), g0 + (i64)r * cols, 16);
+            if (rank > 0) {
+                const u16* run = p_l + (i64)row0 * rank;
+                const u16* base = (const u16*)((size_t)run & ~(size_t)15);
+                const int words = (int)(run - base) + rows * rank, np = (words + 7) >> 3;
+                u16* ps = ptiles + slot * pslot;
+                for (int i = tid; i < np; i += nthreads)
+                    cp_async16(smem_u32(ps + 8 * i), base + 8 * i, min(16, 2 * (words - 8 * i)));
+            }
+        }
+        cp_async_commit();
+    };
+    // Wᵀ rows 0..rank of the chunk; rows rank..kp zero (src-size 0 reads nothing), so that the
+    // zero-padded ranks add exactly 0. It lands with tile 0's group.
+    if (rank > 0) {
+        const u16* w = wt + wt_off + c0;
+        for (int i = tid; i < kp * pieces; i += nthreads) {
+            const int k = i / pieces, j = i - k * pieces;
+            cp_async16(smem_u32(wtile + k * stride + 8 * j), k < rank ? w + (i64)k * cols + 8 * j : w, k < rank ? 16 : 0);
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < TCP_STAGES - 1; ++t) issue(t);
+    // Epilogue threads: `groups` row groups of `ulanes` (a power of two ≥ the chunk's units).
+    int ulanes = 1;
+    while (ulanes < (chunk_cols >> 2)) ulanes <<= 1;
+    const int groups = min(TC_ROWS, max(1, nthreads / ulanes)), ui = tid & (ulanes - 1), rg = tid / ulanes;
+    const int active = ui < (width >> 2) && rg < groups;
+    const Unit un((c0 >> 2) + ui, rotate, n_heads, head_dim, rotary_dims, interleaved);
+    float c_0 = 1.f, s_0 = 0.f, c_1 = 1.f, s_1 = 0.f;
+    if (active && un.rot) {
+        const i64 t = (i64)layer * (rotary_dims >> 1) + un.pair;
+        c_0 = cosv[t]; s_0 = sinv[t]; c_1 = cosv[t + 1]; s_1 = sinv[t + 1];
+    }
+    const u32 w_s = smem_u32(wtile);
+    float nf = 0.f;
+    for (int t = 0; t < ntiles; ++t) {
+        // Tile t's copies (and Wᵀ) are this thread's oldest groups; after the barrier everyone's
+        // are visible, and every thread is done with tile t - 1 (its slot and the patch tile).
+        cp_async_wait<TCP_STAGES - 2>();
+        __syncthreads();
+        issue(t + TCP_STAGES - 1);
+        const int row0 = first + t * TC_ROWS, rows = min(TC_ROWS, n - row0), slot = t % TCP_STAGES;
+        if (rank > 0) {
+            // A operands (P rows g and g + 8), the same for every n-tile of this warp.
+            const u16* ps = ptiles + slot * pslot + (((size_t)(p_l + (i64)row0 * rank) & 15) >> 1);
+            const u16 *pr0 = ps + g * rank, *pr1 = ps + (g + 8) * rank;
+            // Word loads where the pairs are 4-byte aligned and no rank is padded (rank a multiple
+            // of 16, e.g. every bench and budget-free patch), masked 16-bit loads otherwise.
+            const int fast = (((size_t)ps & 3) | (rank & 15)) == 0;
+            u32 a[TCP_KSTEPS][4];
+#pragma unroll
+            for (int ks = 0; ks < TCP_KSTEPS; ++ks) {
+                const int kb = ks * 16 + 2 * t4;
+                if (ks >= nks) {
+                    a[ks][0] = a[ks][1] = a[ks][2] = a[ks][3] = 0u;
+                } else if (fast) {
+                    a[ks][0] = *(const u32*)(pr0 + kb); a[ks][1] = *(const u32*)(pr1 + kb);
+                    a[ks][2] = *(const u32*)(pr0 + kb + 8); a[ks][3] = *(const u32*)(pr1 + kb + 8);
+                } else {
+                    a[ks][0] = p_pair(pr0, kb, rank); a[ks][1] = p_pair(pr1, kb, rank);
+                    a[ks][2] = p_pair(pr0, kb + 8, rank); a[ks][3] = p_pair(pr1, kb + 8, rank);
+                }
+            }
+            for (int nt = warp; nt < (width >> 3); nt += nwarps) {
+                float d0 = 0.f, d1 = 0.f, d2 = 0.f, d3 = 0.f;
+#pragma unroll
+                for (int ks = 0; ks < TCP_KSTEPS; ks += 2) {
+                    if (ks + 1 < nks) {
+                        // B operands of k-steps ks and ks + 1: lane l names Wᵀ row 16·ks + l; the
+                        // transposed 8×8 loads give each thread (k = 2·t4, 2·t4 + 1; n = g) pairs.
+                        u32 b0, b1, b2, b3;
+                        const u32 at = w_s + (u32)(((ks * 16 + lane) * stride + nt * 8) * 2);
+                        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                                     : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
+                                     : "r"(at));
+                        mma16816<BF>(d0, d1, d2, d3, a[ks], b0, b1);
+                        mma16816<BF>(d0, d1, d2, d3, a[ks + 1], b2, b3);
+                    } else if (ks < nks) {
+                        u32 b0, b1;
+                        const u32 at = w_s + (u32)(((ks * 16 + (lane & 15)) * stride + nt * 8) * 2);
+                        asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
+                                     : "=r"(b0), "=r"(b1)
+                                     : "r"(at));
+                        mma16816<BF>(d0, d1, d2, d3, a[ks], b0, b1);
+                    }
+                }
+                const int cc = nt * 8 + 2 * t4;
+                *(float2*)(patch + g * stride + cc) = make_float2(d0, d1);
+                *(float2*)(patch + (g + 8) * stride + cc) = make_float2(d2, d3);
+            }
+            __syncthreads();
+        }
+        if (active) {
+            // Shared tiles are indexed by the unit's global columns (a, b) less c0.
+            const typename In::T* rs = rows_s + slot * TC_ROWS * stride - c0;
+            const float* pt = patch - c0;
+#pragma unroll 4
+            for (int r = rg; r < rows; r += groups) {
+                float4 v = In::unpack(In::load(rs, (i64)r * stride, un.a, un.b, un.split));
+                if (rank > 0) {
+                    const float* pr = pt + r * stride;
+                    if (un.split) {
+                        const float2 lo = *(const float2*)(pr + un.a), hi = *(const float2*)(pr + un.b);
+                        v.x += lo.x; v.y += lo.y; v.z += hi.x; v.w += hi.y;
+                    } else {
+                        const float4 q = *(const float4*)(pr + un.a);
+                        v.x += q.x; v.y += q.y; v.z += q.z; v.w += q.w;
+                    }
+                }
+                if (un.rot) v = un.turn(v, c_0, s_0, c_1, s_1);
+                nf = taint4(nf, v);
+                Out::store(dst, ((i64)layer * dst_rows + dst_row + row0 + r) * cols, un.a, un.b, un.split, v);
+            }
+        }
+    }
+    if (nf != 0.f) *bad = 1;
+#else
+    __trap();
+#endif
+}
+
+// 16-bit rows only. 256 threads; at most 80 registers (3 blocks per SM where shared memory
+// allows: 70 KB per block at chunk 256, rank 32).
+#define REUSE4TCP(NAME, IN, OUT)                                                                       \
+    extern "C" __global__ void __launch_bounds__(256, 3) NAME##_bf16(                                    \
+        const IN::T* __restrict__ src, OUT::T* __restrict__ dst, int n, int cols, int dst_row, int dst_rows, \
+        const u16* __restrict__ p, const u16* __restrict__ wt, const i64* __restrict__ jobs,          \
+        const float* __restrict__ cosv, const float* __restrict__ sinv, int rotate, int n_heads,      \
+        int head_dim, int rotary_dims, int interleaved, int chunk_cols, int tiles, int* bad) {        \
+        reuse4tcp_body<IN, OUT, 1>(src, dst, n, cols, dst_row, dst_rows, p, wt, jobs, cosv, sinv, rotate, \
+                                   n_heads, head_dim, rotary_dims, interleaved, chunk_cols, tiles, bad); \
+    }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(256, 3) NAME##_f16(                                     \
+        const IN::T* __restrict__ src, OUT::T* __restrict__ dst, int n, int cols, int dst_row, int dst_rows, \
+        const u16* __restrict__ p, const u16* __restrict__ wt, const i64* __restrict__ jobs,          \
+        const float* __restrict__ cosv, const float* __restrict__ sinv, int rotate, int n_heads,      \
+        int head_dim, int rotary_dims, int interleaved, int chunk_cols, int tiles, int* bad) {        \
+        reuse4tcp_body<IN, OUT, 0>(src, dst, n, cols, dst_row, dst_rows, p, wt, jobs, cosv, sinv, rotate, \
+                                   n_heads, head_dim, rotary_dims, interleaved, chunk_cols, tiles, bad); \
+    }
+REUSE4TCP(reuse4tcp_f16_f32, F16, F32)
+REUSE4TCP(reuse4tcp_f16_f16, F16, F16)
+REUSE4TCP(reuse4tcp_f16_bf16, F16, BF16)
+REUSE4TCP(reuse4tcp_bf16_f32, BF16, F32)
+REUSE4TCP(reuse4tcp_bf16_f16, BF16, F16)
+REUSE4TCP(reuse4tcp_bf16_bf16, BF16, BF16)

@@ -18,7 +18,10 @@ cargo fmt --all --check
 cargo clippy --release --workspace --all-targets -- -D warnings
 cargo test --release --workspace --no-fail-fast "$@"
 
-# The CUDA backend builds, and every kernel compiles with NVRTC alone (no GPU needed; its GPU
-# parity tests report themselves skipped where no GPU exists).
+# The CUDA build: kamera-gpu's backend and device model, and every kernel (kernels/*.cu) compiles
+# with NVRTC alone (no GPU needed; the GPU parity tests report themselves skipped where no GPU
+# exists); clippy over the CUDA code; the `kamera` binary with the device path.
 nvrtc=$(scripts/install-nvrtc.sh)
+cargo clippy --release -p kamera-gpu --features cuda --all-targets -- -D warnings
 LD_LIBRARY_PATH="${nvrtc}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" cargo test --release -p kamera-gpu --features cuda --no-fail-fast
+cargo build --release -p kamera-cli --features cuda

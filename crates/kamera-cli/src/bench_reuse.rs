@@ -1,5 +1,6 @@
 //! `kamera bench reuse`: relocate + patch of a chunk against its re-prefill, and revisit time
-//! to first token against a full re-prefill, measured in one run (kamera-eval).
+//! to first token against a full re-prefill, measured in one run (kamera-eval on the CPU;
+//! kamera-gpu's device model with `--device cuda`, bf16 weights and KV on the GPU).
 
 use std::path::PathBuf;
 
@@ -33,10 +34,36 @@ pub struct ReuseArgs {
     /// Where to write the JSON.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Where to run: cpu (kamera-eval, candle), cuda (the device model; needs a build with
+    /// `--features cuda` and an NVIDIA GPU), or both (the CUDA table, then the CPU one).
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda", "both"])]
+    device: String,
 }
 
 pub fn run(a: ReuseArgs) -> Result<()> {
     let model = crate::models::load(&a.model)?;
+    let mut json = serde_json::Map::new();
+    if a.device != "cpu" {
+        let device = model
+            .to_device(0)
+            .context("--device cuda: the model could not be put on the GPU")?;
+        let cfg = kamera_gpu::ModelBenchConfig {
+            chunk_tokens: a.chunk_tokens,
+            chunks: a.chunks,
+            question_tokens: a.question_tokens,
+            rank: a.rank,
+            reps: a.reps,
+            prefill_sizes: vec![a.chunk_tokens, a.chunks * a.chunk_tokens],
+        };
+        let f = device.bench_reuse(&cfg)?;
+        println!("## {} on CUDA (bf16 weights and KV)\n", a.model);
+        print!("{}", f.markdown());
+        json.insert("cuda".into(), serde_json::to_value(&f)?);
+        if a.device == "cuda" {
+            return write_json(a.json.as_ref(), json);
+        }
+        println!("\n## {} on the CPU ({})\n", a.model, a.dtype);
+    }
     let cfg = BenchConfig {
         chunk_tokens: a.chunk_tokens,
         chunks: a.chunks,
@@ -46,9 +73,20 @@ pub fn run(a: ReuseArgs) -> Result<()> {
         dtype: a.dtype.clone(),
     };
     let r = bench_reuse(&model, &a.model, &cfg)?;
-    if let Some(p) = &a.json {
-        std::fs::write(p, serde_json::to_string_pretty(&r)?).with_context(|| format!("writing {}", p.display()))?;
-    }
     print!("{}", r.markdown());
+    if a.device == "cpu" {
+        if let Some(p) = &a.json {
+            std::fs::write(p, serde_json::to_string_pretty(&r)?).with_context(|| format!("writing {}", p.display()))?;
+        }
+        return Ok(());
+    }
+    json.insert("cpu".into(), serde_json::to_value(&r)?);
+    write_json(a.json.as_ref(), json)
+}
+
+fn write_json(path: Option<&PathBuf>, v: serde_json::Map<String, serde_json::Value>) -> Result<()> {
+    if let Some(p) = path {
+        std::fs::write(p, serde_json::to_string_pretty(&v)?).with_context(|| format!("writing {}", p.display()))?;
+    }
     Ok(())
 }

@@ -29,11 +29,11 @@ pub use cuda::CudaBackend;
 pub use cuda::model::{DeviceKv, DeviceModel};
 #[cfg(feature = "cuda")]
 pub use cuda::pool::{DevicePool, ResidentChunk};
-pub use model::{HostLayer, HostWeights, ModelSpec};
-pub use pool::{PoolStats, Slots};
-pub use reference::reference_prefill;
 pub use error::{Error, Result};
 pub use figures::{BenchFigures, ModelBenchConfig, ModelFigures};
+pub use model::{HostLayer, HostWeights, ModelSpec};
+pub use pool::{PoolStats, Slots};
+pub use reference::{LayerRows, reference_prefill};
 #[cfg(not(feature = "cuda"))]
 pub use stub::{CudaBackend, DeviceKv, DeviceModel, DevicePool, ResidentChunk};
 

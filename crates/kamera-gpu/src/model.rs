@@ -32,12 +32,36 @@ pub struct ModelSpec {
 impl ModelSpec {
     /// Qwen2.5-0.5B's shape (kamera-model's tests check it against the GGUF's configuration).
     pub fn qwen25_05b() -> ModelSpec {
-        ModelSpec::plain(24, 896, 4864, 14, 2, 64, 151_936, 1e-6, 1_000_000.0, PairLayout::HalfSplit, true)
+        ModelSpec::plain(
+            24,
+            896,
+            4864,
+            14,
+            2,
+            64,
+            151_936,
+            1e-6,
+            1_000_000.0,
+            PairLayout::HalfSplit,
+            true,
+        )
     }
 
     /// SmolLM2-135M's shape (llama; interleaved pairs after llama.cpp's Q/K permutation).
     pub fn smollm2_135m() -> ModelSpec {
-        ModelSpec::plain(30, 576, 1536, 9, 3, 64, 49_152, 1e-5, 100_000.0, PairLayout::Interleaved, false)
+        ModelSpec::plain(
+            30,
+            576,
+            1536,
+            9,
+            3,
+            64,
+            49_152,
+            1e-5,
+            100_000.0,
+            PairLayout::Interleaved,
+            false,
+        )
     }
 
     /// A named shape: `qwen2.5-0.5b` or `smollm2-135m`.
@@ -102,10 +126,16 @@ impl ModelSpec {
             return Some("zero layers, hidden, ffn or vocab".into());
         }
         if s.kv_heads == 0 || s.heads % s.kv_heads != 0 {
-            return Some(format!("{} heads are not a multiple of {} kv heads", s.heads, s.kv_heads));
+            return Some(format!(
+                "{} heads are not a multiple of {} kv heads",
+                s.heads, s.kv_heads
+            ));
         }
         if s.head_dim % 32 != 0 || s.head_dim > 256 {
-            return Some(format!("head_dim {} (the attention kernel takes multiples of 32 up to 256)", s.head_dim));
+            return Some(format!(
+                "head_dim {} (the attention kernel takes multiples of 32 up to 256)",
+                s.head_dim
+            ));
         }
         if s.windows.len() != s.layers {
             return Some(format!("{} windows for {} layers", s.windows.len(), s.layers));
@@ -223,7 +253,11 @@ impl HostWeights {
             want("lm_head".into(), lm, spec.vocab * h)?;
         }
         if self.layers.len() != spec.layers {
-            return Err(format!("{} layers given, the spec has {}", self.layers.len(), spec.layers));
+            return Err(format!(
+                "{} layers given, the spec has {}",
+                self.layers.len(),
+                spec.layers
+            ));
         }
         for (l, w) in self.layers.iter().enumerate() {
             let n = |s: &str| format!("layer {l} {s}");
@@ -253,7 +287,10 @@ impl HostWeights {
                 (None, false) => {}
                 _ => return Err(n("QK-norm weights present where the spec says otherwise (or missing)")),
             }
-            for (name, x) in [("post_attn_norm", &w.post_attn_norm), ("post_ffn_norm", &w.post_ffn_norm)] {
+            for (name, x) in [
+                ("post_attn_norm", &w.post_attn_norm),
+                ("post_ffn_norm", &w.post_ffn_norm),
+            ] {
                 match (x, spec.post_norms) {
                     (Some(v), true) => want(n(name), v, h)?,
                     (None, false) => {}

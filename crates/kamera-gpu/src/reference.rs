@@ -2,8 +2,8 @@
 //! in plain f32 loops, with the device's bf16 roundings (weights, GEMM inputs, stored K/V), so
 //! parity is tight; kamera-model checks it against its candle runner on real weights.
 
-use half::bf16;
 use crate::{HostWeights, ModelSpec};
+use half::bf16;
 
 fn r16(v: &[f32]) -> Vec<f32> {
     v.iter().map(|&x| bf16::from_f32(x).to_f32()).collect()
@@ -31,16 +31,23 @@ fn rms(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
         .collect()
 }
 
+/// One layer's K and V rows, `[n, kv_dim]` each, f32.
+pub type LayerRows = (Vec<f32>, Vec<f32>);
+
 /// The reference forward of `tokens` at positions 0..n: last-token logits and every layer's
 /// post-RoPE K and V (`[n, kv_dim]`, bf16-rounded as the device stores them). Slow (plain
 /// loops): for parity tests on small shapes and a few tokens of a real model.
-pub fn reference_prefill(spec: &ModelSpec, w: &HostWeights, tokens: &[u32]) -> (Vec<f32>, Vec<(Vec<f32>, Vec<f32>)>) {
+pub fn reference_prefill(spec: &ModelSpec, w: &HostWeights, tokens: &[u32]) -> (Vec<f32>, Vec<LayerRows>) {
     let (h, f, qd, kvd, hd) = (spec.hidden, spec.ffn, spec.q_dim(), spec.kv_dim(), spec.head_dim);
     let n = tokens.len();
     let emb = r16(&w.embed);
     let mut x: Vec<f32> = tokens
         .iter()
-        .flat_map(|&t| emb[t as usize * h..(t as usize + 1) * h].iter().map(|v| v * spec.embed_scale))
+        .flat_map(|&t| {
+            emb[t as usize * h..(t as usize + 1) * h]
+                .iter()
+                .map(|v| v * spec.embed_scale)
+        })
         .collect();
     let pos: Vec<i64> = (0..n as i64).collect();
     let mut kvs = Vec::new();
@@ -60,8 +67,12 @@ pub fn reference_prefill(spec: &ModelSpec, w: &HostWeights, tokens: &[u32]) -> (
             q = rms(&q, qn, spec.rms_eps);
             k = rms(&k, kn, spec.rms_eps);
         }
-        spec.rope.apply(l, &mut q, spec.heads, &pos).expect("RoPE of a checked spec");
-        spec.rope.apply(l, &mut k, spec.kv_heads, &pos).expect("RoPE of a checked spec");
+        spec.rope
+            .apply(l, &mut q, spec.heads, &pos)
+            .expect("RoPE of a checked spec");
+        spec.rope
+            .apply(l, &mut k, spec.kv_heads, &pos)
+            .expect("RoPE of a checked spec");
         let (k, v) = (r16(&k), r16(&v));
         let group = spec.heads / spec.kv_heads;
         let mut att = vec![0f32; n * qd];
@@ -116,4 +127,3 @@ pub fn reference_prefill(spec: &ModelSpec, w: &HostWeights, tokens: &[u32]) -> (
     let lm = r16(w.lm_head.as_ref().unwrap_or(&w.embed));
     (matmul(&last, &lm, 1, h, spec.vocab), kvs)
 }
-

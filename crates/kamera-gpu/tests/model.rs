@@ -98,12 +98,20 @@ fn placed_chunk_matches_cpu_reuse() {
         let canonical = m.download(&kv, 0).unwrap();
         let layout = spec.kv_layout();
         let lr = |cols: usize, salt: usize| LowRank {
-            p: Mat::from_f32(24, 5, (0..120).map(|i| ((i * 37 + salt) % 19) as f32 / 19.0 - 0.5).collect())
-                .unwrap()
-                .to_dtype(DType::Bf16),
-            wt: Mat::from_f32(5, cols, (0..5 * cols).map(|i| ((i * 11 + salt) % 23) as f32 / 230.0).collect())
-                .unwrap()
-                .to_dtype(DType::Bf16),
+            p: Mat::from_f32(
+                24,
+                5,
+                (0..120).map(|i| ((i * 37 + salt) % 19) as f32 / 19.0 - 0.5).collect(),
+            )
+            .unwrap()
+            .to_dtype(DType::Bf16),
+            wt: Mat::from_f32(
+                5,
+                cols,
+                (0..5 * cols).map(|i| ((i * 11 + salt) % 23) as f32 / 230.0).collect(),
+            )
+            .unwrap()
+            .to_dtype(DType::Bf16),
             spectrum: Vec::new(),
         };
         let layers = (0..spec.layers)
@@ -125,8 +133,14 @@ fn placed_chunk_matches_cpu_reuse() {
         let want: ChunkKv = kamera_ops::reuse(&canonical, Some(&patch), &spec.rope, 20).unwrap();
         for l in 0..spec.layers {
             let (a, b) = (&placed.layers()[l], &want.layers()[l]);
-            let (ek, ev) = (rel(&a.k.to_f32_vec(), &b.k.to_f32_vec()), rel(&a.v.to_f32_vec(), &b.v.to_f32_vec()));
-            assert!(ek < 1e-2 && ev < 1e-2, "{name}: layer {l} placed K/V rel err {ek} / {ev}");
+            let (ek, ev) = (
+                rel(&a.k.to_f32_vec(), &b.k.to_f32_vec()),
+                rel(&a.v.to_f32_vec(), &b.v.to_f32_vec()),
+            );
+            assert!(
+                ek < 1e-2 && ev < 1e-2,
+                "{name}: layer {l} placed K/V rel err {ek} / {ev}"
+            );
         }
         // The context keeps growing past the placed chunk.
         m.prefill(&mut ctx, &toks(3, spec.vocab, 4), false).unwrap();

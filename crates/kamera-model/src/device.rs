@@ -8,7 +8,10 @@ use crate::error::{CandleCtx, Error, Result};
 use crate::model::Model;
 
 fn host(t: &candle_core::Tensor) -> Result<Vec<f32>> {
-    t.flatten_all().ctx("Model::host_weights")?.to_vec1::<f32>().ctx("Model::host_weights")
+    t.flatten_all()
+        .ctx("Model::host_weights")?
+        .to_vec1::<f32>()
+        .ctx("Model::host_weights")
 }
 
 fn host_opt(t: Option<&candle_core::Tensor>) -> Result<Option<Vec<f32>>> {
@@ -82,9 +85,9 @@ impl Model {
     /// This model on CUDA device `ordinal` (bf16 weights and KV on the device). A clear error
     /// without the `cuda` feature of kamera-gpu, a driver, NVRTC or cuBLAS.
     pub fn to_device(&self, ordinal: usize) -> Result<DeviceModel> {
-        DeviceModel::new(ordinal, self.device_spec(), &self.host_weights()?).map_err(|source| Error::Gpu {
+        DeviceModel::new(ordinal, self.device_spec(), &self.host_weights()?).map_err(|error| Error::Gpu {
             op: "Model::to_device",
-            source,
+            error,
         })
     }
 }

@@ -57,12 +57,8 @@ pub enum Error {
     TokenOutOfRange { op: &'static str, id: u32, vocab: usize },
     #[error("{op}: {detail}")]
     Invalid { op: &'static str, detail: String },
-    #[error("{op}: {source}")]
-    Gpu {
-        op: &'static str,
-        #[source]
-        source: kamera_gpu::Error,
-    },
+    #[error("{op}: {error}")]
+    Gpu { op: &'static str, error: kamera_gpu::Error },
     #[error("{op}: candle: {source}")]
     Candle {
         op: &'static str,

@@ -11,7 +11,9 @@ use kamera_model::ModelName;
 fn device_reference_matches_candle_runner_on_real_weights() -> anyhow::Result<()> {
     for name in [ModelName::Smollm2_135m, ModelName::Gemma3_270m] {
         let model = common::load(name)?;
-        let ids = model.tokenizer().encode("The capital of France is Paris, and the capital of Italy is")?;
+        let ids = model
+            .tokenizer()
+            .encode("The capital of France is Paris, and the capital of Italy is")?;
         let ids = &ids[..ids.len().min(12)];
         let want = model.prefill(ids, 0, &model.empty_context())?;
         let spec = model.device_spec();
@@ -19,7 +21,11 @@ fn device_reference_matches_candle_runner_on_real_weights() -> anyhow::Result<()
         let kl = common::kl(&want.logits, &got);
         eprintln!("{name}: KL(candle || device reference) = {kl:.2e}");
         assert!(kl < 2e-2, "{name}: KL {kl}");
-        assert_eq!(common::argmax(&want.logits), common::argmax(&got), "{name}: next token differs");
+        assert_eq!(
+            common::argmax(&want.logits),
+            common::argmax(&got),
+            "{name}: next token differs"
+        );
         // K of the last layer: the RoPE layout and QK-norm agree.
         let k = want.chunk.layers().last().unwrap().k.to_f32_vec();
         let e = common::max_abs(&k, &kvs.last().unwrap().0);

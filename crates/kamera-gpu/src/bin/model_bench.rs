@@ -9,7 +9,11 @@ use kamera_gpu::{DeviceModel, HostWeights, ModelBenchConfig, ModelSpec};
 
 fn list(v: &str) -> Result<Vec<usize>, String> {
     v.split(',')
-        .map(|x| x.trim().parse::<usize>().map_err(|_| format!("expected numbers separated by commas, got {v:?}")))
+        .map(|x| {
+            x.trim()
+                .parse::<usize>()
+                .map_err(|_| format!("expected numbers separated by commas, got {v:?}"))
+        })
         .collect()
 }
 

@@ -5,8 +5,8 @@
 mod bench;
 mod launch;
 pub(crate) mod model;
-pub(crate) mod pool;
 mod model_bench;
+pub(crate) mod pool;
 
 use crate::KERNEL_SOURCE;
 use crate::backend::Backend;
@@ -364,8 +364,20 @@ impl CudaBackend {
         dst_row: usize,
         bad: &mut CudaSlice<i32>,
     ) -> Result<()> {
-        let src = (self.upload_channel(canonical, false)?, self.upload_channel(canonical, true)?);
-        self.reuse_resident(&src, canonical.layout(), patch, rope, delta, (&mut dst.0, &mut dst.1), dst_row, bad)
+        let src = (
+            self.upload_channel(canonical, false)?,
+            self.upload_channel(canonical, true)?,
+        );
+        self.reuse_resident(
+            &src,
+            canonical.layout(),
+            patch,
+            rope,
+            delta,
+            (&mut dst.0, &mut dst.1),
+            dst_row,
+            bad,
+        )
     }
 
     /// Writes K/V already on the device (`src`), relocated to δ and patched, into rows

@@ -3,9 +3,9 @@
 //! device in bf16 (`DeviceKv`). CPU reference: kamera-model's block.rs.
 
 use super::{Channel, CudaBackend, DevBuf, driver};
+use crate::MODEL_KERNEL_SOURCE;
 use crate::error::{Error, Result};
 use crate::model::{HostWeights, ModelSpec};
-use crate::MODEL_KERNEL_SOURCE;
 use cudarc::cublas::{CudaBlas, result as blas, sys as blas_sys};
 use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 use half::bf16;
@@ -152,7 +152,9 @@ impl DeviceModel {
         if let Some(why) = spec.unsupported() {
             return Err(Error::Unsupported { op: OP, detail: why });
         }
-        weights.check(&spec).map_err(|detail| Error::Unsupported { op: OP, detail })?;
+        weights
+            .check(&spec)
+            .map_err(|detail| Error::Unsupported { op: OP, detail })?;
         let backend = CudaBackend::new(ordinal)?;
         // SAFETY: only probes whether the shared library can be loaded.
         if !unsafe { cudarc::cublas::sys::is_culib_present() } {
@@ -232,7 +234,10 @@ impl DeviceModel {
     }
     /// Waits for all queued device work (for timing).
     pub fn synchronize(&self) -> Result<()> {
-        self.backend.stream.synchronize().map_err(driver("DeviceModel::synchronize"))
+        self.backend
+            .stream
+            .synchronize()
+            .map_err(driver("DeviceModel::synchronize"))
     }
 
     /// An empty context whose next row sits at `offset`.
@@ -370,7 +375,10 @@ impl DeviceModel {
             let key = sp.rope.base(l)?.to_bits();
             if let std::collections::hash_map::Entry::Vacant(e) = tables.entry(key) {
                 let (c, sn) = sp.rope.cos_sin(l, &positions)?;
-                e.insert((s.clone_htod(&c).map_err(driver(OP))?, s.clone_htod(&sn).map_err(driver(OP))?));
+                e.insert((
+                    s.clone_htod(&c).map_err(driver(OP))?,
+                    s.clone_htod(&sn).map_err(driver(OP))?,
+                ));
             }
         }
         let (row0, keys) = (kv.len, kv.len + n);
@@ -416,7 +424,10 @@ impl DeviceModel {
             let (kl, vl) = (kc0 + layer_off, vc0 + layer_off);
             {
                 let bias = w.bias.as_ref().map_or(null, |x| addr(x, b));
-                let (qn, kn) = w.qk_norm.as_ref().map_or((null, null), |(q, k)| (addr(q, b), addr(k, b)));
+                let (qn, kn) = w
+                    .qk_norm
+                    .as_ref()
+                    .map_or((null, null), |(q, k)| (addr(q, b), addr(k, b)));
                 let ints = [
                     row0 as i32,
                     sp.heads as i32,
@@ -426,7 +437,14 @@ impl DeviceModel {
                     (sp.rope.layout == kamera_ops::PairLayout::Interleaved) as i32,
                 ];
                 let mut l = s.launch_builder(&self.k.qkv_rope);
-                l.arg(&yp).arg(&bias).arg(&qn).arg(&kn).arg(&cosp).arg(&sinp).arg(&kl).arg(&vl);
+                l.arg(&yp)
+                    .arg(&bias)
+                    .arg(&qn)
+                    .arg(&kn)
+                    .arg(&cosp)
+                    .arg(&sinp)
+                    .arg(&kl)
+                    .arg(&vl);
                 for i in &ints {
                     l.arg(i);
                 }
@@ -437,12 +455,25 @@ impl DeviceModel {
             }
             {
                 let window = sp.windows[li].map_or(0, |w| w.min(i32::MAX as usize) as i32);
-                let (stride, nn, heads, kvh, hd) =
-                    (width as i32, n as i32, sp.heads as i32, sp.kv_heads as i32, sp.head_dim as i32);
+                let (stride, nn, heads, kvh, hd) = (
+                    width as i32,
+                    n as i32,
+                    sp.heads as i32,
+                    sp.kv_heads as i32,
+                    sp.head_dim as i32,
+                );
                 let (qp0, kp0, nkeys, scale) = (kv.end(), kv.offset, keys as i32, sp.attn_scale);
                 let mut l = s.launch_builder(&self.k.attend);
                 l.arg(&yp).arg(&stride).arg(&kl).arg(&vl).arg(&hp);
-                l.arg(&nn).arg(&heads).arg(&kvh).arg(&hd).arg(&qp0).arg(&kp0).arg(&nkeys).arg(&scale).arg(&window);
+                l.arg(&nn)
+                    .arg(&heads)
+                    .arg(&kvh)
+                    .arg(&hd)
+                    .arg(&qp0)
+                    .arg(&kp0)
+                    .arg(&nkeys)
+                    .arg(&scale)
+                    .arg(&window);
                 let cfg = LaunchConfig {
                     grid_dim: (n.div_ceil(4) as u32, sp.heads as u32, 1),
                     block_dim: (128, 1, 1),
@@ -513,7 +544,12 @@ impl DeviceModel {
             Ok(Mat::new(n, cols, kamera_ops::Buf::Bf16(v))?)
         };
         let layers = (0..self.spec.layers)
-            .map(|l| Ok(LayerKv { k: mat(&kh, l)?, v: mat(&vh, l)? }))
+            .map(|l| {
+                Ok(LayerKv {
+                    k: mat(&kh, l)?,
+                    v: mat(&vh, l)?,
+                })
+            })
             .collect::<Result<Vec<_>>>()?;
         Ok(ChunkKv::new(kv.layout, kv.offset + from as i64, layers)?)
     }

@@ -16,7 +16,9 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// Deterministic token ids below `vocab` (the timings do not depend on which).
 fn tokens(seed: usize, n: usize, vocab: usize) -> Vec<u32> {
-    (0..n).map(|i| ((seed * 1_000_003 + i * 7919 + 13) % vocab) as u32).collect()
+    (0..n)
+        .map(|i| ((seed * 1_000_003 + i * 7919 + 13) % vocab) as u32)
+        .collect()
 }
 
 fn val(i: usize) -> f32 {
@@ -55,7 +57,9 @@ impl DeviceModel {
             let ms = median(runs);
             prefill.push((n, ms, n as f64 / ms * 1e3));
         }
-        let chunk_toks: Vec<Vec<u32>> = (0..cfg.chunks).map(|c| tokens(c, cfg.chunk_tokens, spec.vocab)).collect();
+        let chunk_toks: Vec<Vec<u32>> = (0..cfg.chunks)
+            .map(|c| tokens(c, cfg.chunk_tokens, spec.vocab))
+            .collect();
         let question = tokens(1000, cfg.question_tokens, spec.vocab);
         let all: Vec<u32> = chunk_toks.iter().flatten().chain(&question).copied().collect();
         let mut full = Vec::new();
@@ -65,6 +69,13 @@ impl DeviceModel {
         }
         // Canonical chunks: each prefilled alone at position 0, read back (as the store holds
         // them), then made resident.
+        let keys: Vec<[u8; 32]> = (0..cfg.chunks)
+            .map(|c| {
+                let mut key = [0u8; 32];
+                key[..8].copy_from_slice(&(c as u64).to_le_bytes());
+                key
+            })
+            .collect();
         let mut pool = DevicePool::new(usize::MAX);
         let layout = spec.kv_layout();
         let mut patches = Vec::new();
@@ -72,16 +83,18 @@ impl DeviceModel {
             let mut kv = self.context(0)?;
             self.prefill(&mut kv, toks, false)?;
             let canonical = self.download(&kv, 0)?;
-            let mut key = [0u8; 32];
-            key[..8].copy_from_slice(&(c as u64).to_le_bytes());
-            pool.get_or_upload(self.backend(), key, || Ok(canonical))?;
+            pool.get_or_upload(self.backend(), keys[c], || Ok(canonical))?;
             let n = cfg.chunk_tokens;
             let lr = |cols: usize, salt: usize| -> Result<LowRank> {
                 Ok(LowRank {
                     p: Mat::from_f32(n, cfg.rank, (0..n * cfg.rank).map(|i| val(i + salt)).collect())?
                         .to_dtype(DType::Bf16),
-                    wt: Mat::from_f32(cfg.rank, cols, (0..cfg.rank * cols).map(|i| 0.01 * val(i + 7 * salt)).collect())?
-                        .to_dtype(DType::Bf16),
+                    wt: Mat::from_f32(
+                        cfg.rank,
+                        cols,
+                        (0..cfg.rank * cols).map(|i| 0.01 * val(i + 7 * salt)).collect(),
+                    )?
+                    .to_dtype(DType::Bf16),
                     spectrum: Vec::new(),
                 })
             };
@@ -94,15 +107,7 @@ impl DeviceModel {
                 })
                 .collect::<Result<Vec<_>>>()?;
             patches.push((cfg.rank > 0).then(|| Patch::new(layout, n, layers)).transpose()?);
-            let _ = key;
         }
-        let keys: Vec<[u8; 32]> = (0..cfg.chunks)
-            .map(|c| {
-                let mut key = [0u8; 32];
-                key[..8].copy_from_slice(&(c as u64).to_le_bytes());
-                key
-            })
-            .collect();
         let (mut place, mut reuse) = (Vec::new(), Vec::new());
         for _ in 0..cfg.reps {
             let mut kv = self.context(0)?;

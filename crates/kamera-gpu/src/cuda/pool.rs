@@ -90,7 +90,16 @@ impl DeviceModel {
         let b = self.backend();
         let mut bad = b.stream.alloc_zeros::<i32>(1).map_err(driver(OP))?;
         let row = kv.len;
-        b.reuse_resident(&chunk.kv, &chunk.layout, patch, &spec.rope, delta, (&mut kv.k, &mut kv.v), row, &mut bad)?;
+        b.reuse_resident(
+            &chunk.kv,
+            &chunk.layout,
+            patch,
+            &spec.rope,
+            delta,
+            (&mut kv.k, &mut kv.v),
+            row,
+            &mut bad,
+        )?;
         b.finish(OP, &bad)?;
         kv.len += chunk.tokens;
         Ok(())
