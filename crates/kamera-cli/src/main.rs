@@ -10,6 +10,11 @@ mod eval;
 mod generate;
 mod logits;
 mod models;
+// kamera-store's test server (a redis-server on a free loopback port, killed on drop): one
+// launcher for the store tests, the workspace tests and this binary's tests.
+#[cfg(test)]
+#[path = "../../kamera-store/tests/common/redis_server.rs"]
+mod redis_server;
 mod run;
 mod store;
 

@@ -73,6 +73,13 @@ impl Record {
             }
         }
     }
+    /// Tokens the record covers (the chunk's length).
+    pub fn n_tokens(&self) -> usize {
+        match &self.body {
+            Body::Kv(kv) => kv.n_tokens(),
+            Body::Patch(p) => p.n_tokens(),
+        }
+    }
     /// Storage dtype of the body (of the first matrix).
     pub fn dtype(&self) -> DType {
         match &self.body {

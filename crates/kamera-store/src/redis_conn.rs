@@ -44,6 +44,23 @@ impl Conn {
             }
         }
     }
+
+    /// Runs `cmd` on the server, or on every primary of a cluster: `(node, reply)`, the node as
+    /// `host:port` (`None` for a single server).
+    pub fn on_each_primary<T: redis::FromRedisValue>(&mut self, cmd: &Cmd) -> RedisResult<Vec<(Option<String>, T)>> {
+        match self {
+            Conn::Single(c) => Ok(vec![(None, cmd.query(c)?)]),
+            Conn::Cluster(c) => {
+                let mut out = Vec::new();
+                for (host, port) in primaries(c)? {
+                    let node = format!("{host}:{port}");
+                    let to = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
+                    out.push((Some(node), redis::from_redis_value(c.route_command(cmd, to)?)?));
+                }
+                Ok(out)
+            }
+        }
+    }
 }
 
 /// SCAN with MATCH on one node until the cursor returns to 0.

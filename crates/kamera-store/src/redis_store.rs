@@ -91,9 +91,9 @@ impl fmt::Debug for RedisConfig {
 /// # Ok::<(), kamera_store::Error>(())
 /// ```
 pub struct RedisStore {
-    cfg: RedisConfig,
+    pub(crate) cfg: RedisConfig,
     url: String,
-    pool: Pool,
+    pub(crate) pool: Pool,
     counters: Counters,
 }
 
@@ -165,6 +165,11 @@ impl RedisStore {
         &self.cfg
     }
 
+    /// The server URL with any password replaced by `***` (for messages).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
     /// Checks that the server answers (connecting if needed).
     pub fn ping(&self) -> Result<()> {
         self.pool
@@ -185,7 +190,7 @@ impl RedisStore {
         format!("{}:{}:{{{}}}", self.cfg.prefix, key.model, key.to_hex())
     }
 
-    fn piece_keys(manifest: &str, m: &Manifest) -> Vec<String> {
+    pub(crate) fn piece_keys(manifest: &str, m: &Manifest) -> Vec<String> {
         let count = match m.layout {
             Layout::Inline => 0,
             Layout::Pieces { count, .. } => count,
@@ -195,7 +200,7 @@ impl RedisStore {
     }
 
     /// The record key named by a manifest key of this prefix, or `None` for any other name.
-    fn parse_name(&self, name: &[u8]) -> Option<Key> {
+    pub(crate) fn parse_name(&self, name: &[u8]) -> Option<Key> {
         let name = std::str::from_utf8(name).ok()?;
         let rest = name.strip_prefix(self.cfg.prefix.as_str())?.strip_prefix(':')?;
         let (model, rest) = rest.split_once(':')?;
@@ -204,7 +209,7 @@ impl RedisStore {
         (key.model.to_string() == model).then_some(key)
     }
 
-    fn err(&self, op: &'static str, key: impl fmt::Display, source: redis::RedisError) -> Error {
+    pub(crate) fn err(&self, op: &'static str, key: impl fmt::Display, source: redis::RedisError) -> Error {
         Error::Redis {
             op,
             url: self.url.clone(),
@@ -257,7 +262,7 @@ impl RedisStore {
     }
 
     /// The encoded record of `key` from its manifest value, reading the pieces it names.
-    fn assemble(&self, key: &Key, name: &str, mut value: Vec<u8>) -> Result<Vec<u8>> {
+    pub(crate) fn assemble(&self, key: &Key, name: &str, mut value: Vec<u8>) -> Result<Vec<u8>> {
         const OP: &str = "get";
         let m = Manifest::parse(&self.cfg.prefix, key, &value)?;
         let bytes = match m.layout {
@@ -299,6 +304,41 @@ impl RedisStore {
         }
         Ok(bytes)
     }
+
+    /// Manifest names of this prefix (of one model or all), listed by SCAN (on every primary of
+    /// a cluster), with their record keys, in key order. Names are parsed strictly, so another
+    /// prefix's keys are never listed.
+    pub(crate) fn manifests(&self, model: Option<ModelFp>) -> Result<Vec<(String, Key)>> {
+        let pattern = match model {
+            Some(m) => format!("{}:{m}:{{*}}", self.cfg.prefix),
+            None => format!("{}:*:{{*}}", self.cfg.prefix),
+        };
+        let names = self
+            .pool
+            .run(|c| c.scan(&pattern))
+            .map_err(|e| self.err("keys", &pattern, e))?;
+        let mut keys: Vec<Key> = names
+            .iter()
+            .filter_map(|n| self.parse_name(n))
+            .filter(|k| model.is_none_or(|m| k.model == m))
+            .collect();
+        keys.sort();
+        keys.dedup();
+        Ok(keys.into_iter().map(|k| (self.manifest_key(&k), k)).collect())
+    }
+
+    /// The encoded record of `key` (manifest, then its pieces), not yet decoded: `None` when no
+    /// manifest is there; a damaged manifest or a missing piece is an error (`is_miss`).
+    pub(crate) fn fetch(&self, key: &Key) -> Result<Option<Vec<u8>>> {
+        let name = self.manifest_key(key);
+        let value: Option<Vec<u8>> = self
+            .pool
+            .run(|c| c.query(redis::cmd("GET").arg(&name)))
+            .map_err(|e| self.err("get", key, e))?;
+        let Some(value) = value else { return Ok(None) };
+        Counters::add(&self.counters.bytes_read, value.len() as u64);
+        self.assemble(key, &name, value).map(Some)
+    }
 }
 
 fn set(c: &mut Conn, name: &str, value: &[u8], ttl_ms: Option<u64>) -> redis::RedisResult<()> {
@@ -318,20 +358,11 @@ fn old_manifest(c: &mut Conn, prefix: &str, key: &Key, name: &str) -> redis::Red
 
 impl ChunkStore for RedisStore {
     fn get(&self, key: &Key) -> Result<Option<Arc<Record>>> {
-        let name = self.manifest_key(key);
-        let value: Option<Vec<u8>> = self
-            .pool
-            .run(|c| c.query(redis::cmd("GET").arg(&name)))
-            .map_err(|e| self.err("get", key, e))?;
-        let Some(value) = value else {
+        let Some(bytes) = self.fetch(key).inspect_err(|e| self.counters.count_err(e))? else {
             Counters::add(&self.counters.misses, 1);
             return Ok(None);
         };
-        Counters::add(&self.counters.bytes_read, value.len() as u64);
-        match self
-            .assemble(key, &name, value)
-            .and_then(|bytes| codec::decode(key, &bytes))
-        {
+        match codec::decode(key, &bytes) {
             Ok(r) => {
                 Counters::add(&self.counters.remote_hits, 1);
                 Ok(Some(Arc::new(r)))
@@ -379,22 +410,7 @@ impl ChunkStore for RedisStore {
     }
 
     fn keys(&self, model: Option<ModelFp>) -> Result<Vec<Key>> {
-        let pattern = match model {
-            Some(m) => format!("{}:{m}:{{*}}", self.cfg.prefix),
-            None => format!("{}:*:{{*}}", self.cfg.prefix),
-        };
-        let names = self
-            .pool
-            .run(|c| c.scan(&pattern))
-            .map_err(|e| self.err("keys", &pattern, e))?;
-        let mut keys: Vec<Key> = names
-            .iter()
-            .filter_map(|n| self.parse_name(n))
-            .filter(|k| model.is_none_or(|m| k.model == m))
-            .collect();
-        keys.sort();
-        keys.dedup();
-        Ok(keys)
+        Ok(self.manifests(model)?.into_iter().map(|(_, k)| k).collect())
     }
 
     /// Durability is the server's: with `appendonly yes` and `appendfsync always` every write

@@ -12,8 +12,9 @@ use sled::Transactional;
 
 use crate::codec;
 use crate::error::{Error, Result};
-use crate::id::{Key, Kind, ModelFp};
+use crate::id::{Key, ModelFp};
 use crate::record::Record;
+use crate::report::{GcReport, Usage, VerifyReport};
 use crate::store::{ChunkStore, Counters, EvictionPolicy, Stats};
 
 /// Settings of a [`SledStore`].
@@ -87,25 +88,6 @@ impl Meta {
             cost_us: w(16)?,
         })
     }
-}
-
-/// Result of [`SledStore::verify`].
-#[derive(Debug, Clone, Default)]
-pub struct VerifyReport {
-    pub ok: u64,
-    /// (key or raw key hex, why) of every unusable record.
-    pub bad: Vec<(String, String)>,
-    /// (kind, records, encoded bytes, tokens) of the healthy records.
-    pub by_kind: Vec<(Kind, u64, u64, u64)>,
-}
-
-/// Result of [`SledStore::gc`].
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct GcReport {
-    pub removed_bad: u64,
-    pub evicted: u64,
-    pub freed_bytes: u64,
-    pub remaining_bytes: u64,
 }
 
 /// The sled-backed canonical store.
@@ -261,6 +243,11 @@ impl SledStore {
         Ok(out)
     }
 
+    /// Records and encoded bytes by model and kind, from the meta tree.
+    pub fn usage(&self) -> Result<Usage> {
+        Ok(Usage::of(self.metas()?.into_iter().map(|(k, m)| (k, m.bytes))))
+    }
+
     /// Removes the lowest-scoring records (never `keep`) until the total is within `budget`.
     pub fn evict_to(&self, budget: u64, keep: Option<&Key>) -> Result<(u64, u64)> {
         let now = self.clock.load(Ordering::Relaxed);
@@ -288,7 +275,6 @@ impl SledStore {
     /// Decodes every record; reports the healthy ones by kind and every unusable one.
     pub fn verify(&self) -> Result<VerifyReport> {
         let mut rep = VerifyReport::default();
-        let mut by: std::collections::BTreeMap<Kind, (u64, u64, u64)> = Default::default();
         for kv in self.records.iter() {
             let (k, v) = kv.map_err(|e| self.err("verify", e))?;
             let key = match Key::from_bytes(&k) {
@@ -300,21 +286,10 @@ impl SledStore {
                 }
             };
             match codec::decode(&key, &v) {
-                Ok(r) => {
-                    rep.ok += 1;
-                    let tokens = match &r.body {
-                        crate::Body::Kv(kv) => kv.n_tokens(),
-                        crate::Body::Patch(p) => p.n_tokens(),
-                    };
-                    let e = by.entry(key.kind).or_default();
-                    e.0 += 1;
-                    e.1 += v.len() as u64;
-                    e.2 += tokens as u64;
-                }
+                Ok(r) => rep.healthy(key.kind, v.len() as u64, r.n_tokens() as u64),
                 Err(e) => rep.bad.push((key.to_string(), e.to_string())),
             }
         }
-        rep.by_kind = by.into_iter().map(|(k, (n, b, t))| (k, n, b, t)).collect();
         Ok(rep)
     }
 

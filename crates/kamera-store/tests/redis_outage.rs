@@ -253,5 +253,27 @@ fn works_against_a_redis_cluster_with_pieces_beside_their_manifest() -> Result<(
         assert!(other.get(&common::nth(i).0)?.is_none());
     }
     assert_eq!(other.keys(None)?.len() as u64, n - n / 2);
+    // Maintenance sees every primary: usage, verify, memory; gc removes a damaged record on
+    // its own node (the delete script runs where the hash tag sends it).
+    assert_eq!(other.usage()?.records(), n - n / 2);
+    assert_eq!(other.memory()?.len(), 3);
+    let victim = common::nth(n - 1).0;
+    let name = s.manifest_key(&victim);
+    let node = cluster
+        .nodes
+        .iter()
+        .find(|nd| nd.raw().exists::<_, bool>(&name).unwrap_or(false))
+        .context("the victim's node")?;
+    let _: i64 = redis::cmd("SETRANGE")
+        .arg(&name)
+        .arg(60)
+        .arg(&[0xEEu8][..])
+        .query(&mut node.raw())?;
+    let v = other.verify()?;
+    assert_eq!((v.ok, v.bad.len()), (n - n / 2 - 1, 1), "{:?}", v.bad);
+    let gc = other.gc(std::time::Duration::ZERO)?;
+    assert_eq!(gc.removed_bad, 1, "{gc:?}");
+    assert!(!s.contains(&victim)?);
+    assert_eq!(other.verify()?.bad.len(), 0);
     Ok(())
 }
