@@ -65,6 +65,25 @@ fn flavours() -> Vec<(&'static str, KvLayout, RopeSpec)> {
             KvLayout::mla(2, 8, 128, 64),
             RopeSpec::new(64, 1e4, PairLayout::Interleaved),
         ),
+        // 640 columns: the pipelined tensor-core kernel takes them in column chunks of two heads,
+        // the last one narrower than the others.
+        (
+            "multi-chunk",
+            KvLayout::mha(2, 5, 128),
+            RopeSpec::new(128, 1e6, PairLayout::HalfSplit),
+        ),
+        // 36 columns (not a multiple of 8): rows not 16-byte aligned, so 16-bit factors stay on
+        // the one-stage tensor-core kernel, rotating (both pair layouts) and not.
+        (
+            "head-dim-12-half-split",
+            KvLayout::gqa(2, 6, 3, 12),
+            RopeSpec::new(12, 1e4, PairLayout::HalfSplit),
+        ),
+        (
+            "head-dim-12-interleaved",
+            KvLayout::gqa(2, 6, 3, 12),
+            RopeSpec::new(12, 1e4, PairLayout::Interleaved),
+        ),
     ]
 }
 
@@ -101,11 +120,12 @@ fn fused_reuse_matches_cpu_reference() {
         for (name, layout, rope) in flavours() {
             let canonical = chunk(layout, 37, 1, DType::F32);
             let cond = relocate(&chunk(layout, 37, 2, DType::F32), &rope, 500).unwrap();
-            // Rank 16, and rank 5 (not a multiple of the kernels' 4- and 16-wide steps), with f32
-            // factors (FMA kernels) and 16-bit ones (tensor cores where the device has them).
+            // Rank 16 and 32 (one and two MMA k-steps), and rank 5 (not a multiple of the
+            // kernels' 4- and 16-wide steps), with f32 factors (FMA kernels) and 16-bit ones
+            // (tensor cores where the device has them).
             let mut patches = vec![None];
             for factors in dtypes {
-                for r in [16, 5] {
+                for r in [16, 32, 5] {
                     let cfg = PatchConfig::fixed(r, factors);
                     patches.push(Some(form_patch(&cond, &canonical, &rope, &cfg).unwrap()));
                 }
@@ -147,6 +167,77 @@ fn per_layer_ranks_and_long_chunks_match_cpu_reference() {
             let want = CpuBackend.reuse(&canonical, Some(&patch), &rope, to).unwrap();
             let got = gpu.reuse(&canonical, Some(&patch), &rope, to).unwrap();
             within(&format!("{kernel} per-layer ranks to {to}"), &got, &want);
+        }
+    }
+}
+
+/// A patch of random factors stored in `dtype`, rank `ranks[l]` in layer `l` (K and V).
+fn random_patch(layout: KvLayout, n: usize, ranks: &[usize], dtype: DType, seed: u64) -> Patch {
+    let factor = |rows: usize, cols: usize, scale: f32, s: u64| {
+        Mat::from_f32(rows, cols, (0..rows * cols).map(|i| scale * val(s, i)).collect())
+            .unwrap()
+            .to_dtype(dtype)
+    };
+    let low_rank = |r: usize, cols: usize, s: u64| LowRank {
+        p: factor(n, r, 1.0, s),
+        wt: factor(r, cols, 0.05, s + 1),
+        spectrum: Vec::new(),
+    };
+    let layers = ranks
+        .iter()
+        .enumerate()
+        .map(|(l, &r)| {
+            let s = seed + 10 * l as u64;
+            LayerPatch {
+                k: low_rank(r, layout.k_features(), s),
+                v: low_rank(r, layout.v_features(), s + 5),
+            }
+        })
+        .collect();
+    Patch::new(layout, n, layers).unwrap()
+}
+
+/// Chunks long enough that the pipelined tensor-core kernel's blocks take 8 row tiles (its ring
+/// of 4 slots wraps around) and end on a partial tile, 512 columns in two column chunks, ranks of
+/// one and three MMA k-steps (one of them not a multiple of 16), both 16-bit factor types.
+#[test]
+fn long_chunks_through_the_tensor_core_pipeline_match_cpu_reference() {
+    let Some(gpus) = cuda() else { return };
+    let n = 4100;
+    for (name, layout, rope) in [
+        (
+            "half-split",
+            KvLayout::mha(2, 4, 128),
+            RopeSpec::new(128, 1e6, PairLayout::HalfSplit),
+        ),
+        (
+            "interleaved",
+            KvLayout::gqa(2, 8, 4, 128),
+            RopeSpec::new(128, 1e4, PairLayout::Interleaved),
+        ),
+    ] {
+        for (src, factors, ranks) in [
+            (DType::Bf16, DType::Bf16, [32, 40]),
+            (DType::F16, DType::F16, [16, 48]),
+            (DType::Bf16, DType::F16, [0, 33]),
+        ] {
+            let canonical = chunk(layout, n, 21, src);
+            let patch = random_patch(layout, n, &ranks, factors, 22);
+            for (dst, to) in [(src, 9000), (DType::F32, -17)] {
+                let mut want = ChunkKv::zeros(layout, to - 2, n + 2, dst).unwrap();
+                let mut got = want.clone();
+                CpuBackend
+                    .reuse_into(&canonical, Some(&patch), &rope, &mut want, 2)
+                    .unwrap();
+                gpus[0]
+                    .reuse_into(&canonical, Some(&patch), &rope, &mut got, 2)
+                    .unwrap();
+                within(
+                    &format!("4-col long {name} {src:?}->{dst:?} ranks {ranks:?} factors {factors:?}"),
+                    &got,
+                    &want,
+                );
+            }
         }
     }
 }

@@ -1,10 +1,12 @@
 //! `kamera-gpu-bench`: bandwidth of the fused relocate + patch kernels against the device's copy
 //! bandwidth in the same run: T = 1024..16384 tokens, 28 layers, F = 512 (head dim 128, half-split
-//! pairs), rank 0 (relocate only), 16 and 32, patch factors in bf16 (tensor cores) and f32 (FMA),
-//! and the two-column kernels for reference (run by scripts/gpu-check.sh).
-//! `kamera-gpu-bench one TOKENS DTYPE RANK FACTORS [pairs]` runs one configuration (for profilers).
+//! pairs), rank 0 (relocate only), 16 and 32, patch factors in bf16 (tensor cores: on bf16 rows
+//! the cp.async-pipelined kernel, WideTcp, and the one-stage one, WideTc) and f32 (FMA), and the
+//! two-column kernels for reference (run by scripts/gpu-check.sh).
+//! `kamera-gpu-bench one TOKENS DTYPE RANK FACTORS [pairs|tc]` runs one configuration (for
+//! profilers; `tc`: the one-stage tensor-core kernel where the pipelined one would run).
 
-use kamera_gpu::CudaBackend;
+use kamera_gpu::{BenchFigures, CudaBackend};
 use kamera_ops::DType;
 
 /// The H200's nominal HBM3e bandwidth, for the last column.
@@ -35,13 +37,26 @@ fn main() {
     for tokens in [1024, 4096, 16384] {
         for dtype in [DType::Bf16, DType::F32] {
             for rank in [0, 16, 32] {
-                let runs: &[(&CudaBackend, DType)] = if rank == 0 {
-                    &[(&wide, DType::F32), (&pairs, DType::F32)]
+                // (backend, factors, one-stage tensor-core kernel): 16-bit factors on 16-bit rows
+                // run both tensor-core kernels.
+                let runs: &[(&CudaBackend, DType, bool)] = if rank == 0 {
+                    &[(&wide, DType::F32, false), (&pairs, DType::F32, false)]
+                } else if dtype == DType::F32 {
+                    &[
+                        (&wide, DType::Bf16, false),
+                        (&wide, DType::F32, false),
+                        (&pairs, DType::F32, false),
+                    ]
                 } else {
-                    &[(&wide, DType::Bf16), (&wide, DType::F32), (&pairs, DType::F32)]
+                    &[
+                        (&wide, DType::Bf16, false),
+                        (&wide, DType::Bf16, true),
+                        (&wide, DType::F32, false),
+                        (&pairs, DType::F32, false),
+                    ]
                 };
-                for &(backend, factors) in runs {
-                    match backend.bench_reuse(tokens, 28, 512, rank, dtype, factors, 20) {
+                for &(backend, factors, one_stage) in runs {
+                    match bench(backend, one_stage, tokens, dtype, rank, factors, 20) {
                         Ok(f) => println!(
                             "| {tokens} | {dtype:?} | {rank} | {factors:?} | {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.0} | {:.0} | {:.0}% | {:.0}% |",
                             f.kernel.split_whitespace().next().unwrap_or(""),
@@ -62,6 +77,26 @@ fn main() {
     }
 }
 
+/// One configuration at 28 layers, F = 512; `one_stage` forces the one-stage tensor-core kernel
+/// where the plan pipelines (only CUDA builds have both; the stub's bench is an error anyway).
+fn bench(
+    backend: &CudaBackend,
+    one_stage: bool,
+    tokens: usize,
+    dtype: DType,
+    rank: usize,
+    factors: DType,
+    iters: usize,
+) -> kamera_gpu::Result<BenchFigures> {
+    #[cfg(feature = "cuda")]
+    return backend.bench_reuse_as(one_stage, tokens, 28, 512, rank, dtype, factors, iters);
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = one_stage;
+        backend.bench_reuse(tokens, 28, 512, rank, dtype, factors, iters)
+    }
+}
+
 fn dtype(s: &str) -> Option<DType> {
     match s {
         "f32" => Some(DType::F32),
@@ -71,27 +106,27 @@ fn dtype(s: &str) -> Option<DType> {
     }
 }
 
-/// One configuration: `TOKENS DTYPE RANK FACTORS [pairs]`.
+/// One configuration: `TOKENS DTYPE RANK FACTORS [pairs|tc]`.
 fn one(args: &[String], open: impl Fn(bool) -> CudaBackend) {
-    let usage = "usage: kamera-gpu-bench one TOKENS f32|f16|bf16 RANK f32|f16|bf16 [pairs]";
+    let usage = "usage: kamera-gpu-bench one TOKENS f32|f16|bf16 RANK f32|f16|bf16 [pairs|tc]";
     let parsed = (|| {
         let tokens: usize = args.first()?.parse().ok()?;
         let kv = dtype(args.get(1)?)?;
         let rank: usize = args.get(2)?.parse().ok()?;
         let factors = dtype(args.get(3)?)?;
-        Some((
-            tokens,
-            kv,
-            rank,
-            factors,
-            args.get(4).map(String::as_str) != Some("pairs"),
-        ))
+        let (wide, one_stage) = match args.get(4).map(String::as_str) {
+            None => (true, false),
+            Some("pairs") => (false, false),
+            Some("tc") => (true, true),
+            Some(_) => return None,
+        };
+        Some((tokens, kv, rank, factors, wide, one_stage))
     })();
-    let Some((tokens, kv, rank, factors, wide)) = parsed else {
+    let Some((tokens, kv, rank, factors, wide, one_stage)) = parsed else {
         eprintln!("{usage}");
         std::process::exit(2);
     };
-    match open(wide).bench_reuse(tokens, 28, 512, rank, kv, factors, 5) {
+    match bench(&open(wide), one_stage, tokens, kv, rank, factors, 5) {
         Ok(f) => println!("{f:?}"),
         Err(e) => {
             eprintln!("kamera-gpu-bench: {e}");

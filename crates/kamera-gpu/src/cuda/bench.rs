@@ -1,6 +1,7 @@
 //! Device bandwidth of the fused relocate + patch launch against a device-to-device copy of the
 //! same K/V bytes, measured in one run with CUDA events (run by `kamera-gpu-bench`).
 
+use super::launch::Kernel;
 use super::{Channel, CudaBackend, DevBuf, driver};
 use crate::BenchFigures;
 use crate::error::Result;
@@ -20,10 +21,28 @@ impl CudaBackend {
     /// Times `iters` fused reuses of a synthetic chunk (`tokens` × `features` per K and V in each
     /// of `layers` layers, rank-`rank` patch on both with factors stored in `factors`, or none at
     /// rank 0; `dtype` in and out; head dim 128, half-split pairs) against a device copy of the
-    /// same K/V bytes.
+    /// same K/V bytes, with the kernels `plan` picks.
     #[allow(clippy::too_many_arguments)]
     pub fn bench_reuse(
         &self,
+        tokens: usize,
+        layers: usize,
+        features: usize,
+        rank: usize,
+        dtype: DType,
+        factors: DType,
+        iters: usize,
+    ) -> Result<BenchFigures> {
+        self.bench_reuse_as(false, tokens, layers, features, rank, dtype, factors, iters)
+    }
+
+    /// [`CudaBackend::bench_reuse`] with `one_stage`: where the plan picks the cp.async-pipelined
+    /// tensor-core kernel (`reuse4tcp_*`), the one-stage one (`reuse4tc_*`) instead, so that one
+    /// run compares them (CUDA builds only).
+    #[allow(clippy::too_many_arguments)]
+    pub fn bench_reuse_as(
+        &self,
+        one_stage: bool,
         tokens: usize,
         layers: usize,
         features: usize,
@@ -52,7 +71,15 @@ impl CudaBackend {
             spectrum: Vec::new(),
         };
         let lrs = vec![&lr; layers];
-        let plan = |rotate: bool| self.plan(dtype, features, (&rot, rotate), super::factor_dtype(Some(&lrs)), rank);
+        let plan =
+            |rotate: bool| match self.plan(dtype, features, (&rot, rotate), super::factor_dtype(Some(&lrs)), rank) {
+                Kernel::WideTc {
+                    factors,
+                    pipelined: true,
+                    ..
+                } if one_stage => self.plan_tc(factors, features, (&rot, rotate), rank),
+                k => k,
+            };
         let (kk, kv) = (plan(true), plan(false));
         let (fk, fv) = (
             self.upload_factors(layers, Some(&lrs), kk)?,
@@ -84,7 +111,7 @@ impl CudaBackend {
         let kv_bytes = (2 * layers * tokens * features * dtype.size()) as f64;
         let patch_bytes = (2 * layers * (tokens + features) * rank * 4) as f64;
         Ok(BenchFigures {
-            kernel: format!("{kk:?}"),
+            kernel: kk.family().to_string(),
             fused_ms,
             fused_gbs: (2.0 * kv_bytes + patch_bytes) / (fused_ms * 1e6),
             k_ms,
@@ -95,17 +122,21 @@ impl CudaBackend {
     }
 
     /// Registers per thread and resident blocks per SM of the bf16 → bf16 and f32 → f32 kernels
-    /// (block sizes as launched for F = 512), for reading the bench.
+    /// (block sizes and shared memory as launched for F = 512, head dim 128, rank 32), for
+    /// reading the bench.
     pub fn kernel_report(&self) -> Result<Vec<String>> {
         const OP: &str = "CudaBackend::kernel_report";
         let mut lines = Vec::new();
         let tc_smem = super::launch::tc_smem(512, 32);
+        let tcp_smem = super::launch::tcp_smem(256, 32);
         for (name, threads, smem) in [
             ("reuse_bf16_bf16", 256, 8 * 32 * 4),
             ("reuse4_bf16_bf16", 128, 16 * 32 * 4),
             ("reuse4_f32_f32", 128, 8 * 32 * 4),
             ("reuse4tc_bf16_bf16_bf16", 256, tc_smem),
             ("reuse4tc_f16_f16_f16", 256, tc_smem),
+            ("reuse4tcp_bf16_bf16_bf16", 256, tcp_smem),
+            ("reuse4tcp_f16_f16_f16", 256, tcp_smem),
         ] {
             let f = self.module.load_function(name).map_err(driver(OP))?;
             if smem > 48 * 1024 {
@@ -120,7 +151,7 @@ impl CudaBackend {
                 .occupancy_max_active_blocks_per_multiprocessor(threads, smem, None)
                 .map_err(driver(OP))?;
             lines.push(format!(
-                "{name}: {regs} registers/thread, {blocks} blocks of {threads} threads per SM (rank 32)"
+                "{name}: {regs} registers/thread, {smem} B shared, {blocks} blocks of {threads} threads per SM (rank 32)"
             ));
         }
         Ok(lines)

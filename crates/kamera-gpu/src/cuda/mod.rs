@@ -191,8 +191,9 @@ impl CudaBackend {
         let name = match kernel {
             Kernel::Pairs => format!("reuse_{}_{}", dtype_tag(src), dtype_tag(dst)),
             Kernel::Wide => format!("reuse4_{}_{}", dtype_tag(src), dtype_tag(dst)),
-            Kernel::WideTc { factors, .. } => {
-                format!("reuse4tc_{}_{}_{}", dtype_tag(src), dtype_tag(dst), dtype_tag(factors))
+            Kernel::WideTc { factors, pipelined, .. } => {
+                let family = if pipelined { "reuse4tcp" } else { "reuse4tc" };
+                format!("{family}_{}_{}_{}", dtype_tag(src), dtype_tag(dst), dtype_tag(factors))
             }
         };
         self.module
@@ -502,17 +503,95 @@ mod tests {
             return;
         }
         let ptx = super::ptx_for("sm_90").unwrap().to_src();
-        for name in [
-            "reuse_f32_f32",
-            "reuse_f16_bf16",
-            "reuse4_bf16_f32",
-            "reuse4tc_bf16_bf16_bf16",
-            "reuse4tc_f16_f32_f16",
-        ] {
+        let mut names = vec![
+            "reuse_f32_f32".to_string(),
+            "reuse_f16_bf16".to_string(),
+            "reuse4_bf16_f32".to_string(),
+            "reuse4tc_bf16_bf16_bf16".to_string(),
+            "reuse4tc_f16_f32_f16".to_string(),
+        ];
+        // Every pipelined tensor-core kernel: 16-bit rows, any output, either factor type.
+        for src in ["f16", "bf16"] {
+            for dst in ["f32", "f16", "bf16"] {
+                for factors in ["f16", "bf16"] {
+                    names.push(format!("reuse4tcp_{src}_{dst}_{factors}"));
+                }
+            }
+        }
+        for name in &names {
             assert!(ptx.contains(&format!(".entry {name}(")), "{name} missing from the PTX");
         }
-        assert!(ptx.contains("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"));
+        for instruction in [
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
+            "cp.async.cg.shared.global",
+            "cp.async.wait_group 2",
+            "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16",
+        ] {
+            assert!(ptx.contains(instruction), "{instruction} missing from the PTX");
+        }
         // Registers only: a local-memory array would mean a spilled per-thread tile.
         assert!(!ptx.contains(".local"), "a kernel keeps an array in local memory");
+    }
+
+    /// What ptxas (run by NVRTC for a real architecture) reports of every kernel for sm_90:
+    /// (name, stack frame bytes, spill store bytes, registers). Empty where NVRTC is missing.
+    fn ptxas_report() -> Vec<(String, usize, usize, usize)> {
+        use cudarc::nvrtc::result;
+        // SAFETY: only probes whether the shared library can be loaded.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            return Vec::new();
+        }
+        let src = std::ffi::CString::new(crate::KERNEL_SOURCE).unwrap();
+        let prog = result::create_program(&src, None).unwrap();
+        // SAFETY: `prog` was just created and is destroyed once, after its log is read.
+        let log = unsafe {
+            let compiled = result::compile_program(prog, &["--gpu-architecture=sm_90", "-Xptxas=-v"]);
+            let log = result::get_program_log(prog).unwrap();
+            result::destroy_program(prog).unwrap();
+            compiled.unwrap();
+            std::ffi::CStr::from_ptr(log.as_ptr()).to_string_lossy().into_owned()
+        };
+        let number = |line: &str, before: &str| -> usize {
+            let at = line.find(before).unwrap_or_else(|| panic!("no '{before}' in '{line}'"));
+            line[..at].split_whitespace().last().unwrap().parse().unwrap()
+        };
+        let lines: Vec<&str> = log.lines().collect();
+        let mut report = Vec::new();
+        for (i, line) in lines.iter().enumerate() {
+            let Some(rest) = line.strip_prefix("ptxas info    : Function properties for ") else {
+                continue;
+            };
+            let props = lines[i + 1];
+            let regs = lines[i + 2..]
+                .iter()
+                .find(|l| l.contains("registers"))
+                .map_or(0, |l| number(l, " registers"));
+            let name = rest.trim().to_string();
+            report.push((
+                name,
+                number(props, " bytes stack frame"),
+                number(props, " bytes spill stores"),
+                regs,
+            ));
+        }
+        report
+    }
+
+    /// The pipelined kernels hold nothing in local memory after register allocation either (no
+    /// stack frame, no spills) at their 80-register bound (3 blocks of 256 threads per SM).
+    #[test]
+    fn pipelined_kernels_do_not_spill_on_hopper() {
+        let report = ptxas_report();
+        if report.is_empty() {
+            eprintln!("SKIPPED: NVRTC (libnvrtc) is not installed");
+            return;
+        }
+        let tcp: Vec<_> = report.iter().filter(|r| r.0.starts_with("reuse4tcp_")).collect();
+        assert_eq!(tcp.len(), 12, "{report:?}");
+        for (name, stack, spills, regs) in tcp {
+            assert_eq!((*stack, *spills), (0, 0), "{name}: stack frame / spill stores");
+            assert!(*regs <= 80, "{name}: {regs} registers");
+        }
     }
 }
