@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use kamera_model::{Context, Model};
-use kamera_ops::{DType, PatchConfig, Placement, assemble, form_patch, reuse};
+use kamera_ops::{DType, PatchConfig, Placement, form_patch, reuse, reuse_into};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, ModelCtx, OpsCtx, Result};
@@ -88,6 +88,31 @@ pub struct BenchReport {
     pub ttft_speedup: f64,
     /// (conditioned prefill share per chunk + SVD) / (chunk prefill − reuse).
     pub break_even_reuses: f64,
+    /// Machine limits measured in the same run, for the reuse path as a fraction of them.
+    #[serde(default)]
+    pub limits: Option<Limits>,
+}
+
+/// Throughput of the reuse path against a memory copy of the same bytes, measured in one run
+/// (bytes counted read + written; the patch as 2·n·rank·features flops per channel and layer).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Limits {
+    /// One chunk's KV bytes in f32 and bf16.
+    pub chunk_bytes_f32: usize,
+    pub chunk_bytes_bf16: usize,
+    /// memcpy of a buffer of the chunk's f32 size, GB/s (read + written).
+    pub memcpy_gbs: f64,
+    /// Relocation of the f32 and the bf16 chunk into an existing buffer, ms and GB/s.
+    pub relocate_f32_ms: f64,
+    pub relocate_f32_gbs: f64,
+    pub relocate_bf16_ms: f64,
+    pub relocate_bf16_gbs: f64,
+    /// Relocate + patch of the bf16 chunk (bf16 factors) into an existing buffer, ms.
+    pub reuse_bf16_ms: f64,
+    /// The patch's GFLOP/s: its flops over (relocate + patch − relocate), f32 chunk.
+    pub patch_gflops: f64,
+    /// The revisit's placement of every chunk into the context, GB/s of KV written (and read).
+    pub assemble_gbs: f64,
 }
 
 fn median(mut xs: Vec<f64>) -> f64 {
@@ -174,25 +199,27 @@ pub fn bench_reuse(model: &Model, name: &str, cfg: &BenchConfig) -> Result<Bench
         reused.push(ms(t));
     }
     let (relocate_ms, reuse_ms) = (median(reloc), median(reused));
+    let limits = limits(&canon[0], &patches[0], rope, to, reps, relocate_ms, reuse_ms)?;
     // Revisit in the reverse order.
     let order: Vec<usize> = (0..cfg.chunks).rev().collect();
     let mut asm = Vec::new();
     let mut qms = Vec::new();
+    let parts: Vec<Placement<'_>> = order
+        .iter()
+        .map(|&i| Placement {
+            chunk: &canon[i],
+            patch: Some(&patches[i]),
+        })
+        .collect();
     for _ in 0..reps {
+        // The chunks are placed straight into the runner's context and the question is appended
+        // in place (Model::extend): no intermediate buffer, no copy of the context.
+        let mut ctx = sys_ctx.clone();
         let t = Instant::now();
-        let parts: Vec<Placement<'_>> = order
-            .iter()
-            .map(|&i| Placement {
-                chunk: &canon[i],
-                patch: Some(&patches[i]),
-            })
-            .collect();
-        let kv = assemble(&parts, rope, start, DType::F32).ops("bench revisit")?;
+        ctx.place(&parts, rope).model("bench revisit place")?;
         asm.push(ms(t));
         let t = Instant::now();
-        let mut ctx = sys_ctx.clone();
-        ctx.push(&kv).model("bench revisit push")?;
-        std::hint::black_box(model.prefill(&question, ctx.end(), &ctx).model("bench question")?);
+        std::hint::black_box(model.extend(&question, &mut ctx).model("bench question")?);
         qms.push(ms(t));
     }
     let (revisit_assemble_ms, revisit_question_ms) = (median(asm), median(qms));
@@ -223,7 +250,96 @@ pub fn bench_reuse(model: &Model, name: &str, cfg: &BenchConfig) -> Result<Bench
         full_ttft_ms,
         ttft_speedup: full_ttft_ms / revisit_ttft_ms.max(1e-9),
         break_even_reuses: form / (chunk_prefill_ms - reuse_ms).max(1e-9),
+        limits: Some(Limits {
+            assemble_gbs: 2.0 * (canon[0].to_dtype(DType::F32).kv_bytes() * cfg.chunks) as f64
+                / (revisit_assemble_ms.max(1e-9) * 1e6),
+            ..limits
+        }),
     })
+}
+
+/// The machine's memcpy bandwidth and the reuse path's throughput against it, in one run.
+fn limits(
+    canon: &kamera_ops::ChunkKv,
+    patch: &kamera_ops::Patch,
+    rope: &kamera_ops::RopeSpec,
+    to: i64,
+    reps: usize,
+    relocate_ms: f64,
+    reuse_ms: f64,
+) -> Result<Limits> {
+    let f32c = canon.to_dtype(DType::F32);
+    let b16 = canon.to_dtype(DType::Bf16);
+    let b16_patch = patch_in(patch, DType::Bf16)?;
+    let (bytes, bytes16) = (f32c.kv_bytes(), b16.kv_bytes());
+    let src = vec![1.0f32; bytes / 4];
+    let mut dst = vec![0.0f32; bytes / 4];
+    // Destinations allocated and touched once, like the memcpy's and like a context's buffers:
+    // what is timed is the pass over the data, not the page faults of a fresh allocation.
+    let mut out32 = kamera_ops::ChunkKv::zeros(*canon.layout(), to, canon.n_tokens(), DType::F32).ops("bench")?;
+    let mut out16 = kamera_ops::ChunkKv::zeros(*canon.layout(), to, canon.n_tokens(), DType::Bf16).ops("bench")?;
+    reuse_into(&f32c, None, rope, &mut out32, 0).ops("bench relocate f32")?;
+    reuse_into(&b16, None, rope, &mut out16, 0).ops("bench relocate bf16")?;
+    dst.copy_from_slice(&src);
+    let mut copy = Vec::new();
+    let (mut r32, mut r16, mut p16) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..reps {
+        let t = Instant::now();
+        dst.copy_from_slice(std::hint::black_box(&src));
+        std::hint::black_box(&dst);
+        copy.push(ms(t));
+        let t = Instant::now();
+        reuse_into(&f32c, None, rope, &mut out32, 0).ops("bench relocate f32")?;
+        r32.push(ms(t));
+        let t = Instant::now();
+        reuse_into(&b16, None, rope, &mut out16, 0).ops("bench relocate bf16")?;
+        r16.push(ms(t));
+        let t = Instant::now();
+        reuse_into(&b16, Some(&b16_patch), rope, &mut out16, 0).ops("bench reuse bf16")?;
+        p16.push(ms(t));
+    }
+    let gbs = |b: usize, t: f64| 2.0 * b as f64 / (t.max(1e-9) * 1e6);
+    let (r32, r16) = (median(r32), median(r16));
+    let flops: f64 = patch
+        .layers()
+        .iter()
+        .flat_map(|l| [&l.k, &l.v])
+        .map(|lr| 2.0 * (lr.p.rows() * lr.rank() * lr.wt.cols()) as f64)
+        .sum();
+    // The f32 relocation measured alongside the patched one (same chunk dtype as `reuse_ms`).
+    let patch_ms = (reuse_ms - relocate_ms).max(1e-6);
+    Ok(Limits {
+        chunk_bytes_f32: bytes,
+        chunk_bytes_bf16: bytes16,
+        memcpy_gbs: gbs(bytes, median(copy)),
+        relocate_f32_ms: r32,
+        relocate_f32_gbs: gbs(bytes, r32),
+        relocate_bf16_ms: r16,
+        relocate_bf16_gbs: gbs(bytes16, r16),
+        reuse_bf16_ms: median(p16),
+        patch_gflops: flops / (patch_ms * 1e6),
+        assemble_gbs: 0.0,
+    })
+}
+
+/// `patch` with its factors stored in `dtype`.
+fn patch_in(patch: &kamera_ops::Patch, dtype: DType) -> Result<kamera_ops::Patch> {
+    let layers = patch
+        .layers()
+        .iter()
+        .map(|l| {
+            let cast = |lr: &kamera_ops::LowRank| kamera_ops::LowRank {
+                p: lr.p.to_dtype(dtype),
+                wt: lr.wt.to_dtype(dtype),
+                spectrum: lr.spectrum.clone(),
+            };
+            kamera_ops::LayerPatch {
+                k: cast(&l.k),
+                v: cast(&l.v),
+            }
+        })
+        .collect();
+    kamera_ops::Patch::new(*patch.layout(), patch.n_tokens(), layers).ops("bench bf16 patch")
 }
 
 impl BenchReport {
@@ -231,7 +347,7 @@ impl BenchReport {
     pub fn markdown(&self) -> String {
         let c = &self.config;
         format!(
-            "| quantity | value |\n|---|---:|\n| model | {} |\n| chunk tokens x chunks, question tokens, rank | {} x {}, {}, {} |\n| chunk prefill ms | {:.1} |\n| relocate ms | {:.2} |\n| relocate + patch ms | {:.2} |\n| reuse speedup (prefill / relocate+patch) | {:.1}x |\n| relocate-only speedup | {:.1}x |\n| patch bytes / chunk KV bytes | {:.3} |\n| conditioned prefill ms (all chunks) | {:.1} |\n| SVD per chunk ms | {:.1} |\n| revisit assemble ms | {:.2} |\n| revisit question prefill ms | {:.1} |\n| revisit TTFT ms | {:.1} |\n| full re-prefill TTFT ms | {:.1} |\n| TTFT speedup | {:.1}x |\n| break-even reuses | {:.2} |\n",
+            "| quantity | value |\n|---|---:|\n| model | {} |\n| chunk tokens x chunks, question tokens, rank | {} x {}, {}, {} |\n| chunk prefill ms | {:.1} |\n| relocate ms | {:.2} |\n| relocate + patch ms | {:.2} |\n| reuse speedup (prefill / relocate+patch) | {:.1}x |\n| relocate-only speedup | {:.1}x |\n| patch bytes / chunk KV bytes | {:.3} |\n| conditioned prefill ms (all chunks) | {:.1} |\n| SVD per chunk ms | {:.1} |\n| revisit assemble ms | {:.2} |\n| revisit question prefill ms | {:.1} |\n| revisit TTFT ms | {:.1} |\n| full re-prefill TTFT ms | {:.1} |\n| TTFT speedup | {:.1}x |\n| break-even reuses | {:.2} |\n{}",
             self.model,
             c.chunk_tokens,
             c.chunks,
@@ -250,7 +366,34 @@ impl BenchReport {
             self.revisit_ttft_ms,
             self.full_ttft_ms,
             self.ttft_speedup,
-            self.break_even_reuses
+            self.break_even_reuses,
+            self.limits.as_ref().map_or(String::new(), Limits::markdown)
+        )
+    }
+}
+
+impl Limits {
+    /// Rows for the report's table: the machine's limits and the reuse path against them.
+    pub fn markdown(&self) -> String {
+        let of = |g: f64| 100.0 * g / self.memcpy_gbs.max(1e-9);
+        format!(
+            "| memcpy GB/s (chunk-sized buffer, read + written) | {:.1} |\n\
+             | relocate f32: ms, GB/s, of memcpy | {:.2}, {:.1}, {:.0}% |\n\
+             | relocate bf16: ms, GB/s, of memcpy | {:.2}, {:.1}, {:.0}% |\n\
+             | relocate + patch bf16 ms | {:.2} |\n\
+             | patch GFLOP/s (f32 chunk) | {:.1} |\n\
+             | revisit placement GB/s, of memcpy | {:.1}, {:.0}% |\n",
+            self.memcpy_gbs,
+            self.relocate_f32_ms,
+            self.relocate_f32_gbs,
+            of(self.relocate_f32_gbs),
+            self.relocate_bf16_ms,
+            self.relocate_bf16_gbs,
+            of(self.relocate_bf16_gbs),
+            self.reuse_bf16_ms,
+            self.patch_gflops,
+            self.assemble_gbs,
+            of(self.assemble_gbs)
         )
     }
 }

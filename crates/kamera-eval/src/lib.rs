@@ -14,7 +14,7 @@ mod report;
 mod run;
 mod task;
 
-pub use bench::{BenchConfig, BenchReport, bench_reuse};
+pub use bench::{BenchConfig, BenchReport, Limits, bench_reuse};
 pub use error::{Error, Result};
 pub use generate::{GenConfig, Rng, filler_text, generate};
 pub use method::{Method, parse_methods};

@@ -6,6 +6,7 @@
 
 use candle_core::{Device, Tensor};
 use kamera_ops::{ChunkKv, DType, KvLayout, LayerKv, Mat, Placement, RopeSpec, assemble};
+use rayon::prelude::*;
 
 use crate::error::{CandleCtx, Error, OpsCtx, Result};
 
@@ -79,6 +80,66 @@ impl Context {
         let mut ctx = Context::empty(layout, start);
         ctx.push(&kv)?;
         Ok(ctx)
+    }
+
+    /// Appends `parts` at the context's next positions, each relocated to its slot and patched,
+    /// computed straight into the context's buffers (kamera-ops' fused rows, one pass per layer
+    /// and channel, layers in parallel): no intermediate chunk, no copy. On error the context
+    /// keeps its valid rows (the partly written ones are not counted).
+    pub fn place(&mut self, parts: &[Placement<'_>], rope: &RopeSpec) -> Result<()> {
+        const OP: &str = "Context::place";
+        let total: usize = parts.iter().map(|p| p.chunk.n_tokens()).sum();
+        if total == 0 {
+            return Ok(());
+        }
+        for p in parts {
+            if *p.chunk.layout() != self.layout {
+                return Err(Error::Shape {
+                    op: OP,
+                    detail: format!(
+                        "chunk layout {:?} != context layout {:?}",
+                        p.chunk.layout(),
+                        self.layout
+                    ),
+                });
+            }
+            self.layout.check_rope(OP, rope).ops(OP)?;
+            if let Some(patch) = p.patch {
+                patch.check_fits(OP, p.chunk).ops(OP)?;
+            }
+        }
+        self.reserve(total)?;
+        let (g, cap) = (self.layout.kv_heads(), self.capacity);
+        let mut jobs = Vec::with_capacity(parts.len());
+        let mut row = self.len;
+        for p in parts {
+            let to = self.offset + row as i64;
+            let delta = to.checked_sub(p.chunk.offset()).ok_or_else(|| Error::Invalid {
+                op: OP,
+                detail: format!("shift from {} to {to} overflows", p.chunk.offset()),
+            })?;
+            jobs.push((*p, row, delta));
+            row += p.chunk.n_tokens();
+        }
+        self.layers
+            .par_iter()
+            .enumerate()
+            .try_for_each(|(l, (k, v))| -> Result<()> {
+                for (t, v_channel) in [(k, false), (v, true)] {
+                    let op = PlaceRows {
+                        jobs: &jobs,
+                        rope,
+                        layer: l,
+                        v_channel,
+                        groups: g,
+                        cap,
+                    };
+                    t.inplace_op1(&op).ctx(OP)?;
+                }
+                Ok(())
+            })?;
+        self.len += total;
+        Ok(())
     }
 
     /// Wraps one chunk, as is (no relocation).
@@ -252,9 +313,152 @@ impl Context {
     }
 }
 
+/// Writes the reused rows of one layer's channel into a head-first `[groups, cap, width]`
+/// context buffer (job: a placed chunk, its first row, its shift).
+struct PlaceRows<'a> {
+    jobs: &'a [(Placement<'a>, usize, i64)],
+    rope: &'a RopeSpec,
+    layer: usize,
+    v_channel: bool,
+    groups: usize,
+    cap: usize,
+}
+
+impl candle_core::InplaceOp1 for PlaceRows<'_> {
+    fn name(&self) -> &'static str {
+        "place-rows"
+    }
+
+    fn cpu_fwd(&self, storage: &mut candle_core::CpuStorage, layout: &candle_core::Layout) -> candle_core::Result<()> {
+        let candle_core::CpuStorage::F32(buf) = storage else {
+            candle_core::bail!("place-rows: the context buffer is not f32");
+        };
+        let Some((start, end)) = layout.contiguous_offsets() else {
+            candle_core::bail!("place-rows: the context buffer is not contiguous");
+        };
+        let buf = &mut buf[start..end];
+        let (g, cap) = (self.groups, self.cap);
+        let width = buf.len() / (g * cap).max(1);
+        for (part, row0, delta) in self.jobs {
+            let mut sink = |t: usize, row: &[f32]| {
+                for (h, src) in row.chunks_exact(width).enumerate().take(g) {
+                    let at = (h * cap + row0 + t) * width;
+                    buf[at..at + width].copy_from_slice(src);
+                }
+            };
+            kamera_ops::reuse_rows(
+                part.chunk,
+                part.patch,
+                self.rope,
+                self.layer,
+                self.v_channel,
+                *delta,
+                &mut sink,
+            )
+            .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+        }
+        Ok(())
+    }
+}
+
 /// A `[rows, cols]` f32 tensor as a kamera-ops matrix.
 pub(crate) fn tensor_to_mat(t: &Tensor) -> Result<Mat> {
     let (r, c) = t.dims2().ctx(OP)?;
     let v = t.flatten_all().ctx(OP)?.to_vec1::<f32>().ctx(OP)?;
     Mat::from_f32(r, c, v).ops("tensor_to_mat")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Context;
+    use kamera_ops::{
+        ChunkKv, DType, KvLayout, LayerKv, LayerPatch, LowRank, Mat, PairLayout, Patch, Placement, RopeSpec,
+    };
+
+    fn mat(rows: usize, cols: usize, seed: usize) -> Mat {
+        Mat::from_f32(
+            rows,
+            cols,
+            (0..rows * cols)
+                .map(|i| (((i + seed) * 2654435761) % 1000) as f32 / 500.0 - 1.0)
+                .collect(),
+        )
+        .unwrap()
+    }
+
+    /// Placing chunks straight into the context equals assembling them and pushing the result.
+    #[test]
+    fn place_equals_assemble_then_push() {
+        let layout = KvLayout::gqa(2, 4, 2, 8);
+        let rope = RopeSpec::new(8, 1e4, PairLayout::HalfSplit);
+        let chunk = |n: usize, at: i64, seed: usize| {
+            let layers = (0..2)
+                .map(|l| LayerKv {
+                    k: mat(n, 16, seed + l),
+                    v: mat(n, 16, seed + 10 + l),
+                })
+                .collect();
+            ChunkKv::new(layout, at, layers).unwrap()
+        };
+        let patch = |n: usize, seed: usize| {
+            let lr = |s: usize| LowRank {
+                p: mat(n, 3, s),
+                wt: mat(3, 16, s + 1).to_dtype(DType::Bf16),
+                spectrum: Vec::new(),
+            };
+            Patch::new(
+                layout,
+                n,
+                (0..2)
+                    .map(|l| LayerPatch {
+                        k: lr(seed + l),
+                        v: lr(seed + 5 + l),
+                    })
+                    .collect(),
+            )
+            .unwrap()
+        };
+        let (a, b, c) = (
+            chunk(70, 0, 1),
+            chunk(5, 100, 2),
+            chunk(130, 7, 3).to_dtype(DType::Bf16),
+        );
+        let (pa, pc) = (patch(70, 4), patch(130, 9));
+        let parts = [
+            Placement {
+                chunk: &a,
+                patch: Some(&pa),
+            },
+            Placement { chunk: &b, patch: None },
+            Placement {
+                chunk: &c,
+                patch: Some(&pc),
+            },
+        ];
+        let prefix = chunk(9, 3, 20);
+        let mut want = Context::from_chunk(&prefix).unwrap();
+        want.push(&kamera_ops::assemble(&parts, &rope, 12, DType::F32).unwrap())
+            .unwrap();
+        let mut got = Context::from_chunk(&prefix).unwrap();
+        got.place(&parts, &rope).unwrap();
+        assert_eq!((got.len(), got.end()), (want.len(), want.end()));
+        let (w, g) = (want.to_chunk().unwrap(), got.to_chunk().unwrap());
+        for (x, y) in w.layers().iter().zip(g.layers()) {
+            for (p, q) in [(&x.k, &y.k), (&x.v, &y.v)] {
+                let d = p
+                    .to_f32_vec()
+                    .iter()
+                    .zip(q.to_f32_vec())
+                    .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+                assert!(d < 1e-5, "placed rows differ by {d}");
+            }
+        }
+        // A mismatched patch is an error and leaves the context as it was.
+        let bad = [Placement {
+            chunk: &b,
+            patch: Some(&pa),
+        }];
+        assert!(got.place(&bad, &rope).is_err());
+        assert_eq!(got.len(), want.len());
+    }
 }

@@ -3,6 +3,8 @@
 
 use std::borrow::Cow;
 
+use rayon::prelude::*;
+
 use crate::chunk::ChunkKv;
 use crate::error::{Error, Result, shape};
 use crate::patch::Patch;
@@ -57,7 +59,9 @@ pub fn check_reuse(
 }
 
 /// Writes the relocated, patched chunk into rows `dst_row..dst_row + n` of `dst`; the chunk
-/// lands at position `dst.offset() + dst_row`. `dst` may be stored in another dtype.
+/// lands at position `dst.offset() + dst_row`. `dst` may be stored in another dtype. Layers run
+/// in parallel; each channel forms its patch a block of rows at a time as a GEMM and rotates and
+/// stores those rows while they are in cache.
 pub fn reuse_into(
     canonical: &ChunkKv,
     patch: Option<&Patch>,
@@ -67,35 +71,78 @@ pub fn reuse_into(
 ) -> Result<()> {
     const OP: &str = "reuse_into";
     let delta = check_reuse(OP, canonical, patch, rope, dst, dst_row)?;
-    let layout = *canonical.layout();
-    let (n_heads, _) = layout.rope_heads();
-    for (l, (src, out)) in canonical.layers().iter().zip(dst.layers_mut()).enumerate() {
-        let rot = if delta == 0 {
-            None
-        } else {
-            Some(Rotation::new(rope, l, delta)?)
-        };
-        let lp = patch.map(|p| &p.layers()[l]);
-        let k = Fuse {
-            patch: lp.map(|lp| (f32_view(&lp.k.p), f32_view(&lp.k.wt), lp.k.rank())),
-            rot: rot.as_ref().map(|r| (r, n_heads)),
-        };
-        k.run(&src.k, &mut out.k, dst_row).map_err(|index| Error::NonFinite {
-            op: OP,
-            what: format!("layer {l} k"),
-            index,
-        })?;
-        let v = Fuse {
-            patch: lp.map(|lp| (f32_view(&lp.v.p), f32_view(&lp.v.wt), lp.v.rank())),
-            rot: None,
-        };
-        v.run(&src.v, &mut out.v, dst_row).map_err(|index| Error::NonFinite {
-            op: OP,
-            what: format!("layer {l} v"),
-            index,
-        })?;
+    canonical
+        .layers()
+        .par_iter()
+        .zip(dst.layers_mut().par_iter_mut())
+        .enumerate()
+        .try_for_each(|(l, (_, out))| {
+            for (v_channel, m) in [(false, &mut out.k), (true, &mut out.v)] {
+                let cols = m.cols();
+                with_rows_mut(m, dst_row, cols, |store| {
+                    reuse_rows(canonical, patch, rope, l, v_channel, delta, &mut |t, row| store(t, row))
+                })?;
+            }
+            Ok(())
+        })
+}
+
+/// Calls `f` with a store function writing f32 rows at `dst_row + t` of `m` in its dtype.
+fn with_rows_mut(
+    m: &mut Mat,
+    dst_row: usize,
+    cols: usize,
+    f: impl FnOnce(&mut dyn FnMut(usize, &[f32])) -> Result<()>,
+) -> Result<()> {
+    fn store<D: Elem>(d: &mut [D], at: usize, row: &[f32]) {
+        for (e, r) in d[at..at + row.len()].iter_mut().zip(row) {
+            *e = D::from_f32(*r);
+        }
     }
-    Ok(())
+    match m.data_mut() {
+        Buf::F32(d) => f(&mut |t, row| d[(dst_row + t) * cols..(dst_row + t + 1) * cols].copy_from_slice(row)),
+        Buf::F16(d) => f(&mut |t, row| store(d, (dst_row + t) * cols, row)),
+        Buf::Bf16(d) => f(&mut |t, row| store(d, (dst_row + t) * cols, row)),
+    }
+}
+
+/// One channel (K, or V with `v_channel`) of layer `layer` of `canonical`, shifted by `delta` and
+/// patched, handed to `sink(t, row)` row by row in order, as f32: how a caller writes reused
+/// rows straight into its own buffers (a model's context) without an intermediate chunk. Inputs
+/// are validated by the caller ([`check_reuse`]); a non-finite row is an error naming its index.
+pub fn reuse_rows(
+    canonical: &ChunkKv,
+    patch: Option<&Patch>,
+    rope: &RopeSpec,
+    layer: usize,
+    v_channel: bool,
+    delta: i64,
+    sink: &mut dyn FnMut(usize, &[f32]),
+) -> Result<()> {
+    const OP: &str = "reuse_rows";
+    let Some(src) = canonical.layers().get(layer) else {
+        return Err(shape(OP, "layer", format!("below {}", canonical.layers().len()), layer));
+    };
+    let (n_heads, _) = canonical.layout().rope_heads();
+    let rot = if delta == 0 || v_channel {
+        None
+    } else {
+        Some(Rotation::new(rope, layer, delta)?)
+    };
+    let lp = patch.map(|p| &p.layers()[layer]);
+    let lr = lp.map(|lp| if v_channel { &lp.v } else { &lp.k });
+    let fuse = Fuse {
+        patch: lr
+            .filter(|lr| lr.rank() > 0)
+            .map(|lr| (f32_view(&lr.p), f32_view(&lr.wt), lr.rank())),
+        rot: rot.as_ref().map(|r| (r, n_heads)),
+    };
+    let m = if v_channel { &src.v } else { &src.k };
+    fuse.run(m, sink).map_err(|index| Error::NonFinite {
+        op: OP,
+        what: format!("layer {layer} {}", if v_channel { "v" } else { "k" }),
+        index,
+    })
 }
 
 /// A matrix's values as f32: borrowed when stored as f32, converted once otherwise.
@@ -109,6 +156,10 @@ fn f32_view(m: &Mat) -> Cow<'_, [f32]> {
 /// A channel's patch factors as f32: (P, Wᵀ, rank).
 type Factors<'a> = (Cow<'a, [f32]>, Cow<'a, [f32]>, usize);
 
+/// Rows per block: the block's patch rows (P_block · Wᵀ, one GEMM) stay in L1/L2 until the same
+/// rows are rotated and stored.
+const BLOCK: usize = 64;
+
 /// One channel's fused pass: optional low-rank add, optional rotation.
 struct Fuse<'a> {
     patch: Option<Factors<'a>>,
@@ -116,72 +167,77 @@ struct Fuse<'a> {
 }
 
 impl Fuse<'_> {
-    fn run(&self, src: &Mat, dst: &mut Mat, dst_row: usize) -> Result<(), usize> {
+    fn run(&self, src: &Mat, sink: &mut dyn FnMut(usize, &[f32])) -> Result<(), usize> {
         let cols = src.cols();
-        let rows = src.rows();
-        let range = dst_row * cols..(dst_row + rows) * cols;
-        macro_rules! go {
-            ($s:expr, $d:expr) => {
-                self.rows($s, &mut $d[range.clone()], cols)
-            };
-        }
-        match (src.data(), dst.data_mut()) {
-            (Buf::F32(s), Buf::F32(d)) => go!(s, d),
-            (Buf::F32(s), Buf::F16(d)) => go!(s, d),
-            (Buf::F32(s), Buf::Bf16(d)) => go!(s, d),
-            (Buf::F16(s), Buf::F32(d)) => go!(s, d),
-            (Buf::F16(s), Buf::F16(d)) => go!(s, d),
-            (Buf::F16(s), Buf::Bf16(d)) => go!(s, d),
-            (Buf::Bf16(s), Buf::F32(d)) => go!(s, d),
-            (Buf::Bf16(s), Buf::F16(d)) => go!(s, d),
-            (Buf::Bf16(s), Buf::Bf16(d)) => go!(s, d),
+        match src.data() {
+            Buf::F32(s) => self.rows(s, cols, sink),
+            Buf::F16(s) => self.rows(s, cols, sink),
+            Buf::Bf16(s) => self.rows(s, cols, sink),
         }
     }
 
     /// Dispatches to an AVX2+FMA build of the same loop where the CPU has it.
-    fn rows<S: Elem, D: Elem>(&self, src: &[S], dst: &mut [D], cols: usize) -> Result<(), usize> {
+    fn rows<S: Elem>(&self, src: &[S], cols: usize, sink: &mut dyn FnMut(usize, &[f32])) -> Result<(), usize> {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
             // SAFETY: the CPU supports the features this function is compiled for.
-            return unsafe { self.rows_avx2(src, dst, cols) };
+            return unsafe { self.rows_avx2(src, cols, sink) };
         }
-        self.rows_generic(src, dst, cols)
+        self.rows_generic(src, cols, sink)
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn rows_avx2<S: Elem, D: Elem>(&self, src: &[S], dst: &mut [D], cols: usize) -> Result<(), usize> {
-        self.rows_generic(src, dst, cols)
+    unsafe fn rows_avx2<S: Elem>(
+        &self,
+        src: &[S],
+        cols: usize,
+        sink: &mut dyn FnMut(usize, &[f32]),
+    ) -> Result<(), usize> {
+        self.rows_generic(src, cols, sink)
     }
 
     #[inline(always)]
-    fn rows_generic<S: Elem, D: Elem>(&self, src: &[S], dst: &mut [D], cols: usize) -> Result<(), usize> {
+    fn rows_generic<S: Elem>(&self, src: &[S], cols: usize, sink: &mut dyn FnMut(usize, &[f32])) -> Result<(), usize> {
         if cols == 0 {
             return Ok(());
         }
+        let n = src.len() / cols;
         let mut row = vec![0.0f32; cols];
-        for (t, (s, d)) in src.chunks_exact(cols).zip(dst.chunks_exact_mut(cols)).enumerate() {
-            for (r, e) in row.iter_mut().zip(s) {
-                *r = e.to_f32();
-            }
+        let mut delta = Vec::new();
+        for b0 in (0..n).step_by(BLOCK) {
+            let bn = BLOCK.min(n - b0);
             if let Some((p, wt, m)) = &self.patch {
-                for j in 0..*m {
-                    let c = p[t * m + j];
-                    for (r, w) in row.iter_mut().zip(&wt[j * cols..(j + 1) * cols]) {
-                        *r += c * w;
+                // delta[bn, cols] = P[b0.., :m] · Wᵀ[:m, cols] (KAMERA §3.2: the patch P Wᵀ).
+                delta.resize(bn * cols, 0.0);
+                faer::linalg::matmul::matmul(
+                    faer::MatMut::from_row_major_slice_mut(&mut delta[..bn * cols], bn, cols),
+                    faer::Accum::Replace,
+                    faer::MatRef::from_row_major_slice(&p[b0 * m..(b0 + bn) * m], bn, *m),
+                    faer::MatRef::from_row_major_slice(&wt[..m * cols], *m, cols),
+                    1.0f32,
+                    faer::Par::Seq,
+                );
+            }
+            for t in 0..bn {
+                let s = &src[(b0 + t) * cols..(b0 + t + 1) * cols];
+                if self.patch.is_some() {
+                    for ((r, e), d) in row.iter_mut().zip(s).zip(&delta[t * cols..(t + 1) * cols]) {
+                        *r = e.to_f32() + d;
+                    }
+                } else {
+                    for (r, e) in row.iter_mut().zip(s) {
+                        *r = e.to_f32();
                     }
                 }
-            }
-            if let Some((rot, heads)) = self.rot {
-                rot.rotate(&mut row, heads);
-            }
-            let mut finite = true;
-            for (e, r) in d.iter_mut().zip(&row) {
-                finite &= r.is_finite();
-                *e = D::from_f32(*r);
-            }
-            if !finite {
-                return Err(t * cols + row.iter().position(|r| !r.is_finite()).unwrap_or(0));
+                if let Some((rot, heads)) = self.rot {
+                    rot.rotate(&mut row, heads);
+                }
+                // x·0 is 0 for finite x and NaN otherwise: one vectorisable pass.
+                if row.iter().fold(0.0f32, |a, r| a + r * 0.0) != 0.0 {
+                    return Err((b0 + t) * cols + row.iter().position(|r| !r.is_finite()).unwrap_or(0));
+                }
+                sink(b0 + t, &row);
             }
         }
         Ok(())

@@ -60,7 +60,9 @@ proptest! {
         let cond = conditioned(&canonical, &rope, r, p, seed ^ 1);
         let patch = form_patch(&cond, &canonical, &rope, &PatchConfig::fixed(r, DType::F32)).unwrap();
         let rebuilt = reuse(&canonical, Some(&patch), &rope, p).unwrap();
-        prop_assert!(chunk_diff(&rebuilt, &cond) < 2e-4, "rank {r}: {}", chunk_diff(&rebuilt, &cond));
+        // An f32 SVD: relative to the values' scale (a few, up to ~3).
+        let scale = cond.layers().iter().flat_map(|l| l.k.to_f32_vec()).fold(1f32, |a, b| a.max(b.abs()));
+        prop_assert!(chunk_diff(&rebuilt, &cond) < 2e-4 * scale, "rank {r}: {} (scale {scale})", chunk_diff(&rebuilt, &cond));
         let short = form_patch(&cond, &canonical, &rope, &PatchConfig::fixed(r - 1, DType::F32)).unwrap();
         let worse = reuse(&canonical, Some(&short), &rope, p).unwrap();
         prop_assert!(chunk_diff(&worse, &cond) > 1e-3);
