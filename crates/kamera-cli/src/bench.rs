@@ -39,6 +39,8 @@ enum BenchCommand {
     Reuse(crate::bench_reuse::ReuseArgs),
     /// A long browsing session: the Kamera session vs a prefix cache vs full re-prefill.
     Session(crate::bench_session::SessionArgs),
+    /// Put/get of a real chunk record on Redis, sled and a plain file vs re-prefilling it.
+    Store(crate::bench_store::StoreBenchArgs),
 }
 
 /// Deterministic filler tokens: the tokenization of a long plain-English text.
@@ -56,6 +58,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let (name, prefill, decode, decode_after, reps, json) = match a.command {
         BenchCommand::Reuse(r) => return crate::bench_reuse::run(r),
         BenchCommand::Session(s) => return crate::bench_session::run(s),
+        BenchCommand::Store(s) => return crate::bench_store::run(s),
         BenchCommand::Model {
             model,
             prefill,

@@ -40,7 +40,7 @@ pub struct Summary {
     pub session: SessionStats,
 }
 
-fn percentile(mut xs: Vec<f64>, p: f64) -> f64 {
+pub(crate) fn percentile(mut xs: Vec<f64>, p: f64) -> f64 {
     if xs.is_empty() {
         return f64::NAN;
     }

@@ -5,14 +5,14 @@ mod bench;
 mod bench_reuse;
 mod bench_session;
 mod bench_session_report;
+mod bench_store;
 mod calibrate;
 mod eval;
 mod generate;
 mod logits;
 mod models;
-// kamera-store's test server (a redis-server on a free loopback port, killed on drop): one
-// launcher for the store tests, the workspace tests and this binary's tests.
-#[cfg(test)]
+// kamera-store's test server (a redis-server on a free loopback port in a temp dir, killed on
+// drop): one launcher for the store tests, the workspace tests, `kamera bench store` and its test.
 #[path = "../../kamera-store/tests/common/redis_server.rs"]
 mod redis_server;
 mod run;
