@@ -156,8 +156,8 @@ fn f32_view(m: &Mat) -> Cow<'_, [f32]> {
 /// A channel's patch factors as f32: (P, Wᵀ, rank).
 type Factors<'a> = (Cow<'a, [f32]>, Cow<'a, [f32]>, usize);
 
-/// Rows per block: the block's patch rows (P_block · Wᵀ, one GEMM) stay in L1/L2 until the same
-/// rows are rotated and stored.
+/// Rows per block: a block of rows is converted to f32, gets its patch rows added by one GEMM
+/// (P_block · Wᵀ) and is rotated and stored while it stays in L1/L2.
 const BLOCK: usize = 64;
 
 /// One channel's fused pass: optional low-rank add, optional rotation.
@@ -203,41 +203,33 @@ impl Fuse<'_> {
             return Ok(());
         }
         let n = src.len() / cols;
-        let mut row = vec![0.0f32; cols];
-        let mut delta = Vec::new();
+        let mut blk = vec![0.0f32; BLOCK.min(n) * cols];
         for b0 in (0..n).step_by(BLOCK) {
             let bn = BLOCK.min(n - b0);
+            let blk = &mut blk[..bn * cols];
+            for (r, e) in blk.iter_mut().zip(&src[b0 * cols..(b0 + bn) * cols]) {
+                *r = e.to_f32();
+            }
             if let Some((p, wt, m)) = &self.patch {
-                // delta[bn, cols] = P[b0.., :m] · Wᵀ[:m, cols] (KAMERA §3.2: the patch P Wᵀ).
-                delta.resize(bn * cols, 0.0);
+                // blk += P[b0.., :m] · Wᵀ[:m, cols] (KAMERA §3.2: the patch P Wᵀ), one GEMM.
                 faer::linalg::matmul::matmul(
-                    faer::MatMut::from_row_major_slice_mut(&mut delta[..bn * cols], bn, cols),
-                    faer::Accum::Replace,
+                    faer::MatMut::from_row_major_slice_mut(blk, bn, cols),
+                    faer::Accum::Add,
                     faer::MatRef::from_row_major_slice(&p[b0 * m..(b0 + bn) * m], bn, *m),
                     faer::MatRef::from_row_major_slice(&wt[..m * cols], *m, cols),
                     1.0f32,
                     faer::Par::Seq,
                 );
             }
-            for t in 0..bn {
-                let s = &src[(b0 + t) * cols..(b0 + t + 1) * cols];
-                if self.patch.is_some() {
-                    for ((r, e), d) in row.iter_mut().zip(s).zip(&delta[t * cols..(t + 1) * cols]) {
-                        *r = e.to_f32() + d;
-                    }
-                } else {
-                    for (r, e) in row.iter_mut().zip(s) {
-                        *r = e.to_f32();
-                    }
-                }
+            for (t, row) in blk.chunks_exact_mut(cols).enumerate() {
                 if let Some((rot, heads)) = self.rot {
-                    rot.rotate(&mut row, heads);
+                    rot.rotate(row, heads);
                 }
-                // x·0 is 0 for finite x and NaN otherwise: one vectorisable pass.
-                if row.iter().fold(0.0f32, |a, r| a + r * 0.0) != 0.0 {
+                // A bitwise fold (no ordered float sum) vectorises.
+                if !row.iter().fold(true, |a, r| a & r.is_finite()) {
                     return Err((b0 + t) * cols + row.iter().position(|r| !r.is_finite()).unwrap_or(0));
                 }
-                sink(b0 + t, &row);
+                sink(b0 + t, row);
             }
         }
         Ok(())
