@@ -18,6 +18,10 @@ pub struct StoreArgs {
     /// Store directory (the same as `--store PATH`).
     #[arg(long, global = true)]
     path: Option<PathBuf>,
+    /// With a `rediss://` URL: PEM file of the CA certificate(s) to trust instead of the
+    /// system's roots.
+    #[arg(long, global = true, value_name = "PATH")]
+    tls_ca: Option<PathBuf>,
     /// Key prefix of the records in Redis (`kamera run --store redis://…` writes under `kamera`).
     #[arg(long, global = true, default_value = "kamera")]
     prefix: String,
@@ -46,6 +50,8 @@ enum StoreCommand {
 }
 
 /// The store a command works on.
+// One value per process: the size difference between the variants costs nothing.
+#[allow(clippy::large_enum_variant)]
 enum Target {
     Sled(SledStore),
     Redis(RedisStore),
@@ -62,6 +68,7 @@ fn open(args: &StoreArgs) -> Result<(Target, String)> {
         (Some(url), _) if is_redis_url(url) => {
             let cfg = RedisConfig {
                 prefix: args.prefix.clone(),
+                tls_ca: args.tls_ca.clone(),
                 ..RedisConfig::at(url.as_str())
             };
             let store = RedisStore::open(cfg).context("--store")?;

@@ -119,10 +119,22 @@ pub(crate) struct Pool {
 }
 
 impl Pool {
-    /// A pool for `url` (parsed now; nothing connects until the first command).
-    pub fn new(url: &str, timeout: Duration) -> RedisResult<Pool> {
+    /// A pool for `url` (parsed now; nothing connects until the first command). A `rediss://`
+    /// URL connects over TLS, trusting `tls_ca` (PEM) when given, else the system's roots.
+    pub fn new(url: &str, tls_ca: Option<Vec<u8>>, timeout: Duration) -> RedisResult<Pool> {
+        let client = if url.starts_with("rediss://") || url.starts_with("valkeys://") {
+            // rustls needs a process-wide crypto provider; ours is ring (a no-op if one is set).
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            let certs = redis::TlsCertificates {
+                client_tls: None,
+                root_cert: tls_ca,
+            };
+            redis::Client::build_with_tls(url, certs)?
+        } else {
+            redis::Client::open(url)?
+        };
         Ok(Pool {
-            client: redis::Client::open(url)?,
+            client,
             timeout,
             mode: OnceLock::new(),
             idle: Mutex::new(Vec::new()),

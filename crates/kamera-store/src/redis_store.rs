@@ -3,6 +3,7 @@
 //! record; bytes use the sled store's encoding (`codec`) and are verified on every read.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,9 +23,12 @@ const MAX_VALUE: usize = 512 << 20;
 /// Settings of a [`RedisStore`].
 #[derive(Clone, PartialEq)]
 pub struct RedisConfig {
-    /// `redis://[user][:password@]host[:port][/db]`; a Redis Cluster is detected from any of its
-    /// nodes. `rediss://` (TLS) is refused: this build has no TLS support.
+    /// `redis://[user][:password@]host[:port][/db]`, or `rediss://…` for TLS; a Redis Cluster is
+    /// detected from any of its nodes.
     pub url: String,
+    /// With `rediss://`: a PEM file of the CA certificate(s) to trust instead of the system's
+    /// roots (a private CA, or a self-signed server certificate). The server is always verified.
+    pub tls_ca: Option<PathBuf>,
     /// Namespace of every key (`{prefix}:{model}:{{key}}`); stores with different prefixes never
     /// see each other's records. No `{ } * ? [ ] \` or whitespace.
     pub prefix: String,
@@ -43,6 +47,7 @@ impl Default for RedisConfig {
     fn default() -> Self {
         RedisConfig {
             url: "redis://127.0.0.1:6379/".into(),
+            tls_ca: None,
             prefix: "kamera".into(),
             ttl: None,
             piece_bytes: 4 << 20,
@@ -66,6 +71,7 @@ impl fmt::Debug for RedisConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisConfig")
             .field("url", &redact(&self.url))
+            .field("tls_ca", &self.tls_ca)
             .field("prefix", &self.prefix)
             .field("ttl", &self.ttl)
             .field("piece_bytes", &self.piece_bytes)
@@ -113,15 +119,22 @@ impl RedisStore {
         let url = redact(&cfg.url);
         let invalid = |what, detail: String| Error::Invalid { op: OP, what, detail };
         let scheme = cfg.url.split_once("://").map_or("", |(s, _)| s);
-        if matches!(scheme, "rediss" | "valkeys") {
-            return Err(invalid(
-                "url",
-                format!(
-                    "{url} asks for TLS, but kamera-store is built without the redis crate's TLS \
-                     support; use redis:// on a trusted network, or a TLS tunnel (stunnel, spiped)"
-                ),
-            ));
-        }
+        let tls = matches!(scheme, "rediss" | "valkeys");
+        let tls_ca = match &cfg.tls_ca {
+            Some(path) if !tls => {
+                return Err(invalid(
+                    "tls_ca",
+                    format!("{} is given, but {url} is not a rediss:// URL", path.display()),
+                ));
+            }
+            Some(path) => Some(std::fs::read(path).map_err(|e| {
+                invalid(
+                    "tls_ca",
+                    format!("{}: {e} (a PEM file of CA certificates)", path.display()),
+                )
+            })?),
+            None => None,
+        };
         if cfg.prefix.is_empty()
             || cfg.prefix.len() > 256
             || cfg
@@ -152,7 +165,7 @@ impl RedisStore {
                 ),
             ));
         }
-        let pool = Pool::new(&cfg.url, cfg.timeout).map_err(|e| invalid("url", format!("{url}: {e}")))?;
+        let pool = Pool::new(&cfg.url, tls_ca, cfg.timeout).map_err(|e| invalid("url", format!("{url}: {e}")))?;
         Ok(RedisStore {
             cfg,
             url,

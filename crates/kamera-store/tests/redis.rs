@@ -285,11 +285,27 @@ fn open_checks_settings_and_takes_credentials_from_the_url() -> Result<()> {
         assert!(matches!(e, Error::Invalid { .. }), "{what}: {e}");
         e.to_string()
     };
-    let msg = refused(RedisConfig::at("rediss://u:hunter2@cache:6380/"), "rediss");
+    // TLS settings: a CA file needs a rediss:// URL, and must be readable (named when not).
+    let msg = refused(
+        RedisConfig {
+            tls_ca: Some("/etc/ca.pem".into()),
+            ..RedisConfig::at("redis://u:hunter2@cache:6380/")
+        },
+        "tls_ca without TLS",
+    );
     assert!(
-        msg.contains("rediss://u:***@cache:6380/") && msg.contains("TLS") && !msg.contains("hunter2"),
+        msg.contains("redis://u:***@cache:6380/") && msg.contains("/etc/ca.pem") && !msg.contains("hunter2"),
         "{msg}"
     );
+    let msg = refused(
+        RedisConfig {
+            tls_ca: Some("/nonexistent/ca.pem".into()),
+            ..RedisConfig::at("rediss://cache:6380/")
+        },
+        "missing CA file",
+    );
+    assert!(msg.contains("/nonexistent/ca.pem"), "{msg}");
+    RedisStore::open(RedisConfig::at("rediss://u:hunter2@cache:6380/"))?;
     for prefix in ["", "a{b}", "a*", "a b"] {
         refused(
             RedisConfig {
