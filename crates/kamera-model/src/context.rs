@@ -108,8 +108,6 @@ impl Context {
                 patch.check_fits(OP, p.chunk).ops(OP)?;
             }
         }
-        self.reserve(total)?;
-        let (g, cap) = (self.layout.kv_heads(), self.capacity);
         let mut jobs = Vec::with_capacity(parts.len());
         let mut row = self.len;
         for p in parts {
@@ -121,20 +119,35 @@ impl Context {
             jobs.push((*p, row, delta));
             row += p.chunk.n_tokens();
         }
+        self.write_parts(&jobs, Some(rope), OP)
+    }
+
+    /// Writes placed chunks (each with its first row and shift) after the valid rows, every layer
+    /// and channel in place (layers in parallel), then counts them. `rope` is needed only for
+    /// shifted or patched parts.
+    fn write_parts(
+        &mut self,
+        jobs: &[(Placement<'_>, usize, i64)],
+        rope: Option<&RopeSpec>,
+        op: &'static str,
+    ) -> Result<()> {
+        let total: usize = jobs.iter().map(|j| j.0.chunk.n_tokens()).sum();
+        self.reserve(total)?;
+        let (g, cap) = (self.layout.kv_heads(), self.capacity);
         self.layers
             .par_iter()
             .enumerate()
             .try_for_each(|(l, (k, v))| -> Result<()> {
                 for (t, v_channel) in [(k, false), (v, true)] {
-                    let op = PlaceRows {
-                        jobs: &jobs,
+                    let rows = PlaceRows {
+                        jobs,
                         rope,
                         layer: l,
                         v_channel,
                         groups: g,
                         cap,
                     };
-                    t.inplace_op1(&op).ctx(OP)?;
+                    t.inplace_op1(&rows).ctx(op)?;
                 }
                 Ok(())
             })?;
@@ -170,15 +183,12 @@ impl Context {
         if self.len == 0 {
             self.offset = chunk.offset();
         }
-        let n = chunk.n_tokens();
-        let dev = Device::Cpu;
-        let to_t = |m: &Mat| Tensor::from_vec(m.to_f32_vec(), (n, m.cols()), &dev).ctx(OP);
-        self.reserve(n)?;
-        for (l, kv) in chunk.layers().iter().enumerate() {
-            self.write(l, &to_t(&kv.k)?, &to_t(&kv.v)?)?;
-        }
-        self.commit(n);
-        Ok(())
+        // In place, no intermediate tensor: the rows as they are (no shift, no patch).
+        self.write_parts(
+            &[(Placement { chunk, patch: None }, self.len, 0)],
+            None,
+            "Context::push",
+        )
     }
 
     /// Makes room for `n` more rows in every layer (doubling, so appends cost amortised O(n)).
@@ -317,7 +327,7 @@ impl Context {
 /// context buffer (job: a placed chunk, its first row, its shift).
 struct PlaceRows<'a> {
     jobs: &'a [(Placement<'a>, usize, i64)],
-    rope: &'a RopeSpec,
+    rope: Option<&'a RopeSpec>,
     layer: usize,
     v_channel: bool,
     groups: usize,
@@ -346,16 +356,33 @@ impl candle_core::InplaceOp1 for PlaceRows<'_> {
                     buf[at..at + width].copy_from_slice(src);
                 }
             };
-            kamera_ops::reuse_rows(
-                part.chunk,
-                part.patch,
-                self.rope,
-                self.layer,
-                self.v_channel,
-                *delta,
-                &mut sink,
-            )
-            .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+            match self.rope {
+                Some(rope) => kamera_ops::reuse_rows(
+                    part.chunk,
+                    part.patch,
+                    rope,
+                    self.layer,
+                    self.v_channel,
+                    *delta,
+                    &mut sink,
+                )
+                .map_err(|e| candle_core::Error::Msg(e.to_string()))?,
+                None if *delta == 0 && part.patch.is_none() => {
+                    let kv = &part.chunk.layers()[self.layer];
+                    let m = if self.v_channel { &kv.v } else { &kv.k };
+                    let cols = m.cols();
+                    match m.data() {
+                        kamera_ops::Buf::F32(d) => {
+                            d.chunks_exact(cols.max(1)).enumerate().for_each(|(t, r)| sink(t, r))
+                        }
+                        _ => {
+                            let all = m.to_f32_vec();
+                            all.chunks_exact(cols.max(1)).enumerate().for_each(|(t, r)| sink(t, r));
+                        }
+                    }
+                }
+                None => candle_core::bail!("place-rows: a shifted or patched part needs the RoPE spec"),
+            }
         }
         Ok(())
     }
