@@ -43,6 +43,15 @@ pub struct StoreArgs {
     /// (`redis://[user:pass@]host:port/db`) shared by a fleet, tiered memory -> local sled -> Redis.
     #[arg(long)]
     store: Option<String>,
+    /// With a Redis store: write to Redis from a bounded queue of this many records instead of
+    /// waiting for each write (write-behind; a queued record not yet written is lost to the fleet,
+    /// not to this host, if the process dies).
+    #[arg(long)]
+    write_behind: Option<usize>,
+    /// With `rediss://`: a PEM file of the CA (or self-signed certificate) to check the server
+    /// against, instead of the system's roots.
+    #[arg(long)]
+    tls_ca: Option<PathBuf>,
 }
 
 /// Bytes of decoded records the memory tier keeps in front of the disk store.
@@ -65,7 +74,15 @@ impl StoreArgs {
         };
         // The local sled store may be held by another process: run on memory then. A bad Redis
         // URL is the user's to fix.
-        match kamera_store::open_stack(&path, redis, MEMORY_TIER_BYTES) {
+        if redis.is_none() && (self.write_behind.is_some() || self.tls_ca.is_some()) {
+            anyhow::bail!("--write-behind and --tls-ca need a Redis store (--store redis://... or rediss://...)");
+        }
+        let opts = kamera_store::StackOptions {
+            memory_bytes: MEMORY_TIER_BYTES,
+            write_behind: self.write_behind,
+            tls_ca: self.tls_ca.clone(),
+        };
+        match kamera_store::open_stack_with(&path, redis, &opts) {
             Ok(s) => Ok(Some(s)),
             Err(e @ kamera_store::Error::Db { .. }) => {
                 tracing::warn!(path = %path.display(), error = %e, "chunk store unavailable; using memory");

@@ -109,6 +109,9 @@ pub struct Limits {
     pub relocate_bf16_gbs: f64,
     /// Relocate + patch of the bf16 chunk (bf16 factors) into an existing buffer, ms.
     pub reuse_bf16_ms: f64,
+    /// Relocate + patch of the f32 chunk into an existing buffer (a context's rows), ms.
+    #[serde(default)]
+    pub reuse_f32_ms: f64,
     /// The patch's GFLOP/s: its flops over (relocate + patch − relocate), f32 chunk.
     pub patch_gflops: f64,
     /// The revisit's placement of every chunk into the context, GB/s of KV written (and read).
@@ -286,8 +289,12 @@ fn limits(
     reuse_into(&b16, None, rope, &mut out16, 0).ops("bench relocate bf16")?;
     dst.copy_from_slice(&src);
     let mut copy = Vec::new();
-    let (mut r32, mut r16, mut p16) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut r32, mut r16, mut p16, mut p32) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let f32_patch = patch_in(patch, DType::F32)?;
     for _ in 0..reps {
+        let t = Instant::now();
+        reuse_into(&f32c, Some(&f32_patch), rope, &mut out32, 0).ops("bench reuse f32")?;
+        p32.push(ms(t));
         let t = Instant::now();
         dst.copy_from_slice(std::hint::black_box(&src));
         std::hint::black_box(&dst);
@@ -321,6 +328,7 @@ fn limits(
         relocate_bf16_ms: r16,
         relocate_bf16_gbs: gbs(bytes16, r16),
         reuse_bf16_ms: median(p16),
+        reuse_f32_ms: median(p32),
         patch_gflops: flops / (patch_ms * 1e6),
         assemble_gbs: 0.0,
     })
@@ -384,7 +392,7 @@ impl Limits {
             "| memcpy GB/s (chunk-sized buffer, read + written) | {:.1} |\n\
              | relocate f32: ms, GB/s, of memcpy | {:.2}, {:.1}, {:.0}% |\n\
              | relocate bf16: ms, GB/s, of memcpy | {:.2}, {:.1}, {:.0}% |\n\
-             | relocate + patch bf16 ms | {:.2} |\n\
+             | relocate + patch into a context's rows, f32 / bf16 ms | {:.2} / {:.2} |\n\
              | patch GFLOP/s (f32 chunk) | {:.1} |\n\
              | revisit placement GB/s, of memcpy | {:.1}, {:.0}% |\n",
             self.memcpy_gbs,
@@ -394,6 +402,7 @@ impl Limits {
             self.relocate_bf16_ms,
             self.relocate_bf16_gbs,
             of(self.relocate_bf16_gbs),
+            self.reuse_f32_ms,
             self.reuse_bf16_ms,
             self.patch_gflops,
             self.assemble_gbs,

@@ -44,6 +44,6 @@ pub use redis_admin::ServerMemory;
 pub use redis_store::{RedisConfig, RedisStore};
 pub use report::{GcReport, Usage, UsageRow, VerifyReport};
 pub use sled_store::{Meta, SledStore, StoreConfig, default_path};
-pub use stack::open_stack;
+pub use stack::{StackOptions, open_stack, open_stack_with};
 pub use store::{ChunkStore, EvictionPolicy, Stats};
 pub use tier::{MemStore, Tiered};
