@@ -28,14 +28,14 @@ pub use cuda::CudaBackend;
 #[cfg(feature = "cuda")]
 pub use cuda::model::{DeviceKv, DeviceModel};
 #[cfg(feature = "cuda")]
-pub use cuda::pool::{DevicePool, ResidentChunk};
+pub use cuda::pool::ResidentChunk;
 pub use error::{Error, Result};
 pub use figures::{BenchFigures, ModelBenchConfig, ModelFigures};
 pub use model::{HostLayer, HostWeights, ModelSpec};
-pub use pool::{PoolStats, Slots};
+pub use pool::{DevicePool, PoolStats, Slots};
 pub use reference::{LayerRows, reference_prefill};
 #[cfg(not(feature = "cuda"))]
-pub use stub::{CudaBackend, DeviceKv, DeviceModel, DevicePool, ResidentChunk};
+pub use stub::{CudaBackend, DeviceKv, DeviceModel, ResidentChunk};
 
 /// The CUDA sources, compiled by NVRTC at first use.
 pub const KERNEL_SOURCE: &str = include_str!("../../../kernels/reuse.cu");

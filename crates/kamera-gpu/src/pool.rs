@@ -1,7 +1,12 @@
-//! The device pool's bookkeeping, independent of CUDA (so it is tested everywhere): entries by
-//! 32-byte key under a byte budget, least recently used evicted first.
+//! The device pool (`DevicePool`): canonical chunks resident on the device by 32-byte key under a
+//! byte budget, least recently used evicted first; the bookkeeping (`Slots`) is independent of
+//! CUDA, so it is tested everywhere.
 
 use std::collections::HashMap;
+
+use crate::error::{Error, Result};
+use crate::{CudaBackend, ResidentChunk};
+use kamera_ops::ChunkKv;
 
 /// Counters and occupancy of a pool.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
@@ -88,6 +93,66 @@ impl<T> Slots<T> {
 
     pub fn stats(&self) -> PoolStats {
         self.stats
+    }
+}
+
+/// Canonical chunks resident on the device under a byte budget, least recently used evicted
+/// first: the tier above host memory and sled.
+#[derive(Debug)]
+pub struct DevicePool {
+    slots: Slots<ResidentChunk>,
+}
+
+impl DevicePool {
+    pub fn new(budget_bytes: usize) -> DevicePool {
+        DevicePool {
+            slots: Slots::new(budget_bytes),
+        }
+    }
+
+    /// The resident chunk under `key`, uploading `load()` first when it is not there (and
+    /// evicting the least recently used chunks to stay within the budget). A chunk larger than
+    /// the whole budget is an error: it could never stay resident.
+    pub fn get_or_upload(
+        &mut self,
+        backend: &CudaBackend,
+        key: [u8; 32],
+        load: impl FnOnce() -> std::result::Result<ChunkKv, String>,
+    ) -> Result<&ResidentChunk> {
+        const OP: &str = "DevicePool::get_or_upload";
+        if !self.slots.touch(&key) {
+            let chunk = load().map_err(|detail| Error::Unsupported { op: OP, detail })?;
+            if chunk.kv_bytes() > self.slots.budget() {
+                return Err(Error::Unsupported {
+                    op: OP,
+                    detail: format!(
+                        "a chunk of {} bytes exceeds the device pool's budget of {} bytes",
+                        chunk.kv_bytes(),
+                        self.slots.budget()
+                    ),
+                });
+            }
+            let resident = backend.upload_chunk(&chunk)?;
+            let bytes = resident.bytes();
+            self.slots.insert(key, resident, bytes);
+        }
+        self.slots.get(&key).ok_or(Error::Unsupported {
+            op: OP,
+            detail: "chunk vanished from the pool".into(),
+        })
+    }
+
+    /// Drops `key` from the device (a no-op when absent).
+    pub fn evict(&mut self, key: &[u8; 32]) {
+        self.slots.remove(key);
+    }
+
+    pub fn contains(&self, key: &[u8; 32]) -> bool {
+        self.slots.contains(key)
+    }
+
+    pub fn stats(&self) -> PoolStats {
+        self.slots.stats()
     }
 }
 

@@ -3,7 +3,7 @@
 use crate::BenchFigures;
 use crate::backend::Backend;
 use crate::error::{Error, Result};
-use crate::{HostWeights, ModelSpec, PoolStats, Slots};
+use crate::{HostWeights, ModelSpec};
 use kamera_ops::{ChunkKv, DType, Patch, RopeSpec};
 
 /// Stand-in for the CUDA backend; [`CudaBackend::new`] always fails with [`Error::NotCompiled`].
@@ -150,39 +150,6 @@ impl ResidentChunk {
     }
     pub fn bytes(&self) -> usize {
         match self.never {}
-    }
-}
-
-/// Stand-in for the device pool: bookkeeping works, uploads fail.
-#[derive(Debug)]
-pub struct DevicePool {
-    slots: Slots<ResidentChunk>,
-}
-
-impl DevicePool {
-    pub fn new(budget_bytes: usize) -> DevicePool {
-        DevicePool {
-            slots: Slots::new(budget_bytes),
-        }
-    }
-    pub fn get_or_upload(
-        &mut self,
-        _backend: &CudaBackend,
-        _key: [u8; 32],
-        _load: impl FnOnce() -> std::result::Result<ChunkKv, String>,
-    ) -> Result<&ResidentChunk> {
-        Err(Error::NotCompiled {
-            op: "DevicePool::get_or_upload",
-        })
-    }
-    pub fn evict(&mut self, key: &[u8; 32]) {
-        self.slots.remove(key);
-    }
-    pub fn contains(&self, key: &[u8; 32]) -> bool {
-        self.slots.contains(key)
-    }
-    pub fn stats(&self) -> PoolStats {
-        self.slots.stats()
     }
 }
 

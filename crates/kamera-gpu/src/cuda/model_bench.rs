@@ -3,7 +3,7 @@
 //! question's prefill, against a full re-prefill, in one run.
 
 use super::model::DeviceModel;
-use super::pool::DevicePool;
+use crate::DevicePool;
 use crate::error::{Error, Result};
 use crate::{ModelBenchConfig, ModelFigures};
 use kamera_ops::{DType, LayerPatch, LowRank, Mat, Patch};
