@@ -53,12 +53,9 @@ pub(crate) fn project_qkv(
     let n = positions.len();
     let (hd, heads, kvh) = (cfg.head_dim, cfg.heads, cfg.kv_heads);
     let h = norm(x, &w.attn_norm, cfg.rms_eps)?;
-    // One product for Q, K and V (stacked weights), then column views of it.
-    let qkv = linear(&h, &w.wqkv, w.bqkv.as_ref())?;
-    let (qd, kvd) = (heads * hd, kvh * hd);
-    let mut q = qkv.narrow(1, 0, qd).ctx(OP)?;
-    let mut k = qkv.narrow(1, qd, kvd).ctx(OP)?;
-    let v = qkv.narrow(1, qd + kvd, kvd).ctx(OP)?.contiguous().ctx(OP)?;
+    let mut q = linear(&h, &w.wq, w.bq.as_ref())?;
+    let mut k = linear(&h, &w.wk, w.bk.as_ref())?;
+    let v = linear(&h, &w.wv, w.bv.as_ref())?;
     if let (Some(qn), Some(kn)) = (&w.q_norm, &w.k_norm) {
         q = norm(&q.reshape((n * heads, hd)).ctx(OP)?, qn, cfg.rms_eps)?
             .reshape((n, heads * hd))
@@ -100,16 +97,13 @@ pub(crate) fn attend_and_mlp(
     }
     let x = (x + a).ctx(OP)?;
     let h = norm(&x, &w.ffn_norm, cfg.rms_eps)?;
-    // One product for gate and up (stacked weights).
-    let gu = linear(&h, &w.w_gate_up, None)?;
-    let f = last_dim(&gu)? / 2;
-    let gate = gu.narrow(1, 0, f).ctx(OP)?;
+    let gate = linear(&h, &w.w_gate, None)?;
     let gate = match cfg.activation {
         Activation::Silu => gate.silu(),
         Activation::GeluTanh => gate.gelu(),
     }
     .ctx("activation")?;
-    let up = gu.narrow(1, f, f).ctx(OP)?;
+    let up = linear(&h, &w.w_up, None)?;
     let mut m = linear(&(gate * up).ctx(OP)?, &w.w_down, None)?;
     if let Some(pn) = &w.post_ffn_norm {
         m = norm(&m, pn, cfg.rms_eps)?;
@@ -150,6 +144,7 @@ pub(crate) fn head(x: &Tensor, out_norm: &Tensor, lm_head: &Tensor, eps: f64) ->
     linear(&h, lm_head, None)
 }
 
+#[allow(dead_code)]
 pub(crate) fn last_dim(x: &Tensor) -> Result<usize> {
     x.dim(D::Minus1).ctx(OP)
 }
