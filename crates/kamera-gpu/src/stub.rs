@@ -63,7 +63,6 @@ enum Never {}
 #[derive(Debug)]
 pub struct DeviceModel {
     never: Never,
-    spec: ModelSpec,
 }
 
 /// Stand-in for a device KV context.
@@ -91,7 +90,6 @@ impl DeviceModel {
         Err(Error::NotCompiled { op: "DeviceModel::new" })
     }
     pub fn spec(&self) -> &ModelSpec {
-        let _ = &self.spec;
         match self.never {}
     }
     pub fn backend(&self) -> &CudaBackend {

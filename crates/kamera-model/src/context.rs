@@ -92,30 +92,11 @@ impl Context {
         if total == 0 {
             return Ok(());
         }
-        for p in parts {
-            if *p.chunk.layout() != self.layout {
-                return Err(Error::Shape {
-                    op: OP,
-                    detail: format!(
-                        "chunk layout {:?} != context layout {:?}",
-                        p.chunk.layout(),
-                        self.layout
-                    ),
-                });
-            }
-            self.layout.check_rope(OP, rope).ops(OP)?;
-            if let Some(patch) = p.patch {
-                patch.check_fits(OP, p.chunk).ops(OP)?;
-            }
-        }
         let mut jobs = Vec::with_capacity(parts.len());
         let mut row = self.len;
         for p in parts {
-            let to = self.offset + row as i64;
-            let delta = to.checked_sub(p.chunk.offset()).ok_or_else(|| Error::Invalid {
-                op: OP,
-                detail: format!("shift from {} to {to} overflows", p.chunk.offset()),
-            })?;
+            let to = self.offset.saturating_add(row as i64);
+            let delta = kamera_ops::check_place(OP, p.chunk, p.patch, rope, &self.layout, to).ops(OP)?;
             jobs.push((*p, row, delta));
             row += p.chunk.n_tokens();
         }

@@ -36,7 +36,7 @@ pub use layout::{Attention, KvLayout};
 pub use orbit::orbit_patch;
 pub use patch::{LayerPatch, Patch, PatchConfig, RankPolicy, apply_patch, form_patch, patch_from_deficit};
 pub use relocate::relocate;
-pub use reuse::{Placement, assemble, check_reuse, reuse, reuse_into, reuse_rows};
+pub use reuse::{Placement, assemble, check_place, check_reuse, reuse, reuse_into, reuse_rows};
 pub use rope::{PairLayout, RopeScaling, RopeSpec, Rotation};
 pub use svd::{LowRank, Svd};
 pub use tensor::{Buf, DType, Elem, Mat};

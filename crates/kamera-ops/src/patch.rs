@@ -104,8 +104,7 @@ impl Patch {
     pub fn bytes_ratio(&self, chunk: &ChunkKv) -> f64 {
         self.bytes() as f64 / chunk.kv_bytes().max(1) as f64
     }
-    /// Checks this patch fits `chunk` (layout, token count, per-layer factor shapes).
-    pub fn check_fits(&self, op: &'static str, chunk: &ChunkKv) -> Result<()> {
+    pub(crate) fn check_fits(&self, op: &'static str, chunk: &ChunkKv) -> Result<()> {
         if self.layout != *chunk.layout() {
             return Err(shape(
                 op,

@@ -7,6 +7,7 @@ use rayon::prelude::*;
 
 use crate::chunk::ChunkKv;
 use crate::error::{Error, Result, shape};
+use crate::layout::KvLayout;
 use crate::patch::Patch;
 use crate::relocate::shift;
 use crate::rope::{RopeSpec, Rotation};
@@ -29,16 +30,6 @@ pub fn check_reuse(
     dst: &ChunkKv,
     dst_row: usize,
 ) -> Result<i64> {
-    let layout = *canonical.layout();
-    layout.check_rope(op, rope)?;
-    if *dst.layout() != layout {
-        return Err(shape(
-            op,
-            "destination layout",
-            format!("{layout:?}"),
-            format!("{:?}", dst.layout()),
-        ));
-    }
     let n = canonical.n_tokens();
     if dst_row.checked_add(n).is_none_or(|end| end > dst.n_tokens()) {
         return Err(shape(
@@ -48,13 +39,37 @@ pub fn check_reuse(
             dst.n_tokens(),
         ));
     }
-    if let Some(p) = patch {
-        p.check_fits(op, canonical)?;
-    }
     let to = dst
         .offset()
         .checked_add(dst_row as i64)
         .ok_or_else(|| shape(op, "destination position", "no overflow", dst.offset()))?;
+    check_place(op, canonical, patch, rope, dst.layout(), to)
+}
+
+/// Checks that `canonical` (with `patch`) can be placed at position `to` of a buffer laid out as
+/// `layout` (the RoPE spec, the layouts, the patch's shape, the shift) and returns the shift δ:
+/// [`check_reuse`] without a destination chunk, for callers writing into their own buffers.
+pub fn check_place(
+    op: &'static str,
+    canonical: &ChunkKv,
+    patch: Option<&Patch>,
+    rope: &RopeSpec,
+    layout: &KvLayout,
+    to: i64,
+) -> Result<i64> {
+    let own = *canonical.layout();
+    own.check_rope(op, rope)?;
+    if *layout != own {
+        return Err(shape(
+            op,
+            "destination layout",
+            format!("{own:?}"),
+            format!("{layout:?}"),
+        ));
+    }
+    if let Some(p) = patch {
+        p.check_fits(op, canonical)?;
+    }
     shift(op, canonical.offset(), to)
 }
 
@@ -71,29 +86,23 @@ pub fn reuse_into(
 ) -> Result<()> {
     const OP: &str = "reuse_into";
     let delta = check_reuse(OP, canonical, patch, rope, dst, dst_row)?;
-    canonical
-        .layers()
-        .par_iter()
-        .zip(dst.layers_mut().par_iter_mut())
-        .enumerate()
-        .try_for_each(|(l, (_, out))| {
-            for (v_channel, m) in [(false, &mut out.k), (true, &mut out.v)] {
-                let cols = m.cols();
-                with_rows_mut(m, dst_row, cols, |store| {
-                    reuse_rows(canonical, patch, rope, l, v_channel, delta, &mut |t, row| store(t, row))
-                })?;
-            }
-            Ok(())
-        })
+    dst.layers_mut().par_iter_mut().enumerate().try_for_each(|(l, out)| {
+        for (v_channel, m) in [(false, &mut out.k), (true, &mut out.v)] {
+            with_rows_mut(m, dst_row, |store| {
+                reuse_rows(canonical, patch, rope, l, v_channel, delta, &mut |t, row| store(t, row))
+            })?;
+        }
+        Ok(())
+    })
 }
 
 /// Calls `f` with a store function writing f32 rows at `dst_row + t` of `m` in its dtype.
 fn with_rows_mut(
     m: &mut Mat,
     dst_row: usize,
-    cols: usize,
     f: impl FnOnce(&mut dyn FnMut(usize, &[f32])) -> Result<()>,
 ) -> Result<()> {
+    let cols = m.cols();
     fn store<D: Elem>(d: &mut [D], at: usize, row: &[f32]) {
         for (e, r) in d[at..at + row.len()].iter_mut().zip(row) {
             *e = D::from_f32(*r);
@@ -109,7 +118,7 @@ fn with_rows_mut(
 /// One channel (K, or V with `v_channel`) of layer `layer` of `canonical`, shifted by `delta` and
 /// patched, handed to `sink(t, row)` row by row in order, as f32: how a caller writes reused
 /// rows straight into its own buffers (a model's context) without an intermediate chunk. Inputs
-/// are validated by the caller ([`check_reuse`]); a non-finite row is an error naming its index.
+/// are validated by the caller ([`check_reuse`], [`check_place`]); a non-finite row is an error naming its index.
 pub fn reuse_rows(
     canonical: &ChunkKv,
     patch: Option<&Patch>,

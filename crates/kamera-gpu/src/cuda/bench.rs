@@ -7,8 +7,19 @@ use crate::BenchFigures;
 use crate::error::Result;
 use kamera_ops::{DType, KvLayout, LowRank, Mat, PairLayout, RopeSpec};
 
-fn val(i: usize) -> f32 {
+/// Deterministic synthetic values in [−1, 1) for bench data.
+pub(super) fn val(i: usize) -> f32 {
     ((i.wrapping_mul(2_654_435_761) >> 7) % 2000) as f32 / 1000.0 - 1.0
+}
+
+/// A synthetic rank-`rank` patch of a `[rows, cols]` channel, factors stored in `dtype` (`salt`
+/// varies the values between layers and channels).
+pub(super) fn synthetic_low_rank(rows: usize, rank: usize, cols: usize, dtype: DType, salt: usize) -> Result<LowRank> {
+    Ok(LowRank {
+        p: Mat::from_f32(rows, rank, (0..rows * rank).map(|i| val(i + salt)).collect())?.to_dtype(dtype),
+        wt: Mat::from_f32(rank, cols, (0..rank * cols).map(|i| 0.01 * val(i + 7 * salt)).collect())?.to_dtype(dtype),
+        spectrum: Vec::new(),
+    })
 }
 
 impl CudaBackend {
@@ -65,11 +76,7 @@ impl CudaBackend {
             self.zeros_channel(dtype, layers, tokens, features)?,
         );
         // One rank-`rank` patch shared by every layer, its factors stored in `factors`.
-        let lr = LowRank {
-            p: Mat::from_f32(tokens, rank, (0..tokens * rank).map(val).collect())?.to_dtype(factors),
-            wt: Mat::from_f32(rank, features, (0..rank * features).map(|i| 0.01 * val(i)).collect())?.to_dtype(factors),
-            spectrum: Vec::new(),
-        };
+        let lr = synthetic_low_rank(tokens, rank, features, factors, 0)?;
         let lrs = vec![&lr; layers];
         let plan =
             |rotate: bool| match self.plan(dtype, features, (&rot, rotate), super::factor_dtype(Some(&lrs)), rank) {

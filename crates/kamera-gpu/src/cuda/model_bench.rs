@@ -6,7 +6,7 @@ use super::model::DeviceModel;
 use crate::DevicePool;
 use crate::error::{Error, Result};
 use crate::{ModelBenchConfig, ModelFigures};
-use kamera_ops::{DType, LayerPatch, LowRank, Mat, Patch};
+use kamera_ops::{DType, LayerPatch, Patch};
 use std::time::Instant;
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -19,10 +19,6 @@ fn tokens(seed: usize, n: usize, vocab: usize) -> Vec<u32> {
     (0..n)
         .map(|i| ((seed * 1_000_003 + i * 7919 + 13) % vocab) as u32)
         .collect()
-}
-
-fn val(i: usize) -> f32 {
-    ((i.wrapping_mul(2_654_435_761) >> 7) % 2000) as f32 / 1000.0 - 1.0
 }
 
 impl DeviceModel {
@@ -84,29 +80,23 @@ impl DeviceModel {
             self.prefill(&mut kv, toks, false)?;
             let canonical = self.download(&kv, 0)?;
             pool.get_or_upload(self.backend(), keys[c], || Ok(canonical))?;
-            let n = cfg.chunk_tokens;
-            let lr = |cols: usize, salt: usize| -> Result<LowRank> {
-                Ok(LowRank {
-                    p: Mat::from_f32(n, cfg.rank, (0..n * cfg.rank).map(|i| val(i + salt)).collect())?
-                        .to_dtype(DType::Bf16),
-                    wt: Mat::from_f32(
-                        cfg.rank,
-                        cols,
-                        (0..cfg.rank * cols).map(|i| 0.01 * val(i + 7 * salt)).collect(),
-                    )?
-                    .to_dtype(DType::Bf16),
-                    spectrum: Vec::new(),
-                })
-            };
-            let layers = (0..spec.layers)
-                .map(|l| {
-                    Ok(LayerPatch {
-                        k: lr(layout.k_features(), l + c)?,
-                        v: lr(layout.v_features(), l + c + 1)?,
+            // A rank-`rank` bf16 patch on every layer's K and V (none at rank 0).
+            let patch = if cfg.rank > 0 {
+                let lr =
+                    |cols, salt| super::bench::synthetic_low_rank(cfg.chunk_tokens, cfg.rank, cols, DType::Bf16, salt);
+                let layers = (0..spec.layers)
+                    .map(|l| {
+                        Ok(LayerPatch {
+                            k: lr(layout.k_features(), l + c)?,
+                            v: lr(layout.v_features(), l + c + 1)?,
+                        })
                     })
-                })
-                .collect::<Result<Vec<_>>>()?;
-            patches.push((cfg.rank > 0).then(|| Patch::new(layout, n, layers)).transpose()?);
+                    .collect::<Result<Vec<_>>>()?;
+                Some(Patch::new(layout, cfg.chunk_tokens, layers)?)
+            } else {
+                None
+            };
+            patches.push(patch);
         }
         let (mut place, mut reuse) = (Vec::new(), Vec::new());
         for _ in 0..cfg.reps {
