@@ -21,10 +21,13 @@ mod error;
 mod fetch;
 mod generate;
 mod gguf;
+mod hf;
+mod hf_tokenizer;
 mod model;
 mod selective;
 mod spm;
 mod tokenizer;
+pub mod vl;
 mod weights;
 
 pub use config::{Activation, Config, Family};
