@@ -7,7 +7,7 @@ use candle_core::{Device, Tensor};
 use kamera_ops::{ChunkKv, KvLayout, LayerKv, RopeSpec};
 use sha2::{Digest, Sha256};
 
-use crate::block::{attend_and_mlp, head, layer_forward, project_qkv};
+use crate::block::{attend_and_mlp, head, layer_forward, project_qkv_at};
 use crate::config::Config;
 use crate::context::{Context, tensor_to_mat};
 use crate::error::{CandleCtx, Error, OpsCtx, Result};
@@ -273,24 +273,59 @@ impl Model {
     /// the new rows are written into the context's buffers once instead of the whole context
     /// being copied every step (decode loops). On error the context is left as it was.
     pub fn extend(&self, tokens: &[u32], context: &mut Context) -> Result<Prefill> {
+        self.extend_with(Input::Tokens(tokens), None, context)
+    }
+
+    /// [`Model::extend`] for M-RoPE models with explicit 3-D rotary ids (an image's tokens: see
+    /// [`crate::vl::image_positions`]); the chunk returned starts at `rotary[0][0]`. Text after it
+    /// must then rotate from the image's span: push image chunks with
+    /// [`Context::push_spanned`] (this call records only rows).
+    pub fn extend_rotary(&self, input: Input<'_>, rotary: &[[i64; 3]], context: &mut Context) -> Result<Prefill> {
+        if self.cfg.mrope_sections.is_none() {
+            return Err(Error::Invalid {
+                op: "Model::extend_rotary",
+                detail: "3-D rotary positions need an M-RoPE model (Qwen2.5-VL)".into(),
+            });
+        }
+        self.extend_with(input, Some(rotary), context)
+    }
+
+    fn extend_with(&self, input: Input<'_>, rotary: Option<&[[i64; 3]]>, context: &mut Context) -> Result<Prefill> {
         const OP: &str = "Model::extend";
         self.check_layout(OP, context)?;
-        if tokens.is_empty() {
+        let mut x = self.embed(input)?;
+        let n = x.dim(0).ctx(OP)?;
+        if n == 0 {
             return Err(Error::Invalid {
                 op: OP,
                 detail: "empty input".into(),
             });
         }
+        if rotary.is_some_and(|r| r.len() != n) {
+            return Err(Error::Shape {
+                op: OP,
+                detail: format!("{} rotary positions for {n} tokens", rotary.map_or(0, |r| r.len())),
+            });
+        }
         let start = context.end();
-        let mut x = self.embed(Input::Tokens(tokens))?;
-        let n = tokens.len();
         let positions: Vec<i64> = (0..n as i64).map(|i| start + i).collect();
         let k_pos: Vec<i64> = (context.offset()..start + n as i64).collect();
+        // Rotation: explicit ids, else the context's rotary end onwards (= `positions` unless
+        // the context holds an image whose span is not its token count).
+        let shifted: Option<Vec<[i64; 3]>> = match rotary {
+            Some(_) => None,
+            None if context.rotary_end() != start => {
+                Some((0..n as i64).map(|i| [context.rotary_end() + i; 3]).collect())
+            }
+            None => None,
+        };
+        let mrope = rotary.or(shifted.as_deref());
+        let chunk_start = mrope.and_then(|p| p.first()).map_or(start, |p| p[0]);
         context.reserve(n)?;
         let mut layers = Vec::with_capacity(self.cfg.n_layers);
         for (l, w) in self.weights.layers.iter().enumerate() {
             let window = self.window(l);
-            let (q, k, v) = project_qkv(&self.cfg, w, l, &self.rope, &x, &positions)?;
+            let (q, k, v) = project_qkv_at(&self.cfg, w, l, &self.rope, &x, &positions, mrope)?;
             let (kh, vh) = context.write(l, &k, &v)?;
             x = attend_and_mlp(&self.cfg, w, &x, &q, (&kh, &vh), &positions, &k_pos, window)?;
             layers.push(LayerKv {
@@ -299,7 +334,7 @@ impl Model {
             });
         }
         let (logits, all_logits) = self.logits(&x, PrefillOptions::default())?;
-        let chunk = ChunkKv::new(self.layout, start, layers).ops(OP)?;
+        let chunk = ChunkKv::new(self.layout, chunk_start, layers).ops(OP)?;
         context.commit(n);
         Ok(Prefill {
             logits,
