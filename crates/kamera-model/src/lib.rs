@@ -25,6 +25,7 @@ mod model;
 mod selective;
 mod spm;
 mod tokenizer;
+pub mod vision;
 mod weights;
 
 pub use config::{Activation, Config, Family};
