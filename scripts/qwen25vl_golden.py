@@ -346,6 +346,7 @@ def preprocess_goldens() -> None:
         (300, 400, 28, 3136, 12544),
         (42, 70, 28, default_min, default_max),  # 1.5 and 2.5 factors: Python rounds half to even
         (98, 126, 28, default_min, default_max),  # 3.5 and 4.5
+        (126, 70, 28, default_min, default_max),  # 4.5 and 2.5 on the other axes
         (1080, 1920, 28, default_min, default_max),
         (720, 1280, 28, default_min, default_max),
         (720, 1280, 28, default_min, 12845056),

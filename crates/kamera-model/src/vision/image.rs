@@ -68,9 +68,7 @@ impl RgbImage {
                     }
                 };
                 match color {
-                    png::ColorType::Grayscale | png::ColorType::GrayscaleAlpha => {
-                        data.extend_from_slice(&[s(0); 3])
-                    }
+                    png::ColorType::Grayscale | png::ColorType::GrayscaleAlpha => data.extend_from_slice(&[s(0); 3]),
                     png::ColorType::Rgb | png::ColorType::Rgba => data.extend_from_slice(&[s(0), s(1), s(2)]),
                     png::ColorType::Indexed => {
                         return Err(Error::Invalid {
@@ -165,7 +163,11 @@ impl Taps {
                     k[x] /= ww;
                 }
                 let scaled = k[x] * (1u32 << PRECISION_BITS) as f64;
-                weights[xx * ksize + x] = if k[x] < 0.0 { (-0.5 + scaled) as i32 } else { (0.5 + scaled) as i32 };
+                weights[xx * ksize + x] = if k[x] < 0.0 {
+                    (-0.5 + scaled) as i32
+                } else {
+                    (0.5 + scaled) as i32
+                };
             }
             bounds.push((xmin, xmax));
         }
@@ -191,7 +193,11 @@ impl Taps {
 pub fn resize_bicubic(src: &RgbImage, width: usize, height: usize) -> RgbImage {
     let (sw, sh) = (src.width, src.height);
     if width == 0 || height == 0 || sw == 0 || sh == 0 {
-        return RgbImage { width, height, data: vec![0; width * height * 3] };
+        return RgbImage {
+            width,
+            height,
+            data: vec![0; width * height * 3],
+        };
     }
     let vert = Taps::new(sh, height);
     let (first, _) = vert.bounds[0];
@@ -215,7 +221,11 @@ pub fn resize_bicubic(src: &RgbImage, width: usize, height: usize) -> RgbImage {
     };
     if height == sh {
         // PIL skips the vertical pass; the horizontal pass covered every row.
-        return RgbImage { width, height, data: mid };
+        return RgbImage {
+            width,
+            height,
+            data: mid,
+        };
     }
     let mut data = vec![0u8; width * height * 3];
     for yy in 0..height {

@@ -100,9 +100,10 @@ fn per_channel(name: &str, v: Option<PerChannel>, default: [f64; 3]) -> Result<[
     match v {
         None => Ok(default),
         Some(PerChannel::One(x)) => Ok([x; 3]),
-        Some(PerChannel::Many(v)) => {
-            v.as_slice().try_into().map_err(|_| format!("{name} must have 3 values (R, G, B), got {}", v.len()))
-        }
+        Some(PerChannel::Many(v)) => v
+            .as_slice()
+            .try_into()
+            .map_err(|_| format!("{name} must have 3 values (R, G, B), got {}", v.len())),
     }
 }
 
@@ -115,7 +116,10 @@ impl TryFrom<RawConfig> for PreprocessConfig {
         if let Some(r) = raw.resample.filter(|&r| r != 3) {
             return Err(format!("resample {r} is not supported (only 3, bicubic)"));
         }
-        let size = raw.size.unwrap_or(SizeDict { shortest_edge: None, longest_edge: None });
+        let size = raw.size.unwrap_or(SizeDict {
+            shortest_edge: None,
+            longest_edge: None,
+        });
         let cfg = Self {
             patch_size: raw.patch_size.unwrap_or(d.patch_size),
             temporal_patch_size: raw.temporal_patch_size.unwrap_or(d.temporal_patch_size),
@@ -188,7 +192,8 @@ impl PreprocessConfig {
         if let Some((name, _)) = sizes.iter().find(|(_, v)| *v == 0) {
             return Err(format!("{name} must be positive"));
         }
-        if self.image_std.iter().any(|s| *s == 0.0 || !s.is_finite()) || self.image_mean.iter().any(|m| !m.is_finite()) {
+        if self.image_std.iter().any(|s| *s == 0.0 || !s.is_finite()) || self.image_mean.iter().any(|m| !m.is_finite())
+        {
             return Err(format!(
                 "image_mean must be finite and image_std finite and non-zero, got {:?} and {:?}",
                 self.image_mean, self.image_std
@@ -211,7 +216,10 @@ pub fn smart_resize(
     min_pixels: usize,
     max_pixels: usize,
 ) -> Result<(usize, usize)> {
-    let invalid = |detail: String| Error::Invalid { op: "smart_resize", detail };
+    let invalid = |detail: String| Error::Invalid {
+        op: "smart_resize",
+        detail,
+    };
     if height == 0 || width == 0 || factor == 0 || max_pixels == 0 {
         return Err(invalid(format!(
             "height {height}, width {width}, factor {factor} and max_pixels {max_pixels} must be positive"
@@ -223,7 +231,9 @@ pub fn smart_resize(
             "absolute aspect ratio must be smaller than 200, got {ratio} ({height}x{width}, h x w)"
         )));
     }
-    let area = height.checked_mul(width).ok_or_else(|| invalid(format!("{height}x{width} overflows")))?;
+    let area = height
+        .checked_mul(width)
+        .ok_or_else(|| invalid(format!("{height}x{width} overflows")))?;
     let (h, w, f) = (height as f64, width as f64, factor as f64);
     let mut h_bar = (h / f).round_ties_even() as usize * factor;
     let mut w_bar = (w / f).round_ties_even() as usize * factor;
@@ -265,8 +275,22 @@ impl ImagePatches {
 /// Preprocess one image as `Qwen2VLImageProcessor` does: resize to the smart size with PIL's
 /// bicubic, `f32(f64(v) * rescale_factor)`, `(x - mean) / std` in f32, the frame repeated to
 /// `temporal_patch_size`, and patches flattened as (t, h/m, w/m, m, m) rows of (c, T, p, p).
+///
+/// ```
+/// use kamera_model::vision::{PreprocessConfig, RgbImage, preprocess};
+/// let png = std::fs::read("tests/golden/qwen25vl-golden/img0.png")?; // 120x90
+/// let image = RgbImage::decode_png(&png)?;
+/// let cfg = PreprocessConfig::default().with_max_pixels(28 * 28 * 16); // a screenshot budget
+/// let patches = preprocess(&image, &cfg)?; // resized to 112x84
+/// assert_eq!(patches.grid_thw, [1, 6, 8]);
+/// assert_eq!(patches.pixel_values.len(), 48 * 1176);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn preprocess(image: &RgbImage, cfg: &PreprocessConfig) -> Result<ImagePatches> {
-    cfg.check().map_err(|detail| Error::Invalid { op: "preprocess image", detail })?;
+    cfg.check().map_err(|detail| Error::Invalid {
+        op: "preprocess image",
+        detail,
+    })?;
     let (rh, rw) = cfg.resized_size(image.height(), image.width())?;
     let resized;
     let img = if (rh, rw) == (image.height(), image.width()) {
@@ -282,7 +306,11 @@ pub fn preprocess(image: &RgbImage, cfg: &PreprocessConfig) -> Result<ImagePatch
     let mut chw = vec![0f32; 3 * plane];
     for (i, px) in img.data().chunks_exact(3).enumerate() {
         for c in 0..3 {
-            let mut v = if cfg.do_rescale { (f64::from(px[c]) * cfg.rescale_factor) as f32 } else { f32::from(px[c]) };
+            let mut v = if cfg.do_rescale {
+                (f64::from(px[c]) * cfg.rescale_factor) as f32
+            } else {
+                f32::from(px[c])
+            };
             if cfg.do_normalize {
                 v = (v - mean[c]) / std[c];
             }
@@ -310,5 +338,9 @@ pub fn preprocess(image: &RgbImage, cfg: &PreprocessConfig) -> Result<ImagePatch
             }
         }
     }
-    Ok(ImagePatches { pixel_values: out, grid_thw: [1, gh, gw], patch_dim })
+    Ok(ImagePatches {
+        pixel_values: out,
+        grid_thw: [1, gh, gw],
+        patch_dim,
+    })
 }
