@@ -226,15 +226,31 @@ def main() -> None:
     print(f"wrote {MODEL_DIR} and {GOLDEN_DIR} ({total / 1e6:.2f} MB), vocab {vocab}")
 
 
-def encode_png(path: Path, width: int, height: int, color_type: int, depth: int, rows: list, extra: list) -> None:
-    """A plain PNG encoder (no filtering, not interlaced) for colour types and depths PIL cannot write.
-    `rows` are the packed scanlines; `extra` the (chunk type, data) pairs before IDAT (PLTE, tRNS)."""
+ADAM7 = [(0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2), (0, 1, 1, 2)]
+
+
+def encode_png(
+    path: Path, width: int, height: int, color_type: int, depth: int, samples: np.ndarray, extra: list, interlace=False
+) -> None:
+    """A plain PNG encoder (no filtering; Adam7 optional) for colour types and depths PIL cannot write.
+    `samples` is [h, w * channels]; `extra` the (chunk type, data) pairs before IDAT (PLTE, tRNS)."""
 
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
 
+    ch = samples.shape[1] // width
+    if interlace:
+        passes = []
+        for x0, y0, dx, dy in ADAM7:
+            sub = samples.reshape(height, width, ch)[y0::dy, x0::dx]
+            if sub.size:
+                passes += pack_samples(sub.reshape(sub.shape[0], -1), depth)
+        rows = passes
+    else:
+        rows = pack_samples(samples, depth)
     raw = b"".join(b"\x00" + bytes(r) for r in rows)
-    out = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, depth, color_type, 0, 0, 0))
+    ihdr = struct.pack(">IIBBBBB", width, height, depth, color_type, 0, 0, int(interlace))
+    out = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr)
     for kind, data in extra:
         out += chunk(kind, data)
     out += chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
@@ -271,6 +287,7 @@ def preprocess_goldens() -> None:
         ("gray8", 0, 8, 1, False),
         ("gray8_trns", 0, 8, 1, True),
         ("gray16", 0, 16, 1, False),
+        ("gray16_trns", 0, 16, 1, True),
         ("rgb8", 2, 8, 3, False),
         ("rgb8_trns", 2, 8, 3, True),
         ("rgb16", 2, 16, 3, False),
@@ -301,7 +318,7 @@ def preprocess_goldens() -> None:
             if trns:
                 extra.append((b"tRNS", b"".join(struct.pack(">H", int(v)) for v in samples[0, :ch])))
         path = PREPROCESS_DIR / f"{name}.png"
-        encode_png(path, w, h, ct, depth, pack_samples(samples, depth), extra)
+        encode_png(path, w, h, ct, depth, samples, extra)
         with Image.open(path) as im:
             tensors[f"decode.{name}"] = torch.from_numpy(np.asarray(im.convert("RGB")).copy())
 
@@ -315,6 +332,15 @@ def preprocess_goldens() -> None:
 
         rh, rw = smart_resize(src.height, src.width, 28, processor.min_pixels, processor.max_pixels)
         cases[name] = (src, rw, rh)
+    # Adam7: a size where every pass is non-empty and one where some are empty.
+    for name, (iw, ih) in {"rgb8_adam7": (11, 9), "rgba16_adam7": (3, 2)}.items():
+        ct, depth, ch = (2, 8, 3) if name.startswith("rgb8") else (6, 16, 4)
+        samples = rng.integers(0, (1 << depth), (ih, iw * ch))
+        path = PREPROCESS_DIR / f"{name}.png"
+        encode_png(path, iw, ih, ct, depth, samples, [], interlace=True)
+        with Image.open(path) as im:
+            tensors[f"decode.{name}"] = torch.from_numpy(np.asarray(im.convert("RGB")).copy())
+
     for name, (sw, sh, ow, oh) in {
         "up": (9, 6, 23, 17),
         "down7": (70, 35, 10, 5),
