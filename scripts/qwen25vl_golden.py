@@ -12,12 +12,19 @@ tokenizer trained here with Qwen2's pre-tokenizer. Writes, under crates/kamera-m
                          vision block output, merged image embeddings, input ids, 3-D position
                          ids, logits at every position) and golden.json (prompts, ids, names)
 
+  qwen25vl-preprocess/   preprocessing goldens from PIL alone (`--preprocess-only` writes just these): small
+                         PNGs in every PNG colour type and bit depth with PIL's convert("RGB") of each,
+                         and PIL bicubic resizes (up, down past the support widening, one axis only)
+
 Setup (once; pinned): python3 -m venv ~/.cache/kamera/venv-vl &&
   ~/.cache/kamera/venv-vl/bin/pip install torch==2.9.1 transformers==4.57.6 safetensors pillow numpy
-Usage: ~/.cache/kamera/venv-vl/bin/python scripts/qwen25vl_golden.py
+Usage: ~/.cache/kamera/venv-vl/bin/python scripts/qwen25vl_golden.py [--preprocess-only]
 """
 import json
 import shutil
+import struct
+import sys
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +42,7 @@ from transformers import (
 ROOT = Path(__file__).resolve().parent.parent / "crates/kamera-model/tests/golden"
 MODEL_DIR = ROOT / "qwen25vl-tiny"
 GOLDEN_DIR = ROOT / "qwen25vl-golden"
+PREPROCESS_DIR = ROOT / "qwen25vl-preprocess"
 SEED = 20261201
 
 # Qwen2's pre-tokenizer split (as in Qwen2.5's tokenizer.json).
@@ -221,5 +229,178 @@ def main() -> None:
     print(f"wrote {MODEL_DIR} and {GOLDEN_DIR} ({total / 1e6:.2f} MB), vocab {vocab}")
 
 
+ADAM7 = [(0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2), (0, 1, 1, 2)]
+
+
+def encode_png(
+    path: Path, width: int, height: int, color_type: int, depth: int, samples: np.ndarray, extra: list, interlace=False
+) -> None:
+    """A plain PNG encoder (no filtering; Adam7 optional) for colour types and depths PIL cannot write.
+    `samples` is [h, w * channels]; `extra` the (chunk type, data) pairs before IDAT (PLTE, tRNS)."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    ch = samples.shape[1] // width
+    if interlace:
+        passes = []
+        for x0, y0, dx, dy in ADAM7:
+            sub = samples.reshape(height, width, ch)[y0::dy, x0::dx]
+            if sub.size:
+                passes += pack_samples(sub.reshape(sub.shape[0], -1), depth)
+        rows = passes
+    else:
+        rows = pack_samples(samples, depth)
+    raw = b"".join(b"\x00" + bytes(r) for r in rows)
+    ihdr = struct.pack(">IIBBBBB", width, height, depth, color_type, 0, 0, int(interlace))
+    out = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr)
+    for kind, data in extra:
+        out += chunk(kind, data)
+    out += chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+    path.write_bytes(out)
+
+
+def pack_samples(samples: np.ndarray, depth: int) -> list:
+    """Pack an [h, w * channels] array of samples into PNG scanlines of the given bit depth."""
+    rows = []
+    for r in samples:
+        if depth == 16:
+            rows.append(b"".join(struct.pack(">H", int(v)) for v in r))
+        elif depth == 8:
+            rows.append(bytes(int(v) for v in r))
+        else:
+            bits = "".join(format(int(v), f"0{depth}b") for v in r)
+            bits += "0" * (-len(bits) % 8)
+            rows.append(bytes(int(bits[i : i + 8], 2) for i in range(0, len(bits), 8)))
+    return rows
+
+
+def preprocess_goldens() -> None:
+    """PNG decoding and PIL bicubic resize goldens for kamera-model's image preprocessing."""
+    rng = np.random.default_rng(SEED + 1)
+    shutil.rmtree(PREPROCESS_DIR, ignore_errors=True)
+    PREPROCESS_DIR.mkdir(parents=True)
+    tensors: dict = {}
+    w, h = 7, 5
+    # (name, colour type, bit depth, channels, with tRNS)
+    kinds = [
+        ("gray1", 0, 1, 1, False),
+        ("gray2", 0, 2, 1, False),
+        ("gray4", 0, 4, 1, False),
+        ("gray8", 0, 8, 1, False),
+        ("gray8_trns", 0, 8, 1, True),
+        ("gray16", 0, 16, 1, False),
+        ("gray16_trns", 0, 16, 1, True),
+        ("rgb8", 2, 8, 3, False),
+        ("rgb8_trns", 2, 8, 3, True),
+        ("rgb16", 2, 16, 3, False),
+        ("pal1", 3, 1, 1, False),
+        ("pal4", 3, 4, 1, False),
+        ("pal8", 3, 8, 1, False),
+        ("pal8_trns", 3, 8, 1, True),
+        ("graya8", 4, 8, 2, False),
+        ("graya16", 4, 16, 2, False),
+        ("rgba8", 6, 8, 4, False),
+        ("rgba16", 6, 16, 4, False),
+    ]
+    for name, ct, depth, ch, trns in kinds:
+        top = (1 << depth) - 1
+        if ct == 3:
+            entries = 1 << depth
+            samples = rng.integers(0, entries, (h, w * ch))
+            palette = rng.integers(0, 256, (entries, 3))
+            extra = [(b"PLTE", bytes(int(v) for v in palette.flatten()))]
+            if trns:
+                extra.append((b"tRNS", bytes(int(v) for v in rng.integers(0, 256, entries))))
+        else:
+            samples = rng.integers(0, top + 1, (h, w * ch))
+            if depth == 16 and ct == 0:
+                # Low values too: PIL reads 16-bit grey as I;16 and converts it by clipping.
+                samples[0] = rng.integers(0, 300, w)
+            extra = []
+            if trns:
+                extra.append((b"tRNS", b"".join(struct.pack(">H", int(v)) for v in samples[0, :ch])))
+        path = PREPROCESS_DIR / f"{name}.png"
+        encode_png(path, w, h, ct, depth, samples, extra)
+        with Image.open(path) as im:
+            tensors[f"decode.{name}"] = torch.from_numpy(np.asarray(im.convert("RGB")).copy())
+
+    # Resizes: the golden images to their processor sizes, and synthetic cases.
+    processor = Qwen2VLImageProcessor(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16)
+    cases = {}
+    for name in ("img0", "img1", "img2"):
+        with Image.open(GOLDEN_DIR / f"{name}.png") as im:
+            src = im.convert("RGB")
+        from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
+
+        rh, rw = smart_resize(src.height, src.width, 28, processor.min_pixels, processor.max_pixels)
+        cases[name] = (src, rw, rh)
+    # Adam7: a size where every pass is non-empty and one where some are empty.
+    for name, (iw, ih) in {"rgb8_adam7": (11, 9), "rgba16_adam7": (3, 2)}.items():
+        ct, depth, ch = (2, 8, 3) if name.startswith("rgb8") else (6, 16, 4)
+        samples = rng.integers(0, (1 << depth), (ih, iw * ch))
+        path = PREPROCESS_DIR / f"{name}.png"
+        encode_png(path, iw, ih, ct, depth, samples, [], interlace=True)
+        with Image.open(path) as im:
+            tensors[f"decode.{name}"] = torch.from_numpy(np.asarray(im.convert("RGB")).copy())
+
+    for name, (sw, sh, ow, oh) in {
+        "up": (9, 6, 23, 17),
+        "down7": (70, 35, 10, 5),
+        "down_odd": (101, 53, 29, 11),
+        "x_only": (31, 12, 50, 12),
+        "y_only": (12, 31, 12, 9),
+        "to_one": (13, 9, 1, 1),
+        "from_one": (1, 1, 5, 4),
+        "line": (40, 1, 17, 3),
+    }.items():
+        src = Image.fromarray(rng.integers(0, 256, (sh, sw, 3)).astype(np.uint8), "RGB")
+        cases[name] = (src, ow, oh)
+    for name, (src, ow, oh) in cases.items():
+        if name.startswith("img"):
+            tensors[f"resize.{name}.out"] = torch.from_numpy(np.asarray(src.resize((ow, oh), Image.BICUBIC)).copy())
+        else:
+            tensors[f"resize.{name}.src"] = torch.from_numpy(np.asarray(src).copy())
+            tensors[f"resize.{name}.out"] = torch.from_numpy(np.asarray(src.resize((ow, oh), Image.BICUBIC)).copy())
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(PREPROCESS_DIR / "preprocess.safetensors"))
+
+    # smart_resize: (height, width, factor, min_pixels, max_pixels) -> [h, w] or the error HF raises.
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize as hf_smart_resize
+
+    default_min, default_max = 56 * 56, 28 * 28 * 1280
+    smart = []
+    for h, w, f, lo, hi in [
+        (90, 120, 28, 3136, 12544),
+        (60, 200, 28, 3136, 12544),
+        (300, 400, 28, 3136, 12544),
+        (42, 70, 28, default_min, default_max),  # 1.5 and 2.5 factors: Python rounds half to even
+        (98, 126, 28, default_min, default_max),  # 3.5 and 4.5
+        (126, 70, 28, default_min, default_max),  # 4.5 and 2.5 on the other axes
+        (1080, 1920, 28, default_min, default_max),
+        (720, 1280, 28, default_min, default_max),
+        (720, 1280, 28, default_min, 12845056),
+        (2160, 3840, 28, default_min, default_max),
+        (1, 1, 28, default_min, default_max),
+        (10, 10, 28, default_min, default_max),
+        (5, 1000, 28, default_min, default_max),
+        (1, 200, 28, default_min, default_max),
+        (1, 201, 28, default_min, default_max),
+        (4000, 19, 28, default_min, default_max),
+        (30000, 200, 28, default_min, default_max),
+        (333, 777, 32, 1024, 100000),
+        (768, 1366, 28, 3136, 28 * 28 * 256),
+    ]:
+        try:
+            out = list(hf_smart_resize(h, w, f, lo, hi))
+        except ValueError as e:
+            out = str(e)
+        smart.append({"height": h, "width": w, "factor": f, "min_pixels": lo, "max_pixels": hi, "out": out})
+    (PREPROCESS_DIR / "smart_resize.json").write_text(json.dumps(smart, indent=1) + "\n")
+    total = sum(f.stat().st_size for f in PREPROCESS_DIR.iterdir())
+    print(f"wrote {PREPROCESS_DIR} ({total / 1e3:.1f} kB)")
+
+
 if __name__ == "__main__":
-    main()
+    if "--preprocess-only" not in sys.argv[1:]:
+        main()
+    preprocess_goldens()

@@ -27,6 +27,7 @@ mod model;
 mod selective;
 mod spm;
 mod tokenizer;
+pub mod vision;
 pub mod vl;
 mod weights;
 
