@@ -14,6 +14,7 @@ use crate::error::{CandleCtx, Error, OpsCtx, Result};
 use crate::gguf::Gguf;
 use crate::hf::SafeDir;
 use crate::tokenizer::Tokenizer;
+use crate::vision::PreprocessConfig;
 use crate::vl::{Tower, Vision, VlConfig};
 use crate::weights::Weights;
 
@@ -108,6 +109,27 @@ impl Model {
         let weights = Weights::from_safetensors(&st, text_prefix, &cfg, vl.tie_embeddings)?;
         let tower = Tower::load(&st, vis_prefix, &vl.vision)?;
         let tokenizer = Tokenizer::from_hf_json(&dir.join("tokenizer.json"))?;
+        let pre_file = dir.join("preprocessor_config.json");
+        let preprocess = if pre_file.is_file() {
+            PreprocessConfig::from_file(&pre_file)?
+        } else {
+            PreprocessConfig::default()
+        };
+        let v = &vl.vision;
+        if (
+            preprocess.patch_size,
+            preprocess.temporal_patch_size,
+            preprocess.merge_size,
+        ) != (v.patch_size, v.temporal_patch_size, v.merge_size)
+        {
+            return Err(Error::Invalid {
+                op: "Model::load",
+                detail: format!(
+                    "{}: patch / temporal patch / merge sizes disagree with config.json's vision_config",
+                    pre_file.display()
+                ),
+            });
+        }
         let cfg_json = serde_json::to_string(&(&cfg, &vl.vision)).unwrap_or_default();
         let digest = Sha256::new()
             .chain_update(st.sha256()?)
@@ -129,6 +151,7 @@ impl Model {
             vision: Some(Vision {
                 tower,
                 tokens: vl.tokens,
+                preprocess,
             }),
         })
     }

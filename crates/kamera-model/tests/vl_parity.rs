@@ -161,3 +161,20 @@ fn logits_and_positions_match_hf() -> Result<()> {
     }
     Ok(())
 }
+
+#[test]
+fn png_to_image_embeddings_matches_hf() -> Result<()> {
+    let m = model()?;
+    let vision = m.vision().context("vision")?;
+    let g = goldens()?;
+    for img in ["img0", "img1", "img2"] {
+        let png = std::fs::read(golden_dir().join(format!("qwen25vl-golden/{img}.png")))?;
+        let image = kamera_model::vision::RgbImage::decode_png(&png)?;
+        let (patches, out) = vision.encode_image(&image, None)?;
+        assert_eq!(patches.grid_thw, grid(&g, img)?, "{img}");
+        let err = rel_err(&out.embeds, &f32s(&g, &format!("{img}.image_embeds"))?);
+        println!("{img}: PNG -> embeddings rel err {err:.2e}");
+        assert!(err < 1e-5, "{img}: {err}");
+    }
+    Ok(())
+}

@@ -11,15 +11,34 @@ pub(crate) use tower::Tower;
 pub use tower::VisionOutput;
 
 use crate::error::{Error, Result};
+use crate::vision::{ImagePatches, PreprocessConfig, RgbImage, preprocess};
 
 /// The vision half of a loaded Qwen2.5-VL.
 #[derive(Debug)]
 pub struct Vision {
     pub(crate) tower: Tower,
     pub(crate) tokens: VisionTokens,
+    pub(crate) preprocess: PreprocessConfig,
 }
 
 impl Vision {
+    /// The image preprocessing of this model (its preprocessor_config.json).
+    pub fn preprocess_config(&self) -> &PreprocessConfig {
+        &self.preprocess
+    }
+
+    /// Preprocesses (resize within the pixel budget — `max_pixels` overrides the model's — and
+    /// normalise, as HF does) and encodes one image.
+    pub fn encode_image(&self, image: &RgbImage, max_pixels: Option<usize>) -> Result<(ImagePatches, VisionOutput)> {
+        let cfg = match max_pixels {
+            Some(m) => self.preprocess.clone().with_max_pixels(m),
+            None => self.preprocess.clone(),
+        };
+        let patches = preprocess(image, &cfg)?;
+        let out = self.encode(&patches.pixel_values, patches.grid_thw)?;
+        Ok((patches, out))
+    }
+
     pub fn config(&self) -> &VisionConfig {
         self.tower.config()
     }
