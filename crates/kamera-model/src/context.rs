@@ -158,11 +158,23 @@ impl Context {
                 detail: format!("span {span} must be positive"),
             });
         }
-        let shift = self.shift();
         self.push(chunk)?;
-        let extra = span - chunk.n_tokens() as i64;
+        self.mark_span(chunk.n_tokens(), span)
+    }
+
+    /// Records that the last `rows` rows (appended by [`crate::Model::extend_rotary`]) occupy
+    /// `span` positions: what follows rotates from their start + `span`.
+    pub fn mark_span(&mut self, rows: usize, span: i64) -> Result<()> {
+        if rows > self.len || span <= 0 {
+            return Err(Error::Invalid {
+                op: "Context::mark_span",
+                detail: format!("{rows} rows spanning {span} positions (the context holds {})", self.len),
+            });
+        }
+        let extra = span - rows as i64;
         if extra != 0 {
-            self.shifts.push((self.len, shift + extra));
+            let shift = self.shift() + extra;
+            self.shifts.push((self.len, shift));
         }
         Ok(())
     }

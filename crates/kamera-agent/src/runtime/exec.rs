@@ -91,13 +91,6 @@ impl Session {
         Ok(t)
     }
 
-    fn tokens(&self, op: &'static str, chunk: &ChunkId) -> Result<Vec<u32>> {
-        self.content
-            .get(chunk)
-            .map(|c| c.tokens.clone())
-            .ok_or_else(|| invalid(op, format!("chunk {chunk} has no known content to prefill")))
-    }
-
     /// The canonical KV of `chunk`: staged by this plan, else read from the store.
     fn canonical(&mut self, op: &'static str, chunk: ChunkId) -> Result<Arc<Record>> {
         if let Some(r) = self.staged.get(&chunk) {
@@ -131,11 +124,7 @@ impl Session {
         match step {
             Step::Prefill { chunk, alone: true, .. } => {
                 let t0 = Instant::now();
-                let tokens = self.tokens("prefill", chunk)?;
-                let p = self
-                    .model
-                    .prefill(&tokens, 0, &self.model.empty_context())
-                    .map_err(model("prefill alone"))?;
+                let p = self.prefill_chunk("prefill alone", chunk, 0, None)?;
                 let cost = t0.elapsed().as_micros() as u64;
                 self.staged.insert(*chunk, Arc::new(Record::kv(fp, cost, p.chunk)));
                 t.prefill_ms += ms(t0);
@@ -149,11 +138,7 @@ impl Session {
                 self.sync_to(*at)?;
                 t.sync_ms += ms(t0);
                 let t0 = Instant::now();
-                let tokens = self.tokens("prefill", chunk)?;
-                let p = self
-                    .model
-                    .extend(&tokens, &mut self.ctx)
-                    .map_err(model("prefill in place"))?;
+                let p = self.extend_chunk("prefill in place", chunk)?;
                 self.set_resident(*chunk, p.chunk);
                 let v = self.version;
                 self.ctx_chunks.push((*chunk, v));
@@ -173,11 +158,7 @@ impl Session {
                 let t0 = Instant::now();
                 self.sync_to(*at)?;
                 let canon = self.canonical("form-patch", *chunk)?;
-                let tokens = self.tokens("form-patch", chunk)?;
-                let cond = self
-                    .model
-                    .prefill(&tokens, *at, &self.ctx)
-                    .map_err(model("conditioned prefill"))?;
+                let cond = self.prefill_chunk("conditioned prefill", chunk, *at, Some(&self.ctx))?;
                 let patch = self.patch_of(&cond.chunk, &canon)?;
                 self.put_patch(key, patch, t0.elapsed().as_micros() as u64)?;
                 // The conditioned KV is exact for this placement: the Place that follows uses it
@@ -272,13 +253,11 @@ impl Session {
         let mut cond: BTreeMap<ChunkId, Vec<ChunkKv>> = BTreeMap::new();
         for ordering in orderings {
             for c in ordering {
-                let tokens = self.tokens("form-orbit", c)?;
-                let p = self.model.extend(&tokens, &mut self.ctx);
-                let p = match p {
+                let p = match self.extend_chunk("orbit prefill", c) {
                     Ok(p) => p,
                     Err(e) => {
                         self.ctx.truncate(base);
-                        return Err(model("orbit prefill")(e));
+                        return Err(e);
                     }
                 };
                 cond.entry(*c).or_default().push(p.chunk);
@@ -307,8 +286,9 @@ impl Session {
             .map(|(id, r)| (*id, r.kv.offset(), r.kv.n_tokens(), r.version))
             .collect();
         want.sort_by_key(|w| w.1);
+        let spans: Vec<i64> = want.iter().map(|w| self.span_of(&w.0, w.2)).collect();
         let mut pos = 0i64;
-        for w in &want {
+        for (w, span) in want.iter().zip(&spans) {
             if w.1 != pos {
                 return Err(invalid(
                     "sync",
@@ -318,7 +298,7 @@ impl Session {
                     ),
                 ));
             }
-            pos += w.2 as i64;
+            pos += span;
         }
         if pos != at {
             return Err(invalid("sync", format!("resident KV ends at {pos}, expected {at}")));
@@ -332,9 +312,9 @@ impl Session {
         let rows: usize = want[..keep].iter().map(|w| w.2).sum();
         self.ctx.truncate(rows);
         self.ctx_chunks.truncate(keep);
-        for w in &want[keep..] {
+        for (w, &span) in want[keep..].iter().zip(&spans[keep..]) {
             let r = &self.resident[&w.0];
-            self.ctx.push(&r.kv).map_err(model("context push"))?;
+            self.ctx.push_spanned(&r.kv, span).map_err(model("context push"))?;
             self.stats.bytes_moved += r.kv.kv_bytes() as u64;
             self.ctx_chunks.push((w.0, w.3));
         }

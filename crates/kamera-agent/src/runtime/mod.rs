@@ -2,6 +2,7 @@
 //! the model's live context, and executes the scheduler's plans through the `Backend` seam.
 
 mod exec;
+mod image;
 mod relevance;
 mod session;
 mod survivors;

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use kamera_gpu::Backend;
 use kamera_model::{Context, Model};
@@ -13,6 +14,7 @@ use kamera_store::{ChunkId, ChunkStore, Key, ModelFp, Record};
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
+use crate::runtime::image::ImageContent;
 use crate::runtime::relevance::Relevance;
 
 /// Encoder name hashed into page chunk ids (the compact page text, tokenized).
@@ -37,6 +39,9 @@ pub struct SessionConfig {
     /// Repair survivors of an eviction in [`Session::settle`] (prefill them again in place and
     /// store their patches for the new context), so a recurring context is served exactly.
     pub repair: bool,
+    /// Pixel budget of a screenshot chunk ([`Session::observe_image`]): larger screenshots are
+    /// downscaled, as the model's preprocessor does, to fit (28x28 pixels per merged token).
+    pub image_max_pixels: usize,
 }
 
 impl Default for SessionConfig {
@@ -49,6 +54,7 @@ impl Default for SessionConfig {
             min_relevance: 1.0,
             defer: true,
             repair: true,
+            image_max_pixels: 28 * 28 * 256,
         }
     }
 }
@@ -98,6 +104,9 @@ pub struct SessionStats {
     pub patches_applied: usize,
     /// KV bytes written by relocation, placement and into the model context.
     pub bytes_moved: u64,
+    /// Screenshots run through the vision tower (once per image the session had to prefill).
+    #[serde(default)]
+    pub images_encoded: usize,
 }
 
 impl SessionStats {
@@ -116,6 +125,7 @@ impl SessionStats {
             patches_formed: self.patches_formed - earlier.patches_formed,
             patches_applied: self.patches_applied - earlier.patches_applied,
             bytes_moved: self.bytes_moved - earlier.bytes_moved,
+            images_encoded: self.images_encoded - earlier.images_encoded,
         }
     }
 }
@@ -124,6 +134,8 @@ impl SessionStats {
 #[derive(Debug, Clone)]
 pub(crate) struct Content {
     pub tokens: Vec<u32>,
+    /// An image chunk's pixels and tower output (its `tokens` are the vision markers and pads).
+    pub image: Option<Arc<ImageContent>>,
 }
 
 /// A resident chunk's KV at its window position, with the version that the context copy of it
@@ -160,7 +172,9 @@ pub struct Session {
     pub(crate) relevance: Relevance,
     pinned_tokens: usize,
     /// The page chunk observed last: never evicted by a recall for relevance.
-    last: Option<ChunkId>,
+    pub(crate) last: Option<ChunkId>,
+    /// Images run through the vision tower (counted where the tower runs, behind `&self`).
+    pub(crate) images_encoded: AtomicUsize,
 }
 
 impl Session {
@@ -197,6 +211,7 @@ impl Session {
             relevance: Relevance::default(),
             pinned_tokens: 0,
             last: None,
+            images_encoded: AtomicUsize::new(0),
         }
     }
 
@@ -242,7 +257,7 @@ impl Session {
         if scored && !self.content.contains_key(&id) {
             self.relevance.add(id, text);
         }
-        self.content.insert(id, Content { tokens });
+        self.content.insert(id, Content { tokens, image: None });
     }
 
     /// Whether the store holds `key` (a store that cannot answer counts as not holding it).
@@ -282,13 +297,7 @@ impl Session {
         self.learn(id, text, tokens, true);
         let store = self.store.clone();
         let (visit, plan) = self.window.visit(id, n, &|k| Self::stored(store.as_ref(), k))?;
-        self.last = Some(id);
-        match visit {
-            Visit::Hit => self.stats.hits += 1,
-            Visit::New => self.stats.new += 1,
-            Visit::Recall => self.stats.recalls += 1,
-            Visit::Stored => self.stats.stored += 1,
-        }
+        self.count_visit(id, visit);
         self.apply(Some(id), Some(visit), plan)
     }
 
@@ -341,11 +350,13 @@ impl Session {
         Ok(self.store.flush()?)
     }
 
-    fn apply(&mut self, chunk: Option<ChunkId>, visit: Option<Visit>, mut plan: Plan) -> Result<Applied> {
+    pub(crate) fn apply(&mut self, chunk: Option<ChunkId>, visit: Option<Visit>, mut plan: Plan) -> Result<Applied> {
         self.patch_survivors(&mut plan);
         let content = &self.content;
         let prefill_tokens = plan.prefill_tokens(|id| content.get(id).map_or(0, |c| c.tokens.len()));
-        let timings = self.execute(&plan)?;
+        let timings = self.execute(&plan);
+        self.stats.images_encoded = self.images_encoded.load(Ordering::Relaxed);
+        let timings = timings?;
         self.mark_stale(&plan);
         self.stats.prefill_tokens += prefill_tokens;
         self.stats.evictions += plan.count("evict");

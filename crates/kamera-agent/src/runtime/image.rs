@@ -1,0 +1,197 @@
+//! Screenshots as image chunks (Qwen2.5-VL): `<|vision_start|>`, the image's merged tokens and
+//! `<|vision_end|>` form one chunk whose position span is its largest grid side + 2, not its
+//! token count; the vision tower runs once per image the session has to prefill.
+
+use std::sync::{Arc, OnceLock};
+
+use kamera_model::vision::{ImagePatches, RgbImage, preprocess};
+use kamera_model::vl::{image_positions, image_span};
+use kamera_model::{Context, Input, Prefill, PrefillOptions};
+use kamera_sched::Visit;
+use kamera_store::ChunkId;
+
+use crate::error::{Error, Result, model};
+use crate::runtime::session::{Applied, Content, Session};
+
+/// Encoder name hashed into image chunk ids, with the decoded pixels and the patch grid.
+pub(crate) const IMAGE_ENCODER: &str = "screenshot:qwen2.5-vl:v1";
+
+/// A chunk's prefill input: embeddings to use instead of its tokens (image chunks), and 3-D
+/// rotary ids (M-RoPE models).
+type ChunkInput = (Option<Vec<f32>>, Option<Vec<[i64; 3]>>);
+
+/// An image chunk's pixels, ready for the tower, and the tower's output once computed.
+#[derive(Debug)]
+pub(crate) struct ImageContent {
+    pub patches: ImagePatches,
+    pub embeds: OnceLock<Vec<f32>>,
+}
+
+impl Session {
+    /// A screenshot observed (PNG bytes): decoded, resized within
+    /// [`SessionConfig::image_max_pixels`](crate::SessionConfig) and met by the window as an
+    /// image chunk, like [`Session::observe`] does for page text. Needs a vision-language model.
+    pub fn observe_image(&mut self, png: &[u8]) -> Result<Applied> {
+        self.settle()?;
+        let vision = self.model.vision().ok_or_else(|| Error::Runtime {
+            op: "observe screenshot",
+            detail: "the model has no vision tower (use a Qwen2.5-VL directory)".into(),
+        })?;
+        let image = RgbImage::decode_png(png).map_err(model("decode screenshot"))?;
+        let cfg = vision
+            .preprocess_config()
+            .clone()
+            .with_max_pixels(self.cfg.image_max_pixels);
+        let patches = preprocess(&image, &cfg).map_err(model("preprocess screenshot"))?;
+        let grid = patches.grid_thw;
+        let mut bytes = Vec::with_capacity(image.data().len() + 40);
+        for v in [image.width(), image.height(), grid[0], grid[1], grid[2]] {
+            bytes.extend((v as u64).to_le_bytes());
+        }
+        bytes.extend_from_slice(image.data());
+        let id = ChunkId::of(&bytes, IMAGE_ENCODER, self.fp);
+        let t = vision.tokens();
+        let n = vision.image_tokens(grid);
+        let mut tokens = Vec::with_capacity(n + 2);
+        tokens.push(t.vision_start);
+        tokens.extend(std::iter::repeat_n(t.image, n));
+        tokens.push(t.vision_end);
+        let span = image_span(grid, vision.config().merge_size) + 2;
+        if !self.content.contains_key(&id) {
+            self.window.declare_span(id, span)?;
+            self.content.insert(
+                id,
+                Content {
+                    tokens,
+                    image: Some(Arc::new(ImageContent {
+                        patches,
+                        embeds: OnceLock::new(),
+                    })),
+                },
+            );
+        }
+        let n = n + 2;
+        let store = self.store.clone();
+        let (visit, plan) = self.window.visit(id, n, &|k| Self::stored(store.as_ref(), k))?;
+        self.count_visit(id, visit);
+        self.apply(Some(id), Some(visit), plan)
+    }
+
+    pub(crate) fn count_visit(&mut self, id: ChunkId, visit: Visit) {
+        self.last = Some(id);
+        match visit {
+            Visit::Hit => self.stats.hits += 1,
+            Visit::New => self.stats.new += 1,
+            Visit::Recall => self.stats.recalls += 1,
+            Visit::Stored => self.stats.stored += 1,
+        }
+    }
+
+    /// Positions a chunk occupies: its tokens, or an image's span (markers included).
+    pub(crate) fn span_of(&self, chunk: &ChunkId, n_tokens: usize) -> i64 {
+        match (
+            self.content.get(chunk).and_then(|c| c.image.as_ref()),
+            self.model.vision(),
+        ) {
+            (Some(img), Some(v)) => image_span(img.patches.grid_thw, v.config().merge_size) + 2,
+            _ => n_tokens as i64,
+        }
+    }
+
+    fn content_of(&self, op: &'static str, chunk: &ChunkId) -> Result<&Content> {
+        self.content.get(chunk).ok_or_else(|| Error::Runtime {
+            op,
+            detail: format!("chunk {chunk} has no known content to prefill"),
+        })
+    }
+
+    /// What a prefill of `chunk` at rotary position `at` takes: the input embeddings (image
+    /// chunks: the tower's output spliced in, computed once) and, for M-RoPE models, the 3-D
+    /// rotary ids of its tokens.
+    fn chunk_input(
+        &self,
+        op: &'static str,
+        chunk: &ChunkId,
+        at: i64,
+    ) -> Result<ChunkInput> {
+        let c = self.content_of(op, chunk)?;
+        let mrope = self.model.config().mrope_sections.is_some();
+        let Some(img) = &c.image else {
+            let rot = mrope.then(|| (0..c.tokens.len() as i64).map(|i| [at + i; 3]).collect());
+            return Ok((None, rot));
+        };
+        let vision = self.model.vision().ok_or_else(|| Error::Runtime {
+            op,
+            detail: "an image chunk needs a vision-language model".into(),
+        })?;
+        let embeds = match img.embeds.get() {
+            Some(e) => e,
+            None => {
+                let out = vision
+                    .encode(&img.patches.pixel_values, img.patches.grid_thw)
+                    .map_err(model("vision tower"))?;
+                self.images_encoded.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                img.embeds.get_or_init(|| out.embeds)
+            }
+        };
+        let x = self.model.embed_tokens(&c.tokens).map_err(model(op))?;
+        let x = vision.splice(&c.tokens, x, &[embeds]).map_err(model(op))?;
+        let merge = vision.config().merge_size;
+        let grid = img.patches.grid_thw;
+        let mut rot = vec![[at; 3]];
+        rot.extend(image_positions(grid, merge, at + 1));
+        rot.push([at + 1 + image_span(grid, merge); 3]);
+        Ok((Some(x), Some(rot)))
+    }
+
+    /// Prefills `chunk` at rotary position `at` after `ctx` (alone when `None`).
+    pub(crate) fn prefill_chunk(
+        &self,
+        op: &'static str,
+        chunk: &ChunkId,
+        at: i64,
+        ctx: Option<&Context>,
+    ) -> Result<Prefill> {
+        let empty;
+        let ctx = match ctx {
+            Some(c) => c,
+            None => {
+                empty = self.model.empty_context();
+                &empty
+            }
+        };
+        let c = self.content_of(op, chunk)?;
+        let (embeds, rot) = self.chunk_input(op, chunk, at)?;
+        let input = match &embeds {
+            Some(x) => Input::Embeddings {
+                data: x,
+                n: c.tokens.len(),
+            },
+            None => Input::Tokens(&c.tokens),
+        };
+        match rot {
+            Some(rot) => self.model.prefill_rotary(input, &rot, ctx, PrefillOptions::default()),
+            None => self.model.prefill_with(input, at, ctx, PrefillOptions::default()),
+        }
+        .map_err(model(op))
+    }
+
+    /// Appends `chunk` to the live context in place (at its rotary end), recording its span.
+    pub(crate) fn extend_chunk(&mut self, op: &'static str, chunk: &ChunkId) -> Result<Prefill> {
+        let at = self.ctx.rotary_end();
+        let c = self.content_of(op, chunk)?;
+        let n = c.tokens.len();
+        let (embeds, rot) = self.chunk_input(op, chunk, at)?;
+        let tokens = c.tokens.clone();
+        let span = self.span_of(chunk, n);
+        let out = match (&embeds, rot) {
+            (Some(x), Some(rot)) => self
+                .model
+                .extend_rotary(Input::Embeddings { data: x, n }, &rot, &mut self.ctx),
+            _ => self.model.extend(&tokens, &mut self.ctx),
+        }
+        .map_err(model(op))?;
+        self.ctx.mark_span(n, span).map_err(model(op))?;
+        Ok(out)
+    }
+}

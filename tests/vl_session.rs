@@ -1,0 +1,134 @@
+//! Screenshots as image chunks in the Session (tiny random Qwen2.5-VL, a real sled store on
+//! disk, no browser): each image runs through the vision tower once, its chunk spans its largest
+//! grid side + 2 positions, evicted images come back from the store relocated (never encoded
+//! again), and the live context always tiles the window: after every step, a question appended
+//! to it gives the logits of one prefill of the same window at HF's 3-D positions.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context as _, Result};
+use kamera_agent::{Session, SessionConfig};
+use kamera_gpu::CpuBackend;
+use kamera_model::vision::RgbImage;
+use kamera_model::vl::rope_index;
+use kamera_model::{Input, Model, PrefillOptions};
+use kamera_sched::Visit;
+use kamera_store::{SledStore, StoreConfig};
+
+fn golden() -> PathBuf {
+    kamera_tests::root().join("crates/kamera-model/tests/golden")
+}
+
+fn png(name: &str) -> Result<Vec<u8>> {
+    Ok(std::fs::read(golden().join(format!("qwen25vl-golden/{name}.png")))?)
+}
+
+/// Logits after `question` on the session's live context, and on one prefill of the window's
+/// chunks (text tokens, images spliced in from their PNGs) + the question at HF's positions.
+fn compare(s: &mut Session, m: &Model, images_in_window: &[&str], question: &str) -> Result<f32> {
+    let q = m.tokenizer().encode(question)?;
+    let ctx = s.context()?;
+    let keep = ctx.len();
+    let ours = m.extend(&q, ctx)?.logits;
+    ctx.truncate(keep);
+    let vision = m.vision().context("vision")?;
+    let mut ids = s.window_tokens();
+    ids.extend(&q);
+    let mut embeds = Vec::new();
+    let mut grids = Vec::new();
+    for name in images_in_window {
+        let image = RgbImage::decode_png(&png(name)?)?;
+        let (p, out) = vision.encode_image(&image, Some(s.config().image_max_pixels))?;
+        grids.push(p.grid_thw);
+        embeds.push(out.embeds);
+    }
+    let (pos, _) = rope_index(&ids, vision.tokens().image, &grids, vision.config().merge_size, 0)?;
+    let refs: Vec<&[f32]> = embeds.iter().map(Vec::as_slice).collect();
+    let x = vision.splice(&ids, m.embed_tokens(&ids)?, &refs)?;
+    let full = m
+        .prefill_rotary(
+            Input::Embeddings { data: &x, n: ids.len() },
+            &pos,
+            &m.empty_context(),
+            PrefillOptions::default(),
+        )?
+        .logits;
+    let scale = full.iter().fold(0f32, |a, x| a.max(x.abs()));
+    Ok(full.iter().zip(&ours).fold(0f32, |a, (x, y)| a.max((x - y).abs())) / scale)
+}
+
+#[test]
+fn screenshots_are_encoded_once_relocated_and_recalled() -> Result<()> {
+    let m = Arc::new(Model::load(&golden().join("qwen25vl-tiny"))?);
+    let dir = tempfile::tempdir()?;
+    let store = SledStore::open(StoreConfig {
+        path: dir.path().join("store"),
+        dtype: None,
+        ..StoreConfig::default()
+    })?;
+    let cfg = SessionConfig {
+        window_tokens: 34,
+        image_max_pixels: 28 * 28 * 16,
+        ..SessionConfig::default()
+    };
+    let mut s = Session::new(m.clone(), Arc::new(store), Box::new(CpuBackend), cfg);
+    s.pin("<|im_start|>system\nYou read web pages.<|im_end|>\n")?;
+    let q = "<|im_start|>user\nWhere is the order?<|im_end|>\n";
+
+    // img0: 12 merged tokens + 2 markers, span 4 + 2.
+    let a = s.observe_image(&png("img0")?)?;
+    assert_eq!(a.visit, Some(Visit::New));
+    let img0 = a.chunk.context("chunk")?;
+    let slot = s.window().slot(&img0).context("img0 in the window")?.clone();
+    assert_eq!((slot.n_tokens, slot.span), (14, 6));
+    assert_eq!(s.stats().images_encoded, 1);
+    let err = compare(&mut s, &m, &["img0"], q)?;
+    println!("after img0: logits rel. diff to one prefill {err:.2e}");
+    assert!(err < 1e-4, "{err}");
+
+    // img1 (16 tokens) then img2 (14): the budget of 34 evicts img0, img1 moves left.
+    s.observe_image(&png("img1")?)?;
+    let c = s.observe_image(&png("img2")?)?;
+    assert!(s.window().is_evicted(&img0), "{}", c.plan);
+    assert!(
+        c.plan.count("relocate") >= 1,
+        "img1 is re-rotated, not re-encoded: {}",
+        c.plan
+    );
+    assert_eq!(s.stats().images_encoded, 3);
+
+    // img0 again: recalled from the sled store, relocated, never through the tower again.
+    let back = s.observe_image(&png("img0")?)?;
+    assert_eq!(back.visit, Some(Visit::Recall), "{}", back.plan);
+    assert_eq!(
+        s.stats().images_encoded,
+        3,
+        "a recalled screenshot is not encoded again"
+    );
+    // The same screenshot seen again while resident is a hit that costs nothing.
+    let hit = s.observe_image(&png("img0")?)?;
+    assert_eq!((hit.visit, hit.prefill_tokens), (Some(Visit::Hit), 0));
+    s.settle()?;
+    let order: Vec<&str> = s
+        .window()
+        .slots()
+        .iter()
+        .skip(1)
+        .map(|sl| {
+            if sl.chunk == img0 {
+                "img0"
+            } else if sl.n_tokens == 16 {
+                "img1"
+            } else {
+                "img2"
+            }
+        })
+        .collect();
+    let end = s.context()?.rotary_end();
+    assert_eq!(end, s.window().end(), "the context ends where the window does");
+    let err = compare(&mut s, &m, &order, q)?;
+    println!("window {order:?} after the recall: logits rel. diff to one prefill {err:.2e}");
+    assert!(err < 1e-5, "{err}");
+    Ok(())
+}
