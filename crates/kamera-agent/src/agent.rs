@@ -7,6 +7,7 @@ use std::time::Instant;
 use crate::ms;
 
 use kamera_browser::{Action, Browser, Observation};
+use kamera_store::ChunkId;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
@@ -198,7 +199,30 @@ impl Run<'_, '_> {
         };
         let text = chunk_text(&obs, &self.env.origin);
         let session = &mut *self.agent.session;
-        let mut applied = blocking(|| session.observe(&text))?;
+        let observe = self.scenario.observe;
+        let (mut applied, image_chunk) = blocking(|| -> Result<(Applied, Option<ChunkId>)> {
+            // `both`: the screenshot's chunk after the text's, the text's chunk names the step.
+            let text_visit = if observe.text() {
+                Some(session.observe(&text)?)
+            } else {
+                None
+            };
+            let image = if observe.screenshot() {
+                Some(session.observe_image(&obs.screenshot_png)?)
+            } else {
+                None
+            };
+            let image_chunk = image.as_ref().and_then(|a| a.chunk);
+            Ok(match (text_visit, image) {
+                (Some(mut t), Some(i)) => {
+                    merge(&mut t, i);
+                    (t, image_chunk)
+                }
+                (Some(t), None) => (t, None),
+                (None, Some(i)) => (i, None),
+                (None, None) => unreachable!("observe reads text, a screenshot or both"),
+            })
+        })?;
         if let Some(focus) = self.agent.policy.focus() {
             let query = [self.scenario.goal.clone(), focus]
                 .into_iter()
@@ -227,6 +251,7 @@ impl Run<'_, '_> {
                 screenshot: shot,
             },
             chunk,
+            image_chunk,
             chunk_tokens: self.agent.session.chunk_tokens(&chunk).map_or(0, <[u32]>::len),
             visit: applied.visit.unwrap_or(kamera_sched::Visit::Hit),
             why: applied.plan.decisions.iter().map(|d| d.to_string()).collect(),

@@ -106,6 +106,7 @@ impl SessionConfig {
             window_tokens: scenario.budget.window_tokens,
             patch: PatchConfig::fixed(scenario.budget.patch_rank, DType::F32),
             repair: scenario.budget.repair,
+            image_max_pixels: scenario.budget.screenshot_pixels,
             ..SessionConfig::default()
         }
     }

@@ -28,6 +28,10 @@ pub struct Scenario {
     /// A MiniWoB++ task instead of the local site.
     #[serde(default)]
     pub miniwob: Option<MiniWobSpec>,
+    /// What of each page becomes a chunk: its text (default), its screenshot (an image chunk;
+    /// needs a vision-language model), or both.
+    #[serde(default)]
+    pub observe: Observe,
     #[serde(default)]
     pub budget: Budget,
     #[serde(default)]
@@ -38,6 +42,25 @@ pub struct Scenario {
 
 fn default_start() -> String {
     "/".into()
+}
+
+/// What of each page the session reads.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Observe {
+    #[default]
+    Text,
+    Screenshot,
+    Both,
+}
+
+impl Observe {
+    pub fn text(self) -> bool {
+        self != Observe::Screenshot
+    }
+    pub fn screenshot(self) -> bool {
+        self != Observe::Text
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -87,6 +110,14 @@ pub struct Budget {
     /// contexts, at the cost of that prefill between steps. Off: survivors are only re-rotated.
     #[serde(default = "default_repair")]
     pub repair: bool,
+    /// Pixel budget of a screenshot chunk (`observe = "screenshot"` or `"both"`): larger
+    /// screenshots are downscaled to fit, 28x28 pixels per image token.
+    #[serde(default = "default_screenshot_pixels")]
+    pub screenshot_pixels: usize,
+}
+
+fn default_screenshot_pixels() -> usize {
+    28 * 28 * 256
 }
 
 fn default_repair() -> bool {
@@ -115,6 +146,7 @@ impl Default for Budget {
             max_new_tokens: default_decode(),
             patch_rank: default_patch_rank(),
             repair: default_repair(),
+            screenshot_pixels: default_screenshot_pixels(),
         }
     }
 }

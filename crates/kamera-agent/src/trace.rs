@@ -68,7 +68,11 @@ pub struct StepTimings {
 pub struct StepRecord {
     pub step: usize,
     pub observation: ObsRecord,
+    /// The page's chunk: its text, or its screenshot with `observe = "screenshot"`.
     pub chunk: kamera_store::ChunkId,
+    /// The screenshot's image chunk when the page's text is the step's chunk (`observe = "both"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_chunk: Option<kamera_store::ChunkId>,
     pub chunk_tokens: usize,
     /// How the window met the page's chunk.
     pub visit: kamera_sched::Visit,

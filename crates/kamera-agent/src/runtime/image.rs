@@ -108,12 +108,7 @@ impl Session {
     /// What a prefill of `chunk` at rotary position `at` takes: the input embeddings (image
     /// chunks: the tower's output spliced in, computed once) and, for M-RoPE models, the 3-D
     /// rotary ids of its tokens.
-    fn chunk_input(
-        &self,
-        op: &'static str,
-        chunk: &ChunkId,
-        at: i64,
-    ) -> Result<ChunkInput> {
+    fn chunk_input(&self, op: &'static str, chunk: &ChunkId, at: i64) -> Result<ChunkInput> {
         let c = self.content_of(op, chunk)?;
         let mrope = self.model.config().mrope_sections.is_some();
         let Some(img) = &c.image else {
