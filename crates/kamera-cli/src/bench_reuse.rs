@@ -38,11 +38,37 @@ pub struct ReuseArgs {
     /// `--features cuda` and an NVIDIA GPU), or both (the CUDA table, then the CPU one).
     #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda", "both"])]
     device: String,
+    /// Vision-language models: the synthetic screenshot's size, WIDTHxHEIGHT.
+    #[arg(long, default_value = "1280x720")]
+    image_size: String,
+    /// Vision-language models: the screenshot's pixel budget (28x28 pixels per image token).
+    #[arg(long, default_value_t = 28 * 28 * 256)]
+    pixels: usize,
 }
 
 pub fn run(a: ReuseArgs) -> Result<()> {
     let model = crate::models::load(&a.model)?;
     let mut json = serde_json::Map::new();
+    if model.vision().is_some() {
+        let size = a
+            .image_size
+            .split_once('x')
+            .and_then(|(w, h)| Some([w.parse().ok()?, h.parse().ok()?]))
+            .with_context(|| format!("--image-size {:?}: expected WIDTHxHEIGHT, e.g. 1280x720", a.image_size))?;
+        let r = crate::bench_image::run(
+            &model,
+            size,
+            a.pixels,
+            a.chunk_tokens,
+            a.question_tokens,
+            a.rank,
+            a.reps,
+        )?;
+        println!("## {}: a screenshot as an image chunk (CPU, f32)\n", a.model);
+        print!("{}", r.markdown());
+        println!("\n## {}: text chunks\n", a.model);
+        json.insert("image".into(), serde_json::to_value(&r)?);
+    }
     if a.device != "cpu" {
         let device = model
             .to_device(0)

@@ -2,6 +2,7 @@
 //! add a group by adding a module and a variant of [`Command`].
 
 mod bench;
+mod bench_image;
 mod bench_reuse;
 mod bench_session;
 mod bench_session_report;
