@@ -31,7 +31,18 @@ pub struct RunArgs {
     #[arg(long)]
     baseline: bool,
     #[command(flatten)]
+    model: ModelArg,
+    #[command(flatten)]
     store: StoreArgs,
+}
+
+#[derive(Args)]
+pub struct ModelArg {
+    /// The model: a built-in name, a name added with `kamera models add`, a .gguf file or a
+    /// model directory (a Qwen2.5-VL for `observe = "screenshot"`). Default: the embedded
+    /// SmolLM2-135M-Instruct.
+    #[arg(long, alias = "model-dir")]
+    model: Option<String>,
 }
 
 #[derive(Args)]
@@ -102,6 +113,8 @@ pub struct RecordArgs {
     #[arg(long)]
     report: Option<PathBuf>,
     #[command(flatten)]
+    model: ModelArg,
+    #[command(flatten)]
     store: StoreArgs,
 }
 
@@ -111,6 +124,9 @@ pub struct ReplayArgs {
     dir: PathBuf,
     #[arg(long)]
     json: bool,
+    /// The model the trace was recorded with (as `kamera run --model`).
+    #[command(flatten)]
+    model: ModelArg,
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime> {
@@ -130,7 +146,10 @@ fn progress(total: usize) -> ProgressBar {
     pb
 }
 
-fn load_model() -> Result<Arc<Model>> {
+fn load_model(m: &ModelArg) -> Result<Arc<Model>> {
+    if let Some(name) = &m.model {
+        return Ok(Arc::new(crate::models::load(name)?));
+    }
     let home = kamera_model::default_home();
     kamera_agent::default_model(&home).context("loading the default model (SmolLM2-135M-Instruct)")
 }
@@ -183,12 +202,13 @@ fn execute(
     trace_dir: &Path,
     report: Option<&Path>,
     store: &StoreArgs,
+    model: &ModelArg,
     baseline: bool,
 ) -> Result<RunSummary> {
     let path = kamera_agent::resolve(scenario_arg);
     let scenario = Scenario::load(&path)?;
     ensure_chromium()?;
-    let model = load_model()?;
+    let model = load_model(model)?;
     let cost = crate::calibrate::load(&model);
     let rt = runtime()?;
     let cancel = cancel_on_ctrl_c(&rt);
@@ -328,7 +348,7 @@ pub fn run(a: RunArgs) -> Result<()> {
             tmp
         }
     };
-    let summary = execute(&a.scenario, &dir, a.report.as_deref(), &a.store, a.baseline)?;
+    let summary = execute(&a.scenario, &dir, a.report.as_deref(), &a.store, &a.model, a.baseline)?;
     if a.trace.is_none() {
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -344,7 +364,7 @@ pub fn run(a: RunArgs) -> Result<()> {
 }
 
 pub fn record(a: RecordArgs) -> Result<()> {
-    let summary = execute(&a.scenario, &a.out, a.report.as_deref(), &a.store, false)?;
+    let summary = execute(&a.scenario, &a.out, a.report.as_deref(), &a.store, &a.model, false)?;
     let trace = kamera_agent::Trace::read(&a.out)?;
     let scenario = Scenario::parse(&trace.header.scenario, &a.out)?;
     let start = trace
@@ -366,7 +386,7 @@ pub fn replay(a: ReplayArgs) -> Result<()> {
     if !a.dir.exists() {
         bail!("no trace at {}", a.dir.display());
     }
-    let model = load_model()?;
+    let model = load_model(&a.model)?;
     let rt = runtime()?;
     let report = rt.block_on(kamera_agent::replay(&a.dir, model))?;
     if a.json {
