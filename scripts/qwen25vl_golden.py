@@ -185,7 +185,10 @@ def main() -> None:
             tensors[f"{name}.grid_thw"] = grid.to(torch.int64)
             visual = model.model.visual
             seen = {}
-            hook = visual.merger.register_forward_hook(lambda m, args, out: seen.setdefault("in", args[0]))
+            def probe(module, args, out):
+                seen["in"] = args[0]  # returns None: a hook's return value would replace the output
+
+            hook = visual.merger.register_forward_hook(probe)
             embeds = visual(pv, grid_thw=grid)
             hook.remove()
             # The blocks' output reaches the merger in window order; store it in patch order.

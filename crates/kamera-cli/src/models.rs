@@ -1,4 +1,5 @@
-//! `kamera models fetch|list`, and the model resolution the other subcommands share.
+//! `kamera models fetch|add|list`, and the model resolution the other subcommands share: a
+//! known name (fetched), a name added with `models add`, a `.gguf` file or a model directory.
 
 use std::path::PathBuf;
 
@@ -19,7 +20,10 @@ enum ModelsCommand {
         /// smollm2-135m, qwen2.5-0.5b or gemma3-270m.
         name: String,
     },
-    /// Show each known model's cache state.
+    /// Register a model directory you bring (Hugging Face layout: config.json, safetensors,
+    /// tokenizer.json; Qwen2.5-VL) under NAME, after checking that it loads.
+    Add { name: String, dir: PathBuf },
+    /// Show each known model's cache state, and the models added.
     List {
         /// Recompute each cached file's sha256 instead of trusting its stamp.
         #[arg(long)]
@@ -36,7 +40,30 @@ pub fn run(args: ModelsArgs) -> Result<()> {
             let path = fetch(name, &home)?;
             println!("{}", path.display());
         }
+        ModelsCommand::Add { name, dir } => {
+            if name.parse::<ModelName>().is_ok() || name.ends_with(".gguf") || name.contains('/') {
+                anyhow::bail!("models add: {name:?} is a built-in model name or a path; pick another name");
+            }
+            let dir = dir
+                .canonicalize()
+                .with_context(|| format!("models add: {} is not a directory here", dir.display()))?;
+            eprintln!("checking that {} loads ...", dir.display());
+            let m = Model::load(&dir).with_context(|| format!("models add: loading {}", dir.display()))?;
+            let mut added = read_added()?;
+            added.insert(name.clone(), dir.clone());
+            write_added(&added)?;
+            println!(
+                "added {name} -> {} ({} layers, hidden {}, vision: {})",
+                dir.display(),
+                m.config().n_layers,
+                m.config().hidden,
+                if m.vision().is_some() { "yes" } else { "no" }
+            );
+        }
         ModelsCommand::List { rehash } => {
+            for (name, dir) in read_added()? {
+                println!("{name:<14} {:<10} {}", "added", dir.display());
+            }
             for name in ModelName::ALL {
                 let state = match cache_state(name, &home, rehash)? {
                     CacheState::Verified => "verified",
@@ -55,10 +82,37 @@ pub fn run(args: ModelsArgs) -> Result<()> {
     Ok(())
 }
 
-/// A model given by name (fetched if needed) or by a path to a `.gguf` file.
+/// The models added with `kamera models add`, by name.
+fn added_file() -> PathBuf {
+    default_home().join("models").join("added.json")
+}
+
+fn read_added() -> Result<std::collections::BTreeMap<String, PathBuf>> {
+    let f = added_file();
+    match std::fs::read_to_string(&f) {
+        Ok(s) => {
+            serde_json::from_str(&s).with_context(|| format!("{} is not a JSON map of name to directory", f.display()))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Default::default()),
+        Err(e) => Err(e).with_context(|| format!("reading {}", f.display())),
+    }
+}
+
+fn write_added(added: &std::collections::BTreeMap<String, PathBuf>) -> Result<()> {
+    let f = added_file();
+    std::fs::create_dir_all(f.parent().expect("a file in a directory"))?;
+    let tmp = f.with_extension("json.tmp");
+    std::fs::write(&tmp, serde_json::to_string_pretty(added)? + "\n")?;
+    std::fs::rename(&tmp, &f).with_context(|| format!("writing {}", f.display()))
+}
+
+/// A model given by name (fetched if needed), by a name added with `kamera models add`, by a
+/// path to a `.gguf` file or by a model directory.
 pub fn load(model: &str) -> Result<Model> {
-    let path = if model.ends_with(".gguf") {
+    let path = if model.ends_with(".gguf") || std::path::Path::new(model).is_dir() {
         PathBuf::from(model)
+    } else if let Some(dir) = read_added()?.remove(model) {
+        dir
     } else {
         let name: ModelName = model.parse()?;
         fetch(name, &default_home()).with_context(|| format!("fetching {name}"))?

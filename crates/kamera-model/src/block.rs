@@ -26,10 +26,21 @@ pub(crate) fn norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
     rms_norm(&x.contiguous().ctx(OP)?, w, eps as f32).ctx("rms_norm")
 }
 
-fn rope(spec: &RopeSpec, layer: usize, x: &Tensor, heads: usize, positions: &[i64]) -> Result<Tensor> {
+fn rope(
+    spec: &RopeSpec,
+    layer: usize,
+    x: &Tensor,
+    heads: usize,
+    positions: &[i64],
+    mrope: Option<&[[i64; 3]]>,
+) -> Result<Tensor> {
     let dims = x.dims2().ctx(OP)?;
     let mut v = x.flatten_all().ctx(OP)?.to_vec1::<f32>().ctx(OP)?;
-    spec.apply(layer, &mut v, heads, positions).ops("block rope")?;
+    match mrope {
+        Some(p3) => spec.apply_mrope(layer, &mut v, heads, p3),
+        None => spec.apply(layer, &mut v, heads, positions),
+    }
+    .ops("block rope")?;
     Tensor::from_vec(v, dims, x.device()).ctx(OP)
 }
 
@@ -50,6 +61,19 @@ pub(crate) fn project_qkv(
     x: &Tensor,
     positions: &[i64],
 ) -> Result<(Tensor, Tensor, Tensor)> {
+    project_qkv_at(cfg, w, layer, spec, x, positions, None)
+}
+
+/// [`project_qkv`], rotating to explicit 3-D M-RoPE ids (`mrope`, one per token) when given.
+pub(crate) fn project_qkv_at(
+    cfg: &Config,
+    w: &LayerWeights,
+    layer: usize,
+    spec: &RopeSpec,
+    x: &Tensor,
+    positions: &[i64],
+    mrope: Option<&[[i64; 3]]>,
+) -> Result<(Tensor, Tensor, Tensor)> {
     let n = positions.len();
     let (hd, heads, kvh) = (cfg.head_dim, cfg.heads, cfg.kv_heads);
     let h = norm(x, &w.attn_norm, cfg.rms_eps)?;
@@ -64,8 +88,8 @@ pub(crate) fn project_qkv(
             .reshape((n, kvh * hd))
             .ctx(OP)?;
     }
-    let q = rope(spec, layer, &q, heads, positions)?;
-    let k = rope(spec, layer, &k, kvh, positions)?;
+    let q = rope(spec, layer, &q, heads, positions, mrope)?;
+    let k = rope(spec, layer, &k, kvh, positions, mrope)?;
     Ok((q, k, v))
 }
 
@@ -113,7 +137,7 @@ pub(crate) fn attend_and_mlp(
 
 /// One layer over `x: [n, hidden]` at `positions`, attending to `past` (head-first
 /// `[kv_heads, t, hd]` each) followed by the new tokens; keys sit at `k_pos` (past then new),
-/// `window` limits q - k.
+/// `window` limits q - k; `mrope` (M-RoPE models) rotates to 3-D ids instead of `positions`.
 pub(crate) fn layer_forward(
     cfg: &Config,
     w: &LayerWeights,
@@ -124,8 +148,9 @@ pub(crate) fn layer_forward(
     past: Option<(Tensor, Tensor)>,
     k_pos: &[i64],
     window: Option<usize>,
+    mrope: Option<&[[i64; 3]]>,
 ) -> Result<LayerOut> {
-    let (q, k, v) = project_qkv(cfg, w, layer, spec, x, positions)?;
+    let (q, k, v) = project_qkv_at(cfg, w, layer, spec, x, positions, mrope)?;
     let (kn, vn) = (heads_first(&k, cfg.kv_heads)?, heads_first(&v, cfg.kv_heads)?);
     let (k_all, v_all) = match past {
         Some((pk, pv)) => (

@@ -41,6 +41,19 @@ fn bytes_to_unicode() -> [char; 256] {
 
 impl ByteBpe {
     pub fn new(tokens: &[String], merges: &[String], pre: &str) -> Result<ByteBpe> {
+        let pats: &[&str] = match pre {
+            "qwen2" => &[QWEN2],
+            "smollm" => &[DIGITS, GPT2],
+            _ => &[GPT2],
+        };
+        ByteBpe::with_patterns(tokens, merges, pats)
+    }
+
+    /// The GPT-2 pre-tokenizer split (what `ByteLevel` with `use_regex` applies).
+    pub const GPT2_SPLIT: &'static str = GPT2;
+
+    /// With explicit pre-tokenizer split patterns, applied in order (a tokenizer.json's `Split`s).
+    pub fn with_patterns(tokens: &[String], merges: &[String], pats: &[&str]) -> Result<ByteBpe> {
         let vocab = tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
         let mut ranks = HashMap::with_capacity(merges.len());
         for (i, m) in merges.iter().enumerate() {
@@ -51,11 +64,6 @@ impl ByteBpe {
             };
             ranks.insert((a.to_string(), b.to_string()), i as u32);
         }
-        let pats: &[&str] = match pre {
-            "qwen2" => &[QWEN2],
-            "smollm" => &[DIGITS, GPT2],
-            _ => &[GPT2],
-        };
         let regexes = pats
             .iter()
             .map(|p| Regex::new(p).map_err(|e| Error::Tokenizer(format!("pre-tokenizer regex: {e}"))))

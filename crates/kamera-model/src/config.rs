@@ -51,6 +51,10 @@ pub struct Config {
     pub activation: Activation,
     /// Softmax scale of attention scores.
     pub attn_scale: f64,
+    /// M-RoPE (Qwen2.5-VL): rotary pairs reading the temporal, height and width position ids.
+    /// Not serialised when absent, so text models keep their fingerprints.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mrope_sections: Option<[usize; 3]>,
 }
 
 impl Config {
@@ -128,6 +132,7 @@ impl Config {
             embed_scale: None,
             activation: Activation::Silu,
             attn_scale: 1.0 / (head_dim as f64).sqrt(),
+            mrope_sections: None,
         };
         match family {
             // llama.cpp's converter permutes llama Q/K so that rotary pairs are interleaved.
@@ -159,7 +164,12 @@ impl Config {
 
     /// RoPE of this model (one base per layer).
     pub fn rope(&self) -> RopeSpec {
-        RopeSpec::new(self.head_dim, self.rope_bases[0], self.rope_layout).with_layer_bases(self.rope_bases.clone())
+        let spec = RopeSpec::new(self.head_dim, self.rope_bases[0], self.rope_layout)
+            .with_layer_bases(self.rope_bases.clone());
+        match self.mrope_sections {
+            Some(s) => spec.with_mrope(s),
+            None => spec,
+        }
     }
 
     /// Features of one token's keys (= values) in one layer.

@@ -23,6 +23,9 @@ pub struct Context {
     len: usize,
     capacity: usize,
     layers: Vec<(Tensor, Tensor)>,
+    /// `(row, shift)`: from `row` on, a token's rotary position is its row position + `shift`
+    /// (M-RoPE: text after an image resumes at the image's span, not its token count).
+    shifts: Vec<(usize, i64)>,
 }
 
 /// `[rows, groups·width]` -> `[groups, rows, width]`, contiguous.
@@ -49,6 +52,7 @@ impl Clone for Context {
             c.layers = layers.expect("copying a context's K/V");
             c.len = self.len;
             c.capacity = self.len;
+            c.shifts = self.shifts.clone();
         }
         c
     }
@@ -63,6 +67,7 @@ impl Context {
             len: 0,
             capacity: 0,
             layers: Vec::new(),
+            shifts: Vec::new(),
         }
     }
 
@@ -143,7 +148,37 @@ impl Context {
         Ok(ctx)
     }
 
-    /// Appends a chunk that starts where this context ends.
+    /// Appends a chunk that occupies `span` positions for its `n_tokens` rows (an image under
+    /// M-RoPE spans fewer positions than it has tokens); what follows it rotates from its
+    /// start + `span`.
+    pub fn push_spanned(&mut self, chunk: &ChunkKv, span: i64) -> Result<()> {
+        if span <= 0 {
+            return Err(Error::Invalid {
+                op: "Context::push_spanned",
+                detail: format!("span {span} must be positive"),
+            });
+        }
+        let shift = self.shift();
+        self.push(chunk)?;
+        let extra = span - chunk.n_tokens() as i64;
+        if extra != 0 {
+            self.shifts.push((self.len, shift + extra));
+        }
+        Ok(())
+    }
+
+    /// Rotary position minus row position of the next token appended.
+    fn shift(&self) -> i64 {
+        self.shifts.last().map_or(0, |s| s.1)
+    }
+
+    /// Rotary position of the next token appended: [`Context::end`] unless the context holds a
+    /// chunk pushed with [`Context::push_spanned`] whose span is not its token count.
+    pub fn rotary_end(&self) -> i64 {
+        self.end() + self.shift()
+    }
+
+    /// Appends a chunk that starts where this context ends (at [`Context::rotary_end`]).
     pub fn push(&mut self, chunk: &ChunkKv) -> Result<()> {
         if *chunk.layout() != self.layout {
             return Err(Error::Shape {
@@ -151,13 +186,13 @@ impl Context {
                 detail: format!("chunk layout {:?} != context layout {:?}", chunk.layout(), self.layout),
             });
         }
-        if self.len > 0 && chunk.offset() != self.end() {
+        if self.len > 0 && chunk.offset() != self.rotary_end() {
             return Err(Error::Invalid {
                 op: "Context::push",
                 detail: format!(
                     "chunk at position {} does not start at the context end {}",
                     chunk.offset(),
-                    self.end()
+                    self.rotary_end()
                 ),
             });
         }
@@ -238,6 +273,8 @@ impl Context {
     /// question after answering it, or the chunks after the first one that moved.
     pub fn truncate(&mut self, len: usize) {
         self.len = self.len.min(len);
+        let len = self.len;
+        self.shifts.retain(|s| s.0 <= len);
     }
 
     /// Position of the first token.

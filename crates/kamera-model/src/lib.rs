@@ -21,11 +21,14 @@ mod error;
 mod fetch;
 mod generate;
 mod gguf;
+mod hf;
+mod hf_tokenizer;
 mod model;
 mod selective;
 mod spm;
 mod tokenizer;
 pub mod vision;
+pub mod vl;
 mod weights;
 
 pub use config::{Activation, Config, Family};

@@ -7,12 +7,14 @@ use candle_core::{Device, Tensor};
 use kamera_ops::{ChunkKv, KvLayout, LayerKv, RopeSpec};
 use sha2::{Digest, Sha256};
 
-use crate::block::{attend_and_mlp, head, layer_forward, project_qkv};
+use crate::block::{attend_and_mlp, head, layer_forward, project_qkv_at};
 use crate::config::Config;
 use crate::context::{Context, tensor_to_mat};
 use crate::error::{CandleCtx, Error, OpsCtx, Result};
 use crate::gguf::Gguf;
+use crate::hf::SafeDir;
 use crate::tokenizer::Tokenizer;
+use crate::vl::{Tower, Vision, VlConfig};
 use crate::weights::Weights;
 
 /// What to prefill.
@@ -53,11 +55,16 @@ pub struct Model {
     tokenizer: Tokenizer,
     fingerprint: String,
     device: Device,
+    vision: Option<Vision>,
 }
 
 impl Model {
-    /// Load a GGUF file (dequantized to f32 on CPU).
+    /// Load a GGUF file (dequantized to f32 on CPU), or a Hugging Face model directory
+    /// (Qwen2.5-VL: config.json, safetensors, tokenizer.json), in f32 whatever it is stored in.
     pub fn load(path: &Path) -> Result<Model> {
+        if path.is_dir() {
+            return Model::load_dir(path);
+        }
         let mut g = Gguf::open(path)?;
         let cfg = Config::from_gguf(&g)?;
         let tokenizer = Tokenizer::from_gguf(&g)?;
@@ -79,7 +86,56 @@ impl Model {
             tokenizer,
             fingerprint,
             device,
+            vision: None,
         })
+    }
+
+    fn load_dir(dir: &Path) -> Result<Model> {
+        let config = dir.join("config.json");
+        let vl = VlConfig::from_file(&config)?;
+        let st = SafeDir::open(dir)?;
+        let text_prefix = if st.has("model.language_model.embed_tokens.weight") {
+            "model.language_model."
+        } else {
+            "model."
+        };
+        let vis_prefix = if st.has("model.visual.patch_embed.proj.weight") {
+            "model.visual."
+        } else {
+            "visual."
+        };
+        let cfg = vl.text.clone();
+        let weights = Weights::from_safetensors(&st, text_prefix, &cfg, vl.tie_embeddings)?;
+        let tower = Tower::load(&st, vis_prefix, &vl.vision)?;
+        let tokenizer = Tokenizer::from_hf_json(&dir.join("tokenizer.json"))?;
+        let cfg_json = serde_json::to_string(&(&cfg, &vl.vision)).unwrap_or_default();
+        let digest = Sha256::new()
+            .chain_update(st.sha256()?)
+            .chain_update(cfg_json)
+            .finalize();
+        let fingerprint = digest.iter().take(16).map(|b| format!("{b:02x}")).collect();
+        let rope = cfg.rope();
+        rope.validate().ops("Model::load rope")?;
+        let layout = cfg.kv_layout();
+        tracing::debug!(layers = cfg.n_layers, "loaded Qwen2.5-VL {}", dir.display());
+        Ok(Model {
+            cfg,
+            weights,
+            rope,
+            layout,
+            tokenizer,
+            fingerprint,
+            device: Device::Cpu,
+            vision: Some(Vision {
+                tower,
+                tokens: vl.tokens,
+            }),
+        })
+    }
+
+    /// The vision tower, for a vision-language model.
+    pub fn vision(&self) -> Option<&Vision> {
+        self.vision.as_ref()
     }
 
     pub fn config(&self) -> &Config {
@@ -117,6 +173,38 @@ impl Model {
         context: &Context,
         opts: PrefillOptions,
     ) -> Result<Prefill> {
+        self.forward(input, start_pos, context, opts, None)
+    }
+
+    /// Prefill for M-RoPE models (Qwen2.5-VL): the new tokens rotate to the 3-D ids `rotary`
+    /// (one per token; see [`crate::vl::rope_index`]), while attention keeps the context's token
+    /// order (they continue at `context.end()`). The chunk returned starts at `rotary[0][0]`, the
+    /// position relocation shifts (every section by the same δ).
+    pub fn prefill_rotary(
+        &self,
+        input: Input<'_>,
+        rotary: &[[i64; 3]],
+        context: &Context,
+        opts: PrefillOptions,
+    ) -> Result<Prefill> {
+        const OP: &str = "Model::prefill_rotary";
+        if self.cfg.mrope_sections.is_none() {
+            return Err(Error::Invalid {
+                op: OP,
+                detail: "3-D rotary positions need an M-RoPE model (Qwen2.5-VL)".into(),
+            });
+        }
+        self.forward(input, context.end(), context, opts, Some(rotary))
+    }
+
+    fn forward(
+        &self,
+        input: Input<'_>,
+        start_pos: i64,
+        context: &Context,
+        opts: PrefillOptions,
+        mrope: Option<&[[i64; 3]]>,
+    ) -> Result<Prefill> {
         const OP: &str = "Model::prefill";
         self.check_layout(OP, context)?;
         if !context.is_empty() && context.end() != start_pos {
@@ -139,6 +227,12 @@ impl Model {
                 detail: "empty input".into(),
             });
         }
+        if mrope.is_some_and(|p| p.len() != n) {
+            return Err(Error::Shape {
+                op: OP,
+                detail: format!("{} rotary positions for {n} tokens", mrope.map_or(0, |p| p.len())),
+            });
+        }
         let positions: Vec<i64> = (0..n as i64).map(|i| start_pos + i).collect();
         let k_pos: Vec<i64> = (context.offset()..context.end())
             .chain(positions.iter().copied())
@@ -156,6 +250,7 @@ impl Model {
                 context.layer(l)?,
                 &k_pos,
                 window,
+                mrope,
             )?;
             layers.push(LayerKv {
                 k: tensor_to_mat(&out.k)?,
@@ -164,7 +259,8 @@ impl Model {
             x = out.x;
         }
         let (logits, all_logits) = self.logits(&x, opts)?;
-        let chunk = ChunkKv::new(self.layout, start_pos, layers).ops(OP)?;
+        let chunk_start = mrope.and_then(|p| p.first()).map_or(start_pos, |p| p[0]);
+        let chunk = ChunkKv::new(self.layout, chunk_start, layers).ops(OP)?;
         Ok(Prefill {
             logits,
             all_logits,
@@ -177,24 +273,59 @@ impl Model {
     /// the new rows are written into the context's buffers once instead of the whole context
     /// being copied every step (decode loops). On error the context is left as it was.
     pub fn extend(&self, tokens: &[u32], context: &mut Context) -> Result<Prefill> {
+        self.extend_with(Input::Tokens(tokens), None, context)
+    }
+
+    /// [`Model::extend`] for M-RoPE models with explicit 3-D rotary ids (an image's tokens: see
+    /// [`crate::vl::image_positions`]); the chunk returned starts at `rotary[0][0]`. Text after it
+    /// must then rotate from the image's span: push image chunks with
+    /// [`Context::push_spanned`] (this call records only rows).
+    pub fn extend_rotary(&self, input: Input<'_>, rotary: &[[i64; 3]], context: &mut Context) -> Result<Prefill> {
+        if self.cfg.mrope_sections.is_none() {
+            return Err(Error::Invalid {
+                op: "Model::extend_rotary",
+                detail: "3-D rotary positions need an M-RoPE model (Qwen2.5-VL)".into(),
+            });
+        }
+        self.extend_with(input, Some(rotary), context)
+    }
+
+    fn extend_with(&self, input: Input<'_>, rotary: Option<&[[i64; 3]]>, context: &mut Context) -> Result<Prefill> {
         const OP: &str = "Model::extend";
         self.check_layout(OP, context)?;
-        if tokens.is_empty() {
+        let mut x = self.embed(input)?;
+        let n = x.dim(0).ctx(OP)?;
+        if n == 0 {
             return Err(Error::Invalid {
                 op: OP,
                 detail: "empty input".into(),
             });
         }
+        if rotary.is_some_and(|r| r.len() != n) {
+            return Err(Error::Shape {
+                op: OP,
+                detail: format!("{} rotary positions for {n} tokens", rotary.map_or(0, |r| r.len())),
+            });
+        }
         let start = context.end();
-        let mut x = self.embed(Input::Tokens(tokens))?;
-        let n = tokens.len();
         let positions: Vec<i64> = (0..n as i64).map(|i| start + i).collect();
         let k_pos: Vec<i64> = (context.offset()..start + n as i64).collect();
+        // Rotation: explicit ids, else the context's rotary end onwards (= `positions` unless
+        // the context holds an image whose span is not its token count).
+        let shifted: Option<Vec<[i64; 3]>> = match rotary {
+            Some(_) => None,
+            None if context.rotary_end() != start => {
+                Some((0..n as i64).map(|i| [context.rotary_end() + i; 3]).collect())
+            }
+            None => None,
+        };
+        let mrope = rotary.or(shifted.as_deref());
+        let chunk_start = mrope.and_then(|p| p.first()).map_or(start, |p| p[0]);
         context.reserve(n)?;
         let mut layers = Vec::with_capacity(self.cfg.n_layers);
         for (l, w) in self.weights.layers.iter().enumerate() {
             let window = self.window(l);
-            let (q, k, v) = project_qkv(&self.cfg, w, l, &self.rope, &x, &positions)?;
+            let (q, k, v) = project_qkv_at(&self.cfg, w, l, &self.rope, &x, &positions, mrope)?;
             let (kh, vh) = context.write(l, &k, &v)?;
             x = attend_and_mlp(&self.cfg, w, &x, &q, (&kh, &vh), &positions, &k_pos, window)?;
             layers.push(LayerKv {
@@ -203,7 +334,7 @@ impl Model {
             });
         }
         let (logits, all_logits) = self.logits(&x, PrefillOptions::default())?;
-        let chunk = ChunkKv::new(self.layout, start, layers).ops(OP)?;
+        let chunk = ChunkKv::new(self.layout, chunk_start, layers).ops(OP)?;
         context.commit(n);
         Ok(Prefill {
             logits,

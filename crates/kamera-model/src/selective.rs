@@ -131,6 +131,7 @@ impl Model {
                 prefix.layer(l)?,
                 &all_k,
                 window(l),
+                None,
             )?;
             let (k, v) = (tensor_to_mat(&out.k)?, tensor_to_mat(&out.v)?);
             if let Selection::Deviation {

@@ -32,7 +32,40 @@ pub struct Tokenizer {
     add_bos: bool,
 }
 
+/// What a byte-level BPE tokenizer read from elsewhere (tokenizer.json) is made of.
+pub(crate) struct TokenizerParts {
+    pub bpe: ByteBpe,
+    pub tokens: Vec<String>,
+    /// Special (control) token ids, matched before the BPE and dropped when decoding.
+    pub control: Vec<u32>,
+    /// Added, non-special token ids, matched before the BPE and kept when decoding.
+    pub user: Vec<u32>,
+    pub bos: Option<u32>,
+    pub eos: Option<u32>,
+    pub add_bos: bool,
+}
+
 impl Tokenizer {
+    pub(crate) fn from_parts(p: TokenizerParts) -> Tokenizer {
+        let mut types = vec![NORMAL; p.tokens.len()];
+        for &i in &p.control {
+            types[i as usize] = CONTROL;
+        }
+        for &i in &p.user {
+            types[i as usize] = USER_DEFINED;
+        }
+        let specials = specials_of(&p.tokens, &types);
+        Tokenizer {
+            kind: Kind::Bpe(p.bpe),
+            tokens: p.tokens,
+            types,
+            specials,
+            bos: p.bos,
+            eos: p.eos,
+            add_bos: p.add_bos,
+        }
+    }
+
     /// Build from `tokenizer.ggml.*` metadata.
     pub fn from_gguf(g: &Gguf) -> Result<Tokenizer> {
         let model = g.str("tokenizer.ggml.model")?.to_string();
@@ -77,17 +110,7 @@ impl Tokenizer {
                 )));
             }
         };
-        let mut specials: HashMap<char, Vec<(String, u32)>> = HashMap::new();
-        for (i, t) in tokens.iter().enumerate() {
-            if (types[i] == CONTROL || types[i] == USER_DEFINED)
-                && let Some(c) = t.chars().next()
-            {
-                specials.entry(c).or_default().push((t.clone(), i as u32));
-            }
-        }
-        for v in specials.values_mut() {
-            v.sort_by_key(|(s, _)| std::cmp::Reverse(s.len()));
-        }
+        let specials = specials_of(&tokens, &types);
         let id = |k: &str| g.u64(k).ok().map(|v| v as u32);
         let default_bos = model == "llama";
         Ok(Tokenizer {
@@ -199,4 +222,20 @@ impl Tokenizer {
         }
         Ok(String::from_utf8_lossy(&bytes).into_owned())
     }
+}
+
+/// Control and user-defined token strings by first char, longest first.
+fn specials_of(tokens: &[String], types: &[i32]) -> HashMap<char, Vec<(String, u32)>> {
+    let mut specials: HashMap<char, Vec<(String, u32)>> = HashMap::new();
+    for (i, t) in tokens.iter().enumerate() {
+        if (types[i] == CONTROL || types[i] == USER_DEFINED)
+            && let Some(c) = t.chars().next()
+        {
+            specials.entry(c).or_default().push((t.clone(), i as u32));
+        }
+    }
+    for v in specials.values_mut() {
+        v.sort_by_key(|(s, _)| std::cmp::Reverse(s.len()));
+    }
+    specials
 }

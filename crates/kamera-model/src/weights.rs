@@ -5,6 +5,7 @@ use candle_core::{Device, Tensor};
 use crate::config::{Config, Family};
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
+use crate::hf::SafeDir;
 
 /// One transformer layer's weights; linear weights are `[out, in]`.
 #[derive(Debug)]
@@ -88,6 +89,48 @@ impl Weights {
             embed,
             layers,
             out_norm: t("output_norm.weight", &[h])?,
+            lm_head,
+        })
+    }
+
+    /// A Qwen2-style text model from Hugging Face safetensors, tensor names under `prefix`
+    /// (`model.` in released checkpoints, `model.language_model.` in newer saves).
+    pub fn from_safetensors(st: &SafeDir, prefix: &str, cfg: &Config, tied: bool) -> Result<Weights> {
+        let t = |name: &str, shape: &[usize]| st.f32(&format!("{prefix}{name}"), shape);
+        let (h, f, hd) = (cfg.hidden, cfg.ffn, cfg.head_dim);
+        let (qd, kvd) = (cfg.heads * hd, cfg.kv_dim());
+        let layers = (0..cfg.n_layers)
+            .map(|l| {
+                let n = |s: &str| format!("layers.{l}.{s}");
+                Ok(LayerWeights {
+                    attn_norm: t(&n("input_layernorm.weight"), &[h])?,
+                    wq: t(&n("self_attn.q_proj.weight"), &[qd, h])?,
+                    wk: t(&n("self_attn.k_proj.weight"), &[kvd, h])?,
+                    wv: t(&n("self_attn.v_proj.weight"), &[kvd, h])?,
+                    bq: Some(t(&n("self_attn.q_proj.bias"), &[qd])?),
+                    bk: Some(t(&n("self_attn.k_proj.bias"), &[kvd])?),
+                    bv: Some(t(&n("self_attn.v_proj.bias"), &[kvd])?),
+                    q_norm: None,
+                    k_norm: None,
+                    wo: t(&n("self_attn.o_proj.weight"), &[h, qd])?,
+                    post_attn_norm: None,
+                    ffn_norm: t(&n("post_attention_layernorm.weight"), &[h])?,
+                    w_gate: t(&n("mlp.gate_proj.weight"), &[f, h])?,
+                    w_up: t(&n("mlp.up_proj.weight"), &[f, h])?,
+                    w_down: t(&n("mlp.down_proj.weight"), &[h, f])?,
+                    post_ffn_norm: None,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let lm_head = if tied {
+            None
+        } else {
+            Some(st.f32("lm_head.weight", &[cfg.vocab, h])?)
+        };
+        Ok(Weights {
+            embed: t("embed_tokens.weight", &[cfg.vocab, h])?,
+            layers,
+            out_norm: t("norm.weight", &[h])?,
             lm_head,
         })
     }

@@ -78,7 +78,11 @@ pub enum SlotState {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Slot {
     pub chunk: ChunkId,
+    /// Tokens (rows of KV) the chunk holds: what the budget counts.
     pub n_tokens: usize,
+    /// Positions the chunk occupies: `n_tokens` for text; an image under M-RoPE spans fewer
+    /// (Qwen2.5-VL: its largest merged-grid side), see [`Window::declare_span`].
+    pub span: i64,
     /// Position of the first token.
     pub start: i64,
     pub pinned: bool,
@@ -92,7 +96,7 @@ pub struct Slot {
 
 impl Slot {
     pub fn end(&self) -> i64 {
-        self.start + self.n_tokens as i64
+        self.start + self.span
     }
 }
 
@@ -110,6 +114,8 @@ pub struct Window {
     slots: Vec<Slot>,
     tail: usize,
     known: BTreeMap<ChunkId, Known>,
+    /// Position spans declared for chunks that do not occupy one position per token.
+    spans: BTreeMap<ChunkId, i64>,
     patches: BTreeSet<Key>,
     clock: u64,
 }
@@ -121,6 +127,7 @@ impl Window {
             slots: Vec::new(),
             tail: 0,
             known: BTreeMap::new(),
+            spans: BTreeMap::new(),
             patches: BTreeSet::new(),
             clock: 0,
         }
@@ -228,6 +235,26 @@ impl Window {
         }
     }
 
+    /// Declares that `id` occupies `span` positions (fewer than its tokens: an image under
+    /// M-RoPE, whose following text resumes at its largest position + 1). Declare before the
+    /// chunk first enters the window; the span is part of what the chunk is and cannot change.
+    pub fn declare_span(&mut self, id: ChunkId, span: i64) -> Result<()> {
+        const OP: &str = "declare_span";
+        if span <= 0 {
+            return Err(Error::chunk(OP, &id, format!("span {span} must be positive")));
+        }
+        match self.spans.get(&id) {
+            Some(&s) if s != span => Err(Error::chunk(OP, &id, format!("was declared with span {s}, not {span}"))),
+            _ if self.known.contains_key(&id) && !self.spans.contains_key(&id) => {
+                Err(Error::chunk(OP, &id, "entered the window before its span was declared"))
+            }
+            _ => {
+                self.spans.insert(id, span);
+                Ok(())
+            }
+        }
+    }
+
     /// Sets the live tail's length (tokens after the last chunk: the question, generated text).
     pub fn set_tail(&mut self, tokens: usize) -> Result<()> {
         let room = self.cfg.budget_tokens - self.chunk_tokens();
@@ -258,9 +285,11 @@ impl Window {
             relevance: 0.0,
         });
         let start = self.end();
+        let span = self.spans.get(&chunk).copied().unwrap_or(n_tokens as i64);
         self.slots.push(Slot {
             chunk,
             n_tokens,
+            span,
             start,
             pinned,
             state,
@@ -367,7 +396,7 @@ impl Window {
                 s.start = pos;
                 s.shifted = true;
             }
-            pos += s.n_tokens as i64;
+            pos += s.span;
         }
         self.slots = kept;
     }
@@ -614,7 +643,7 @@ impl Window {
                 shifted: false,
                 ..old
             });
-            pos += old.n_tokens as i64;
+            pos += old.span;
         }
         plan.decisions.push(d);
         Ok(plan)

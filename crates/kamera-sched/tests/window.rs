@@ -365,3 +365,35 @@ fn bad_requests_are_errors() {
     assert!(w.evict(&ChunkId::of(b"zz", "t", model())).is_err());
     assert!(w.reorder_to(&[]).is_err());
 }
+
+#[test]
+fn image_chunks_occupy_their_span_and_count_their_tokens() {
+    let id = |s: &str| ChunkId::of(s.as_bytes(), "t", model());
+    let (a, img, b) = (id("text a"), id("image"), id("text b"));
+    let mut w = window(100, 4.0);
+    w.declare_span(img, 4).unwrap();
+    w.insert(a, 10).unwrap();
+    w.insert(img, 12).unwrap();
+    w.insert(b, 5).unwrap();
+    let starts: Vec<i64> = w.slots().iter().map(|s| s.start).collect();
+    assert_eq!(
+        starts,
+        vec![0, 10, 14],
+        "text after the image resumes at its start + span"
+    );
+    assert_eq!((w.end(), w.used()), (19, 27), "positions by span, budget by tokens");
+    let plan = w.evict(&a).unwrap();
+    assert!(
+        plan.steps.contains(&Step::Relocate { chunk: img, delta: -10 }),
+        "{plan}"
+    );
+    assert!(plan.steps.contains(&Step::Relocate { chunk: b, delta: -10 }), "{plan}");
+    assert_eq!(w.slot(&b).map(|s| s.start), Some(4));
+    let plan = w.recall(a).unwrap();
+    assert_eq!(w.slot(&a).map(|s| (s.start, s.end())), Some((9, 19)), "{plan}");
+    // A span is part of the chunk: it cannot change, nor be declared after the chunk entered.
+    assert!(w.declare_span(img, 5).is_err());
+    assert!(w.declare_span(img, 4).is_ok());
+    assert!(w.declare_span(a, 3).is_err());
+    assert!(w.declare_span(id("new"), 0).is_err());
+}

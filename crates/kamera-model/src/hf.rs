@@ -1,0 +1,132 @@
+//! A Hugging Face model directory: config.json, safetensors (one file or shards with their index),
+//! tokenizer.json. Tensors are read by name in f32 (stored f32, bf16 or f16), their shape checked.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use candle_core::safetensors::MmapedSafetensors;
+use candle_core::{DType, Device, Tensor};
+use sha2::{Digest, Sha256};
+
+use crate::error::{CandleCtx, Error, Result};
+
+/// The safetensors weights of a model directory, memory-mapped.
+pub(crate) struct SafeDir {
+    dir: PathBuf,
+    files: Vec<PathBuf>,
+    st: MmapedSafetensors,
+}
+
+impl std::fmt::Debug for SafeDir {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SafeDir").field("files", &self.files).finish()
+    }
+}
+
+fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> Error + 'a {
+    move |source| Error::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Reads and parses a JSON file of the directory, naming it in errors.
+pub(crate) fn read_json(path: &Path) -> Result<serde_json::Value> {
+    let text = std::fs::read_to_string(path).map_err(io("read json", path))?;
+    serde_json::from_str(&text).map_err(|e| Error::Invalid {
+        op: "read json",
+        detail: format!("{}: {e}", path.display()),
+    })
+}
+
+impl SafeDir {
+    /// Opens `model.safetensors.index.json` and its shards, or else `model.safetensors`.
+    pub fn open(dir: &Path) -> Result<SafeDir> {
+        const OP: &str = "SafeDir::open";
+        let index = dir.join("model.safetensors.index.json");
+        let single = dir.join("model.safetensors");
+        let files: Vec<PathBuf> = if index.is_file() {
+            let v = read_json(&index)?;
+            let map = v
+                .get("weight_map")
+                .and_then(|m| m.as_object())
+                .ok_or_else(|| Error::Invalid {
+                    op: OP,
+                    detail: format!("{}: no \"weight_map\" object", index.display()),
+                })?;
+            let names: BTreeSet<&str> = map.values().filter_map(|f| f.as_str()).collect();
+            names.into_iter().map(|f| dir.join(f)).collect()
+        } else if single.is_file() {
+            vec![single]
+        } else {
+            return Err(Error::Invalid {
+                op: OP,
+                detail: format!(
+                    "{}: neither model.safetensors.index.json nor model.safetensors is there",
+                    dir.display()
+                ),
+            });
+        };
+        if let Some(missing) = files.iter().find(|f| !f.is_file()) {
+            return Err(Error::Invalid {
+                op: OP,
+                detail: format!("shard {} named by the index is missing", missing.display()),
+            });
+        }
+        // SAFETY: the files are mapped read-only; like every mmap reader we rely on them not being
+        // truncated while the model is loaded (weights are copied to owned tensors at load).
+        let st = unsafe { MmapedSafetensors::multi(&files) }.ctx(OP)?;
+        Ok(SafeDir {
+            dir: dir.to_path_buf(),
+            files,
+            st,
+        })
+    }
+
+    pub fn has(&self, name: &str) -> bool {
+        self.st.get(name).is_ok()
+    }
+
+    /// Tensor `name` in f32, which must have `shape`.
+    pub fn f32(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        let view = self.st.get(name).map_err(|_| Error::MissingTensor {
+            path: self.dir.clone(),
+            name: name.to_string(),
+        })?;
+        if view.shape() != shape {
+            return Err(Error::Shape {
+                op: "load safetensors",
+                detail: format!("tensor {name}: expected shape {shape:?}, found {:?}", view.shape()),
+            });
+        }
+        let t = self.st.load(name, &Device::Cpu).ctx("load safetensors")?;
+        t.to_dtype(DType::F32).ctx("load safetensors")
+    }
+
+    /// sha256 over every shard (in name order), hex.
+    pub fn sha256(&self) -> Result<String> {
+        let mut h = Sha256::new();
+        for f in &self.files {
+            let mut file = std::fs::File::open(f).map_err(io("hash safetensors", f))?;
+            std::io::copy(&mut file, &mut h).map_err(io("hash safetensors", f))?;
+        }
+        Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+    }
+}
+
+/// Numeric field `key` of a JSON object, as usize, or an error naming the file and the key.
+pub(crate) fn usize_field(v: &serde_json::Value, key: &str, file: &Path) -> Result<usize> {
+    v.get(key)
+        .and_then(|x| x.as_u64())
+        .map(|x| x as usize)
+        .ok_or_else(|| Error::Invalid {
+            op: "read config",
+            detail: format!("{}: missing or non-integer \"{key}\"", file.display()),
+        })
+}
+
+/// Float field `key`, or `default` when absent.
+pub(crate) fn f64_field(v: &serde_json::Value, key: &str, default: f64) -> f64 {
+    v.get(key).and_then(|x| x.as_f64()).unwrap_or(default)
+}

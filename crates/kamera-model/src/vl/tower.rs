@@ -1,0 +1,232 @@
+//! The Qwen2.5-VL vision tower on candle (CPU, f32): 14-pixel patches with a temporal patch of 2
+//! embedded by one linear map, 2-D rotary, windowed attention with full attention at
+//! `fullatt_blocks`, RMSNorm, SwiGLU, and the 2x2 patch merger into the text model's width.
+
+use candle_core::{D, Device, Tensor};
+use rayon::prelude::*;
+
+use crate::block::{linear, norm};
+use crate::error::{CandleCtx, Error, Result};
+use crate::hf::SafeDir;
+use crate::vl::config::VisionConfig;
+use crate::vl::positions::{Grid, patch_rows_cols, window_index};
+
+const OP: &str = "vision tower";
+/// RMSNorm epsilon of the tower and the merger (fixed in the architecture).
+const EPS: f64 = 1e-6;
+/// Rotary base of the tower's 2-D rotary.
+const THETA: f64 = 10_000.0;
+
+#[derive(Debug)]
+struct Block {
+    norm1: Tensor,
+    norm2: Tensor,
+    qkv: (Tensor, Tensor),
+    proj: (Tensor, Tensor),
+    gate: (Tensor, Tensor),
+    up: (Tensor, Tensor),
+    down: (Tensor, Tensor),
+}
+
+/// The vision tower's weights.
+#[derive(Debug)]
+pub(crate) struct Tower {
+    cfg: VisionConfig,
+    /// `[hidden, C·T·P·P]`: the Conv3d kernel flattened as the patches are.
+    patch_embed: Tensor,
+    blocks: Vec<Block>,
+    ln_q: Tensor,
+    mlp0: (Tensor, Tensor),
+    mlp2: (Tensor, Tensor),
+}
+
+/// What the tower computes for one image.
+#[derive(Debug, Clone)]
+pub struct VisionOutput {
+    /// The last block's output in patch order, `[patches, hidden]` row-major (a parity probe).
+    pub blocks_out: Vec<f32>,
+    /// Merged image embeddings, `[patches / merge², out_hidden]` row-major: the image tokens.
+    pub embeds: Vec<f32>,
+}
+
+impl Tower {
+    pub fn load(st: &SafeDir, prefix: &str, cfg: &VisionConfig) -> Result<Tower> {
+        let (h, f) = (cfg.hidden, cfg.intermediate);
+        let m = h * cfg.merge_size * cfg.merge_size;
+        let t = |name: &str, shape: &[usize]| st.f32(&format!("{prefix}{name}"), shape);
+        let lin = |name: &str, out: usize, inp: usize| -> Result<(Tensor, Tensor)> {
+            Ok((
+                t(&format!("{name}.weight"), &[out, inp])?,
+                t(&format!("{name}.bias"), &[out])?,
+            ))
+        };
+        let (c, tp, p) = (cfg.in_channels, cfg.temporal_patch_size, cfg.patch_size);
+        let patch_embed = t("patch_embed.proj.weight", &[h, c, tp, p, p])?
+            .reshape((h, cfg.patch_values()))
+            .ctx(OP)?;
+        let blocks = (0..cfg.depth)
+            .map(|i| {
+                let b = |s: &str| format!("blocks.{i}.{s}");
+                Ok(Block {
+                    norm1: t(&b("norm1.weight"), &[h])?,
+                    norm2: t(&b("norm2.weight"), &[h])?,
+                    qkv: lin(&b("attn.qkv"), 3 * h, h)?,
+                    proj: lin(&b("attn.proj"), h, h)?,
+                    gate: lin(&b("mlp.gate_proj"), f, h)?,
+                    up: lin(&b("mlp.up_proj"), f, h)?,
+                    down: lin(&b("mlp.down_proj"), h, f)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Tower {
+            cfg: cfg.clone(),
+            patch_embed,
+            blocks,
+            ln_q: t("merger.ln_q.weight", &[h])?,
+            mlp0: lin("merger.mlp.0", m, m)?,
+            mlp2: lin("merger.mlp.2", cfg.out_hidden, m)?,
+        })
+    }
+
+    pub fn config(&self) -> &VisionConfig {
+        &self.cfg
+    }
+
+    /// Encodes one image's patches (`[t·h·w, C·T·P·P]` row-major, as the preprocessor makes them).
+    pub fn forward(&self, pixel_values: &[f32], grid: Grid) -> Result<VisionOutput> {
+        let cfg = &self.cfg;
+        let [gt, gh, gw] = grid;
+        let unit = cfg.merge_size * cfg.merge_size;
+        let n = gt * gh * gw;
+        if n == 0 || gh % cfg.merge_size != 0 || gw % cfg.merge_size != 0 {
+            return Err(Error::Shape {
+                op: OP,
+                detail: format!(
+                    "grid {grid:?} must be non-empty with h and w multiples of {}",
+                    cfg.merge_size
+                ),
+            });
+        }
+        if pixel_values.len() != n * cfg.patch_values() {
+            return Err(Error::Shape {
+                op: OP,
+                detail: format!(
+                    "pixel values: expected {n} patches x {} = {} values for grid {grid:?}, got {}",
+                    cfg.patch_values(),
+                    n * cfg.patch_values(),
+                    pixel_values.len()
+                ),
+            });
+        }
+        let dev = Device::Cpu;
+        let pv = Tensor::from_slice(pixel_values, (n, cfg.patch_values()), &dev).ctx(OP)?;
+        let x = pv.matmul(&self.patch_embed.t().ctx(OP)?).ctx(OP)?;
+        // Window order: merged tokens (groups of `unit` patches) reordered window by window.
+        let (win, cu_win) = window_index(grid, cfg.merge_size, cfg.window_tokens());
+        let order: Vec<u32> = win
+            .iter()
+            .flat_map(|&m| (0..unit).map(move |u| (m * unit + u) as u32))
+            .collect();
+        let order_t = Tensor::from_slice(&order, n, &dev).ctx(OP)?;
+        let mut x = x.index_select(&order_t, 0).ctx(OP)?;
+        let rc = patch_rows_cols(grid, cfg.merge_size);
+        let angles = self.rotary_angles(order.iter().map(|&i| rc[i as usize]));
+        let cu_full: Vec<usize> = (0..=gt).map(|f| f * gh * gw).collect();
+        for (i, b) in self.blocks.iter().enumerate() {
+            let cu = if cfg.fullatt_blocks.contains(&i) {
+                &cu_full
+            } else {
+                &cu_win
+            };
+            x = self.block(b, &x, &angles, cu)?;
+        }
+        // Back to patch order for the probe; the merger works in window order (merged tokens
+        // are whole groups either way) and its rows are then put back in order.
+        let mut inverse = vec![0u32; n];
+        for (dst, &src) in order.iter().enumerate() {
+            inverse[src as usize] = dst as u32;
+        }
+        let inv_t = Tensor::from_slice(&inverse, n, &dev).ctx(OP)?;
+        let blocks_out = x.index_select(&inv_t, 0).ctx(OP)?;
+        let merged = norm(&blocks_out, &self.ln_q, EPS)?
+            .reshape((n / unit, unit * cfg.hidden))
+            .ctx(OP)?;
+        let y = linear(&merged, &self.mlp0.0, Some(&self.mlp0.1))?.gelu_erf().ctx(OP)?;
+        let embeds = linear(&y, &self.mlp2.0, Some(&self.mlp2.1))?;
+        Ok(VisionOutput {
+            blocks_out: blocks_out.flatten_all().ctx(OP)?.to_vec1().ctx(OP)?,
+            embeds: embeds.flatten_all().ctx(OP)?.to_vec1().ctx(OP)?,
+        })
+    }
+
+    /// Rotary angles `[patches, head_dim/2]`: the first quarter of the head's frequencies read
+    /// the patch row, the second the column (HF `rot_pos_emb`: inv_freq over head_dim/2).
+    fn rotary_angles(&self, rc: impl Iterator<Item = (usize, usize)>) -> Vec<f32> {
+        let half = self.cfg.head_dim() / 2;
+        let quarter = half / 2;
+        let inv: Vec<f32> = (0..quarter)
+            .map(|i| (1.0 / THETA.powf(2.0 * i as f64 / half as f64)) as f32)
+            .collect();
+        let mut out = Vec::new();
+        for (r, c) in rc {
+            out.extend(inv.iter().map(|&f| r as f32 * f));
+            out.extend(inv.iter().map(|&f| c as f32 * f));
+        }
+        out
+    }
+
+    fn block(&self, b: &Block, x: &Tensor, angles: &[f32], cu: &[usize]) -> Result<Tensor> {
+        let cfg = &self.cfg;
+        let (n, h, heads, hd) = (x.dim(0).ctx(OP)?, cfg.hidden, cfg.heads, cfg.head_dim());
+        let qkv = linear(&norm(x, &b.norm1, EPS)?, &b.qkv.0, Some(&b.qkv.1))?;
+        let mut v: Vec<f32> = qkv.flatten_all().ctx(OP)?.to_vec1().ctx(OP)?;
+        // Rotate q and k (rotate_half pairs (j, j + hd/2)) of every head, row by row.
+        let half = hd / 2;
+        v.par_chunks_mut(3 * h).enumerate().for_each(|(row, r)| {
+            let a = &angles[row * half..(row + 1) * half];
+            for head in r[..2 * h].chunks_mut(hd) {
+                for j in 0..half {
+                    let (s, c) = a[j].sin_cos();
+                    let (x0, x1) = (head[j], head[j + half]);
+                    head[j] = x0 * c - x1 * s;
+                    head[j + half] = x1 * c + x0 * s;
+                }
+            }
+        });
+        let qkv = Tensor::from_vec(v, (n, 3, heads, hd), &Device::Cpu).ctx(OP)?;
+        let scale = 1.0 / (hd as f64).sqrt();
+        let mut outs = Vec::with_capacity(cu.len());
+        for w in cu.windows(2) {
+            let seg = qkv.narrow(0, w[0], w[1] - w[0]).ctx(OP)?;
+            let part = |i: usize| -> Result<Tensor> {
+                seg.narrow(1, i, 1)
+                    .ctx(OP)?
+                    .squeeze(1)
+                    .ctx(OP)?
+                    .transpose(0, 1)
+                    .ctx(OP)?
+                    .contiguous()
+                    .ctx(OP)
+            };
+            let (q, k, vv) = (part(0)?, part(1)?, part(2)?);
+            let s = (q.matmul(&k.t().ctx(OP)?).ctx(OP)? * scale).ctx(OP)?;
+            let p = candle_nn::ops::softmax(&s, D::Minus1).ctx(OP)?;
+            // [heads, len, hd] -> [len, heads·hd]
+            let o = p
+                .matmul(&vv)
+                .ctx(OP)?
+                .transpose(0, 1)
+                .ctx(OP)?
+                .reshape((w[1] - w[0], h))
+                .ctx(OP)?;
+            outs.push(o);
+        }
+        let att = Tensor::cat(&outs, 0).ctx(OP)?;
+        let x = (x + linear(&att, &b.proj.0, Some(&b.proj.1))?).ctx(OP)?;
+        let hn = norm(&x, &b.norm2, EPS)?;
+        let g = linear(&hn, &b.gate.0, Some(&b.gate.1))?.silu().ctx(OP)?;
+        let u = linear(&hn, &b.up.0, Some(&b.up.1))?;
+        let m = linear(&(g * u).ctx(OP)?, &b.down.0, Some(&b.down.1))?;
+        (x + m).ctx(OP)
+    }
+}

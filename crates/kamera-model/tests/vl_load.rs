@@ -1,0 +1,105 @@
+//! Loading a Qwen2.5-VL directory: bf16 weights in one model.safetensors load and agree with the
+//! f32 sharded checkpoint; a missing or mis-shaped tensor is an error naming it and the shapes.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, Result};
+use candle_core::{DType, Device, Tensor};
+use kamera_model::vl::rope_index;
+use kamera_model::{Input, Model, PrefillOptions};
+
+fn tiny() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/qwen25vl-tiny")
+}
+
+/// A copy of the tiny checkpoint's config and tokenizer with `tensors` as one model.safetensors.
+fn variant(name: &str, tensors: &HashMap<String, Tensor>) -> Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!("kamera-vl-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    for f in [
+        "config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "preprocessor_config.json",
+    ] {
+        std::fs::copy(tiny().join(f), dir.join(f))?;
+    }
+    candle_core::safetensors::save(tensors, dir.join("model.safetensors"))?;
+    Ok(dir)
+}
+
+fn all_tensors() -> Result<HashMap<String, Tensor>> {
+    let mut out = HashMap::new();
+    for e in std::fs::read_dir(tiny())? {
+        let p = e?.path();
+        if p.extension().is_some_and(|x| x == "safetensors") {
+            out.extend(candle_core::safetensors::load(&p, &Device::Cpu)?);
+        }
+    }
+    Ok(out)
+}
+
+fn text_logits(m: &Model) -> Result<Vec<f32>> {
+    let ids = m
+        .tokenizer()
+        .encode("<|im_start|>user\nWhat is the order status?<|im_end|>\n")?;
+    let (pos, _) = rope_index(&ids, m.vision().context("vision")?.tokens().image, &[], 2, 0)?;
+    let x = m.embed_tokens(&ids)?;
+    let out = m.prefill_rotary(
+        Input::Embeddings { data: &x, n: ids.len() },
+        &pos,
+        &m.empty_context(),
+        PrefillOptions::default(),
+    )?;
+    Ok(out.logits)
+}
+
+#[test]
+fn bf16_weights_load_and_agree() -> Result<()> {
+    let bf16: HashMap<String, Tensor> = all_tensors()?
+        .into_iter()
+        .map(|(k, t)| Ok((k, t.to_dtype(DType::BF16)?)))
+        .collect::<Result<_>>()?;
+    let dir = variant("bf16", &bf16)?;
+    let (a, b) = (Model::load(&tiny())?, Model::load(&dir)?);
+    assert_ne!(a.fingerprint(), b.fingerprint(), "other weights, other store key");
+    let (la, lb) = (text_logits(&a)?, text_logits(&b)?);
+    let argmax = |v: &[f32]| (0..v.len()).fold(0, |m, i| if v[i] > v[m] { i } else { m });
+    let scale = la.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let err = la.iter().zip(&lb).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale;
+    println!("bf16 vs f32 weights: last-position logits rel. diff {err:.2e}");
+    assert_eq!(argmax(&la), argmax(&lb));
+    assert!(err < 0.05 && err > 0.0, "{err}");
+    std::fs::remove_dir_all(dir)?;
+    Ok(())
+}
+
+#[test]
+fn missing_or_misshaped_tensors_are_named() -> Result<()> {
+    let mut t = all_tensors()?;
+    let name = "model.layers.1.self_attn.k_proj.weight";
+    t.insert(name.into(), Tensor::zeros((64, 32), DType::F32, &Device::Cpu)?);
+    let dir = variant("shape", &t)?;
+    let err = Model::load(&dir).expect_err("mis-shaped tensor").to_string();
+    assert!(
+        err.contains(name) && err.contains("[32, 64]") && err.contains("[64, 32]"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(dir)?;
+
+    let mut t = all_tensors()?;
+    t.remove("visual.merger.ln_q.weight");
+    let dir = variant("missing", &t)?;
+    let err = Model::load(&dir).expect_err("missing tensor").to_string();
+    assert!(err.contains("visual.merger.ln_q.weight"), "{err}");
+    std::fs::remove_dir_all(dir)?;
+
+    let empty = std::env::temp_dir().join(format!("kamera-vl-empty-{}", std::process::id()));
+    std::fs::create_dir_all(&empty)?;
+    let err = Model::load(&empty).expect_err("no config").to_string();
+    assert!(err.contains("config.json"), "{err}");
+    std::fs::remove_dir_all(empty)?;
+    Ok(())
+}

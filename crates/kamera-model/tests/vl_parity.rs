@@ -1,0 +1,163 @@
+//! Qwen2.5-VL parity against HF transformers 4.57.6 (torch 2.9.1, CPU, f32) on the tiny seeded
+//! random-weight checkpoint of scripts/qwen25vl_golden.py: tokenizer ids, vision tower, merged
+//! image embeddings, 3-D position ids, logits at every position (mean KL <= 1e-6, same argmax).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, Result};
+use candle_core::{Device, Tensor};
+use kamera_model::vl::{Grid, rope_index};
+use kamera_model::{Input, Model, PrefillOptions};
+
+fn golden_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden")
+}
+
+fn model() -> Result<Model> {
+    Ok(Model::load(&golden_dir().join("qwen25vl-tiny"))?)
+}
+
+fn goldens() -> Result<HashMap<String, Tensor>> {
+    Ok(candle_core::safetensors::load(
+        golden_dir().join("qwen25vl-golden/golden.safetensors"),
+        &Device::Cpu,
+    )?)
+}
+
+fn meta() -> Result<serde_json::Value> {
+    let text = std::fs::read_to_string(golden_dir().join("qwen25vl-golden/golden.json"))?;
+    Ok(serde_json::from_str(&text)?)
+}
+
+fn f32s(g: &HashMap<String, Tensor>, k: &str) -> Result<Vec<f32>> {
+    Ok(g.get(k)
+        .with_context(|| k.to_string())?
+        .flatten_all()?
+        .to_vec1::<f32>()?)
+}
+
+fn i64s(g: &HashMap<String, Tensor>, k: &str) -> Result<Vec<i64>> {
+    Ok(g.get(k)
+        .with_context(|| k.to_string())?
+        .flatten_all()?
+        .to_vec1::<i64>()?)
+}
+
+fn grid(g: &HashMap<String, Tensor>, img: &str) -> Result<Grid> {
+    let v = i64s(g, &format!("{img}.grid_thw"))?;
+    Ok([v[0] as usize, v[1] as usize, v[2] as usize])
+}
+
+/// Largest |a - b| relative to the largest |b|.
+fn rel_err(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let scale = b.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-12);
+    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+}
+
+fn log_softmax(row: &[f32]) -> Vec<f64> {
+    let m = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
+    let lse = m + row.iter().map(|&x| (x as f64 - m).exp()).sum::<f64>().ln();
+    row.iter().map(|&x| x as f64 - lse).collect()
+}
+
+fn argmax(row: &[f32]) -> usize {
+    (0..row.len()).fold(0, |b, i| if row[i] > row[b] { i } else { b })
+}
+
+#[test]
+fn tokenizer_matches_hf() -> Result<()> {
+    let m = model()?;
+    let meta = meta()?;
+    for case in meta["tokenizer"].as_array().context("tokenizer cases")? {
+        let text = case["text"].as_str().context("text")?;
+        let want: Vec<u32> = case["ids"]
+            .as_array()
+            .context("ids")?
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect();
+        assert_eq!(m.tokenizer().encode(text)?, want, "{text:?}");
+        assert_eq!(m.tokenizer().decode(&want, false)?, text, "decode {text:?}");
+    }
+    Ok(())
+}
+
+#[test]
+fn vision_tower_matches_hf() -> Result<()> {
+    let m = model()?;
+    let vision = m.vision().context("a VLM has a vision tower")?;
+    let g = goldens()?;
+    for img in ["img0", "img1", "img2"] {
+        let out = vision.encode(&f32s(&g, &format!("{img}.pixel_values"))?, grid(&g, img)?)?;
+        let blocks = rel_err(&out.blocks_out, &f32s(&g, &format!("{img}.vision_blocks_out"))?);
+        let embeds = rel_err(&out.embeds, &f32s(&g, &format!("{img}.image_embeds"))?);
+        println!("{img}: blocks rel err {blocks:.2e}, embeds rel err {embeds:.2e}");
+        assert!(blocks < 1e-5 && embeds < 1e-5, "{img}: {blocks} {embeds}");
+    }
+    Ok(())
+}
+
+#[test]
+fn logits_and_positions_match_hf() -> Result<()> {
+    let m = model()?;
+    let vision = m.vision().context("vision")?;
+    let (g, meta) = (goldens()?, meta()?);
+    let merge = vision.config().merge_size;
+    for (name, p) in meta["prompts"].as_object().context("prompts")? {
+        let ids: Vec<u32> = i64s(&g, &format!("{name}.input_ids"))?
+            .iter()
+            .map(|&x| x as u32)
+            .collect();
+        let images: Vec<String> = p["images"]
+            .as_array()
+            .context("images")?
+            .iter()
+            .map(|x| x.as_str().unwrap().to_string())
+            .collect();
+        let grids = images.iter().map(|i| grid(&g, i)).collect::<Result<Vec<_>>>()?;
+        let (pos, _) = rope_index(&ids, vision.tokens().image, &grids, merge, 0)?;
+        let want_pos = i64s(&g, &format!("{name}.position_ids"))?;
+        let n = ids.len();
+        for (i, p3) in pos.iter().enumerate() {
+            assert_eq!(
+                *p3,
+                [want_pos[i], want_pos[n + i], want_pos[2 * n + i]],
+                "{name}: position ids at {i}"
+            );
+        }
+        let encoded = images
+            .iter()
+            .zip(&grids)
+            .map(|(img, &gr)| {
+                vision
+                    .encode(&f32s(&g, &format!("{img}.pixel_values"))?, gr)
+                    .map_err(Into::into)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let embeds: Vec<&[f32]> = encoded.iter().map(|o| o.embeds.as_slice()).collect();
+        let x = vision.splice(&ids, m.embed_tokens(&ids)?, &embeds)?;
+        let out = m.prefill_rotary(
+            Input::Embeddings { data: &x, n },
+            &pos,
+            &m.empty_context(),
+            PrefillOptions { all_logits: true },
+        )?;
+        let ours = out.all_logits.context("all logits")?;
+        let want = f32s(&g, &format!("{name}.logits"))?;
+        let vocab = m.config().vocab;
+        let mut kl = 0.0;
+        for i in 0..n {
+            let (a, b) = (&ours[i * vocab..(i + 1) * vocab], &want[i * vocab..(i + 1) * vocab]);
+            let (la, lb) = (log_softmax(a), log_softmax(b));
+            kl += lb.iter().zip(&la).map(|(p, q)| p.exp() * (p - q)).sum::<f64>();
+            assert_eq!(argmax(a), argmax(b), "{name}: argmax at position {i}");
+        }
+        kl /= n as f64;
+        let spread = log_softmax(&want[..vocab]).iter().fold(0f64, |m, x| m.max(-x));
+        println!("{name}: {n} tokens, mean KL {kl:.2e} (golden row 0 spans {spread:.1} nats)");
+        assert!(kl <= 1e-6, "{name}: mean KL {kl}");
+    }
+    Ok(())
+}
