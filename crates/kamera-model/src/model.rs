@@ -72,13 +72,30 @@ impl Model {
         let device = Device::Cpu;
         let weights = Weights::load(&g, &cfg, &device)?;
         let cfg_json = serde_json::to_string(&cfg).unwrap_or_default();
-        let digest = Sha256::new().chain_update(g.sha256()).chain_update(cfg_json).finalize();
-        let fingerprint = digest.iter().take(16).map(|b| format!("{b:02x}")).collect();
+        let weights_sha = g.sha256().to_string();
         g.release();
+        tracing::debug!(?cfg.family, layers = cfg.n_layers, "loaded {}", path.display());
+        Model::assemble(cfg, weights, tokenizer, &weights_sha, &cfg_json, None)
+    }
+
+    /// A model from its parts; the fingerprint (the store's key) hashes the weights' sha256 and
+    /// the configuration.
+    fn assemble(
+        cfg: Config,
+        weights: Weights,
+        tokenizer: Tokenizer,
+        weights_sha: &str,
+        cfg_json: &str,
+        vision: Option<Vision>,
+    ) -> Result<Model> {
+        let digest = Sha256::new()
+            .chain_update(weights_sha)
+            .chain_update(cfg_json)
+            .finalize();
+        let fingerprint = digest.iter().take(16).map(|b| format!("{b:02x}")).collect();
         let rope = cfg.rope();
         rope.validate().ops("Model::load rope")?;
         let layout = cfg.kv_layout();
-        tracing::debug!(?cfg.family, layers = cfg.n_layers, "loaded {}", path.display());
         Ok(Model {
             cfg,
             weights,
@@ -86,8 +103,8 @@ impl Model {
             layout,
             tokenizer,
             fingerprint,
-            device,
-            vision: None,
+            device: Device::Cpu,
+            vision,
         })
     }
 
@@ -131,29 +148,13 @@ impl Model {
             });
         }
         let cfg_json = serde_json::to_string(&(&cfg, &vl.vision)).unwrap_or_default();
-        let digest = Sha256::new()
-            .chain_update(st.sha256()?)
-            .chain_update(cfg_json)
-            .finalize();
-        let fingerprint = digest.iter().take(16).map(|b| format!("{b:02x}")).collect();
-        let rope = cfg.rope();
-        rope.validate().ops("Model::load rope")?;
-        let layout = cfg.kv_layout();
         tracing::debug!(layers = cfg.n_layers, "loaded Qwen2.5-VL {}", dir.display());
-        Ok(Model {
-            cfg,
-            weights,
-            rope,
-            layout,
-            tokenizer,
-            fingerprint,
-            device: Device::Cpu,
-            vision: Some(Vision {
-                tower,
-                tokens: vl.tokens,
-                preprocess,
-            }),
-        })
+        let vision = Vision {
+            tower,
+            tokens: vl.tokens,
+            preprocess,
+        };
+        Model::assemble(cfg, weights, tokenizer, &st.sha256()?, &cfg_json, Some(vision))
     }
 
     /// The vision tower, for a vision-language model.
