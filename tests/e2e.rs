@@ -1,5 +1,6 @@
 //! End to end on real Chromium with the embedded default model (SmolLM2-135M-Instruct): the
-//! local site's order-status flow, a MiniWoB++ task, record + replay, refused navigation.
+//! local site's order-status flow, MiniWoB++ tasks (the new actions among them), record + replay,
+//! refused navigation.
 //! Needs Debian's chromium: scripts/install-chromium.sh installs it.
 
 use std::path::Path;
@@ -46,6 +47,36 @@ async fn order_status_answers_through_recalled_chunks() -> Result<()> {
     assert!(r.session.evictions > 0 && r.session.relocations > 0, "{:?}", r.session);
     let m = last.model.as_ref().expect("the question went to the model");
     assert!(m.context_tokens > 200);
+    Ok(())
+}
+
+/// The new actions on MiniWoB++ pages, scripted: a link that is a span with a click handler
+/// (`text:` target), a `<select>`, checkboxes by their label text (check, uncheck, check), and a
+/// drag in a jQuery UI sortable. Each episode must end with a positive reward.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn miniwob_new_actions_scripted_reward() -> Result<()> {
+    require_chromium();
+    for (name, action, min) in [
+        ("miniwob-click-link", "click", 0.0),
+        ("miniwob-choose-list", "select", 0.0),
+        ("miniwob-click-checkboxes", "uncheck", 0.5),
+        ("miniwob-drag-items", "drag", 0.0),
+    ] {
+        let s = scenario(name);
+        let r = kamera_agent::run_scenario(&s, model(), &kamera_model::default_home(), RunConfig::default()).await?;
+        assert_eq!(r.end.error, None, "{name}: {:?}", r.end);
+        for st in &r.steps {
+            assert_eq!(st.result, StepResult::Ok, "{name} step {}: {}", st.step, st.result);
+        }
+        assert!(
+            r.actions().iter().any(|a| a.label().starts_with(action)),
+            "{name}: {:?}",
+            r.actions()
+        );
+        let reward = r.end.reward.unwrap_or_else(|| panic!("{name}: no reward: {:?}", r.end));
+        assert!(reward > min, "{name}: reward {reward}");
+        assert_eq!(r.end.success, Some(true), "{name}");
+    }
     Ok(())
 }
 

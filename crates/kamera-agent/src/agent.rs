@@ -315,6 +315,10 @@ impl Run<'_, '_> {
             Err(e @ kamera_browser::Error::NoElement { .. }) => {
                 record.result = StepResult::NoElement { detail: e.to_string() };
             }
+            Err(e @ kamera_browser::Error::Target { .. }) => {
+                tracing::info!(step = record.step, error = %e, "action target");
+                record.result = StepResult::Target { detail: e.to_string() };
+            }
             Err(e) => {
                 record.result = StepResult::Failed { error: e.to_string() };
                 return Some(e.into());

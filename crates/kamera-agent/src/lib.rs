@@ -44,7 +44,7 @@ pub use llm::{CallTimings, Llm, ModelCall, parse_action};
 pub use policy::{ACTION_GRAMMAR, Decision, Mind, ModelPolicy, Policy, ScriptedPolicy, resolve_target};
 pub use run::{ReplayReport, RunConfig, Served, default_model, policy_for, replay, run_scenario, serve, session_for};
 pub use runtime::{Applied, ApplyTimings, Relevance, Session, SessionConfig, SessionStats};
-pub use scenario::{Budget, MiniWobSpec, PolicyKind, Scenario, SiteSpec, Step, Success, resolve};
+pub use scenario::{Budget, DEFAULT_WAIT_MS, MiniWobSpec, PolicyKind, Scenario, SiteSpec, Step, Success, resolve};
 pub use trace::{
     EndRecord, Header, Line, ObsRecord, StepRecord, StepResult, StepTimings, TRACE_VERSION, Trace, TraceWriter,
     devtools_recorder, sha256_hex,

@@ -154,6 +154,23 @@ impl Policy for ScriptedPolicy {
                         text: self.subst(&text),
                     }
                 }
+                Step::Select { target: t, option } => Action::Select {
+                    id: target(&t)?,
+                    option: self.subst(&option),
+                },
+                Step::Check { target: t } => Action::Check { id: target(&t)? },
+                Step::Uncheck { target: t } => Action::Uncheck { id: target(&t)? },
+                Step::Hover { target: t } => Action::Hover { id: target(&t)? },
+                Step::Drag { from, to } => Action::Drag {
+                    from: target(&from)?,
+                    to: target(&to)?,
+                },
+                Step::ScrollTo { target: t } => Action::ScrollTo { id: target(&t)? },
+                Step::SwitchTab { index } => Action::SwitchTab { index },
+                Step::WaitFor { target: t, ms } => Action::WaitFor {
+                    target: self.subst(&t),
+                    ms,
+                },
                 Step::Key { key } => Action::Key { key },
                 Step::Navigate { url } => {
                     let u = self.subst(&url);

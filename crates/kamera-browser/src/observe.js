@@ -111,7 +111,7 @@
     for (const el of document.body.querySelectorAll('*')) {
       if (elements.length >= 600) break;
       const tag = el.tagName.toLowerCase();
-      if (SKIP.has(tag) || el.hasAttribute('data-kid') || el.closest('[data-kid],svg')) continue;
+      if (SKIP.has(tag) || el.hasAttribute('data-kid') || el.closest('svg')) continue;
       let own = '';
       for (const n of el.childNodes) if (n.nodeType === 3) own += n.textContent;
       if (!own.trim() || !visible(el)) continue;
