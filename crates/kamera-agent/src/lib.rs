@@ -30,6 +30,7 @@ pub mod report;
 mod run;
 mod runtime;
 mod scenario;
+mod schema;
 pub mod site;
 mod trace;
 
@@ -41,10 +42,13 @@ pub(crate) fn ms(t: std::time::Instant) -> f64 {
 pub use agent::{Agent, Env, OnStep, RunOptions, RunSummary, chunk_text, run_episode};
 pub use error::{Error, Result};
 pub use llm::{CallTimings, Llm, ModelCall, parse_action};
-pub use policy::{ACTION_GRAMMAR, Decision, Mind, ModelPolicy, Policy, ScriptedPolicy, resolve_target};
+pub use policy::{
+    ACTION_GRAMMAR, Decision, Decoding, Mind, ModelPolicy, Policy, ScriptedPolicy, resolve_target, valid,
+};
 pub use run::{ReplayReport, RunConfig, Served, default_model, policy_for, replay, run_scenario, serve, session_for};
 pub use runtime::{Applied, ApplyTimings, Relevance, Session, SessionConfig, SessionStats};
 pub use scenario::{Budget, DEFAULT_WAIT_MS, MiniWobSpec, PolicyKind, Scenario, SiteSpec, Step, Success, resolve};
+pub use schema::{ActionSchema, Fit, LEAD, Template};
 pub use trace::{
     EndRecord, Header, Line, ObsRecord, StepRecord, StepResult, StepTimings, TRACE_VERSION, Trace, TraceWriter,
     devtools_recorder, sha256_hex,

@@ -78,7 +78,7 @@ pub fn default_model(home: &Path) -> Result<Arc<Model>> {
 pub fn policy_for(scenario: &Scenario, origin: &str) -> Box<dyn Policy> {
     match scenario.policy {
         PolicyKind::Scripted => Box::new(ScriptedPolicy::new(scenario.steps.clone(), origin)),
-        PolicyKind::Model => Box::new(ModelPolicy::default()),
+        PolicyKind::Model => Box::new(ModelPolicy::new(scenario.decoding)),
     }
 }
 

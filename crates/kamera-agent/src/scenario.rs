@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::policy::Decoding;
 
 /// A scripted or autonomous web task.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -22,6 +23,10 @@ pub struct Scenario {
     /// `scripted` (follow `steps`, ask the model only the scenario's questions) or `model`.
     #[serde(default)]
     pub policy: PolicyKind,
+    /// How the model policy decodes an action: `constrained` (default: a token mask keeps every
+    /// reply a valid action of the page), `ranked` (likelihood of each valid action) or `free`.
+    #[serde(default)]
+    pub decoding: Decoding,
     /// The local test site, generated from a seed.
     #[serde(default)]
     pub site: Option<SiteSpec>,
@@ -318,11 +323,15 @@ impl TryFrom<RawStep> for Step {
                 option: option.ok_or_else(|| format!("`select = {target:?}` needs an `option`"))?,
                 target,
             },
-            RawStep { check: Some(target), .. } => Step::Check { target },
+            RawStep {
+                check: Some(target), ..
+            } => Step::Check { target },
             RawStep {
                 uncheck: Some(target), ..
             } => Step::Uncheck { target },
-            RawStep { hover: Some(target), .. } => Step::Hover { target },
+            RawStep {
+                hover: Some(target), ..
+            } => Step::Hover { target },
             RawStep {
                 drag: Some(from), to, ..
             } => Step::Drag {

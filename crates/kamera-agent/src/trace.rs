@@ -349,7 +349,8 @@ pub fn devtools_recorder(
                 out.push(json!({"type": "waitForElement", "selectors": [[selector]], "timeout": ms}))
             }
             // The Recorder format has no drag or tab switch step; the trace keeps them.
-            Some(Action::Drag { .. } | Action::SwitchTab { .. } | Action::Wait { .. } | Action::Done { .. }) | None => {}
+            Some(Action::Drag { .. } | Action::SwitchTab { .. } | Action::Wait { .. } | Action::Done { .. }) | None => {
+            }
         }
     }
     json!({"title": title, "steps": out})

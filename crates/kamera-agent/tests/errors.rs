@@ -90,15 +90,29 @@ timeout_ms = 250
     assert_eq!(
         s.steps,
         [
-            Step::Select { target: t("#s"), option: t("Bob") },
-            Step::Check { target: t("text:Remember me") },
+            Step::Select {
+                target: t("#s"),
+                option: t("Bob")
+            },
+            Step::Check {
+                target: t("text:Remember me")
+            },
             Step::Uncheck { target: t("[3]") },
             Step::Hover { target: t("#menu") },
-            Step::Drag { from: t("text:A"), to: t("text:B") },
+            Step::Drag {
+                from: t("text:A"),
+                to: t("text:B")
+            },
             Step::ScrollTo { target: t("#far") },
             Step::SwitchTab { index: 1 },
-            Step::WaitFor { target: t("text:Done"), ms: kamera_agent::DEFAULT_WAIT_MS },
-            Step::WaitFor { target: t("#x"), ms: 250 },
+            Step::WaitFor {
+                target: t("text:Done"),
+                ms: kamera_agent::DEFAULT_WAIT_MS
+            },
+            Step::WaitFor {
+                target: t("#x"),
+                ms: 250
+            },
         ]
     );
     assert_eq!(Scenario::parse(&s.to_toml(), Path::new("again.toml")).unwrap(), s);

@@ -9,6 +9,7 @@
   const CONTROLS = new Set(['a', 'button', 'input', 'select', 'textarea', 'summary']);
   const ROLES = new Set(['button', 'link', 'tab', 'menuitem', 'menuitemcheckbox', 'menuitemradio', 'option',
     'checkbox', 'radio', 'switch', 'treeitem', 'combobox', 'textbox', 'searchbox', 'slider', 'spinbutton', 'gridcell']);
+  const TEXTLIKE = new Set(['text', 'search', 'email', 'password', 'tel', 'url', 'number', 'date', 'time', 'datetime-local', 'month', 'week']);
   const SKIP = new Set(['script', 'style', 'noscript', 'template', 'head', 'svg']);
   const BLOCK = 'a,button,input,select,textarea,label,div,p,table,ul,ol,li,form,h1,h2,h3,h4,br,svg,canvas,[onclick],[role],[tabindex]';
   const hooked = window.__kameraClickable;
@@ -72,8 +73,13 @@
       const rl = role(el);
       const roleText = rl && rl !== tag ? ` role=${rl}` : '';
       out.push(`[${id}] ${tag}${type}${roleText} "${text}"${state}`);
-      elements.push({ id, tag, role: rl, html_id: el.id || '', text, href: tag === 'a' ? (el.getAttribute('href') || '') : '',
-        x: r.left + r.width / 2, y: r.top + r.height / 2 });
+      const checkable = (tag === 'input' && (el.type === 'checkbox' || el.type === 'radio')) || ['checkbox', 'radio', 'switch', 'menuitemcheckbox'].includes(rl);
+      const checked = !checkable ? null : tag === 'input' ? el.checked : el.getAttribute('aria-checked') === 'true';
+      const options = tag === 'select' ? Array.from(el.options).slice(0, 50).map((o) => clip(o.text, 60)) : [];
+      const editable = (tag === 'input' && TEXTLIKE.has(el.type)) || tag === 'textarea' || el.isContentEditable ||
+        ['textbox', 'searchbox', 'combobox'].includes(rl);
+      elements.push({ id, tag, role: rl, html_id: el.id || '', text, checked, options, editable,
+        href: tag === 'a' ? (el.getAttribute('href') || '') : '', x: r.left + r.width / 2, y: r.top + r.height / 2 });
       return;
     }
     if (tag === 'tr') {

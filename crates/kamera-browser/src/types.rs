@@ -23,6 +23,16 @@ pub struct Element {
     /// Visible text, value or placeholder (trimmed, short).
     #[serde(default)]
     pub text: String,
+    /// Checked or not, for checkboxes, radio buttons and switches (ARIA `aria-checked` too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checked: Option<bool>,
+    /// The options' texts, for a `<select>`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub options: Vec<String>,
+    /// Whether text can be typed into it (a text-like input, a textarea, contenteditable, an
+    /// ARIA textbox).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub editable: bool,
     /// Link target, for links.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub href: String,
