@@ -25,6 +25,7 @@ use crate::trace::{
 pub struct Env {
     /// Origin of the served site (resolves scripted `navigate = "/path"`).
     pub origin: String,
+    /// Where the run starts; empty: on the page the browser is on.
     pub start_url: String,
 }
 
@@ -65,8 +66,9 @@ impl RunSummary {
     }
 }
 
-/// What a run drives: the page, the decisions, the context.
-pub struct Agent<'a> {
+/// What a run drives: the page, the decisions, the context (the builder API's [`crate::Agent`]
+/// owns them; this borrows them for one run).
+pub struct Parts<'a> {
     pub browser: &'a mut dyn Browser,
     pub policy: &'a mut dyn Policy,
     pub session: &'a mut Session,
@@ -82,7 +84,7 @@ pub fn chunk_text(obs: &Observation, origin: &str) -> String {
 /// cancellation. A refused navigation or a vanished element is recorded and the run goes on; a
 /// fatal error (the browser died, the policy failed, cancellation) ends the run with the trace's
 /// end line saying why and is returned as the `Err`.
-pub async fn run_episode(agent: Agent<'_>, scenario: &Scenario, env: &Env, opts: RunOptions) -> Result<RunSummary> {
+pub async fn run_episode(agent: Parts<'_>, scenario: &Scenario, env: &Env, opts: RunOptions) -> Result<RunSummary> {
     let mut run = Run {
         replay: agent.browser.is_replay(),
         llm: Llm::new(agent.session.model().clone()),
@@ -105,7 +107,7 @@ pub async fn run_episode(agent: Agent<'_>, scenario: &Scenario, env: &Env, opts:
 }
 
 struct Run<'a, 's> {
-    agent: Agent<'a>,
+    agent: Parts<'a>,
     llm: Llm,
     scenario: &'s Scenario,
     env: &'s Env,
@@ -118,7 +120,7 @@ struct Run<'a, 's> {
     t0: Instant,
 }
 
-fn blocking<T>(f: impl FnOnce() -> T) -> T {
+pub(crate) fn blocking<T>(f: impl FnOnce() -> T) -> T {
     match tokio::runtime::Handle::try_current() {
         Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
         _ => f(),
@@ -172,7 +174,8 @@ impl Run<'_, '_> {
         let prefix = self.llm.prefix_text(&self.scenario.goal);
         let session = &mut *self.agent.session;
         blocking(|| session.pin(&prefix))?;
-        if !self.replay {
+        // An empty start URL continues on the current page (a session's next task).
+        if !self.replay && !self.env.start_url.is_empty() {
             self.agent.browser.navigate(&self.env.start_url).await?;
             if let Some(mw) = &self.scenario.miniwob {
                 self.agent
