@@ -171,9 +171,13 @@ impl Run<'_, '_> {
                 started_unix_ms: now_ms(),
             }))?;
         }
-        let prefix = self.llm.prefix_text(&self.scenario.goal);
-        let session = &mut *self.agent.session;
-        blocking(|| session.pin(&prefix))?;
+        // A session that works several tasks keeps the prefix it pinned first (pages follow it);
+        // each model call's instruction names the current goal.
+        if self.agent.session.pinned_tokens() == 0 {
+            let prefix = self.llm.prefix_text(&self.scenario.goal);
+            let session = &mut *self.agent.session;
+            blocking(|| session.pin(&prefix))?;
+        }
         // An empty start URL continues on the current page (a session's next task).
         if !self.replay && !self.env.start_url.is_empty() {
             self.agent.browser.navigate(&self.env.start_url).await?;

@@ -290,11 +290,13 @@ impl Agent {
         let obs = self.observe().await?;
         let text = chunk_text(&obs, &self.env.origin);
         let prompt = format!("{instruction}\nReply with JSON only.");
-        let prefix = self.llm.prefix_text(&self.scenario.goal);
+        let prefix = self.llm.prefix_text(self.standing_goal());
         let max_new = self.scenario.budget.max_new_tokens.max(48);
         let (session, llm) = (&mut self.session, &self.llm);
         let call = crate::agent::blocking(|| -> Result<_> {
-            session.pin(&prefix)?;
+            if session.pinned_tokens() == 0 {
+                session.pin(&prefix)?;
+            }
             session.observe(&text)?;
             let ctx = session.context()?;
             let call = llm.generate(ctx, &prompt, max_new, 0)?;
@@ -315,6 +317,14 @@ impl Agent {
             None => return Err(bad("no JSON in the reply".into())),
         };
         serde_json::from_value(value).map_err(|e| bad(e.to_string()))
+    }
+
+    /// The goal of the session's pinned prefix: the builder's task, or a neutral one.
+    fn standing_goal(&self) -> &str {
+        match self.scenario.goal.trim() {
+            "" => "the user's requests, one at a time",
+            g => g,
+        }
     }
 
     /// Navigates to `start_url` the first time anything runs.
@@ -342,6 +352,13 @@ impl Agent {
         }
         if let Err(e) = self.browser().await {
             return (Err(e), policy);
+        }
+        if self.session.pinned_tokens() == 0 {
+            let prefix = self.llm.prefix_text(self.standing_goal());
+            let session = &mut self.session;
+            if let Err(e) = crate::agent::blocking(|| session.pin(&prefix)) {
+                return (Err(e), policy);
+            }
         }
         let cancel = self.cancel.child_token();
         let timer = self.deadline.map(|d| {
