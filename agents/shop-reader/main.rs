@@ -30,7 +30,11 @@ async fn main() -> Result<()> {
         .context("building the agent")?;
 
     let home = agent.observe().await?;
-    println!("observe: {:?}, {} interactive elements", home.title, home.interactive().count());
+    println!(
+        "observe: {:?}, {} interactive elements",
+        home.title,
+        home.interactive().count()
+    );
 
     let action = agent.act("Open the catalogue").await?;
     let page = agent.observe().await?;

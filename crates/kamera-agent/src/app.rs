@@ -131,7 +131,9 @@ impl AgentBuilder {
         let mut allowed = self.origins.clone();
         allowed.extend(self.start_url.clone());
         if allowed.is_empty() && self.browser.is_none() {
-            return Err(bad("give a start_url or allow_origin: Chromium may visit nothing else".into()));
+            return Err(bad(
+                "give a start_url or allow_origin: Chromium may visit nothing else".into()
+            ));
         }
         let origins = Origins::new(&allowed).map_err(|e| bad(e.to_string()))?;
         let model = match (self.model, self.model_path) {
@@ -161,9 +163,7 @@ impl AgentBuilder {
             scenario,
             browser: self.browser,
             origins,
-            policy: self
-                .policy
-                .unwrap_or_else(|| Box::new(ModelPolicy::new(self.decoding))),
+            policy: self.policy.unwrap_or_else(|| Box::new(ModelPolicy::new(self.decoding))),
             env: Env {
                 origin,
                 start_url: self.start_url.unwrap_or_default(),

@@ -40,8 +40,8 @@ pub(crate) fn ms(t: std::time::Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1e3
 }
 
-pub use app::{Agent, AgentBuilder, History};
 pub use agent::{Env, OnStep, Parts, RunOptions, RunSummary, chunk_text, run_episode};
+pub use app::{Agent, AgentBuilder, History};
 pub use error::{Error, Result};
 pub use llm::{CallTimings, Llm, ModelCall, parse_action};
 pub use policy::{
