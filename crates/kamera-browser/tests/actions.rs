@@ -12,6 +12,7 @@ const PAGE: &str = r#"<html><head><title>Actions</title>
 <div role="tab" id="tab2">Second tab</div>
 <div id="handled">Handled box</div>
 <p id="plain">Just some words</p>
+<input id="name" placeholder="Name">
 <select id="sel"><option>Alice</option><option value="b">Bob</option><option>Carol</option></select>
 <label><input type="checkbox" id="cb">Remember me</label>
 <label><input type="radio" name="r" id="r1">Red</label>
@@ -75,6 +76,11 @@ async fn every_action_on_real_chromium() -> anyhow::Result<()> {
             obs.text
         );
     }
+    // Element state the model's action schema is built from.
+    let el = |h: &str| obs.by_html_id(h).unwrap_or_else(|| panic!("#{h}"));
+    assert_eq!(el("cb").checked, Some(false));
+    assert_eq!(el("sel").options, ["Alice", "Bob", "Carol"]);
+    assert!(el("name").editable && !el("cb").editable && !el("w1").editable);
     // A plain paragraph is not listed, but a text target finds it; a listed element wins a tie.
     let plain = obs.by_text("Just some words").expect("text target on a paragraph");
     assert!(!plain.interactive && plain.html_id == "plain", "{plain:?}");

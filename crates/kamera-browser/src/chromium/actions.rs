@@ -237,7 +237,16 @@ impl ChromiumBrowser {
         })
         .await?;
         for p in &pages {
-            if !self.tabs.contains(p.target_id()) {
+            if self.tabs.contains(p.target_id()) {
+                continue;
+            }
+            // Chromium's own pages (a new-tab page's helpers, devtools) are not tabs the user opened.
+            let url = with_timeout("switch_tab", self.cfg.timeout, async {
+                p.url().await.map_err(cdp("switch_tab"))
+            })
+            .await?
+            .unwrap_or_default();
+            if !url.starts_with("chrome") && !url.starts_with("devtools:") {
                 self.tabs.push(p.target_id().clone());
             }
         }
