@@ -1,5 +1,6 @@
 //! End to end on real Chromium with the embedded default model (SmolLM2-135M-Instruct): the
-//! local site's order-status flow, a MiniWoB++ task, record + replay, refused navigation.
+//! local site's order-status flow, MiniWoB++ tasks (the new actions among them), record + replay,
+//! refused navigation.
 //! Needs Debian's chromium: scripts/install-chromium.sh installs it.
 
 use std::path::Path;
@@ -46,6 +47,36 @@ async fn order_status_answers_through_recalled_chunks() -> Result<()> {
     assert!(r.session.evictions > 0 && r.session.relocations > 0, "{:?}", r.session);
     let m = last.model.as_ref().expect("the question went to the model");
     assert!(m.context_tokens > 200);
+    Ok(())
+}
+
+/// The new actions on MiniWoB++ pages, scripted: a link that is a span with a click handler
+/// (`text:` target), a `<select>`, checkboxes by their label text (check, uncheck, check), and a
+/// drag in a jQuery UI sortable. Each episode must end with a positive reward.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn miniwob_new_actions_scripted_reward() -> Result<()> {
+    require_chromium();
+    for (name, action, min) in [
+        ("miniwob-click-link", "click", 0.0),
+        ("miniwob-choose-list", "select", 0.0),
+        ("miniwob-click-checkboxes", "uncheck", 0.5),
+        ("miniwob-drag-items", "drag", 0.0),
+    ] {
+        let s = scenario(name);
+        let r = kamera_agent::run_scenario(&s, model(), &kamera_model::default_home(), RunConfig::default()).await?;
+        assert_eq!(r.end.error, None, "{name}: {:?}", r.end);
+        for st in &r.steps {
+            assert_eq!(st.result, StepResult::Ok, "{name} step {}: {}", st.step, st.result);
+        }
+        assert!(
+            r.actions().iter().any(|a| a.label().starts_with(action)),
+            "{name}: {:?}",
+            r.actions()
+        );
+        let reward = r.end.reward.unwrap_or_else(|| panic!("{name}: no reward: {:?}", r.end));
+        assert!(reward > min, "{name}: reward {reward}");
+        assert_eq!(r.end.success, Some(true), "{name}");
+    }
     Ok(())
 }
 
@@ -169,5 +200,60 @@ async fn model_policy_acts_validly_on_miniwob_click_test() -> Result<()> {
     }
     let reward = r.end.reward.expect("episode ended with a reward");
     assert!(reward > 0.0, "reward {reward}: {:?}", r.steps.last().map(|s| &s.action));
+    Ok(())
+}
+
+/// The builder API on real Chromium: a scripted policy answers order-status through the
+/// builder's agent; in the same session `act` takes one valid model step and a second task
+/// runs; a deadline ends a run with a typed error; a builder with nowhere to go is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn builder_api_runs_tasks_in_one_session() -> Result<()> {
+    use kamera_agent::{Agent, Error, ScriptedPolicy};
+    require_chromium();
+    let s = scenario("order-status");
+    let server =
+        kamera_browser::Server::start(kamera_browser::Content::Memory(kamera_agent::site::generate(7))).await?;
+    let mut agent = Agent::builder()
+        .task(&s.goal)
+        .start_url(server.url("/"))
+        .model(model())
+        .policy(ScriptedPolicy::new(s.steps.clone(), &server.origin()))
+        .budget(s.budget.clone())
+        .build()?;
+    let h = agent.run().await?;
+    assert_eq!(h.end.answer.as_deref(), Some("Awaiting pickup"), "{:?}", h.end);
+    let pages = agent.session().stats().new;
+    // One model step on the page the first task left: constrained, so a valid action.
+    let page = agent.observe().await?;
+    assert!(page.url.ends_with("/orders/A-1042"), "{}", page.url);
+    let action = agent.act("Open the orders list").await?;
+    assert!(kamera_agent::valid(&page, &action), "{action:?} on {}", page.text);
+    // A second task in the same session: pages seen before are not new again.
+    let again = agent.run_task("Open the orders list").await;
+    assert!(!matches!(again, Err(Error::Build { .. })), "{again:?}");
+    assert!(agent.session().stats().hits > 0, "{:?}", agent.session().stats());
+    assert!(agent.session().stats().new >= pages);
+    agent.close().await?;
+
+    let mut late = Agent::builder()
+        .task("Find anything")
+        .start_url(server.url("/"))
+        .model(model())
+        .deadline(std::time::Duration::from_millis(1))
+        .build()?;
+    let e = late.run().await.unwrap_err();
+    assert!(matches!(e, Error::Deadline { .. }), "{e}");
+    late.close().await?;
+
+    let e = Agent::builder()
+        .task("x")
+        .model(model())
+        .build()
+        .err()
+        .expect("no origin");
+    assert!(
+        matches!(e, Error::Build { .. }) && e.to_string().contains("start_url"),
+        "{e}"
+    );
     Ok(())
 }

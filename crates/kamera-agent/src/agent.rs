@@ -26,6 +26,7 @@ use crate::trace::{
 pub struct Env {
     /// Origin of the served site (resolves scripted `navigate = "/path"`).
     pub origin: String,
+    /// Where the run starts; empty: on the page the browser is on.
     pub start_url: String,
 }
 
@@ -66,8 +67,9 @@ impl RunSummary {
     }
 }
 
-/// What a run drives: the page, the decisions, the context.
-pub struct Agent<'a> {
+/// What a run drives: the page, the decisions, the context (the builder API's [`crate::Agent`]
+/// owns them; this borrows them for one run).
+pub struct Parts<'a> {
     pub browser: &'a mut dyn Browser,
     pub policy: &'a mut dyn Policy,
     pub session: &'a mut Session,
@@ -83,7 +85,7 @@ pub fn chunk_text(obs: &Observation, origin: &str) -> String {
 /// cancellation. A refused navigation or a vanished element is recorded and the run goes on; a
 /// fatal error (the browser died, the policy failed, cancellation) ends the run with the trace's
 /// end line saying why and is returned as the `Err`.
-pub async fn run_episode(agent: Agent<'_>, scenario: &Scenario, env: &Env, opts: RunOptions) -> Result<RunSummary> {
+pub async fn run_episode(agent: Parts<'_>, scenario: &Scenario, env: &Env, opts: RunOptions) -> Result<RunSummary> {
     let mut run = Run {
         replay: agent.browser.is_replay(),
         llm: Llm::new(agent.session.model().clone()),
@@ -106,7 +108,7 @@ pub async fn run_episode(agent: Agent<'_>, scenario: &Scenario, env: &Env, opts:
 }
 
 struct Run<'a, 's> {
-    agent: Agent<'a>,
+    agent: Parts<'a>,
     llm: Llm,
     scenario: &'s Scenario,
     env: &'s Env,
@@ -119,7 +121,7 @@ struct Run<'a, 's> {
     t0: Instant,
 }
 
-fn blocking<T>(f: impl FnOnce() -> T) -> T {
+pub(crate) fn blocking<T>(f: impl FnOnce() -> T) -> T {
     match tokio::runtime::Handle::try_current() {
         Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
         _ => f(),
@@ -170,10 +172,15 @@ impl Run<'_, '_> {
                 started_unix_ms: now_ms(),
             }))?;
         }
-        let prefix = self.llm.prefix_text(&self.scenario.goal);
-        let session = &mut *self.agent.session;
-        blocking(|| session.pin(&prefix))?;
-        if !self.replay {
+        // A session that works several tasks keeps the prefix it pinned first (pages follow it);
+        // each model call's instruction names the current goal.
+        if self.agent.session.pinned_tokens() == 0 {
+            let prefix = self.llm.prefix_text(&self.scenario.goal);
+            let session = &mut *self.agent.session;
+            blocking(|| session.pin(&prefix))?;
+        }
+        // An empty start URL continues on the current page (a session's next task).
+        if !self.replay && !self.env.start_url.is_empty() {
             self.agent.browser.navigate(&self.env.start_url).await?;
             if let Some(mw) = &self.scenario.miniwob {
                 self.agent
@@ -339,6 +346,10 @@ impl Run<'_, '_> {
             }
             Err(e @ kamera_browser::Error::NoElement { .. }) => {
                 record.result = StepResult::NoElement { detail: e.to_string() };
+            }
+            Err(e @ kamera_browser::Error::Target { .. }) => {
+                tracing::info!(step = record.step, error = %e, "action target");
+                record.result = StepResult::Target { detail: e.to_string() };
             }
             Err(e) => {
                 record.result = StepResult::Failed { error: e.to_string() };

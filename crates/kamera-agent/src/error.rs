@@ -58,6 +58,19 @@ pub enum Error {
     },
     #[error("cancelled")]
     Cancelled,
+    /// A run went past the agent's deadline (checked between steps).
+    #[error("deadline passed after {after_ms} ms")]
+    Deadline { after_ms: u64 },
+    /// An agent that cannot be built as configured.
+    #[error("agent: {detail}")]
+    Build { detail: String },
+    /// The model's reply to an extraction is not a `type_name`.
+    #[error("extract {type_name}: {detail}; the model wrote {output:?}")]
+    Extract {
+        type_name: &'static str,
+        detail: String,
+        output: String,
+    },
 }
 
 /// `Result` with [`Error`].

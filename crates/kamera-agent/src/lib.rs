@@ -1,27 +1,47 @@
-//! kamera-agent: the Kamera agent runtime. A [`Session`] owns the model, the chunk store
-//! (canonical KV and patches, content-addressed by kamera-store ids), one kamera-sched window and
-//! the model's live context; each step the agent observes the page, the session meets its chunk
-//! (hit: nothing moves; new: prefilled in place and alone; recalled or found in the store:
-//! relocated + patched, never prefilled again), brings back chunks relevant to a coming question,
-//! and the policy acts over the live context.
-//!
-//! Pages become chunks through their compact page text (the screenshot's sha256 joins the id).
+//! kamera-agent: the Kamera agent runtime. Apps embed it through [`Agent::builder`]: an
+//! [`Agent`] keeps its browser, model, chunk store and context window across tasks, runs a task
+//! to a typed [`History`], or takes one step (`act`, `observe`, `extract`). Underneath, a
+//! [`Session`] owns the model, the chunk store (canonical KV and patches, content-addressed by
+//! kamera-store ids), one kamera-sched window and the model's live context; each step the agent
+//! observes the page, the session meets its chunk (hit: nothing moves; new: prefilled in place
+//! and alone; recalled or found in the store: relocated + patched, never prefilled again), and
+//! the policy acts over the live context. The model policy decodes under the page's
+//! [`ActionSchema`], so its reply is always an action the page can take.
 //!
 //! ```
-//! use kamera_agent::{Scenario, Step};
-//! let s = Scenario::parse(r#"
+//! use kamera_agent::{ActionSchema, Fit, LEAD, Scenario, Step};
+//! use kamera_browser::{Action, Observation};
+//! // A page with a button and a text field: the actions it allows, as the model's JSON reply.
+//! let page: Observation = serde_json::from_value(serde_json::json!({
+//!     "url": "http://127.0.0.1/", "title": "t", "text": "",
+//!     "elements": [{"id": 1, "tag": "button", "text": "Go", "x": 5, "y": 5},
+//!                  {"id": 2, "tag": "input", "text": "", "editable": true, "x": 5, "y": 20}]
+//! })).unwrap();
+//! let schema = ActionSchema::for_page(&page);
+//! assert_eq!(schema.fit(&format!("{LEAD}click\", \"id\": 1}}")), Fit::Complete);
+//! assert_eq!(schema.fit(&format!("{LEAD}click\", \"id\": 7")), Fit::Dead); // no element 7
+//! assert_eq!(schema.fit(&format!("{LEAD}type\", \"id\": 1")), Fit::Dead); // a button takes no text
+//! assert_eq!(
+//!     schema.action(&format!("{LEAD}type\", \"id\": 2, \"text\": \"hi\"}}")),
+//!     Some(Action::Type { id: Some(2), text: "hi".into() })
+//! );
+//!
+//! // Scenario files are checked into typed steps.
+//! let s = Scenario::parse(r##"
 //!     name = "demo"
-//!     goal = "Open the orders page"
+//!     goal = "Choose Bob"
 //!     [site]
 //!     seed = 7
 //!     [[steps]]
-//!     click = "text:Orders"
-//! "#, "demo.toml".as_ref()).unwrap();
-//! assert_eq!(s.steps, [Step::Click { target: "text:Orders".into() }]);
+//!     select = "#who"
+//!     option = "Bob"
+//! "##, "demo.toml".as_ref()).unwrap();
+//! assert_eq!(s.steps, [Step::Select { target: "#who".into(), option: "Bob".into() }]);
 //! assert!(Scenario::parse("name = \"x\"\ngoal = \"g\"\n[site]\nseed = 1\n[[steps]]\nback = false\n", "x.toml".as_ref()).is_err());
 //! ```
 
 mod agent;
+mod app;
 mod error;
 mod llm;
 pub mod miniwob;
@@ -30,6 +50,7 @@ pub mod report;
 mod run;
 mod runtime;
 mod scenario;
+mod schema;
 pub mod site;
 mod trace;
 
@@ -38,13 +59,19 @@ pub(crate) fn ms(t: std::time::Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1e3
 }
 
-pub use agent::{Agent, Env, OnStep, RunOptions, RunSummary, chunk_text, run_episode};
+pub use agent::{Env, OnStep, Parts, RunOptions, RunSummary, chunk_text, run_episode};
+pub use app::{Agent, AgentBuilder, History};
 pub use error::{Error, Result};
 pub use llm::{CallTimings, Llm, ModelCall, parse_action};
-pub use policy::{ACTION_GRAMMAR, Decision, Mind, ModelPolicy, Policy, ScriptedPolicy, resolve_target};
+pub use policy::{
+    ACTION_GRAMMAR, Decision, Decoding, Mind, ModelPolicy, Policy, ScriptedPolicy, resolve_target, valid,
+};
 pub use run::{ReplayReport, RunConfig, Served, default_model, policy_for, replay, run_scenario, serve, session_for};
 pub use runtime::{Applied, ApplyTimings, Relevance, Session, SessionConfig, SessionStats};
-pub use scenario::{Budget, MiniWobSpec, Observe, PolicyKind, Scenario, SiteSpec, Step, Success, resolve};
+pub use scenario::{
+    Budget, DEFAULT_WAIT_MS, MiniWobSpec, Observe, PolicyKind, Scenario, SiteSpec, Step, Success, resolve,
+};
+pub use schema::{ActionSchema, Fit, LEAD, Template};
 pub use trace::{
     EndRecord, Header, Line, ObsRecord, StepRecord, StepResult, StepTimings, TRACE_VERSION, Trace, TraceWriter,
     devtools_recorder, sha256_hex,

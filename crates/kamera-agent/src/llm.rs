@@ -11,6 +11,7 @@ use kamera_model::{Context, Input, Model, PrefillOptions};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result, model};
+use crate::schema::{ActionSchema, Fit, LEAD};
 
 /// Timings of one model call, in milliseconds.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -43,6 +44,8 @@ pub struct ModelCall {
 /// The embedded model plus the chat framing the agent uses.
 pub struct Llm {
     model: Arc<Model>,
+    /// Each token's text, for constrained decoding (built at first use).
+    pieces: std::sync::OnceLock<Vec<String>>,
 }
 
 /// Tokens of `text` under `model`'s tokenizer, with BOS when `bos`.
@@ -59,7 +62,108 @@ fn log_softmax_at(logits: &[f32], id: u32) -> f32 {
 
 impl Llm {
     pub fn new(model: Arc<Model>) -> Llm {
-        Llm { model }
+        Llm {
+            model,
+            pieces: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Each token's text; control tokens and partial UTF-8 are empty (never chosen).
+    fn pieces(&self) -> &[String] {
+        self.pieces.get_or_init(|| {
+            let t = self.model.tokenizer();
+            (0..t.vocab_size() as u32)
+                .map(|id| match t.decode(&[id], true) {
+                    Ok(p) if !t.is_control(id) && !p.contains('\u{fffd}') => p,
+                    _ => String::new(),
+                })
+                .collect()
+        })
+    }
+
+    /// Greedy decoding held to `schema` after `instruction` with the reply started by
+    /// [`LEAD`]: at each step the most likely token that keeps the reply a prefix of one of the
+    /// page's valid actions (a token mask), until the reply is a complete action. When
+    /// `max_new` tokens run out first, the reply is closed by its shortest completion. The
+    /// output is always a complete action of the schema.
+    pub fn generate_constrained(
+        &self,
+        ctx: &mut Context,
+        instruction: &str,
+        schema: &ActionSchema,
+        max_new: usize,
+    ) -> Result<ModelCall> {
+        let base = ctx.len();
+        let r = self.constrained_on(ctx, instruction, schema, max_new);
+        ctx.truncate(base);
+        r
+    }
+
+    fn constrained_on(
+        &self,
+        gctx: &mut Context,
+        instruction: &str,
+        schema: &ActionSchema,
+        max_new: usize,
+    ) -> Result<ModelCall> {
+        let pieces = self.pieces();
+        let context_tokens = gctx.len();
+        let prompt = format!("{}{LEAD}", self.close_turn(instruction));
+        let ptoks = self.tokens(&prompt, false)?;
+        let t1 = Instant::now();
+        let mut step = self.model.extend(&ptoks, gctx).map_err(model("prefill"))?;
+        let prefill_ms = ms(t1);
+        let t2 = Instant::now();
+        let mut reply = LEAD.to_string();
+        let mut out = Vec::new();
+        let mut order: Vec<u32> = Vec::new();
+        while schema.fit(&reply) != Fit::Complete {
+            if out.len() >= max_new {
+                reply = schema.close(&reply).ok_or_else(|| Error::Policy {
+                    tries: 1,
+                    last: reply.clone(),
+                })?;
+                break;
+            }
+            // The argmax first (usually allowed), then the rest in order of likelihood.
+            let best = kamera_model::argmax(&step.logits);
+            let allowed = |id: u32| {
+                let p = &pieces[id as usize];
+                !p.is_empty() && schema.fit(&format!("{reply}{p}")) != Fit::Dead
+            };
+            let next = if allowed(best) {
+                Some(best)
+            } else {
+                if order.len() != step.logits.len() {
+                    order = (0..step.logits.len() as u32).collect();
+                }
+                let logits = &step.logits;
+                order.sort_unstable_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
+                order.iter().copied().find(|&id| allowed(id))
+            };
+            let Some(next) = next else {
+                return Err(Error::Policy { tries: 1, last: reply });
+            };
+            reply.push_str(&pieces[next as usize]);
+            out.push(next);
+            if schema.fit(&reply) == Fit::Complete {
+                break;
+            }
+            step = self.model.extend(&[next], gctx).map_err(model("decode"))?;
+        }
+        Ok(ModelCall {
+            context_tokens,
+            prompt_tokens: ptoks.len(),
+            prompt,
+            output: reply,
+            output_tokens: out,
+            scores: Vec::new(),
+            timings: CallTimings {
+                reuse_ms: 0.0,
+                prefill_ms,
+                decode_ms: ms(t2),
+            },
+        })
     }
 
     pub fn model(&self) -> &Model {

@@ -9,6 +9,8 @@ use std::collections::HashMap;
 use crate::error::{Error, Result};
 use crate::llm::{Llm, ModelCall, parse_action};
 use crate::scenario::Step;
+use crate::schema::{ActionSchema, LEAD, MAX_FREE_CHARS, Template};
+use serde::{Deserialize, Serialize};
 
 /// What a policy sees of the model: the window's live context (the session's chunks, placed by
 /// the scheduler) and the goal. Model calls append their prompt to it and cut it off again.
@@ -154,6 +156,23 @@ impl Policy for ScriptedPolicy {
                         text: self.subst(&text),
                     }
                 }
+                Step::Select { target: t, option } => Action::Select {
+                    id: target(&t)?,
+                    option: self.subst(&option),
+                },
+                Step::Check { target: t } => Action::Check { id: target(&t)? },
+                Step::Uncheck { target: t } => Action::Uncheck { id: target(&t)? },
+                Step::Hover { target: t } => Action::Hover { id: target(&t)? },
+                Step::Drag { from, to } => Action::Drag {
+                    from: target(&from)?,
+                    to: target(&to)?,
+                },
+                Step::ScrollTo { target: t } => Action::ScrollTo { id: target(&t)? },
+                Step::SwitchTab { index } => Action::SwitchTab { index },
+                Step::WaitFor { target: t, ms } => Action::WaitFor {
+                    target: self.subst(&t),
+                    ms,
+                },
                 Step::Key { key } => Action::Key { key },
                 Step::Navigate { url } => {
                     let u = self.subst(&url);
@@ -173,102 +192,74 @@ impl Policy for ScriptedPolicy {
     }
 }
 
-/// Asks the model for each action: first as free JSON (greedy, then `retries` seeded samples);
-/// when no reply names a valid action, the model ranks every valid action of the page
-/// (`click` / `type` into each element, `key Enter`, `back`, `scroll`, `done`) by mean token
-/// log-likelihood after the same prompt, and writes the text of a chosen `type` or `done`.
-/// An action already taken on a page that has not changed since (it did nothing) is not taken
-/// again.
+/// How the model policy turns the model's reply into an action.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Decoding {
+    /// Greedy decoding under a token mask from the page's [`ActionSchema`]: every reply is a
+    /// valid action by construction.
+    #[default]
+    Constrained,
+    /// The page's valid actions ranked by mean token log-likelihood after the prompt; the text
+    /// of a chosen `type` or `done` is written greedily after it.
+    Ranked,
+    /// Free JSON (greedy, then `retries` seeded samples); when no reply is a valid action, ranked.
+    Free,
+}
+
+/// Asks the model for each action over the window's live context, as [`Decoding`] says
+/// (constrained decoding by default). An action already taken on a page that has not changed
+/// since (it did nothing) is not offered again.
 #[derive(Debug, Clone, Default)]
 pub struct ModelPolicy {
-    /// Extra free-form attempts after the first (greedy) one; retries sample with fixed seeds.
+    pub decoding: Decoding,
+    /// With [`Decoding::Free`]: extra attempts after the first (greedy) one, sampled with fixed seeds.
     pub retries: usize,
     /// The page (url, text) of the last step and the actions taken on it since it last changed.
     page: Option<(String, String)>,
     tried: Vec<Action>,
 }
 
-/// The action grammar shown to the model.
-pub const ACTION_GRAMMAR: &str = r#"Reply with exactly one JSON object and nothing else, one of:
-{"action":"click","id":N}
-{"action":"type","id":N,"text":"..."}
-{"action":"key","key":"Enter"}
-{"action":"scroll","dy":300}
-{"action":"back"}
-{"action":"done","answer":"..."}
-N is the number in brackets before an element on the current page."#;
+pub use crate::schema::ACTION_GRAMMAR;
 
-/// The reply is started as a JSON object so the model only has to fill it in.
-const LEAD: &str = "{\"action\": \"";
-
-/// A valid action of the page, as the rest of the JSON reply after [`LEAD`].
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Candidate {
-    Click(u32),
-    /// Type into an input; the text is generated after the choice.
-    Type(u32),
-    Enter,
-    Back,
-    Scroll,
-    /// Finish; the answer is generated after the choice.
-    Done,
-}
-
-impl Candidate {
-    /// Every action the page allows: inputs and text areas take `type`, every element `click`.
-    fn all(obs: &Observation) -> Vec<Candidate> {
-        let mut v = Vec::new();
-        for e in &obs.elements {
-            if matches!(e.tag.as_str(), "input" | "textarea") {
-                v.push(Candidate::Type(e.id));
-            }
-            v.push(Candidate::Click(e.id));
-        }
-        v.extend([Candidate::Enter, Candidate::Back, Candidate::Scroll, Candidate::Done]);
-        v
-    }
-
-    /// The JSON after [`LEAD`]; `type` and `done` stop at the opening quote of their text.
-    fn continuation(self) -> String {
-        match self {
-            Candidate::Click(id) => format!("click\", \"id\": {id}}}"),
-            Candidate::Type(id) => format!("type\", \"id\": {id}, \"text\": \""),
-            Candidate::Enter => "key\", \"key\": \"Enter\"}".into(),
-            Candidate::Back => "back\"}".into(),
-            Candidate::Scroll => "scroll\", \"dy\": 300}".into(),
-            Candidate::Done => "done\", \"answer\": \"".into(),
-        }
-    }
-
-    /// The action, with `text` for `type` and `done`.
-    fn action(self, text: String) -> Action {
-        match self {
-            Candidate::Click(id) => Action::Click { id },
-            Candidate::Type(id) => Action::Type { id: Some(id), text },
-            Candidate::Enter => Action::Key { key: "Enter".into() },
-            Candidate::Back => Action::Back,
-            Candidate::Scroll => Action::Scroll { dy: 300.0 },
-            Candidate::Done => Action::Done { answer: text },
-        }
-    }
-}
-
-/// Whether `action` is one the page can take (elements exist; no navigation off the page).
-fn valid(obs: &Observation, action: &Action) -> bool {
-    match action {
-        Action::Click { id } | Action::Type { id: Some(id), .. } => obs.element(*id).is_some(),
-        Action::Navigate { .. } | Action::ClickXy { .. } => false,
-        _ => true,
-    }
+/// Whether `action` is one the page can take: a complete action of the page's schema.
+pub fn valid(obs: &Observation, action: &Action) -> bool {
+    ActionSchema::for_page(obs).allows(action)
 }
 
 impl ModelPolicy {
-    /// A model policy with `retries` extra free-form attempts per step.
+    /// The instruction after the window's pages: the current page, the goal, the grammar.
+    pub fn instruction(obs: &Observation, goal: &str) -> String {
+        format!(
+            "Current page: {} ({}).\nGoal: {goal}\n{ACTION_GRAMMAR}",
+            obs.title, obs.url
+        )
+    }
+
+    /// A model policy that decodes as `decoding` says.
+    pub fn new(decoding: Decoding) -> ModelPolicy {
+        ModelPolicy {
+            decoding,
+            ..ModelPolicy::default()
+        }
+    }
+
+    /// A free-JSON model policy with `retries` extra attempts per step.
     pub fn with_retries(retries: usize) -> ModelPolicy {
         ModelPolicy {
+            decoding: Decoding::Free,
             retries,
             ..ModelPolicy::default()
         }
+    }
+
+    /// The page's schema without the actions already taken on it while it stayed the same.
+    fn schema(&self, obs: &Observation) -> ActionSchema {
+        let mut schema = ActionSchema::for_page(obs);
+        schema
+            .templates
+            .retain(|t| t.tail.is_some() || crate::llm::parse_action(&t.head).map_or(true, |a| !self.stale(&a)));
+        schema
     }
 
     /// Whether `action` was already taken on this unchanged page (text actions may be retried).
@@ -278,11 +269,9 @@ impl ModelPolicy {
 
     /// The page's valid action the model finds most likely, with generated text where it has one.
     fn ranked(&self, obs: &Observation, mind: &mut Mind<'_>, instruction: &str) -> Result<Decision> {
-        let cands: Vec<Candidate> = Candidate::all(obs)
-            .into_iter()
-            .filter(|c| !self.stale(&c.action(String::new())))
-            .collect();
-        let texts: Vec<String> = cands.iter().map(|c| c.continuation()).collect();
+        let schema = self.schema(obs);
+        let cands: Vec<&Template> = schema.templates.iter().filter(|t| t.ranked).collect();
+        let texts: Vec<String> = cands.iter().map(|t| t.head[LEAD.len()..].to_string()).collect();
         let mut call = mind.llm.rank(mind.ctx, instruction, LEAD, &texts)?;
         let best = call.output.strip_prefix(LEAD).unwrap_or_default().to_string();
         let Some(choice) = cands.iter().zip(&texts).find(|(_, t)| **t == best).map(|(c, _)| *c) else {
@@ -291,22 +280,50 @@ impl ModelPolicy {
                 last: call.output,
             });
         };
-        let mut text = String::new();
-        if matches!(choice, Candidate::Type(_) | Candidate::Done) {
+        let mut reply = choice.head.clone();
+        if let Some(tail) = &choice.tail {
             // The text, greedily, up to its closing quote.
-            let lead = format!("{LEAD}{best}");
-            let written_call = mind
-                .llm
-                .generate_after(mind.ctx, instruction, &lead, mind.max_new_tokens.max(16), 0)?;
-            let written = written_call.output.strip_prefix(&lead).unwrap_or(&written_call.output);
-            text = written.split('"').next().unwrap_or_default().trim().to_string();
-            call.output = format!("{lead}{text}\"}}");
+            let written_call =
+                mind.llm
+                    .generate_after(mind.ctx, instruction, &reply, mind.max_new_tokens.max(16), 0)?;
+            let written = written_call.output.strip_prefix(&reply).unwrap_or(&written_call.output);
+            let text: String = written
+                .split('"')
+                .next()
+                .unwrap_or_default()
+                .chars()
+                .filter(|c| *c != '\\' && !c.is_control())
+                .take(MAX_FREE_CHARS)
+                .collect();
+            let text = text.trim();
+            reply = format!("{reply}{}{tail}", if text.is_empty() { "-" } else { text });
             call.output_tokens.extend(written_call.output_tokens.iter().copied());
             call.timings.decode_ms +=
                 written_call.timings.prefill_ms + written_call.timings.decode_ms + written_call.timings.reuse_ms;
         }
+        call.output = reply;
+        let action = schema.action(&call.output).ok_or_else(|| Error::Policy {
+            tries: 1,
+            last: call.output.clone(),
+        })?;
         Ok(Decision {
-            action: choice.action(text),
+            action,
+            model: Some(call),
+        })
+    }
+
+    /// Constrained decoding over the page's schema.
+    fn constrained(&self, obs: &Observation, mind: &mut Mind<'_>, instruction: &str) -> Result<Decision> {
+        let schema = self.schema(obs);
+        let call = mind
+            .llm
+            .generate_constrained(mind.ctx, instruction, &schema, mind.max_new_tokens.max(24))?;
+        let action = schema.action(&call.output).ok_or_else(|| Error::Policy {
+            tries: 1,
+            last: call.output.clone(),
+        })?;
+        Ok(Decision {
+            action,
             model: Some(call),
         })
     }
@@ -314,16 +331,17 @@ impl ModelPolicy {
 
 impl Policy for ModelPolicy {
     fn next(&mut self, _step: usize, obs: &Observation, mind: &mut Mind<'_>) -> Result<Decision> {
-        let instruction = format!(
-            "Current page: {} ({}).\nGoal: {}\n{ACTION_GRAMMAR}",
-            obs.title, obs.url, mind.goal
-        );
+        let instruction = ModelPolicy::instruction(obs, mind.goal);
         let page = (obs.url.clone(), obs.text.clone());
         if self.page.as_ref() != Some(&page) {
             self.page = Some(page);
             self.tried.clear();
         }
-        let decision = self.free_or_ranked(obs, mind, &instruction)?;
+        let decision = match self.decoding {
+            Decoding::Constrained => self.constrained(obs, mind, &instruction)?,
+            Decoding::Ranked => self.ranked(obs, mind, &instruction)?,
+            Decoding::Free => self.free_or_ranked(obs, mind, &instruction)?,
+        };
         self.tried.push(decision.action.clone());
         Ok(decision)
     }
@@ -354,28 +372,43 @@ impl ModelPolicy {
 mod tests {
     use super::*;
 
-    /// Every candidate's JSON, completed with its text, parses back to the same action.
+    /// What the old grammar allowed stays valid; what the page lacks is not.
     #[test]
-    fn candidates_are_grammar_actions() {
+    fn validity_is_the_schema() {
         let obs: Observation = serde_json::from_value(serde_json::json!({
             "url": "http://127.0.0.1/", "title": "t", "text": "",
             "elements": [
                 {"id": 1, "tag": "button", "text": "Go", "x": 1.0, "y": 1.0},
-                {"id": 2, "tag": "input", "text": "", "x": 1.0, "y": 1.0}
-            ],
-            "screenshot_png": []
+                {"id": 2, "tag": "input", "text": "", "editable": true, "x": 1.0, "y": 1.0}
+            ]
         }))
         .expect("observation");
-        let cands = Candidate::all(&obs);
-        assert_eq!(cands.len(), 7, "{cands:?}");
-        for c in cands {
-            let mut json = format!("{LEAD}{}", c.continuation());
-            if matches!(c, Candidate::Type(_) | Candidate::Done) {
-                json.push_str("hi\"}");
-            }
-            let parsed = parse_action(&json).unwrap_or_else(|e| panic!("{json}: {e}"));
-            assert_eq!(parsed, c.action("hi".into()), "{json}");
-            assert!(valid(&obs, &parsed));
+        for a in [
+            Action::Click { id: 1 },
+            Action::Type {
+                id: Some(2),
+                text: "hi".into(),
+            },
+            Action::Key { key: "Enter".into() },
+            Action::Scroll { dy: 300.0 },
+            Action::Back,
+            Action::Done { answer: "x".into() },
+            Action::Drag { from: 1, to: 2 },
+        ] {
+            assert!(valid(&obs, &a), "{a:?}");
+        }
+        for a in [
+            Action::Click { id: 3 },
+            Action::Type {
+                id: Some(1),
+                text: "hi".into(),
+            },
+            Action::Check { id: 2 },
+            Action::Navigate {
+                url: "http://x/".into(),
+            },
+        ] {
+            assert!(!valid(&obs, &a), "{a:?}");
         }
     }
 

@@ -14,7 +14,7 @@ use kamera_store::{ChunkStore, MemStore};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use crate::agent::{Agent, Env, RunOptions, RunSummary, run_episode};
+use crate::agent::{Env, Parts, RunOptions, RunSummary, run_episode};
 use crate::error::{Error, Result, model};
 use crate::policy::{ModelPolicy, Policy, ScriptedPolicy};
 use crate::runtime::{Session, SessionConfig};
@@ -78,7 +78,7 @@ pub fn default_model(home: &Path) -> Result<Arc<Model>> {
 pub fn policy_for(scenario: &Scenario, origin: &str) -> Box<dyn Policy> {
     match scenario.policy {
         PolicyKind::Scripted => Box::new(ScriptedPolicy::new(scenario.steps.clone(), origin)),
-        PolicyKind::Model => Box::new(ModelPolicy::default()),
+        PolicyKind::Model => Box::new(ModelPolicy::new(scenario.decoding)),
     }
 }
 
@@ -129,7 +129,7 @@ pub async fn run_scenario(scenario: &Scenario, model: Arc<Model>, home: &Path, c
         recorded_end: None,
         baseline: cfg.baseline,
     };
-    let agent = Agent {
+    let agent = Parts {
         browser: &mut browser,
         policy: policy.as_mut(),
         session: &mut session,
@@ -194,7 +194,7 @@ pub async fn replay(dir: &Path, model: Arc<Model>) -> Result<ReplayReport> {
         recorded_end: trace.end.clone(),
         ..Default::default()
     };
-    let agent = Agent {
+    let agent = Parts {
         browser: &mut browser,
         policy: policy.as_mut(),
         session: &mut session,

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::policy::Decoding;
 
 /// A scripted or autonomous web task.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -22,6 +23,10 @@ pub struct Scenario {
     /// `scripted` (follow `steps`, ask the model only the scenario's questions) or `model`.
     #[serde(default)]
     pub policy: PolicyKind,
+    /// How the model policy decodes an action: `constrained` (default: a token mask keeps every
+    /// reply a valid action of the page), `ranked` (likelihood of each valid action) or `free`.
+    #[serde(default)]
+    pub decoding: Decoding,
     /// The local test site, generated from a seed.
     #[serde(default)]
     pub site: Option<SiteSpec>,
@@ -152,8 +157,10 @@ impl Default for Budget {
 }
 
 /// One scripted step. In a scenario file it is a table with exactly one action key
-/// (`click`, `type` with optional `into`, `key`, `navigate`, `back = true`, `scroll`, `wait_ms`,
-/// `remember` with `regex`, `ask` with optional `choices`).
+/// (`click`, `type` with optional `into`, `select` with `option`, `check`, `uncheck`, `hover`,
+/// `drag` with `to`, `scroll_to`, `switch_tab`, `wait_for` with optional `timeout_ms`, `key`,
+/// `navigate`, `back = true`, `scroll`, `wait_ms`, `remember` with `regex`, `ask` with optional
+/// `choices`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(try_from = "RawStep", into = "RawStep")]
 pub enum Step {
@@ -165,6 +172,41 @@ pub enum Step {
     Type {
         text: String,
         into: Option<String>,
+    },
+    /// Choose `option` (its text or value) in the select matching `target`.
+    Select {
+        target: String,
+        option: String,
+    },
+    /// Check the checkbox, radio button or switch matching `target` (or labelled by it).
+    Check {
+        target: String,
+    },
+    /// Uncheck the checkbox or switch matching `target`.
+    Uncheck {
+        target: String,
+    },
+    /// Move the mouse over the element matching `target`.
+    Hover {
+        target: String,
+    },
+    /// Drag the element matching `from` onto the one matching `to`.
+    Drag {
+        from: String,
+        to: String,
+    },
+    /// Scroll the element matching `target` into view.
+    ScrollTo {
+        target: String,
+    },
+    /// Drive tab `index` (0 is the first, in order of opening) from now on.
+    SwitchTab {
+        index: usize,
+    },
+    /// Wait until a visible element matches `target` (`#html-id`, `text:...`), at most `ms`.
+    WaitFor {
+        target: String,
+        ms: u64,
     },
     /// Press a key (`Enter`, `Tab`, ...).
     Key {
@@ -194,6 +236,9 @@ pub enum Step {
     },
 }
 
+/// How long a `wait_for` step waits when it names no `timeout_ms`.
+pub const DEFAULT_WAIT_MS: u64 = 5000;
+
 /// A step as written in TOML: a bag of optional keys, checked into a [`Step`].
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -204,6 +249,28 @@ struct RawStep {
     r#type: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     into: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    select: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    option: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    check: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    uncheck: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    hover: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    drag: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    to: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    scroll_to: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    switch_tab: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    wait_for: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    timeout_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     key: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -230,6 +297,14 @@ impl TryFrom<RawStep> for Step {
         let keys = [
             ("click", r.click.is_some()),
             ("type", r.r#type.is_some()),
+            ("select", r.select.is_some()),
+            ("check", r.check.is_some()),
+            ("uncheck", r.uncheck.is_some()),
+            ("hover", r.hover.is_some()),
+            ("drag", r.drag.is_some()),
+            ("scroll_to", r.scroll_to.is_some()),
+            ("switch_tab", r.switch_tab.is_some()),
+            ("wait_for", r.wait_for.is_some()),
             ("key", r.key.is_some()),
             ("navigate", r.navigate.is_some()),
             ("back", r.back.is_some()),
@@ -241,7 +316,8 @@ impl TryFrom<RawStep> for Step {
         let set: Vec<&str> = keys.iter().filter(|k| k.1).map(|k| k.0).collect();
         if set.len() != 1 {
             return Err(format!(
-                "a step needs exactly one of click, type, key, navigate, back, scroll, wait_ms, remember, ask (found {})",
+                "a step needs exactly one of {} (found {})",
+                keys.iter().map(|k| k.0).collect::<Vec<_>>().join(", "),
                 if set.is_empty() {
                     "none".to_string()
                 } else {
@@ -259,6 +335,9 @@ impl TryFrom<RawStep> for Step {
         only("into", r.into.is_none() || r.r#type.is_some())?;
         only("regex", r.regex.is_none() || r.remember.is_some())?;
         only("choices", r.choices.is_empty() || r.ask.is_some())?;
+        only("option", r.option.is_none() || r.select.is_some())?;
+        only("to", r.to.is_none() || r.drag.is_some())?;
+        only("timeout_ms", r.timeout_ms.is_none() || r.wait_for.is_some())?;
         Ok(match r {
             RawStep {
                 click: Some(target), ..
@@ -268,6 +347,45 @@ impl TryFrom<RawStep> for Step {
                 into,
                 ..
             } => Step::Type { text, into },
+            RawStep {
+                select: Some(target),
+                option,
+                ..
+            } => Step::Select {
+                option: option.ok_or_else(|| format!("`select = {target:?}` needs an `option`"))?,
+                target,
+            },
+            RawStep {
+                check: Some(target), ..
+            } => Step::Check { target },
+            RawStep {
+                uncheck: Some(target), ..
+            } => Step::Uncheck { target },
+            RawStep {
+                hover: Some(target), ..
+            } => Step::Hover { target },
+            RawStep {
+                drag: Some(from), to, ..
+            } => Step::Drag {
+                to: to.ok_or_else(|| format!("`drag = {from:?}` needs a `to` target"))?,
+                from,
+            },
+            RawStep {
+                scroll_to: Some(target),
+                ..
+            } => Step::ScrollTo { target },
+            RawStep {
+                switch_tab: Some(index),
+                ..
+            } => Step::SwitchTab { index },
+            RawStep {
+                wait_for: Some(target),
+                timeout_ms,
+                ..
+            } => Step::WaitFor {
+                target,
+                ms: timeout_ms.unwrap_or(DEFAULT_WAIT_MS),
+            },
             RawStep { key: Some(key), .. } => Step::Key { key },
             RawStep {
                 navigate: Some(url), ..
@@ -304,6 +422,14 @@ impl From<Step> for RawStep {
         match s {
             Step::Click { target } => r.click = Some(target),
             Step::Type { text, into } => (r.r#type, r.into) = (Some(text), into),
+            Step::Select { target, option } => (r.select, r.option) = (Some(target), Some(option)),
+            Step::Check { target } => r.check = Some(target),
+            Step::Uncheck { target } => r.uncheck = Some(target),
+            Step::Hover { target } => r.hover = Some(target),
+            Step::Drag { from, to } => (r.drag, r.to) = (Some(from), Some(to)),
+            Step::ScrollTo { target } => r.scroll_to = Some(target),
+            Step::SwitchTab { index } => r.switch_tab = Some(index),
+            Step::WaitFor { target, ms } => (r.wait_for, r.timeout_ms) = (Some(target), Some(ms)),
             Step::Key { key } => r.key = Some(key),
             Step::Navigate { url } => r.navigate = Some(url),
             Step::Back => r.back = Some(true),

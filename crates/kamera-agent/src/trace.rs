@@ -103,6 +103,9 @@ pub enum StepResult {
     Refused { detail: String },
     /// The action's element is gone (the run goes on).
     NoElement { detail: String },
+    /// The action's element cannot take it: hidden, disabled, of the wrong kind, or a waited-for
+    /// target that never appeared (the run goes on).
+    Target { detail: String },
     /// The step failed and ended the run.
     Failed { error: String },
 }
@@ -117,7 +120,9 @@ impl std::fmt::Display for StepResult {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             StepResult::Ok => f.write_str("ok"),
-            StepResult::Refused { detail } | StepResult::NoElement { detail } => f.write_str(detail),
+            StepResult::Refused { detail } | StepResult::NoElement { detail } | StepResult::Target { detail } => {
+                f.write_str(detail)
+            }
             StepResult::Failed { error } => write!(f, "failed: {error}"),
         }
     }
@@ -332,7 +337,24 @@ pub fn devtools_recorder(
             Some(Action::Scroll { dy }) => out.push(json!({"type": "scroll", "x": 0, "y": dy})),
             Some(Action::Navigate { url }) => out.push(json!({"type": "navigate", "url": url})),
             Some(Action::Back) => out.push(json!({"type": "navigate", "url": "javascript:history.back()"})),
-            Some(Action::Wait { .. } | Action::Done { .. }) | None => {}
+            Some(Action::Select { id, option }) => {
+                out.push(json!({"type": "change", "value": option, "selectors": sel(*id)}))
+            }
+            Some(Action::Check { id } | Action::Uncheck { id }) => {
+                out.push(json!({"type": "click", "selectors": sel(*id), "offsetX": 1, "offsetY": 1}))
+            }
+            Some(Action::Hover { id }) => out.push(json!({"type": "hover", "selectors": sel(*id)})),
+            Some(Action::ScrollTo { id }) => out.push(json!({"type": "scroll", "selectors": sel(*id)})),
+            Some(Action::WaitFor { target, ms }) => {
+                let selector = match target.strip_prefix("text:") {
+                    Some(t) => format!("text/{}", t.trim()),
+                    None => target.clone(),
+                };
+                out.push(json!({"type": "waitForElement", "selectors": [[selector]], "timeout": ms}))
+            }
+            // The Recorder format has no drag or tab switch step; the trace keeps them.
+            Some(Action::Drag { .. } | Action::SwitchTab { .. } | Action::Wait { .. } | Action::Done { .. }) | None => {
+            }
         }
     }
     json!({"title": title, "steps": out})

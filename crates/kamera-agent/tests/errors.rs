@@ -27,6 +27,22 @@ fn malformed_scenarios_say_what_is_wrong() {
             "name = \"x\"\ngoal = \"g\"\n[site]\nseed = 1\n[[steps]]\nremember = \"v\"\nregex = \"(\"\n",
             "bad regex",
         ),
+        (
+            "name = \"x\"\ngoal = \"g\"\n[site]\nseed = 1\n[[steps]]\nselect = \"#s\"\n",
+            "needs an `option`",
+        ),
+        (
+            "name = \"x\"\ngoal = \"g\"\n[site]\nseed = 1\n[[steps]]\ndrag = \"#a\"\n",
+            "needs a `to` target",
+        ),
+        (
+            "name = \"x\"\ngoal = \"g\"\n[site]\nseed = 1\n[[steps]]\nclick = \"#a\"\nto = \"#b\"\n",
+            "`to` does not go with `click`",
+        ),
+        (
+            "name = \"x\"\ngoal = \"g\"\n[site]\nseed = 1\n[[steps]]\nhover = \"#a\"\ntimeout_ms = 5\n",
+            "`timeout_ms` does not go with `hover`",
+        ),
     ];
     for (text, want) in cases {
         let e = Scenario::parse(text, p).unwrap_err();
@@ -36,6 +52,70 @@ fn malformed_scenarios_say_what_is_wrong() {
     }
     let e = Scenario::load(Path::new("/nonexistent/scenario.toml")).unwrap_err();
     assert!(e.to_string().contains("cannot read"), "{e}");
+}
+
+/// Every step kind survives the trip through TOML (traces embed the scenario).
+#[test]
+fn every_step_kind_round_trips() {
+    use kamera_agent::Step;
+    let text = r##"
+name = "all"
+goal = "g"
+[site]
+seed = 1
+[[steps]]
+select = "#s"
+option = "Bob"
+[[steps]]
+check = "text:Remember me"
+[[steps]]
+uncheck = "[3]"
+[[steps]]
+hover = "#menu"
+[[steps]]
+drag = "text:A"
+to = "text:B"
+[[steps]]
+scroll_to = "#far"
+[[steps]]
+switch_tab = 1
+[[steps]]
+wait_for = "text:Done"
+[[steps]]
+wait_for = "#x"
+timeout_ms = 250
+"##;
+    let s = Scenario::parse(text, Path::new("all.toml")).unwrap();
+    let t = |x: &str| x.to_string();
+    assert_eq!(
+        s.steps,
+        [
+            Step::Select {
+                target: t("#s"),
+                option: t("Bob")
+            },
+            Step::Check {
+                target: t("text:Remember me")
+            },
+            Step::Uncheck { target: t("[3]") },
+            Step::Hover { target: t("#menu") },
+            Step::Drag {
+                from: t("text:A"),
+                to: t("text:B")
+            },
+            Step::ScrollTo { target: t("#far") },
+            Step::SwitchTab { index: 1 },
+            Step::WaitFor {
+                target: t("text:Done"),
+                ms: kamera_agent::DEFAULT_WAIT_MS
+            },
+            Step::WaitFor {
+                target: t("#x"),
+                ms: 250
+            },
+        ]
+    );
+    assert_eq!(Scenario::parse(&s.to_toml(), Path::new("again.toml")).unwrap(), s);
 }
 
 #[test]

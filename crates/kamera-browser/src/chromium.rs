@@ -4,10 +4,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use chromiumoxide::cdp::browser_protocol::input::InsertTextParams;
 use chromiumoxide::cdp::browser_protocol::page::CaptureScreenshotFormat;
+use chromiumoxide::cdp::browser_protocol::target::TargetId;
 use chromiumoxide::handler::viewport::Viewport;
-use chromiumoxide::layout::Point;
 use chromiumoxide::page::ScreenshotParams;
 use chromiumoxide::{Browser as CdpBrowser, BrowserConfig, Page};
 use futures::StreamExt;
@@ -17,6 +16,8 @@ use crate::Browser;
 use crate::error::{Error, Result, cdp};
 use crate::origin::Origins;
 use crate::types::{Action, Element, Observation};
+
+mod actions;
 
 const OBSERVE_JS: &str = include_str!("observe.js");
 
@@ -57,6 +58,8 @@ pub struct ChromiumBrowser {
     handler: tokio::task::JoinHandle<()>,
     _profile: tempfile::TempDir,
     last: Option<Observation>,
+    /// Tabs in order of first sight (the first is the launch page).
+    tabs: Vec<TargetId>,
 }
 
 #[derive(Deserialize)]
@@ -134,6 +137,13 @@ impl ChromiumBrowser {
             browser.new_page("about:blank").await.map_err(cdp("new_page"))
         })
         .await?;
+        with_timeout("new_page", cfg.timeout, async {
+            page.evaluate_on_new_document(actions::HOOK_JS)
+                .await
+                .map_err(cdp("new_page"))
+        })
+        .await?;
+        let tabs = vec![page.target_id().clone()];
         Ok(ChromiumBrowser {
             cfg,
             browser,
@@ -141,6 +151,7 @@ impl ChromiumBrowser {
             handler,
             _profile: profile,
             last: None,
+            tabs,
         })
     }
 
@@ -279,72 +290,7 @@ impl Browser for ChromiumBrowser {
             Action::Back | Action::ClickXy { .. } => true,
             _ => false,
         };
-        match action {
-            Action::ClickXy { x, y } => {
-                let page = &self.page;
-                with_timeout("click", self.cfg.timeout, async {
-                    page.click(Point::new(*x, *y)).await.map_err(cdp("click"))?;
-                    Ok(())
-                })
-                .await?;
-            }
-            Action::Click { id } => {
-                let el = self.element("click", *id)?;
-                // Scroll into view and click the element's centre through real input events.
-                let js = format!(
-                    "(() => {{ const e = document.querySelector('[data-kid=\"{id}\"]'); if (!e) return null; \
-                     e.scrollIntoView({{block: 'center'}}); const r = e.getBoundingClientRect(); \
-                     const a = e.closest('a[href]'); \
-                     return [r.left + r.width / 2, r.top + r.height / 2, a ? a.href : null]; }})()"
-                );
-                let at = self.eval_value("click", &js).await?;
-                // A link off the allowed origins is refused before anything is clicked.
-                if let Some(href) = at.get(2).and_then(|h| h.as_str())
-                    && !href.starts_with("javascript:")
-                {
-                    self.cfg.origins.check(href)?;
-                }
-                let (x, y) = match at.as_array().map(|a| (a[0].as_f64(), a[1].as_f64())) {
-                    Some((Some(x), Some(y))) => (x, y),
-                    _ => (el.x, el.y),
-                };
-                let page = &self.page;
-                with_timeout("click", self.cfg.timeout, async {
-                    page.click(Point::new(x, y)).await.map_err(cdp("click"))?;
-                    Ok(())
-                })
-                .await?;
-            }
-            Action::Type { id, text } => {
-                if let Some(id) = id {
-                    self.element("type", *id)?;
-                    let js = format!(
-                        "(() => {{ const e = document.querySelector('[data-kid=\"{id}\"]'); if (!e) return false; \
-                         e.focus(); if ('value' in e) {{ e.value = ''; }} return true; }})()"
-                    );
-                    self.eval_value("type", &js).await?;
-                }
-                let page = &self.page;
-                with_timeout("type", self.cfg.timeout, async {
-                    page.execute(InsertTextParams::new(text.clone()))
-                        .await
-                        .map_err(cdp("type"))?;
-                    Ok(())
-                })
-                .await?;
-            }
-            Action::Key { key } => self.key(key).await?,
-            Action::Scroll { dy } => {
-                self.eval_value("scroll", &format!("window.scrollBy(0, {dy})")).await?;
-            }
-            Action::Navigate { url } => self.goto(url).await?,
-            Action::Back => {
-                self.eval_value("back", "history.back()").await?;
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Action::Wait { ms } => tokio::time::sleep(Duration::from_millis(*ms)).await,
-            Action::Done { .. } => {}
-        }
+        self.perform(action).await?;
         let limit = if may_navigate { 1500 } else { 60 };
         self.await_navigation(Duration::from_millis(limit)).await;
         self.settle().await;

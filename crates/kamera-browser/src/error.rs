@@ -20,6 +20,10 @@ pub enum Error {
     /// An action names an element that the last observation does not have.
     #[error("{op}: no element with id {id} in the last observation")]
     NoElement { op: &'static str, id: u32 },
+    /// An action's target exists but cannot take it: hidden, disabled, of the wrong kind (a
+    /// `select` on a button), without the named option, or never appeared (`wait_for`).
+    #[error("{op}: {detail}")]
+    Target { op: &'static str, detail: String },
     /// An action that this browser cannot perform, or malformed input.
     #[error("{op}: {detail}")]
     Invalid { op: &'static str, detail: String },

@@ -7,20 +7,46 @@ use serde::{Deserialize, Serialize};
 pub struct Element {
     /// The id shown as `[id]` in the page text.
     pub id: u32,
-    /// Lower-case tag name (`a`, `button`, `input`, ...).
+    /// Lower-case tag name (`a`, `button`, `input`, `span`, ...).
     pub tag: String,
+    /// The ARIA role, when the element has one (`button`, `tab`, `checkbox`, ...).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub role: String,
+    /// Whether the element is interactive (listed as `[id]` in the page text): a link, button or
+    /// form control, an ARIA widget role, a click handler, `cursor: pointer` or a tabindex. Other
+    /// visible elements with text are kept too (unlisted) so that a `text:` target can match them.
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub interactive: bool,
     /// The element's HTML `id` attribute, when it has one.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub html_id: String,
     /// Visible text, value or placeholder (trimmed, short).
     #[serde(default)]
     pub text: String,
+    /// Checked or not, for checkboxes, radio buttons and switches (ARIA `aria-checked` too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checked: Option<bool>,
+    /// The options' texts, for a `<select>`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub options: Vec<String>,
+    /// Whether text can be typed into it (a text-like input, a textarea, contenteditable, an
+    /// ARIA textbox).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub editable: bool,
     /// Link target, for links.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub href: String,
     /// Centre of the element's box, in CSS pixels of the viewport.
     pub x: f64,
     pub y: f64,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
 }
 
 /// What the agent sees after a step.
@@ -47,16 +73,33 @@ impl Observation {
         self.elements.iter().find(|e| e.html_id == html_id)
     }
 
-    /// The first element whose text equals `text` (trimmed; exact case first, then any case), else
-    /// the first whose text contains it (any case).
+    /// The interactive elements (those listed as `[id]` in the page text).
+    pub fn interactive(&self) -> impl Iterator<Item = &Element> {
+        self.elements.iter().filter(|e| e.interactive)
+    }
+
+    /// The element whose text is `text`, as Playwright's text locators match: equal (trimmed,
+    /// exact case, then any case), then containing it (any case); at each level an interactive
+    /// element before any other visible element, and among those the one with the shortest text.
     pub fn by_text(&self, text: &str) -> Option<&Element> {
         let exact = text.trim();
+        if exact.is_empty() {
+            return None;
+        }
         let t = exact.to_lowercase();
-        self.elements
-            .iter()
-            .find(|e| e.text.trim() == exact)
-            .or_else(|| self.elements.iter().find(|e| e.text.trim().to_lowercase() == t))
-            .or_else(|| self.elements.iter().find(|e| e.text.to_lowercase().contains(&t)))
+        let levels: [&dyn Fn(&Element) -> bool; 3] = [
+            &|e| e.text.trim() == exact,
+            &|e| e.text.trim().to_lowercase() == t,
+            &|e| e.text.to_lowercase().contains(&t),
+        ];
+        levels.iter().find_map(|matches| {
+            [true, false].into_iter().find_map(|interactive| {
+                self.elements
+                    .iter()
+                    .filter(|e| e.interactive == interactive && matches(e))
+                    .min_by_key(|e| e.text.len())
+            })
+        })
     }
 }
 
@@ -84,6 +127,43 @@ pub enum Action {
     Scroll {
         dy: f64,
     },
+    /// Choose the option of select `id` whose text (or value) is `option`.
+    Select {
+        id: u32,
+        option: String,
+    },
+    /// Check a checkbox, radio button or switch (or the one a label or container holds); nothing
+    /// happens when it is checked already.
+    Check {
+        id: u32,
+    },
+    /// Uncheck a checkbox or switch; nothing happens when it is unchecked already.
+    Uncheck {
+        id: u32,
+    },
+    /// Move the mouse over element `id`.
+    Hover {
+        id: u32,
+    },
+    /// Press the mouse on element `from`, move to element `to`, release.
+    Drag {
+        from: u32,
+        to: u32,
+    },
+    /// Scroll element `id` into view.
+    ScrollTo {
+        id: u32,
+    },
+    /// Drive tab `index` (0 is the first, in order of opening) from now on.
+    SwitchTab {
+        index: usize,
+    },
+    /// Wait until a visible element matches `target` (`#html-id`, `[id]` or `text:Visible text`),
+    /// at most `ms` milliseconds.
+    WaitFor {
+        target: String,
+        ms: u64,
+    },
     Navigate {
         url: String,
     },
@@ -106,6 +186,14 @@ impl Action {
             Action::Type { id: None, text } => format!("type {text:?}"),
             Action::Key { key } => format!("key {key}"),
             Action::Scroll { dy } => format!("scroll {dy:.0}"),
+            Action::Select { id, option } => format!("select [{id}] {option:?}"),
+            Action::Check { id } => format!("check [{id}]"),
+            Action::Uncheck { id } => format!("uncheck [{id}]"),
+            Action::Hover { id } => format!("hover [{id}]"),
+            Action::Drag { from, to } => format!("drag [{from}] -> [{to}]"),
+            Action::ScrollTo { id } => format!("scroll to [{id}]"),
+            Action::SwitchTab { index } => format!("switch to tab {index}"),
+            Action::WaitFor { target, ms } => format!("wait for {target:?} ({ms}ms)"),
             Action::Navigate { url } => format!("navigate {url}"),
             Action::Back => "back".into(),
             Action::Wait { ms } => format!("wait {ms}ms"),

@@ -268,6 +268,11 @@ impl Session {
         })
     }
 
+    /// Tokens of the pinned prefix (0 before [`Session::pin`]).
+    pub fn pinned_tokens(&self) -> usize {
+        self.pinned_tokens
+    }
+
     /// Pins the prefix chunk (system turn, goal) at the front of the window. The window's budget
     /// grows by its tokens, so pages keep `window_tokens`.
     pub fn pin(&mut self, text: &str) -> Result<Applied> {

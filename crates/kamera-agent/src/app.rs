@@ -1,0 +1,429 @@
+//! The API an app embeds: [`Agent::builder`] builds an [`Agent`] that keeps its browser, model,
+//! chunk store and context window across tasks; [`Agent::run`] works a task to a typed
+//! [`History`], [`Agent::act`], [`Agent::observe`] and [`Agent::extract`] take one step.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kamera_browser::{Action, Browser, ChromiumBrowser, ChromiumConfig, Observation, Origins};
+use kamera_model::Model;
+use kamera_store::ChunkStore;
+use serde::de::DeserializeOwned;
+use tokio_util::sync::CancellationToken;
+
+use crate::agent::{Env, OnStep, Parts, RunOptions, RunSummary, chunk_text, run_episode};
+use crate::error::{Error, Result, model};
+use crate::llm::Llm;
+use crate::policy::{Decoding, ModelPolicy, Policy};
+use crate::runtime::Session;
+use crate::scenario::{Budget, Observe, PolicyKind, Scenario, Success};
+use crate::trace::StepRecord;
+
+/// What a run did, step by step (observation, plan, model call, action, result, timings) and how
+/// it ended (answer, success, error). Serialises to the trace's JSON.
+pub type History = RunSummary;
+
+type SharedOnStep = Arc<Mutex<OnStep>>;
+
+/// Builds an [`Agent`]; only the model is required to come from somewhere (the embedded default
+/// model is fetched when none is given).
+#[derive(Default)]
+pub struct AgentBuilder {
+    task: Option<String>,
+    start_url: Option<String>,
+    origins: Vec<String>,
+    model: Option<Arc<Model>>,
+    model_path: Option<PathBuf>,
+    store: Option<Arc<dyn ChunkStore>>,
+    browser: Option<Box<dyn Browser>>,
+    policy: Option<Box<dyn Policy>>,
+    decoding: Decoding,
+    observe: Observe,
+    budget: Option<Budget>,
+    deadline: Option<Duration>,
+    cancel: Option<CancellationToken>,
+    on_step: Option<OnStep>,
+}
+
+impl AgentBuilder {
+    /// What the agent is asked to achieve (shown to the model; [`Agent::run`] works it).
+    pub fn task(mut self, task: impl Into<String>) -> Self {
+        self.task = Some(task.into());
+        self
+    }
+    /// The page the first run starts on; its origin is allowed.
+    pub fn start_url(mut self, url: impl Into<String>) -> Self {
+        self.start_url = Some(url.into());
+        self
+    }
+    /// Another origin navigations may reach (anything else is refused).
+    pub fn allow_origin(mut self, origin: impl Into<String>) -> Self {
+        self.origins.push(origin.into());
+        self
+    }
+    /// A loaded model (shared: several agents may hold it).
+    pub fn model(mut self, model: Arc<Model>) -> Self {
+        self.model = Some(model);
+        self
+    }
+    /// A GGUF file to load as the model.
+    pub fn model_path(mut self, path: impl Into<PathBuf>) -> Self {
+        self.model_path = Some(path.into());
+        self
+    }
+    /// The chunk store for canonical KV and patches (default: in memory, this agent only).
+    pub fn store(mut self, store: Arc<dyn ChunkStore>) -> Self {
+        self.store = Some(store);
+        self
+    }
+    /// The browser to drive (default: headless Chromium, launched at first use).
+    pub fn browser(mut self, browser: impl Browser + 'static) -> Self {
+        self.browser = Some(Box::new(browser));
+        self
+    }
+    /// The policy that picks actions (default: the model policy).
+    pub fn policy(mut self, policy: impl Policy + 'static) -> Self {
+        self.policy = Some(Box::new(policy));
+        self
+    }
+    /// How the default model policy decodes (default: constrained, always a valid action).
+    pub fn decoding(mut self, decoding: Decoding) -> Self {
+        self.decoding = decoding;
+        self
+    }
+    /// What of each page the session reads: its text (default), its screenshot as an image
+    /// chunk (needs a Qwen2.5-VL model directory), or both.
+    pub fn observe(mut self, observe: Observe) -> Self {
+        self.observe = observe;
+        self
+    }
+    /// Step and context budgets (default: [`Budget::default`]).
+    pub fn budget(mut self, budget: Budget) -> Self {
+        self.budget = Some(budget);
+        self
+    }
+    /// Most actions per run.
+    pub fn max_steps(mut self, steps: usize) -> Self {
+        self.budget.get_or_insert_with(Budget::default).steps = steps;
+        self
+    }
+    /// Each run ends with [`Error::Deadline`] after this long (checked between steps).
+    pub fn deadline(mut self, limit: Duration) -> Self {
+        self.deadline = Some(limit);
+        self
+    }
+    /// Cancelling this token ends a run with [`Error::Cancelled`] (checked between steps).
+    pub fn cancel_token(mut self, token: CancellationToken) -> Self {
+        self.cancel = Some(token);
+        self
+    }
+    /// Called after every step of every run (progress, UIs).
+    pub fn on_step(mut self, f: impl FnMut(&StepRecord) + Send + 'static) -> Self {
+        self.on_step = Some(Box::new(f));
+        self
+    }
+
+    /// The agent. Loads the model (`model_path`, else the embedded default, fetched once);
+    /// fails with [`Error::Build`] on a bad URL, no origin to allow, or a budget too small.
+    pub fn build(self) -> Result<Agent> {
+        let bad = |detail: String| Error::Build { detail };
+        let budget = self.budget.unwrap_or_default();
+        if budget.steps == 0 || budget.window_tokens < 64 {
+            return Err(bad(format!(
+                "budget: steps must be > 0 and window_tokens >= 64 (got {} and {})",
+                budget.steps, budget.window_tokens
+            )));
+        }
+        let mut allowed = self.origins.clone();
+        allowed.extend(self.start_url.clone());
+        if allowed.is_empty() && self.browser.is_none() {
+            return Err(bad(
+                "give a start_url or allow_origin: Chromium may visit nothing else".into()
+            ));
+        }
+        let origins = Origins::new(&allowed).map_err(|e| bad(e.to_string()))?;
+        let model = match (self.model, self.model_path) {
+            (Some(m), _) => m,
+            (None, Some(p)) => Arc::new(Model::load(&p).map_err(model("load"))?),
+            (None, None) => crate::run::default_model(&kamera_model::default_home())?,
+        };
+        let task = self.task.unwrap_or_default();
+        let origin = self.start_url.as_deref().map(origin_of).unwrap_or_default();
+        let scenario = Scenario {
+            name: "agent".into(),
+            goal: task,
+            start: self.start_url.clone().unwrap_or_default(),
+            allowed_origins: Vec::new(),
+            policy: PolicyKind::Model,
+            decoding: self.decoding,
+            observe: self.observe,
+            site: None,
+            miniwob: None,
+            budget,
+            steps: Vec::new(),
+            success: Success::default(),
+        };
+        let session = crate::run::session_for(&scenario, model.clone(), self.store, None, None);
+        let agent = Agent {
+            llm: Llm::new(model),
+            session,
+            scenario,
+            browser: self.browser,
+            origins,
+            policy: self.policy.unwrap_or_else(|| Box::new(ModelPolicy::new(self.decoding))),
+            env: Env {
+                origin,
+                start_url: self.start_url.unwrap_or_default(),
+            },
+            deadline: self.deadline,
+            cancel: self.cancel.unwrap_or_default(),
+            on_step: self.on_step.map(|f| Arc::new(Mutex::new(f))),
+        };
+        Ok(agent)
+    }
+}
+
+fn origin_of(url: &str) -> String {
+    let rest = url.split_once("://").map_or("", |(_, r)| r);
+    let host = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let scheme = url.split("://").next().unwrap_or("");
+    format!("{scheme}://{host}")
+}
+
+/// A web agent that keeps its browser, model, chunk store and context window across tasks: a
+/// page seen by an earlier task is recalled from the store, not prefilled again.
+///
+/// ```no_run
+/// # async fn demo() -> kamera_agent::Result<()> {
+/// use kamera_agent::Agent;
+/// let mut agent = Agent::builder()
+///     .task("Find the shipping status of order A-1042")
+///     .start_url("http://127.0.0.1:8080/")
+///     .max_steps(8)
+///     .deadline(std::time::Duration::from_secs(120))
+///     .build()?;
+/// let history = agent.run().await?;
+/// println!("{:?} after {} steps", history.end.answer, history.steps.len());
+/// agent.close().await
+/// # }
+/// ```
+pub struct Agent {
+    llm: Llm,
+    session: Session,
+    scenario: Scenario,
+    browser: Option<Box<dyn Browser>>,
+    origins: Origins,
+    policy: Box<dyn Policy>,
+    env: Env,
+    deadline: Option<Duration>,
+    cancel: CancellationToken,
+    on_step: Option<SharedOnStep>,
+}
+
+impl Agent {
+    /// Starts building an agent.
+    pub fn builder() -> AgentBuilder {
+        AgentBuilder::default()
+    }
+
+    /// The session (window, store, statistics).
+    pub fn session(&self) -> &Session {
+        &self.session
+    }
+
+    async fn browser(&mut self) -> Result<&mut Box<dyn Browser>> {
+        if self.browser.is_none() {
+            let b = ChromiumBrowser::launch(ChromiumConfig::new(self.origins.clone())).await?;
+            self.browser = Some(Box::new(b));
+        }
+        self.browser.as_mut().ok_or(Error::Runtime {
+            op: "Agent::browser",
+            detail: "no browser".into(),
+        })
+    }
+
+    /// Works the task given to the builder; the first run starts at `start_url`, later ones go on
+    /// from the current page.
+    pub async fn run(&mut self) -> Result<History> {
+        if self.scenario.goal.trim().is_empty() {
+            return Err(Error::Build {
+                detail: "no task: call AgentBuilder::task or Agent::run_task".into(),
+            });
+        }
+        let policy = std::mem::replace(&mut self.policy, Box::new(ModelPolicy::default()));
+        let r = self.episode(policy, None).await;
+        self.policy = r.1;
+        r.0
+    }
+
+    /// Works `task` next, in the same session (browser, context window and store kept).
+    pub async fn run_task(&mut self, task: impl Into<String>) -> Result<History> {
+        self.scenario.goal = task.into();
+        self.run().await
+    }
+
+    /// One model step toward `instruction` (observe, decide, act): the action taken.
+    pub async fn act(&mut self, instruction: &str) -> Result<Action> {
+        let policy: Box<dyn Policy> = Box::new(ModelPolicy::new(self.scenario.decoding));
+        let h = self.episode(policy, Some((instruction, 1))).await.0?;
+        let step = h.steps.last().ok_or(Error::Runtime {
+            op: "Agent::act",
+            detail: "no step was taken".into(),
+        })?;
+        if let crate::trace::StepResult::NoElement { detail } | crate::trace::StepResult::Target { detail } =
+            &step.result
+        {
+            return Err(Error::Step {
+                step: 1,
+                detail: detail.clone(),
+            });
+        }
+        step.action.clone().ok_or(Error::Runtime {
+            op: "Agent::act",
+            detail: "the step chose no action".into(),
+        })
+    }
+
+    /// The current page (starting at `start_url` when nothing has run yet).
+    pub async fn observe(&mut self) -> Result<Observation> {
+        self.start().await?;
+        Ok(self.browser().await?.observe().await?)
+    }
+
+    /// Reads `instruction` off the current page as a `T`: the model writes JSON over the context
+    /// window, which must deserialise as `T`; otherwise [`Error::Extract`] names the type and the
+    /// model's output. The JSON is checked against `T`, not constrained to it while decoding.
+    pub async fn extract<T: DeserializeOwned>(&mut self, instruction: &str) -> Result<T> {
+        let obs = self.observe().await?;
+        let text = chunk_text(&obs, &self.env.origin);
+        let prompt = format!("{instruction}\nReply with JSON only.");
+        let prefix = self.llm.prefix_text(self.standing_goal());
+        let max_new = self.scenario.budget.max_new_tokens.max(48);
+        let (session, llm) = (&mut self.session, &self.llm);
+        let call = crate::agent::blocking(|| -> Result<_> {
+            if session.pinned_tokens() == 0 {
+                session.pin(&prefix)?;
+            }
+            session.observe(&text)?;
+            let ctx = session.context()?;
+            let call = llm.generate(ctx, &prompt, max_new, 0)?;
+            session.settle()?;
+            Ok(call)
+        })?;
+        let out = call.output.trim();
+        let bad = |detail: String| Error::Extract {
+            type_name: std::any::type_name::<T>(),
+            detail,
+            output: out.to_string(),
+        };
+        let start = out.find(['{', '[', '"']).unwrap_or(0);
+        let mut values = serde_json::Deserializer::from_str(&out[start..]).into_iter::<serde_json::Value>();
+        let value = match values.next() {
+            Some(Ok(v)) => v,
+            Some(Err(e)) => return Err(bad(format!("not JSON: {e}"))),
+            None => return Err(bad("no JSON in the reply".into())),
+        };
+        serde_json::from_value(value).map_err(|e| bad(e.to_string()))
+    }
+
+    /// The goal of the session's pinned prefix: the builder's task, or a neutral one.
+    fn standing_goal(&self) -> &str {
+        match self.scenario.goal.trim() {
+            "" => "the user's requests, one at a time",
+            g => g,
+        }
+    }
+
+    /// Navigates to `start_url` the first time anything runs.
+    async fn start(&mut self) -> Result<()> {
+        if self.env.start_url.is_empty() {
+            self.browser().await?;
+            return Ok(());
+        }
+        let url = std::mem::take(&mut self.env.start_url);
+        self.browser().await?.navigate(&url).await?;
+        Ok(())
+    }
+
+    /// One run of `policy` (with `goal` and a step budget instead of the task's, for `act`);
+    /// gives the policy back.
+    async fn episode(
+        &mut self,
+        mut policy: Box<dyn Policy>,
+        goal: Option<(&str, usize)>,
+    ) -> (Result<History>, Box<dyn Policy>) {
+        let mut scenario = self.scenario.clone();
+        if let Some((g, steps)) = goal {
+            scenario.goal = g.to_string();
+            scenario.budget.steps = steps;
+        }
+        if let Err(e) = self.browser().await {
+            return (Err(e), policy);
+        }
+        if self.session.pinned_tokens() == 0 {
+            let prefix = self.llm.prefix_text(self.standing_goal());
+            let session = &mut self.session;
+            if let Err(e) = crate::agent::blocking(|| session.pin(&prefix)) {
+                return (Err(e), policy);
+            }
+        }
+        let cancel = self.cancel.child_token();
+        let timer = self.deadline.map(|d| {
+            let c = cancel.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(d).await;
+                c.cancel();
+            })
+        });
+        let on_step = self.on_step.clone().map(|f| -> OnStep {
+            Box::new(move |s: &StepRecord| {
+                if let Ok(mut f) = f.lock() {
+                    f(s)
+                }
+            })
+        });
+        let opts = RunOptions {
+            cancel: cancel.clone(),
+            on_step,
+            ..Default::default()
+        };
+        let t0 = Instant::now();
+        let env = self.env.clone();
+        let Some(browser) = self.browser.as_mut() else {
+            return (
+                Err(Error::Runtime {
+                    op: "Agent::run",
+                    detail: "no browser".into(),
+                }),
+                policy,
+            );
+        };
+        let parts = Parts {
+            browser: browser.as_mut(),
+            policy: policy.as_mut(),
+            session: &mut self.session,
+        };
+        let r = run_episode(parts, &scenario, &env, opts).await;
+        // Later runs go on from the page this one left.
+        self.env.start_url.clear();
+        if let Some(t) = timer {
+            t.abort();
+        }
+        let r = match r {
+            Err(Error::Cancelled) if self.deadline.is_some() && !self.cancel.is_cancelled() => Err(Error::Deadline {
+                after_ms: t0.elapsed().as_millis() as u64,
+            }),
+            r => r,
+        };
+        (r, policy)
+    }
+
+    /// Shuts the browser down.
+    pub async fn close(mut self) -> Result<()> {
+        if let Some(b) = self.browser.as_mut() {
+            b.close().await?;
+        }
+        Ok(())
+    }
+}

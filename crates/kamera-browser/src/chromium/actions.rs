@@ -1,0 +1,297 @@
+//! The actions of [`ChromiumBrowser`]: real input events (mouse, keys, text) at elements found
+//! by the last observation's ids; a missing, hidden or unsuitable target is a clear error.
+
+use std::time::{Duration, Instant};
+
+use chromiumoxide::cdp::browser_protocol::input::{
+    DispatchMouseEventParams, DispatchMouseEventType, InsertTextParams, MouseButton,
+};
+use chromiumoxide::layout::Point;
+use serde::Deserialize;
+
+use super::{ChromiumBrowser, with_timeout};
+use crate::error::{Error, Result, cdp};
+use crate::types::Action;
+
+const ACT_JS: &str = include_str!("act.js");
+
+/// Records elements that get click-like listeners (`addEventListener`), so observations can list
+/// them; installed on every new document before the page's own scripts.
+pub(super) const HOOK_JS: &str = "(() => { if (window.__kameraClickable) return; \
+  const seen = new WeakSet(); window.__kameraClickable = seen; \
+  const kinds = new Set(['click', 'mousedown', 'mouseup', 'pointerdown', 'pointerup', 'dblclick']); \
+  const add = EventTarget.prototype.addEventListener; \
+  EventTarget.prototype.addEventListener = function (type, ...rest) { \
+    if (kinds.has(type) && this instanceof Element) seen.add(this); \
+    return add.call(this, type, ...rest); }; })()";
+
+/// What act.js says about an element.
+#[derive(Debug, Default, Deserialize)]
+struct Found {
+    #[serde(default)]
+    err: Option<String>,
+    #[serde(default)]
+    detail: Option<String>,
+    #[serde(default)]
+    x: Option<f64>,
+    #[serde(default)]
+    y: Option<f64>,
+    #[serde(default)]
+    href: Option<String>,
+    #[serde(default)]
+    checked: Option<bool>,
+}
+
+impl ChromiumBrowser {
+    /// Runs act.js's `op` on element `id` of the last observation.
+    async fn find(&self, op: &'static str, id: u32, arg: serde_json::Value) -> Result<Found> {
+        self.element(op, id)?;
+        let js = format!("({ACT_JS})({:?}, {id}, {arg})", op_name(op));
+        let v = self.eval_value(op, &js).await?;
+        let f: Found = serde_json::from_value(v).map_err(|e| Error::Invalid {
+            op,
+            detail: format!("page script returned malformed JSON: {e}"),
+        })?;
+        match f.err.as_deref() {
+            None => Ok(f),
+            Some("gone") => Err(Error::NoElement { op, id }),
+            Some(_) => Err(Error::Target {
+                op,
+                detail: f
+                    .detail
+                    .unwrap_or_else(|| format!("element [{id}] cannot take this action")),
+            }),
+        }
+    }
+
+    /// The centre of element `id`, scrolled into view (a hidden element is an error).
+    async fn point(&self, op: &'static str, id: u32) -> Result<(Point, Option<String>)> {
+        let f = self.find(op, id, serde_json::Value::Null).await?;
+        match (f.x, f.y) {
+            (Some(x), Some(y)) => Ok((Point::new(x, y), f.href)),
+            _ => Err(Error::Invalid {
+                op,
+                detail: format!("no position for element [{id}]"),
+            }),
+        }
+    }
+
+    async fn mouse(&self, op: &'static str, kind: DispatchMouseEventType, at: Point, pressed: bool) -> Result<()> {
+        let moved = kind == DispatchMouseEventType::MouseMoved;
+        let params = DispatchMouseEventParams::builder()
+            .r#type(kind)
+            .x(at.x)
+            .y(at.y)
+            .button(if pressed || !moved {
+                MouseButton::Left
+            } else {
+                MouseButton::None
+            })
+            .buttons(if pressed { 1 } else { 0 })
+            .click_count(if moved { 0 } else { 1 })
+            .build()
+            .map_err(|detail| Error::Invalid { op, detail })?;
+        let page = &self.page;
+        with_timeout(op, self.cfg.timeout, async {
+            page.execute(params).await.map_err(cdp(op))?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn click_at(&self, op: &'static str, at: Point) -> Result<()> {
+        let page = &self.page;
+        with_timeout(op, self.cfg.timeout, async {
+            page.click(at).await.map_err(cdp(op))?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Carries out `action` (everything but the navigation bookkeeping around it).
+    pub(super) async fn perform(&mut self, action: &Action) -> Result<()> {
+        match action {
+            Action::ClickXy { x, y } => self.click_at("click", Point::new(*x, *y)).await?,
+            Action::Click { id } => {
+                let (at, href) = self.point("click", *id).await?;
+                // A link off the allowed origins is refused before anything is clicked.
+                if let Some(href) = href.filter(|h| !h.starts_with("javascript:")) {
+                    self.cfg.origins.check(&href)?;
+                }
+                self.click_at("click", at).await?;
+            }
+            Action::Type { id, text } => {
+                if let Some(id) = id {
+                    self.find("type", *id, serde_json::Value::Null).await?;
+                }
+                let page = &self.page;
+                with_timeout("type", self.cfg.timeout, async {
+                    page.execute(InsertTextParams::new(text.clone()))
+                        .await
+                        .map_err(cdp("type"))?;
+                    Ok(())
+                })
+                .await?;
+            }
+            Action::Select { id, option } => {
+                self.find("select", *id, serde_json::Value::String(option.clone()))
+                    .await?;
+            }
+            Action::Check { id } => self.set_checked(*id, true).await?,
+            Action::Uncheck { id } => self.set_checked(*id, false).await?,
+            Action::Hover { id } => {
+                let (at, _) = self.point("hover", *id).await?;
+                self.mouse("hover", DispatchMouseEventType::MouseMoved, at, false)
+                    .await?;
+            }
+            Action::Drag { from, to } => self.drag(*from, *to).await?,
+            Action::ScrollTo { id } => {
+                self.point("scroll_to", *id).await?;
+            }
+            Action::Scroll { dy } => {
+                self.eval_value("scroll", &format!("window.scrollBy(0, {dy})")).await?;
+            }
+            Action::Key { key } => self.key(key).await?,
+            Action::SwitchTab { index } => self.switch_tab(*index).await?,
+            Action::WaitFor { target, ms } => self.wait_for(target, *ms).await?,
+            Action::Navigate { url } => self.goto(url).await?,
+            Action::Back => {
+                self.eval_value("back", "history.back()").await?;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Action::Wait { ms } => tokio::time::sleep(Duration::from_millis(*ms)).await,
+            Action::Done { .. } => {}
+        }
+        Ok(())
+    }
+
+    /// Clicks a checkbox, radio or switch (or its label) when its state is not `on` yet, and
+    /// checks that the click changed it.
+    async fn set_checked(&self, id: u32, on: bool) -> Result<()> {
+        let op = if on { "check" } else { "uncheck" };
+        let f = self.find(op, id, serde_json::Value::Bool(on)).await?;
+        if f.checked == Some(on) {
+            return Ok(());
+        }
+        let (Some(x), Some(y)) = (f.x, f.y) else {
+            return Err(Error::Invalid {
+                op,
+                detail: format!("no position for element [{id}]"),
+            });
+        };
+        self.click_at(op, Point::new(x, y)).await?;
+        let after = self.find(op, id, serde_json::Value::Bool(on)).await?;
+        if after.checked != Some(on) {
+            return Err(Error::Target {
+                op,
+                detail: format!("clicking element [{id}] did not {op} it"),
+            });
+        }
+        Ok(())
+    }
+
+    /// Presses the mouse on `from`, moves it in steps to `to` and releases it there (what
+    /// jQuery UI's draggables and sortables, and most drag handlers, listen to).
+    async fn drag(&self, from: u32, to: u32) -> Result<()> {
+        let (a, _) = self.point("drag", from).await?;
+        self.mouse("drag", DispatchMouseEventType::MouseMoved, a, false).await?;
+        self.mouse("drag", DispatchMouseEventType::MousePressed, a, true)
+            .await?;
+        // The target's position after the press (pressing may scroll or lift the source).
+        let (b, _) = self.point("drag", to).await?;
+        const STEPS: usize = 8;
+        for i in 1..=STEPS {
+            let t = i as f64 / STEPS as f64;
+            let p = Point::new(a.x + (b.x - a.x) * t, a.y + (b.y - a.y) * t);
+            self.mouse("drag", DispatchMouseEventType::MouseMoved, p, true).await?;
+            tokio::time::sleep(Duration::from_millis(16)).await;
+        }
+        self.mouse("drag", DispatchMouseEventType::MouseReleased, b, false)
+            .await
+    }
+
+    /// Waits until a visible element matches `target` (`#html-id`, `[id]`, or `text:` / plain
+    /// visible text), polling, for at most `ms`.
+    async fn wait_for(&self, target: &str, ms: u64) -> Result<()> {
+        let js = format!("({FIND_JS})({})", serde_json::Value::String(target.to_string()));
+        let t0 = Instant::now();
+        loop {
+            if self.eval_value("wait_for", &js).await? == serde_json::Value::Bool(true) {
+                return Ok(());
+            }
+            if t0.elapsed() >= Duration::from_millis(ms) {
+                return Err(Error::Target {
+                    op: "wait_for",
+                    detail: format!("no visible element matches {target:?} after {ms} ms"),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Makes tab `index` (in order of opening) the page later calls drive.
+    async fn switch_tab(&mut self, index: usize) -> Result<()> {
+        let browser = &self.browser;
+        let pages = with_timeout("switch_tab", self.cfg.timeout, async {
+            browser.pages().await.map_err(cdp("switch_tab"))
+        })
+        .await?;
+        for p in &pages {
+            if self.tabs.contains(p.target_id()) {
+                continue;
+            }
+            // Chromium's own pages (a new-tab page's helpers, devtools) are not tabs the user opened.
+            let url = with_timeout("switch_tab", self.cfg.timeout, async {
+                p.url().await.map_err(cdp("switch_tab"))
+            })
+            .await?
+            .unwrap_or_default();
+            if !url.starts_with("chrome") && !url.starts_with("devtools:") {
+                self.tabs.push(p.target_id().clone());
+            }
+        }
+        self.tabs.retain(|t| pages.iter().any(|p| p.target_id() == t));
+        let Some(target) = self.tabs.get(index) else {
+            return Err(Error::Target {
+                op: "switch_tab",
+                detail: format!("no tab {index}: {} open (tabs count from 0)", self.tabs.len()),
+            });
+        };
+        let page = pages
+            .into_iter()
+            .find(|p| p.target_id() == target)
+            .ok_or(Error::Target {
+                op: "switch_tab",
+                detail: format!("tab {index} closed"),
+            })?;
+        with_timeout("switch_tab", self.cfg.timeout, async {
+            page.bring_to_front().await.map_err(cdp("switch_tab"))?;
+            Ok(())
+        })
+        .await?;
+        self.page = page;
+        self.last = None;
+        Ok(())
+    }
+}
+
+const FIND_JS: &str = "(target) => { \
+  const visible = (e) => { if (!e) return false; const st = getComputedStyle(e); \
+    if (st.display === 'none' || st.visibility === 'hidden' || Number(st.opacity) === 0) return false; \
+    const r = e.getBoundingClientRect(); return r.width > 0 && r.height > 0; }; \
+  const t = target.trim(); \
+  if (t.startsWith('#')) return visible(document.getElementById(t.slice(1))); \
+  const m = /^\\[(\\d+)\\]$/.exec(t); \
+  if (m) return visible(document.querySelector(`[data-kid=\"${m[1]}\"]`)); \
+  const want = (t.startsWith('text:') ? t.slice(5) : t).trim().toLowerCase(); \
+  return want.length > 0 && !!document.body && document.body.innerText.toLowerCase().includes(want); }";
+
+/// act.js's name for an operation.
+fn op_name(op: &'static str) -> &'static str {
+    match op {
+        "click" | "hover" | "drag" | "scroll_to" => "point",
+        "type" => "focus",
+        "check" | "uncheck" => "checkable",
+        other => other,
+    }
+}

@@ -1,0 +1,79 @@
+//! The model policy's replies on real pages (Chromium, SmolLM2-135M-Instruct): how often greedy
+//! free JSON is a valid action of the page, against constrained decoding, which must always be.
+//! The page is each scenario's first page, in the window as the agent loop puts it.
+
+use anyhow::Result;
+use kamera_agent::{ActionSchema, LEAD, Llm, ModelPolicy, Scenario, chunk_text, parse_action, valid};
+use kamera_browser::{Browser, ChromiumBrowser, ChromiumConfig};
+use kamera_tests::{model, require_chromium, root};
+
+/// The scenarios whose first page is measured (their goal is the model's goal).
+pub const PAGES: [&str; 8] = [
+    "miniwob-click-test",
+    "miniwob-click-button",
+    "miniwob-enter-text",
+    "miniwob-click-link",
+    "miniwob-choose-list",
+    "miniwob-click-checkboxes",
+    "miniwob-drag-items",
+    "order-status",
+];
+
+/// Free JSON replies that were valid actions, as measured and reported in the README
+/// (crates/kamera-agent/README.md, "Model policy").
+const FREE_VALID: usize = 0;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn constrained_decoding_makes_every_reply_a_valid_action() -> Result<()> {
+    require_chromium();
+    let home = kamera_model::default_home();
+    let llm = Llm::new(model());
+    let (mut free_valid, mut lines) = (0, Vec::new());
+    for name in PAGES {
+        let s = Scenario::load(&root().join("scenarios").join(format!("{name}.toml")))?;
+        let served = kamera_agent::serve(&s, &home).await?;
+        let mut b = ChromiumBrowser::launch(ChromiumConfig::new(served.origins.clone())).await?;
+        b.navigate(&served.env.start_url).await?;
+        if let Some(mw) = &s.miniwob {
+            b.eval(&kamera_agent::miniwob::start_js(mw.seed, mw.episode_ms)).await?;
+        }
+        let obs = b.observe().await?;
+        b.close().await?;
+        let mut session = kamera_agent::session_for(&s, model(), None, None, None);
+        session.pin(&llm.prefix_text(&s.goal))?;
+        session.observe(&chunk_text(&obs, &served.env.origin))?;
+        let ctx = session.context()?;
+        let instruction = ModelPolicy::instruction(&obs, &s.goal);
+
+        let free = llm.generate_after(ctx, &instruction, LEAD, 32, 0)?;
+        let free_ok = parse_action(&free.output).is_ok_and(|a| valid(&obs, &a));
+        free_valid += usize::from(free_ok);
+
+        let schema = ActionSchema::for_page(&obs);
+        let held = llm.generate_constrained(ctx, &instruction, &schema, 32)?;
+        let action = schema.action(&held.output);
+        assert!(
+            action.as_ref().is_some_and(|a| valid(&obs, a)),
+            "{name}: constrained reply {:?} is not a valid action",
+            held.output
+        );
+        lines.push(format!(
+            "{name}: free {} {:?} | constrained {:?}",
+            if free_ok { "valid" } else { "INVALID" },
+            free.output,
+            held.output
+        ));
+    }
+    println!("{}", lines.join("\n"));
+    println!(
+        "free JSON valid: {free_valid}/{}; constrained: {}/{}",
+        PAGES.len(),
+        PAGES.len(),
+        PAGES.len()
+    );
+    assert!(
+        free_valid.abs_diff(FREE_VALID) <= 1,
+        "free JSON valid on {free_valid} pages; the README reports {FREE_VALID} (±1)"
+    );
+    Ok(())
+}
