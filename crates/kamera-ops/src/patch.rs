@@ -156,6 +156,17 @@ impl Patch {
         }
         Patch::with_quant(self.layout, self.n_tokens, layers, quant, scales)
     }
+    /// This patch with each factor pair's spectrum cut to the singular values it keeps (the
+    /// rest is diagnostics a stored patch need not carry).
+    pub fn compact_spectra(mut self) -> Patch {
+        for lp in &mut self.layers {
+            for lr in [&mut lp.k, &mut lp.v] {
+                let r = lr.rank();
+                lr.spectrum.truncate(r);
+            }
+        }
+        self
+    }
     pub fn quant(&self) -> Quant {
         self.quant
     }
@@ -222,7 +233,22 @@ pub fn patch_from_deficit(d: &Deficit, layout: &KvLayout, kv_bytes: usize, cfg: 
         .iter()
         .map(|(k, v)| Ok((Svd::compute(k)?, Svd::compute(v)?)))
         .collect::<Result<_>>()?;
-    let n = d.n_tokens();
+    patch_from_svds(&svds, d.n_tokens(), layout, kv_bytes, cfg)
+}
+
+/// As [`patch_from_deficit`], from the per-layer (K, V) SVDs of the deficit (one decomposition
+/// serves every rank policy).
+pub fn patch_from_svds(
+    svds: &[(Svd, Svd)],
+    n: usize,
+    layout: &KvLayout,
+    kv_bytes: usize,
+    cfg: &PatchConfig,
+) -> Result<Patch> {
+    const OP: &str = "patch_from_svds";
+    if svds.len() != layout.n_layers {
+        return Err(shape(OP, "deficit layers", layout.n_layers, svds.len()));
+    }
     let ranks: Vec<(usize, usize)> = match &cfg.rank {
         RankPolicy::Fixed(m) => vec![(*m, *m); layout.n_layers],
         RankPolicy::PerLayer(rs) if rs.len() == layout.n_layers => rs.iter().map(|&m| (m, m)).collect(),
@@ -235,7 +261,7 @@ pub fn patch_from_deficit(d: &Deficit, layout: &KvLayout, kv_bytes: usize, cfg: 
                 cfg.direction_bytes(n, layout.k_features()),
                 cfg.direction_bytes(n, layout.v_features()),
             ];
-            budget_ranks(&svds, cost, [budget, budget], true, share)
+            budget_ranks(svds, cost, [budget, budget], true, share)
         }
         RankPolicy::BudgetKv { k, v } => {
             check_share(OP, "K budget fraction", *k)?;
@@ -245,7 +271,7 @@ pub fn patch_from_deficit(d: &Deficit, layout: &KvLayout, kv_bytes: usize, cfg: 
                 cfg.direction_bytes(n, layout.k_features()),
                 cfg.direction_bytes(n, layout.v_features()),
             ];
-            budget_ranks(&svds, cost, [b(*k), b(*v)], false, false)
+            budget_ranks(svds, cost, [b(*k), b(*v)], false, false)
         }
         RankPolicy::Energy { k, v } => {
             check_share(OP, "K energy share", *k)?;
@@ -256,7 +282,7 @@ pub fn patch_from_deficit(d: &Deficit, layout: &KvLayout, kv_bytes: usize, cfg: 
         }
     };
     check_share(OP, "drop_below", cfg.drop_below)?;
-    let ranks = drop_negligible(&svds, ranks, cfg.drop_below);
+    let ranks = drop_negligible(svds, ranks, cfg.drop_below);
     let layers = svds
         .iter()
         .zip(ranks)
