@@ -61,8 +61,11 @@ pub(crate) struct OrbitState {
     blind: Vec<Scores>,
     prefill_ms: f64,
     /// Mean deficits per chunk and their SVDs, per variant (Slot: per slot, index 0 unused).
-    means: Vec<((OrbitKind, usize), Vec<Option<(Deficit, Vec<(Svd, Svd)>)>>)>,
+    means: Vec<(OrbitKind, Vec<Option<MeanDeficit>>)>,
 }
+
+/// A mean deficit and its per-layer (K, V) SVDs.
+type MeanDeficit = (Deficit, Vec<(Svd, Svd)>);
 
 impl OrbitState {
     /// Orders whose deficits a variant averages, for chunk `c` at `slot` (Slot only).
@@ -137,7 +140,7 @@ impl Evaluator<'_> {
     /// Mean deficits (with SVDs) of `kind` per chunk; for Slot, per (chunk, slot) at
     /// `chunk * n + slot`.
     fn orbit_means(&self, o: &mut OrbitState, kind: OrbitKind) -> Result<usize> {
-        let key = (kind, 0);
+        let key = kind;
         if let Some(i) = o.means.iter().position(|(k, _)| *k == key) {
             return Ok(i);
         }
