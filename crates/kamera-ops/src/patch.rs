@@ -38,7 +38,8 @@ pub struct PatchConfig {
     pub rank: RankPolicy,
     /// Storage type of the factors (of the dense factors when `quant` is set).
     pub dtype: DType,
-    /// Quantised storage of the factors (int8 / 4-bit codes with per-direction scales).
+    /// Quantised storage of the factors (int8 codes with per-direction scales, 4-bit codes with
+    /// per-group scales).
     pub quant: Quant,
     /// Layers whose K (V) deficit holds less than this share of the chunk's K (V) deficit energy
     /// over all layers get rank 0 (0 keeps every layer).
@@ -60,7 +61,9 @@ impl PatchConfig {
         match self.quant {
             Quant::None => (n + features) * self.dtype.size(),
             Quant::Int8 => n + features + 8,
-            Quant::Int4 => n.div_ceil(2) + features.div_ceil(2) + 8,
+            Quant::Int4 => {
+                n.div_ceil(2) + features.div_ceil(2) + 2 * (Quant::Int4.groups(n) + Quant::Int4.groups(features))
+            }
         }
     }
 }
@@ -131,8 +134,14 @@ impl Patch {
         }
         for (l, (lp, (sk, sv))) in p.layers.iter().zip(&scales).enumerate() {
             for (lr, s, ch) in [(&lp.k, sk, "k"), (&lp.v, sv, "v")] {
-                if s.p.len() != lr.rank() || s.wt.len() != lr.rank() {
-                    return Err(shape(OP, format!("layer {l} {ch} scales"), lr.rank(), s.p.len()));
+                let want = (lr.rank() * quant.groups(n_tokens), lr.rank() * quant.groups(lr.wt.cols()));
+                if (s.p.len(), s.wt.len()) != want {
+                    return Err(shape(
+                        OP,
+                        format!("layer {l} {ch} scales (P, Wᵀ)"),
+                        format!("{want:?}"),
+                        format!("({}, {})", s.p.len(), s.wt.len()),
+                    ));
                 }
             }
         }

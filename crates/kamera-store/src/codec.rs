@@ -343,13 +343,20 @@ fn put_mat(out: &mut Vec<u8>, m: &Mat, dtype: DType) {
 }
 
 fn put_codes(out: &mut Vec<u8>, lr: &LowRank, s: &Scales, q: Quant) -> Result<()> {
-    let (p, wt) = quant_codes(lr, s).map_err(|source| Error::Ops { op: "encode", source })?;
+    let (p, wt) = quant_codes(lr, s, q).map_err(|source| Error::Ops { op: "encode", source })?;
     for (codes, scales) in [(&p, &s.p), (&wt, &s.wt)] {
         match q {
-            Quant::Int4 => out.extend_from_slice(&pack_nibbles(codes)),
-            _ => out.extend(codes.iter().map(|&c| c as u8)),
+            Quant::Int4 => {
+                out.extend_from_slice(&pack_nibbles(codes));
+                scales
+                    .iter()
+                    .for_each(|x| out.extend_from_slice(&f16::from_f32(*x).to_bits().to_le_bytes()));
+            }
+            _ => {
+                out.extend(codes.iter().map(|&c| c as u8));
+                scales.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes()));
+            }
         }
-        scales.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes()));
     }
     Ok(())
 }
@@ -389,14 +396,25 @@ impl<'a> Reader<'a> {
             _ => b.iter().map(|&x| x as i8).collect(),
         })
     }
+    fn scales(&mut self, len: usize, q: Quant) -> Result<Vec<f32>> {
+        match q {
+            Quant::Int4 => {
+                let b = self.take(len.saturating_mul(2))?;
+                Ok(b.chunks_exact(2)
+                    .map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
+                    .collect())
+            }
+            _ => self.f32s(len),
+        }
+    }
     /// A quantised factor pair: P codes, P scales, Wᵀ codes, Wᵀ scales.
     fn quantised(&mut self, n: usize, m: usize, f: usize, q: Quant) -> Result<(LowRank, Scales)> {
         let p = self.codes(n.saturating_mul(m), q)?;
-        let sp = self.f32s(m)?;
+        let sp = self.scales(m.saturating_mul(q.groups(n)), q)?;
         let wt = self.codes(m.saturating_mul(f), q)?;
-        let sw = self.f32s(m)?;
+        let sw = self.scales(m.saturating_mul(q.groups(f)), q)?;
         let s = Scales { p: sp, wt: sw };
-        let lr = dequantise(n, f, &p, &wt, &s, Vec::new()).map_err(|source| Error::Ops { op: "decode", source })?;
+        let lr = dequantise(q, n, m, f, &p, &wt, &s, Vec::new()).map_err(|source| Error::Ops { op: "decode", source })?;
         Ok((lr, s))
     }
     fn mat(&mut self, rows: usize, cols: usize, dtype: DType) -> Result<Mat> {
