@@ -134,7 +134,10 @@ impl Patch {
         }
         for (l, (lp, (sk, sv))) in p.layers.iter().zip(&scales).enumerate() {
             for (lr, s, ch) in [(&lp.k, sk, "k"), (&lp.v, sv, "v")] {
-                let want = (lr.rank() * quant.groups(n_tokens), lr.rank() * quant.groups(lr.wt.cols()));
+                let want = (
+                    lr.rank() * quant.groups(n_tokens),
+                    lr.rank() * quant.groups(lr.wt.cols()),
+                );
                 if (s.p.len(), s.wt.len()) != want {
                     return Err(shape(
                         OP,

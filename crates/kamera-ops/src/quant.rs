@@ -82,7 +82,11 @@ impl Quant {
         match self {
             Quant::Int4 => {
                 let h = f16::from_f32(s).to_f32();
-                if h < s { f16::from_bits(f16::from_f32(s).to_bits() + 1).to_f32() } else { h }
+                if h < s {
+                    f16::from_bits(f16::from_f32(s).to_bits() + 1).to_f32()
+                } else {
+                    h
+                }
             }
             _ => s,
         }
@@ -130,9 +134,19 @@ pub fn quantise(lr: &LowRank, q: Quant) -> Result<(LowRank, Scales)> {
     for x in sp.iter_mut().chain(sw.iter_mut()) {
         *x = q.stored_scale(*x / max);
     }
-    let deq = |x: f32, s: f32| if s > 0.0 { (x / s).round().clamp(-max, max) * s } else { 0.0 };
-    let pq = (0..n * m).map(|i| deq(p[i], sp[p_scale(q, n, i / m.max(1), i % m.max(1))])).collect();
-    let wq = (0..m * f).map(|i| deq(wt[i], sw[w_scale(q, f, i / f.max(1), i % f.max(1))])).collect();
+    let deq = |x: f32, s: f32| {
+        if s > 0.0 {
+            (x / s).round().clamp(-max, max) * s
+        } else {
+            0.0
+        }
+    };
+    let pq = (0..n * m)
+        .map(|i| deq(p[i], sp[p_scale(q, n, i / m.max(1), i % m.max(1))]))
+        .collect();
+    let wq = (0..m * f)
+        .map(|i| deq(wt[i], sw[w_scale(q, f, i / f.max(1), i % f.max(1))]))
+        .collect();
     let out = LowRank {
         p: Mat::from_f32(n, m, pq)?,
         wt: Mat::from_f32(m, f, wq)?,
@@ -144,7 +158,12 @@ pub fn quantise(lr: &LowRank, q: Quant) -> Result<(LowRank, Scales)> {
 fn check_scales(op: &'static str, q: Quant, n: usize, m: usize, f: usize, s: &Scales) -> Result<()> {
     let (gp, gw) = (m * q.groups(n), m * q.groups(f));
     if s.p.len() != gp || s.wt.len() != gw {
-        return Err(shape(op, "scales (P, Wᵀ)", format!("{gp}, {gw}"), format!("{}, {}", s.p.len(), s.wt.len())));
+        return Err(shape(
+            op,
+            "scales (P, Wᵀ)",
+            format!("{gp}, {gw}"),
+            format!("{}, {}", s.p.len(), s.wt.len()),
+        ));
     }
     Ok(())
 }
@@ -154,11 +173,21 @@ fn check_scales(op: &'static str, q: Quant, n: usize, m: usize, f: usize, s: &Sc
 pub fn codes(lr: &LowRank, s: &Scales, q: Quant) -> Result<(Vec<i8>, Vec<i8>)> {
     let (n, m, f) = (lr.p.rows(), lr.rank(), lr.wt.cols());
     check_scales("quant::codes", q, n, m, f, s)?;
-    let code = |x: f32, sc: f32| if sc > 0.0 { (x / sc).round().clamp(-127.0, 127.0) as i8 } else { 0 };
+    let code = |x: f32, sc: f32| {
+        if sc > 0.0 {
+            (x / sc).round().clamp(-127.0, 127.0) as i8
+        } else {
+            0
+        }
+    };
     let pv = lr.p.to_f32_vec();
     let wv = lr.wt.to_f32_vec();
-    let pc = (0..n * m).map(|i| code(pv[i], s.p[p_scale(q, n, i / m.max(1), i % m.max(1))])).collect();
-    let wc = (0..m * f).map(|i| code(wv[i], s.wt[w_scale(q, f, i / f.max(1), i % f.max(1))])).collect();
+    let pc = (0..n * m)
+        .map(|i| code(pv[i], s.p[p_scale(q, n, i / m.max(1), i % m.max(1))]))
+        .collect();
+    let wc = (0..m * f)
+        .map(|i| code(wv[i], s.wt[w_scale(q, f, i / f.max(1), i % f.max(1))]))
+        .collect();
     Ok((pc, wc))
 }
 
@@ -247,7 +276,10 @@ mod tests {
             assert_eq!(back, deq, "{q:?}");
             let (op, dp) = (orig.p.to_f32_vec(), deq.p.to_f32_vec());
             for (i, (a, b)) in op.iter().zip(dp).enumerate() {
-                assert!((a - b).abs() <= s.p[p_scale(q, 7, i / 3, i % 3)] / 2.0 + 1e-6, "{q:?} {a} {b}");
+                assert!(
+                    (a - b).abs() <= s.p[p_scale(q, 7, i / 3, i % 3)] / 2.0 + 1e-6,
+                    "{q:?} {a} {b}"
+                );
             }
             let packed = pack_nibbles(&pc);
             assert_eq!(packed.len(), Quant::Int4.code_bytes(pc.len()));
@@ -258,7 +290,14 @@ mod tests {
         assert!(dequantise(Quant::Int8, 7, 3, 5, &[0; 3], &[0; 15], &Scales::default(), vec![]).is_err());
         // 4-bit scales are per group of 32 codes and f16-exact.
         let long = LowRank {
-            p: Mat::from_f32(70, 1, (0..70).map(|i| if i == 3 { 100.0 } else { (i as f32 * 0.3).sin() }).collect()).unwrap(),
+            p: Mat::from_f32(
+                70,
+                1,
+                (0..70)
+                    .map(|i| if i == 3 { 100.0 } else { (i as f32 * 0.3).sin() })
+                    .collect(),
+            )
+            .unwrap(),
             wt: Mat::from_f32(1, 2, vec![0.5, -1.0]).unwrap(),
             spectrum: vec![],
         };

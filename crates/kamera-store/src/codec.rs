@@ -414,7 +414,8 @@ impl<'a> Reader<'a> {
         let wt = self.codes(m.saturating_mul(f), q)?;
         let sw = self.scales(m.saturating_mul(q.groups(f)), q)?;
         let s = Scales { p: sp, wt: sw };
-        let lr = dequantise(q, n, m, f, &p, &wt, &s, Vec::new()).map_err(|source| Error::Ops { op: "decode", source })?;
+        let lr =
+            dequantise(q, n, m, f, &p, &wt, &s, Vec::new()).map_err(|source| Error::Ops { op: "decode", source })?;
         Ok((lr, s))
     }
     fn mat(&mut self, rows: usize, cols: usize, dtype: DType) -> Result<Mat> {
