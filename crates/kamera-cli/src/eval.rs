@@ -10,7 +10,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kamera_eval::{EvalConfig, evaluate, load_tasks, parse_methods};
 
 /// Every method at the settings the targets name.
-pub const DEFAULT_METHODS: &str = "full,prefix,blind,kamera:8,kamera:16,kamera:32,kamera-budget:0.1,orbit:32,cacheblend:0.15,epic:32,oracle-tokens:0.5";
+pub const DEFAULT_METHODS: &str = "full,prefix,blind,kamera:8,kamera:16,kamera:32,kamera-budget:0.1,kamera:32/q8,kamera:64/q4,kamera-budget:0.1/q4,orbit:32,orbit-later:32,orbit-slot:32,cacheblend:0.15,epic:32,oracle-tokens:0.5";
 
 #[derive(Args)]
 pub struct EvalArgs {
@@ -20,8 +20,11 @@ pub struct EvalArgs {
     /// JSONL task file: {"id", "chunks": [...], "question", "answer"} per line.
     #[arg(long)]
     tasks: PathBuf,
-    /// Comma-separated methods: full, prefix, blind, kamera:R, kamera-budget:B, orbit:R,
-    /// cacheblend:F, epic:K, oracle-tokens:F.
+    /// Comma-separated methods: full, prefix, blind, kamera:R, kamera-budget:B, kamera-share:B,
+    /// kamera-kv:BK+BV, kamera-energy:E[+EV], orbit:R, orbit-later:R, orbit-slot:R,
+    /// orbit-unseen:R, cacheblend:F, epic:K, oracle-tokens:F. Patch methods take modifiers:
+    /// /q8 or /q4 (quantised factors), /f32 /f16 /bf16 (float factors; bf16 by default),
+    /// /drop=S (drop layers holding under share S of the deficit energy).
     #[arg(long, default_value = DEFAULT_METHODS)]
     methods: String,
     /// Where to write the JSON report.
@@ -36,8 +39,10 @@ pub struct EvalArgs {
     /// Only the first N tasks.
     #[arg(long)]
     limit: Option<usize>,
-    /// Orderings sampled per orbit patch.
-    #[arg(long, default_value_t = 2)]
+    /// The most orderings of a task's pages an orbit is formed from (and its methods scored
+    /// on): all of them when there are at most this many (up to 4 pages at 24), else this many
+    /// sampled, the task's own first.
+    #[arg(long, default_value_t = 24)]
     orbit_orderings: usize,
     /// CacheBlend's check layer.
     #[arg(long, default_value_t = 1)]
@@ -63,7 +68,6 @@ pub fn run(a: EvalArgs) -> Result<()> {
     let model = crate::models::load(&a.model)?;
     let cfg = EvalConfig {
         orbit_orderings: a.orbit_orderings,
-        orbit_include_eval: false,
         check_layer: a.check_layer,
         oracle_curve: if a.no_diagnostics {
             vec![]

@@ -1,5 +1,6 @@
 //! Writes the generated task suite: `cargo run --release -p kamera-eval --example gen_tasks --
-//! [OUT.jsonl] [COUNT] [SEED] [FILLER]` (defaults: tasks/default.jsonl next to this crate, 120, 7, 12).
+//! [OUT.jsonl] [COUNT] [SEED] [FILLER] [PAGES]` (defaults: tasks/default.jsonl next to this crate,
+//! 120, 7, 12, 3).
 
 use std::path::PathBuf;
 
@@ -18,6 +19,9 @@ fn main() -> anyhow::Result<()> {
     }
     if let Some(f) = args.get(3) {
         cfg.filler = f.parse()?;
+    }
+    if let Some(p) = args.get(4) {
+        cfg.pages = p.parse()?;
     }
     let tasks = kamera_eval::generate(&cfg);
     kamera_eval::save_tasks(&out, &tasks)?;

@@ -29,11 +29,17 @@ pub enum Error {
     #[error("task {id:?}: {detail}")]
     Task { id: String, detail: String },
     #[error(
-        "method {spec:?}: {detail} (known: full, prefix, blind, kamera:R, kamera-budget:B, kamera-share:B, orbit:R, cacheblend:F, epic:K, oracle-tokens:F)"
+        "method {spec:?}: {detail} (known: full, prefix, blind, kamera:R, kamera-budget:B, kamera-share:B, kamera-kv:BK+BV, kamera-energy:E[+EV], orbit:R, orbit-later:R, orbit-slot:R, orbit-unseen:R, cacheblend:F, epic:K, oracle-tokens:F; patch methods take /q8, /q4, /f32, /f16, /bf16, /drop=S)"
     )]
     Method { spec: String, detail: String },
     #[error("{op}: {detail}")]
     Invalid { op: &'static str, detail: String },
+    #[error("{op}: store encoding: {source}")]
+    Store {
+        op: &'static str,
+        #[source]
+        source: Box<kamera_store::Error>,
+    },
 }
 
 /// The crate's result type.

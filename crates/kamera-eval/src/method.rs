@@ -3,7 +3,70 @@
 use std::fmt;
 use std::str::FromStr;
 
+use kamera_ops::{DType, PatchConfig, Quant, RankPolicy};
+
 use crate::error::{Error, Result};
+
+/// How a patch method forms and stores its patches: the rank policy, the float dtype of the
+/// factors (bf16 by default, as kamera-store writes them), quantisation and dropped layers.
+/// Spelled `NAME:ARG[/q8|/q4][/f32|/f16|/bf16][/drop=S]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PatchSpec {
+    pub rank: RankPolicy,
+    pub dtype: DType,
+    pub quant: Quant,
+    /// Layers whose K (V) deficit holds less than this share of the chunk's are dropped.
+    pub drop_below: f64,
+}
+
+impl PatchSpec {
+    pub fn rank(rank: RankPolicy) -> PatchSpec {
+        PatchSpec {
+            rank,
+            dtype: DType::Bf16,
+            quant: Quant::None,
+            drop_below: 0.0,
+        }
+    }
+    /// The operator's patch settings.
+    pub fn config(&self) -> PatchConfig {
+        PatchConfig {
+            rank: self.rank.clone(),
+            dtype: self.dtype,
+            quant: self.quant,
+            drop_below: self.drop_below,
+        }
+    }
+}
+
+/// Which orbit patch a chunk gets (KAMERA.md, "Reorder"); every ordering sampled for the set
+/// (all of them for up to 4 chunks) is prefilled once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OrbitKind {
+    /// The paper's orbit patch: the mean deficit over every ordering of the set, one patch per
+    /// chunk, evaluated on every ordering of the set.
+    Mean,
+    /// The mean over the orderings that do not put the chunk first, applied only when it is not
+    /// first (a chunk right after the shared prefix has no deficit): one patch per chunk.
+    Later,
+    /// One patch per slot of the chunk within the set (the mean over the orderings that put it
+    /// there; none for the first slot): set size − 1 patches per chunk.
+    Slot,
+    /// The old out-of-orbit check: the mean over the sampled orderings other than the task's,
+    /// evaluated on the task's ordering only.
+    Unseen,
+}
+
+impl OrbitKind {
+    fn name(self) -> &'static str {
+        match self {
+            OrbitKind::Mean => "orbit",
+            OrbitKind::Later => "orbit-later",
+            OrbitKind::Slot => "orbit-slot",
+            OrbitKind::Unseen => "orbit-unseen",
+        }
+    }
+}
 
 /// How a method builds the context of a task's chunks.
 #[derive(Debug, Clone, PartialEq)]
@@ -15,15 +78,13 @@ pub enum Method {
     Prefix,
     /// Every chunk from its canonical KV, relocated, no patch.
     Blind,
-    /// Blind plus a rank-R patch from one conditioned forward over the true antecedents.
-    Kamera { rank: usize },
-    /// Kamera with per-layer ranks under a byte budget (fraction of the chunk's KV bytes).
-    KameraBudget { fraction: f64 },
-    /// Kamera with per-layer K/V ranks under the same byte budget, chosen by each matrix's
-    /// energy share (σ²/‖Δ‖²) per byte, so layers weigh equally whatever their KV scale.
-    KameraShare { fraction: f64 },
-    /// One orbit patch per chunk over sampled orderings, evaluated on an unseen ordering.
-    Orbit { rank: usize },
+    /// Blind plus one patch per chunk from one conditioned forward over its true antecedents:
+    /// `kamera:R` (fixed rank), `kamera-budget:B` (greedy σ² per byte under B × the chunk's KV
+    /// bytes), `kamera-share:B` (greedy by energy share), `kamera-kv:BK+BV` (K and V budgets
+    /// apart), `kamera-energy:E` or `kamera-energy:EK+EV` (per-matrix energy share).
+    Kamera(PatchSpec),
+    /// Orbit patches of rank R: `orbit:R`, `orbit-later:R`, `orbit-slot:R`, `orbit-unseen:R`.
+    Orbit { kind: OrbitKind, patch: PatchSpec },
     /// CacheBlend: recompute fraction F of each chunk's tokens, picked by KV deviation at a
     /// check layer, through the remaining layers.
     CacheBlend { fraction: f64 },
@@ -55,57 +116,126 @@ fn count(spec: &str, arg: &str) -> Result<usize> {
     })
 }
 
+/// `A+B` as two fractions, or `A` for both.
+fn pair(spec: &str, arg: &str) -> Result<(f64, f64)> {
+    match arg.split_once('+') {
+        Some((a, b)) => Ok((fraction(spec, a)?, fraction(spec, b)?)),
+        None => {
+            let a = fraction(spec, arg)?;
+            Ok((a, a))
+        }
+    }
+}
+
+fn modifiers(spec: &str, mut p: PatchSpec, mods: &[&str]) -> Result<PatchSpec> {
+    for m in mods {
+        match *m {
+            "q8" => p.quant = Quant::Int8,
+            "q4" => p.quant = Quant::Int4,
+            "f32" => p.dtype = DType::F32,
+            "f16" => p.dtype = DType::F16,
+            "bf16" => p.dtype = DType::Bf16,
+            d if d.starts_with("drop=") => p.drop_below = fraction(spec, &d[5..])?,
+            other => {
+                return Err(Error::Method {
+                    spec: spec.into(),
+                    detail: format!("unknown modifier {other:?} (q8, q4, f32, f16, bf16, drop=S)"),
+                });
+            }
+        }
+    }
+    Ok(p)
+}
+
 impl FromStr for Method {
     type Err = Error;
     fn from_str(spec: &str) -> Result<Method> {
         let s = spec.trim();
-        let (name, arg) = match s.split_once(':') {
+        let mut parts = s.split('/');
+        let head = parts.next().unwrap_or_default();
+        let mods: Vec<&str> = parts.collect();
+        let (name, arg) = match head.split_once(':') {
             Some((n, a)) => (n, Some(a)),
-            None => (s, None),
+            None => (head, None),
         };
-        fn need<'s>(spec: &str, name: &str, a: Option<&'s str>) -> Result<&'s str> {
-            a.ok_or_else(|| Error::Method {
-                spec: spec.into(),
-                detail: format!("{name} needs an argument ({name}:VALUE)"),
+        let bad = |detail: String| Error::Method {
+            spec: spec.into(),
+            detail,
+        };
+        let need = || arg.ok_or_else(|| bad(format!("{name} needs an argument ({name}:VALUE)")));
+        let patch = |rank: RankPolicy| modifiers(spec, PatchSpec::rank(rank), &mods);
+        let orbit = |kind: OrbitKind| -> Result<Method> {
+            Ok(Method::Orbit {
+                kind,
+                patch: patch(RankPolicy::Fixed(count(spec, need()?)?))?,
             })
-        }
-        let none = |a: Option<&str>, m: Method| match a {
-            None => Ok(m),
-            Some(_) => Err(Error::Method {
-                spec: spec.into(),
-                detail: format!("{name} takes no argument"),
-            }),
+        };
+        let plain = |m: Method| {
+            if arg.is_some() || !mods.is_empty() {
+                Err(bad(format!("{name} takes no argument")))
+            } else {
+                Ok(m)
+            }
+        };
+        let no_mods = |m: Method| {
+            if mods.is_empty() {
+                Ok(m)
+            } else {
+                Err(bad(format!("{name} takes no modifiers")))
+            }
         };
         match name {
-            "full" => none(arg, Method::Full),
-            "prefix" => none(arg, Method::Prefix),
-            "blind" => none(arg, Method::Blind),
-            "kamera" => Ok(Method::Kamera {
-                rank: count(spec, need(spec, name, arg)?)?,
+            "full" => plain(Method::Full),
+            "prefix" => plain(Method::Prefix),
+            "blind" => plain(Method::Blind),
+            "kamera" => Ok(Method::Kamera(patch(RankPolicy::Fixed(count(spec, need()?)?))?)),
+            "kamera-budget" => Ok(Method::Kamera(patch(RankPolicy::Budget {
+                fraction: fraction(spec, need()?)?,
+            })?)),
+            "kamera-share" => Ok(Method::Kamera(patch(RankPolicy::BudgetShare {
+                fraction: fraction(spec, need()?)?,
+            })?)),
+            "kamera-kv" => {
+                let (k, v) = pair(spec, need()?)?;
+                Ok(Method::Kamera(patch(RankPolicy::BudgetKv { k, v })?))
+            }
+            "kamera-energy" => {
+                let (k, v) = pair(spec, need()?)?;
+                Ok(Method::Kamera(patch(RankPolicy::Energy { k, v })?))
+            }
+            "orbit" => orbit(OrbitKind::Mean),
+            "orbit-later" => orbit(OrbitKind::Later),
+            "orbit-slot" => orbit(OrbitKind::Slot),
+            "orbit-unseen" => orbit(OrbitKind::Unseen),
+            "cacheblend" => no_mods(Method::CacheBlend {
+                fraction: fraction(spec, need()?)?,
             }),
-            "kamera-budget" => Ok(Method::KameraBudget {
-                fraction: fraction(spec, need(spec, name, arg)?)?,
+            "epic" => no_mods(Method::Epic {
+                tokens: count(spec, need()?)?,
             }),
-            "kamera-share" => Ok(Method::KameraShare {
-                fraction: fraction(spec, need(spec, name, arg)?)?,
+            "oracle-tokens" => no_mods(Method::OracleTokens {
+                fraction: fraction(spec, need()?)?,
             }),
-            "orbit" => Ok(Method::Orbit {
-                rank: count(spec, need(spec, name, arg)?)?,
-            }),
-            "cacheblend" => Ok(Method::CacheBlend {
-                fraction: fraction(spec, need(spec, name, arg)?)?,
-            }),
-            "epic" => Ok(Method::Epic {
-                tokens: count(spec, need(spec, name, arg)?)?,
-            }),
-            "oracle-tokens" => Ok(Method::OracleTokens {
-                fraction: fraction(spec, need(spec, name, arg)?)?,
-            }),
-            _ => Err(Error::Method {
-                spec: spec.into(),
-                detail: "unknown method".into(),
-            }),
+            _ => Err(bad("unknown method".into())),
         }
+    }
+}
+
+impl fmt::Display for PatchSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.quant {
+            Quant::Int8 => write!(f, "/q8")?,
+            Quant::Int4 => write!(f, "/q4")?,
+            Quant::None => match self.dtype {
+                DType::Bf16 => {}
+                DType::F32 => write!(f, "/f32")?,
+                DType::F16 => write!(f, "/f16")?,
+            },
+        }
+        if self.drop_below > 0.0 {
+            write!(f, "/drop={}", self.drop_below)?;
+        }
+        Ok(())
     }
 }
 
@@ -115,10 +245,21 @@ impl fmt::Display for Method {
             Method::Full => write!(f, "full"),
             Method::Prefix => write!(f, "prefix"),
             Method::Blind => write!(f, "blind"),
-            Method::Kamera { rank } => write!(f, "kamera:{rank}"),
-            Method::KameraBudget { fraction } => write!(f, "kamera-budget:{fraction}"),
-            Method::KameraShare { fraction } => write!(f, "kamera-share:{fraction}"),
-            Method::Orbit { rank } => write!(f, "orbit:{rank}"),
+            Method::Kamera(p) => {
+                match &p.rank {
+                    RankPolicy::Fixed(r) => write!(f, "kamera:{r}")?,
+                    RankPolicy::Budget { fraction } => write!(f, "kamera-budget:{fraction}")?,
+                    RankPolicy::BudgetShare { fraction } => write!(f, "kamera-share:{fraction}")?,
+                    RankPolicy::BudgetKv { k, v } => write!(f, "kamera-kv:{k}+{v}")?,
+                    RankPolicy::Energy { k, v } => write!(f, "kamera-energy:{k}+{v}")?,
+                    RankPolicy::PerLayer(rs) => write!(f, "kamera-per-layer:{rs:?}")?,
+                }
+                write!(f, "{p}")
+            }
+            Method::Orbit { kind, patch } => match &patch.rank {
+                RankPolicy::Fixed(r) => write!(f, "{}:{r}{patch}", kind.name()),
+                other => write!(f, "{}:{other:?}{patch}", kind.name()),
+            },
             Method::CacheBlend { fraction } => write!(f, "cacheblend:{fraction}"),
             Method::Epic { tokens } => write!(f, "epic:{tokens}"),
             Method::OracleTokens { fraction } => write!(f, "oracle-tokens:{fraction}"),
@@ -155,13 +296,43 @@ mod tests {
     #[test]
     fn parses_every_method_and_rejects_bad_ones() {
         let ms = parse_methods(
-            "full, prefix,blind,kamera:32,kamera-budget:0.1,orbit:16,cacheblend:0.15,epic:32,oracle-tokens:0.5",
+            "full, prefix,blind,kamera:32,kamera-budget:0.1,orbit:16,cacheblend:0.15,epic:32,oracle-tokens:0.5,\
+             kamera:32/q4/drop=0.01,kamera-kv:0.02+0.06/q8,kamera-energy:0.9,orbit-slot:8/f32,kamera:4/f16",
         )
         .unwrap();
-        assert_eq!(ms.len(), 9);
-        assert_eq!(ms[3].1, Method::Kamera { rank: 32 });
+        assert_eq!(ms.len(), 14);
+        assert_eq!(ms[3].1, Method::Kamera(PatchSpec::rank(RankPolicy::Fixed(32))));
         assert_eq!(ms[6].1, Method::CacheBlend { fraction: 0.15 });
-        for bad in ["kamera", "kamera:x", "cacheblend:2", "blind:3", "nope", "", "full,full"] {
+        let Method::Kamera(q) = &ms[9].1 else {
+            panic!("{:?}", ms[9])
+        };
+        assert_eq!(
+            (q.quant, q.drop_below, &q.rank),
+            (Quant::Int4, 0.01, &RankPolicy::Fixed(32))
+        );
+        assert_eq!(ms[10].1.to_string(), "kamera-kv:0.02+0.06/q8");
+        assert_eq!(ms[11].1.to_string(), "kamera-energy:0.9+0.9");
+        let Method::Orbit { kind, patch } = &ms[12].1 else {
+            panic!()
+        };
+        assert_eq!((*kind, patch.dtype), (OrbitKind::Slot, DType::F32));
+        for (spec, m) in &ms {
+            assert_eq!(m.to_string().parse::<Method>().unwrap(), *m, "{spec}");
+        }
+        for bad in [
+            "kamera",
+            "kamera:x",
+            "cacheblend:2",
+            "blind:3",
+            "nope",
+            "",
+            "full,full",
+            "kamera:8/q3",
+            "blind/q8",
+            "kamera-kv:0.1+x",
+            "epic:3/q8",
+            "kamera:8/drop=2",
+        ] {
             assert!(parse_methods(bad).is_err(), "{bad}");
         }
     }

@@ -22,6 +22,12 @@ pub struct MethodSummary {
     /// Mean over tasks of the per-task gap recovered (noisier: tasks with tiny blind KL weigh in).
     pub gap_recovered_task_mean: f64,
     pub bytes_ratio: f64,
+    /// Mean blind KL on the orderings this method was evaluated on (its gap's reference).
+    #[serde(default)]
+    pub blind_kl: f64,
+    /// Orderings per task it was evaluated on (every orbit ordering for orbit methods).
+    #[serde(default)]
+    pub orderings: f64,
     pub assemble_ms: f64,
     pub patch_ms: f64,
     /// patch_ms / (full_ms − assemble_ms): reuses after which forming the patch has paid for
@@ -53,10 +59,33 @@ pub struct OraclePoint {
     pub gap_recovered: f64,
 }
 
+/// Why the orbit mean fails, per layer, at full rank (means over chunks, orderings and tasks).
+/// `*_err_*` = ‖Δ − D‖²/‖Δ‖² for a chunk that is not first, with D the plain mean over every
+/// ordering (`mean`), the mean over the orderings that do not put the chunk first (`later`) or
+/// over those that put it at the same slot (`slot`). For a chunk that is first: the energy of
+/// the plain mean it is given (`first_spurious`) and of its true deficit (`first_true`), both
+/// relative to the mean energy of its deficits at later slots.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OrbitLayer {
+    pub layer: usize,
+    pub k_err_mean: f64,
+    pub k_err_later: f64,
+    pub k_err_slot: f64,
+    pub v_err_mean: f64,
+    pub v_err_later: f64,
+    pub v_err_slot: f64,
+    pub k_first_spurious: f64,
+    pub v_first_spurious: f64,
+    pub k_first_true: f64,
+    pub v_first_true: f64,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 pub struct Diagnostics {
     pub deficit_energy: Vec<LayerEnergy>,
     pub oracle_curve: Vec<OraclePoint>,
+    #[serde(default)]
+    pub orbit: Vec<OrbitLayer>,
 }
 
 /// The `kamera eval` report.
@@ -89,6 +118,13 @@ pub fn summarize(model: &str, order: &[String], settings: &EvalConfig, per_task:
         let rows: Vec<_> = per_task.iter().filter_map(|t| t.methods.get(spec)).collect();
         let m = |f: &dyn Fn(&crate::run::TaskMethod) -> f64| mean(rows.iter().map(|r| f(r)));
         let kl = m(&|r| r.kl);
+        // Each method's gap is against blind on the orderings it was evaluated on.
+        let method_blind = m(&|r| if r.orderings > 0 { r.blind_kl } else { f64::NAN });
+        let method_blind = if method_blind.is_finite() {
+            method_blind
+        } else {
+            blind_kl
+        };
         let assemble_ms = m(&|r| r.assemble_ms);
         let patch_ms = m(&|r| r.patch_ms);
         let saving = full_ms - assemble_ms;
@@ -99,9 +135,11 @@ pub fn summarize(model: &str, order: &[String], settings: &EvalConfig, per_task:
                 top1: m(&|r| r.top1),
                 exact_match: m(&|r| f64::from(u8::from(r.exact_match))),
                 answer_logprob: m(&|r| r.answer_logprob),
-                gap_recovered: gap_recovered(kl, blind_kl),
+                gap_recovered: gap_recovered(kl, method_blind),
                 gap_recovered_task_mean: m(&|r| r.gap_recovered),
                 bytes_ratio: m(&|r| r.bytes_ratio),
+                blind_kl: method_blind,
+                orderings: m(&|r| r.orderings.max(1) as f64),
                 assemble_ms,
                 patch_ms,
                 break_even_reuses: (patch_ms > 0.0 && saving > 0.0).then(|| patch_ms / saving),
@@ -139,6 +177,28 @@ pub fn summarize(model: &str, order: &[String], settings: &EvalConfig, per_task:
             });
         }
     }
+    let with_orbit: Vec<_> = per_task
+        .iter()
+        .filter(|t| !t.diagnostics.orbit_layers.is_empty())
+        .collect();
+    if let Some(first) = with_orbit.first() {
+        for l in 0..first.diagnostics.orbit_layers.len() {
+            let c = |i: usize| mean(with_orbit.iter().map(|t| t.diagnostics.orbit_layers[l][i]));
+            diagnostics.orbit.push(OrbitLayer {
+                layer: l,
+                k_err_mean: c(0),
+                k_err_later: c(1),
+                k_err_slot: c(2),
+                v_err_mean: c(3),
+                v_err_later: c(4),
+                v_err_slot: c(5),
+                k_first_spurious: c(6),
+                v_first_spurious: c(7),
+                k_first_true: c(8),
+                v_first_true: c(9),
+            });
+        }
+    }
     let mean_chunk_tokens = mean(per_task.iter().flat_map(|t| t.chunk_tokens.iter().map(|&n| n as f64)));
     Report {
         model: model.to_string(),
@@ -168,15 +228,17 @@ impl Report {
             "Mean blind KL {:.4}; full re-prefill of the chunks {:.0} ms.\n",
             self.blind_kl, self.full_ms
         );
-        s.push_str("| method | KL(full‖m) | gap recovered | top-1 | exact match | answer logprob | bytes ratio | assemble ms | patch ms | break-even reuses | recompute share |\n");
-        s.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        s.push_str("| method | KL(full‖m) | blind KL (same orderings) | orderings | gap recovered | top-1 | exact match | answer logprob | bytes ratio | assemble ms | patch ms | break-even reuses | recompute share |\n");
+        s.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
         for spec in &self.method_order {
             let Some(m) = self.methods.get(spec) else { continue };
             let be = m.break_even_reuses.map_or("-".to_string(), |b| format!("{b:.2}"));
             let _ = writeln!(
                 s,
-                "| {spec} | {:.4} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.1} | {:.1} | {be} | {:.3} |",
+                "| {spec} | {:.4} | {:.4} | {:.1} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.1} | {:.1} | {be} | {:.3} |",
                 m.kl,
+                m.blind_kl,
+                m.orderings,
                 m.gap_recovered,
                 m.top1,
                 m.exact_match,
@@ -186,6 +248,27 @@ impl Report {
                 m.patch_ms,
                 m.recompute_share
             );
+        }
+        s.push_str(&self.pareto_markdown());
+        if !self.diagnostics.orbit.is_empty() {
+            s.push_str("\n## Why the orbit mean fails (per layer, full rank)\n\nNot-first chunk: ‖Δ − D‖²/‖Δ‖² for D = mean over every ordering / over the orderings where the chunk is not first / over those with the chunk at the same slot. First chunk: energy of the mean it is given, and of its true deficit, over its mean deficit energy at later slots.\n\n| layer | K mean | K later | K slot | V mean | V later | V slot | K first: mean given | V first: mean given | K first: true | V first: true |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+            for e in &self.diagnostics.orbit {
+                let _ = writeln!(
+                    s,
+                    "| {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.1e} | {:.1e} |",
+                    e.layer,
+                    e.k_err_mean,
+                    e.k_err_later,
+                    e.k_err_slot,
+                    e.v_err_mean,
+                    e.v_err_later,
+                    e.v_err_slot,
+                    e.k_first_spurious,
+                    e.v_first_spurious,
+                    e.k_first_true,
+                    e.v_first_true
+                );
+            }
         }
         if !self.diagnostics.oracle_curve.is_empty() {
             s.push_str("\n## Oracle token curve (true conditioned KV for the most-deviating tokens)\n\n| token share | KL | gap recovered |\n|---:|---:|---:|\n");
@@ -214,8 +297,43 @@ impl Report {
         s
     }
 
+    /// Methods that serve the pages from stored bytes alone (no recomputed token: not `full`,
+    /// `prefix`, `cacheblend`, `epic`, which pay a forward pass on every reuse) with their added bytes (bytes ratio − 1), sorted by them; a method is on the
+    /// Pareto front when no method adds fewer or equal bytes and recovers more of the gap.
+    pub fn pareto(&self) -> Vec<(String, f64, f64, bool)> {
+        let mut pts: Vec<(String, f64, f64)> = self
+            .method_order
+            .iter()
+            .filter_map(|k| {
+                self.methods
+                    .get(k)
+                    .filter(|m| m.recompute_share == 0.0)
+                    .map(|m| (k.clone(), m.bytes_ratio - 1.0, m.gap_recovered))
+            })
+            .collect();
+        pts.sort_by(|a, b| a.1.total_cmp(&b.1).then(b.2.total_cmp(&a.2)));
+        pts.iter()
+            .map(|(k, x, y)| {
+                let dominated = pts
+                    .iter()
+                    .any(|(k2, x2, y2)| k2 != k && *x2 <= *x && (*y2 > *y || (*y2 == *y && *x2 < *x)));
+                (k.clone(), *x, *y, !dominated)
+            })
+            .collect()
+    }
+
+    fn pareto_markdown(&self) -> String {
+        let mut s = String::from(
+            "\n## Pareto: gap recovered against bytes added (÷ the chunks' canonical KV bytes; methods without recompute)\n\n| method | added bytes | gap recovered | Pareto |\n|---|---:|---:|:---:|\n",
+        );
+        for (k, x, y, front) in self.pareto() {
+            let _ = writeln!(s, "| {k} | {x:.3} | {y:.3} | {} |", if front { "●" } else { "" });
+        }
+        s
+    }
+
     /// Gap recovered (y) against bytes stored per chunk relative to its KV (x), one labelled
-    /// point per method.
+    /// point per method, the Pareto front joined by a line.
     pub fn svg(&self) -> String {
         let (w, h, ml, mr, mt, mb) = (720.0, 440.0, 70.0, 170.0, 40.0, 60.0);
         let pts: Vec<(&str, f64, f64)> = self
@@ -293,6 +411,20 @@ impl Report {
                 w - mr + 10.0,
                 mt + 16.0 * i as f64,
                 xml(name)
+            );
+        }
+        let front: Vec<(f64, f64)> = self
+            .pareto()
+            .into_iter()
+            .filter(|p| p.3)
+            .map(|p| (sx(p.1 + 1.0), sy(p.2)))
+            .collect();
+        if front.len() > 1 {
+            let path: Vec<String> = front.iter().map(|(x, y)| format!("{x:.1},{y:.1}")).collect();
+            let _ = writeln!(
+                s,
+                "<polyline points=\"{}\" fill=\"none\" stroke=\"#555\" stroke-dasharray=\"4 3\"/>",
+                path.join(" ")
             );
         }
         s.push_str("</svg>\n");

@@ -6,26 +6,23 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use kamera_model::{Context, Model, PrefillOptions, Selection};
-use kamera_ops::{ChunkKv, DType, Deficit, LayerPatch, Patch, PatchConfig, Placement, RankPolicy, Svd, assemble};
+use kamera_ops::{ChunkKv, DType, Deficit, Patch, Placement, Svd, assemble};
+use kamera_store::{ChunkId, Key, ModelFp, Record, codec};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, ModelCtx, OpsCtx, Result};
-use crate::generate::Rng;
 use crate::kv::{slice, splice, token_deviation, top_k};
-use crate::method::Method;
+use crate::method::{Method, PatchSpec};
 use crate::metrics::{Scores, gap_recovered, score};
 use crate::task::Task;
 
 /// Harness settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EvalConfig {
-    /// Orderings sampled to form an orbit patch (never the evaluated one unless
-    /// `orbit_include_eval`).
+    /// The most orderings of a task's chunk set an orbit is formed from: the task's own ordering
+    /// first, then every other one when the set has at most this many orderings (all of them
+    /// for up to 4 chunks at the default 24), else this many sampled distinct orderings.
     pub orbit_orderings: usize,
-    /// Make the evaluated ordering the first of the orbit's orderings (a check: with one ordering
-    /// the orbit patch is then the Kamera patch).
-    #[serde(default)]
-    pub orbit_include_eval: bool,
     /// CacheBlend's check layer (layers `0..=check_layer` are recomputed for every token).
     pub check_layer: usize,
     /// Token shares of the oracle token curve (empty: no curve).
@@ -47,8 +44,7 @@ pub const DEFAULT_SYSTEM: &str = "You are a web agent. These are the pages you h
 impl Default for EvalConfig {
     fn default() -> EvalConfig {
         EvalConfig {
-            orbit_orderings: 2,
-            orbit_include_eval: false,
+            orbit_orderings: 24,
             check_layer: 1,
             oracle_curve: vec![0.1, 0.25, 0.5, 0.75],
             diagnostics: true,
@@ -66,8 +62,16 @@ pub struct TaskMethod {
     pub exact_match: bool,
     pub answer_logprob: f64,
     pub gap_recovered: f64,
-    /// Bytes stored for the task's chunks / their canonical KV bytes.
+    /// Bytes stored for the task's chunks / their canonical KV bytes, as kamera-store encodes
+    /// them (canonical KV records in bf16, patch records in their own factor type).
     pub bytes_ratio: f64,
+    /// Blind KL on the orderings this method was evaluated on (the task's; every ordering of
+    /// the orbit for orbit methods): its gap is measured against this.
+    #[serde(default)]
+    pub blind_kl: f64,
+    /// Orderings of the chunks this method was evaluated on.
+    #[serde(default)]
+    pub orderings: usize,
     /// Time to produce the chunks' KV for this reuse (relocate + patch, or recompute).
     pub assemble_ms: f64,
     /// One-time cost of forming the patches (conditioned forward(s) + SVD).
@@ -83,6 +87,9 @@ pub struct TaskDiagnostics {
     pub layers: Vec<[f64; 8]>,
     /// (share, KL) of the oracle token curve.
     pub oracle_curve: Vec<(f64, f64)>,
+    /// Per layer, why the orbit mean fails (see [`crate::OrbitLayer`]; empty without orbits).
+    #[serde(default)]
+    pub orbit_layers: Vec<[f64; 10]>,
 }
 
 /// All methods on one task.
@@ -100,40 +107,69 @@ pub struct TaskResult {
 }
 
 /// Everything a task's methods share.
-struct Prepared {
-    sys_ctx: Context,
-    start: i64,
-    chunk_toks: Vec<Vec<u32>>,
+pub(crate) struct Prepared {
+    pub(crate) sys_ctx: Context,
+    pub(crate) start: i64,
+    pub(crate) chunk_toks: Vec<Vec<u32>>,
     /// Start of each chunk within the region.
-    offs: Vec<usize>,
-    qa: Vec<u32>,
-    q_len: usize,
-    answer: Vec<u32>,
-    full_rows: Vec<f32>,
-    full_ms: f64,
-    conditioned: ChunkKv,
-    cond: Vec<ChunkKv>,
-    canon: Vec<ChunkKv>,
-    canon_bytes: usize,
-    blind: ChunkKv,
-    blind_ms: f64,
+    pub(crate) offs: Vec<usize>,
+    pub(crate) qa: Vec<u32>,
+    pub(crate) q_len: usize,
+    pub(crate) answer: Vec<u32>,
+    pub(crate) full_rows: Vec<f32>,
+    pub(crate) full_ms: f64,
+    pub(crate) conditioned: ChunkKv,
+    pub(crate) cond: Vec<ChunkKv>,
+    pub(crate) canon: Vec<ChunkKv>,
+    /// Encoded bytes of the chunks' canonical KV records (bf16, as kamera-store writes them).
+    pub(crate) canon_bytes: usize,
+    pub(crate) blind: ChunkKv,
+    pub(crate) blind_ms: f64,
 }
 
 /// Per chunk, the SVDs of its deficit per layer (K, V), and the time they took.
-struct Spectra {
-    svds: Vec<Vec<(Svd, Svd)>>,
-    deficits: Vec<Deficit>,
-    ms: f64,
+pub(crate) struct Spectra {
+    pub(crate) svds: Vec<Vec<(Svd, Svd)>>,
+    pub(crate) deficits: Vec<Deficit>,
+    pub(crate) ms: f64,
 }
 
-fn ms(t: Instant) -> f64 {
+/// The dtype kamera-store writes by default; the bytes of canonical KV are counted in it.
+pub(crate) const STORE_DTYPE: DType = DType::Bf16;
+
+/// The payload bytes of `kv` stored as [`STORE_DTYPE`] (what a byte budget refers to).
+pub(crate) fn store_kv_bytes(kv: &ChunkKv) -> usize {
+    kv.kv_bytes() / kv.dtype().size() * STORE_DTYPE.size()
+}
+
+fn store_err(op: &'static str) -> impl FnOnce(kamera_store::Error) -> Error {
+    move |source| Error::Store {
+        op,
+        source: Box::new(source),
+    }
+}
+
+/// Encoded record bytes of `patches`, exactly as kamera-store writes them (with `dtype: None`:
+/// the factors in their own type or as quantised codes).
+pub(crate) fn stored_bytes<'p>(patches: impl IntoIterator<Item = &'p Patch>) -> Result<usize> {
+    let m = ModelFp::of("kamera-eval");
+    let key = Key::patch(m, ChunkId::of(b"chunk", "eval", m), &[], 0);
+    let mut total = 0;
+    for p in patches {
+        let rec = Record::patch(m, 0, p.clone());
+        total += codec::encode(&key, &rec, None).map_err(store_err("patch bytes"))?.len();
+    }
+    Ok(total)
+}
+
+pub(crate) fn ms(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1e3
 }
 
 /// Runs the methods of a task list on one model.
 pub struct Evaluator<'a> {
-    model: &'a Model,
-    cfg: EvalConfig,
+    pub(crate) model: &'a Model,
+    pub(crate) cfg: EvalConfig,
 }
 
 impl<'a> Evaluator<'a> {
@@ -157,7 +193,7 @@ impl<'a> Evaluator<'a> {
     }
 
     /// Answer-token logit rows (`answer x vocab`) of question + answer prefilled after `ctx`.
-    fn answer_rows(&self, p: &Prepared, ctx: &Context) -> Result<Vec<f32>> {
+    pub(crate) fn answer_rows(&self, p: &Prepared, ctx: &Context) -> Result<Vec<f32>> {
         let opts = PrefillOptions { all_logits: true };
         let out = self
             .model
@@ -172,7 +208,7 @@ impl<'a> Evaluator<'a> {
         Ok(all[from * v..(from + p.answer.len()) * v].to_vec())
     }
 
-    fn with_region(&self, p: &Prepared, region: &ChunkKv) -> Result<Context> {
+    pub(crate) fn with_region(&self, p: &Prepared, region: &ChunkKv) -> Result<Context> {
         let mut ctx = p.sys_ctx.clone();
         ctx.push(region).model("context push")?;
         Ok(ctx)
@@ -218,7 +254,15 @@ impl<'a> Evaluator<'a> {
             .iter()
             .map(|c| Ok(m.prefill(c, start, &sys_ctx).model("canonical prefill")?.chunk))
             .collect::<Result<Vec<_>>>()?;
-        let canon_bytes = canon.iter().map(ChunkKv::kv_bytes).sum();
+        let m_fp = ModelFp::of("kamera-eval");
+        let key = Key::canonical(m_fp, ChunkId::of(b"chunk", "eval", m_fp));
+        let mut canon_bytes = 0;
+        for c in &canon {
+            let rec = Record::kv(m_fp, 0, c.clone());
+            canon_bytes += codec::encode(&key, &rec, Some(STORE_DTYPE))
+                .map_err(store_err("canonical bytes"))?
+                .len();
+        }
         let t = Instant::now();
         let parts: Vec<Placement<'_>> = canon.iter().map(|c| Placement { chunk: c, patch: None }).collect();
         let blind = assemble(&parts, m.rope(), start, DType::F32).ops("blind assemble")?;
@@ -245,7 +289,7 @@ impl<'a> Evaluator<'a> {
         Ok(p)
     }
 
-    fn spectra(&self, p: &Prepared, conditioned: &[Vec<ChunkKv>]) -> Result<Spectra> {
+    pub(crate) fn spectra(&self, p: &Prepared, conditioned: &[Vec<ChunkKv>]) -> Result<Spectra> {
         let t = Instant::now();
         let rope = self.model.rope();
         let mut deficits = Vec::new();
@@ -273,91 +317,37 @@ impl<'a> Evaluator<'a> {
         })
     }
 
-    /// Conditioned KV of every chunk under sampled orderings other than the task's.
-    fn orbit_conditioned(&self, task: &Task, p: &Prepared) -> Result<(Vec<Vec<ChunkKv>>, f64)> {
-        let n = p.chunk_toks.len();
-        let mut h = self.cfg.seed ^ 0xcbf2_9ce4_8422_2325;
-        for b in task.id.bytes() {
-            h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
-        }
-        let mut rng = Rng::new(h);
-        let identity: Vec<usize> = (0..n).collect();
-        let mut orders: Vec<Vec<usize>> = Vec::new();
-        if self.cfg.orbit_include_eval {
-            orders.push(identity.clone());
-        }
-        let distinct_orders = (1..=n).product::<usize>().saturating_sub(1);
-        let want = self
-            .cfg
-            .orbit_orderings
-            .max(1)
-            .min(distinct_orders + usize::from(self.cfg.orbit_include_eval))
-            .max(1);
-        let mut tries = 0;
-        while orders.len() < want && tries < 1000 {
-            tries += 1;
-            let mut o = identity.clone();
-            rng.shuffle(&mut o);
-            if (o != identity || n == 1) && !orders.contains(&o) && orders.len() < want {
-                orders.push(o);
-            }
-        }
+    /// One patch per chunk under `spec`, from per-chunk deficit SVDs, with the time it took.
+    pub(crate) fn spec_patches(
+        &self,
+        p: &Prepared,
+        svds: &[Vec<(Svd, Svd)>],
+        spec: &PatchSpec,
+    ) -> Result<(Vec<Patch>, f64)> {
         let t = Instant::now();
-        let mut out: Vec<Vec<ChunkKv>> = vec![Vec::new(); n];
-        for o in &orders {
-            let toks: Vec<u32> = o.iter().flat_map(|&i| p.chunk_toks[i].iter().copied()).collect();
-            let pf = self.model.prefill(&toks, p.start, &p.sys_ctx).model("orbit prefill")?;
-            let mut at = 0;
-            for &i in o {
-                let len = p.chunk_toks[i].len();
-                out[i].push(slice(&pf.chunk, at, len)?);
-                at += len;
-            }
-        }
-        Ok((out, ms(t)))
-    }
-
-    fn fixed_patches(&self, p: &Prepared, s: &Spectra, rank: usize) -> Result<(Vec<Patch>, f64)> {
-        let ranks: Vec<Vec<(usize, usize)>> = s.svds.iter().map(|l| vec![(rank, rank); l.len()]).collect();
-        self.ranked_patches(p, s, &ranks)
-    }
-
-    /// Patches truncated to `ranks[chunk][layer] = (K rank, V rank)`.
-    fn ranked_patches(&self, p: &Prepared, s: &Spectra, ranks: &[Vec<(usize, usize)>]) -> Result<(Vec<Patch>, f64)> {
-        let t = Instant::now();
-        let patches = s
-            .svds
+        let cfg = spec.config();
+        let patches = svds
             .iter()
             .zip(&p.canon)
-            .zip(ranks)
-            .map(|((svds, c), rs)| {
-                let layers = svds
-                    .iter()
-                    .zip(rs)
-                    .map(|((k, v), &(rk, rv))| {
-                        Ok(LayerPatch {
-                            k: k.truncate(rk, DType::F32)?,
-                            v: v.truncate(rv, DType::F32)?,
-                        })
-                    })
-                    .collect::<kamera_ops::Result<Vec<_>>>()?;
-                Patch::new(*c.layout(), c.n_tokens(), layers)
+            .map(|(s, c)| {
+                kamera_ops::patch_from_svds(s, c.n_tokens(), c.layout(), store_kv_bytes(c), &cfg)
+                    .map(Patch::compact_spectra)
             })
             .collect::<kamera_ops::Result<Vec<_>>>()
-            .ops("patch truncate")?;
+            .ops("patch formation")?;
         Ok((patches, ms(t)))
     }
 
-    /// Assembles the chunks with `patches`, returning the region and the time it took.
-    fn assemble(&self, p: &Prepared, patches: &[Patch]) -> Result<(ChunkKv, f64)> {
+    /// Assembles the chunks in `order` (indices into the task's chunks), each with its patch,
+    /// returning the region and the time it took.
+    pub(crate) fn assemble(&self, p: &Prepared, order: &[usize], patches: &[Option<&Patch>]) -> Result<(ChunkKv, f64)> {
         let t = Instant::now();
-        let parts: Vec<Placement<'_>> = p
-            .canon
+        let parts: Vec<Placement<'_>> = order
             .iter()
             .zip(patches)
-            .map(|(c, pt)| Placement {
-                chunk: c,
-                patch: Some(pt),
+            .map(|(&c, pt)| Placement {
+                chunk: &p.canon[c],
+                patch: *pt,
             })
             .collect();
         let kv = assemble(&parts, self.model.rope(), p.start, DType::F32).ops("assemble")?;
@@ -365,8 +355,10 @@ impl<'a> Evaluator<'a> {
     }
 
     fn patched(&self, p: &Prepared, patches: &[Patch], patch_ms: f64) -> Result<(Context, TaskMethod)> {
-        let (kv, t) = self.assemble(p, patches)?;
-        let bytes: usize = patches.iter().map(Patch::bytes).sum();
+        let order: Vec<usize> = (0..p.canon.len()).collect();
+        let refs: Vec<Option<&Patch>> = patches.iter().map(Some).collect();
+        let (kv, t) = self.assemble(p, &order, &refs)?;
+        let bytes = stored_bytes(patches)?;
         Ok((
             self.with_region(p, &kv)?,
             method_cost(1.0 + bytes as f64 / p.canon_bytes as f64, t, patch_ms, 0.0),
@@ -404,20 +396,14 @@ impl<'a> Evaluator<'a> {
         let blind_ctx = self.with_region(&p, &p.blind)?;
         let blind_rows = self.answer_rows(&p, &blind_ctx)?;
         let blind_scores = score(&p.full_rows, &blind_rows, &p.answer, vocab);
-        let needs_spectra = self.cfg.diagnostics
-            || methods.iter().any(|(_, m)| {
-                matches!(
-                    m,
-                    Method::Kamera { .. } | Method::KameraBudget { .. } | Method::KameraShare { .. }
-                )
-            });
+        let needs_spectra = self.cfg.diagnostics || methods.iter().any(|(_, m)| matches!(m, Method::Kamera(_)));
         let own: Vec<Vec<ChunkKv>> = p.cond.iter().map(|c| vec![c.clone()]).collect();
         let spectra = if needs_spectra {
             Some(self.spectra(&p, &own)?)
         } else {
             None
         };
-        let mut orbit: Option<(Spectra, f64)> = None;
+        let mut orbit: Option<crate::orbit::OrbitState> = None;
         let mut results = BTreeMap::new();
         for (spec, m) in methods {
             let (rows, cost) = match m {
@@ -437,42 +423,20 @@ impl<'a> Evaluator<'a> {
                     let t = ms(t);
                     (self.answer_rows(&p, &ctx)?, method_cost(1.0, t, 0.0, share))
                 }
-                Method::Kamera { rank } => {
+                Method::Kamera(spec) => {
                     let s = spectra.as_ref().ok_or_else(|| invalid("kamera needs spectra"))?;
-                    let (patches, t) = self.fixed_patches(&p, s, *rank)?;
+                    let (patches, t) = self.spec_patches(&p, &s.svds, spec)?;
                     let (ctx, cost) = self.patched(&p, &patches, p.full_ms + s.ms + t)?;
                     (self.answer_rows(&p, &ctx)?, cost)
                 }
-                Method::KameraBudget { fraction } | Method::KameraShare { fraction } => {
-                    let s = spectra.as_ref().ok_or_else(|| invalid("kamera-budget needs spectra"))?;
-                    let t = Instant::now();
-                    let rank = match m {
-                        Method::KameraShare { .. } => RankPolicy::BudgetShare { fraction: *fraction },
-                        _ => RankPolicy::Budget { fraction: *fraction },
-                    };
-                    let cfg = PatchConfig {
-                        rank,
-                        dtype: DType::F32,
-                    };
-                    let patches = s
-                        .deficits
-                        .iter()
-                        .zip(&p.canon)
-                        .map(|(d, c)| kamera_ops::patch_from_deficit(d, c.layout(), c.kv_bytes(), &cfg))
-                        .collect::<kamera_ops::Result<Vec<_>>>()
-                        .ops("budget patch")?;
-                    let (ctx, cost) = self.patched(&p, &patches, p.full_ms + ms(t))?;
-                    (self.answer_rows(&p, &ctx)?, cost)
-                }
-                Method::Orbit { rank } => {
+                Method::Orbit { kind, patch } => {
                     if orbit.is_none() {
-                        let (conds, t) = self.orbit_conditioned(task, &p)?;
-                        orbit = Some((self.spectra(&p, &conds)?, t));
+                        orbit = Some(self.orbit_state(task, &p)?);
                     }
-                    let (s, prefill_ms) = orbit.as_ref().ok_or_else(|| invalid("orbit spectra"))?;
-                    let (patches, t) = self.fixed_patches(&p, s, *rank)?;
-                    let (ctx, cost) = self.patched(&p, &patches, prefill_ms + s.ms + t)?;
-                    (self.answer_rows(&p, &ctx)?, cost)
+                    let o = orbit.as_mut().ok_or_else(|| invalid("orbit state"))?;
+                    let done = self.run_orbit(&p, o, *kind, patch)?;
+                    results.insert(spec.clone(), done);
+                    continue;
                 }
                 Method::CacheBlend { fraction } => {
                     let groups = p.chunk_toks.iter().zip(&p.offs).map(|(c, &o)| (o, c.len())).collect();
@@ -503,7 +467,7 @@ impl<'a> Evaluator<'a> {
                 }
             };
             let s = score(&p.full_rows, &rows, &p.answer, vocab);
-            results.insert(spec.clone(), finish(s, blind_scores.kl, cost));
+            results.insert(spec.clone(), finish(s, blind_scores.kl, 1, cost));
         }
         let mut diagnostics = TaskDiagnostics::default();
         if self.cfg.diagnostics
@@ -516,6 +480,9 @@ impl<'a> Evaluator<'a> {
                 diagnostics
                     .oracle_curve
                     .push((share, score(&p.full_rows, &rows, &p.answer, vocab).kl));
+            }
+            if let Some(o) = &mut orbit {
+                diagnostics.orbit_layers = self.orbit_diagnostics(o)?;
             }
         }
         Ok(TaskResult {
@@ -544,14 +511,14 @@ pub(crate) fn system_tokens(m: &Model, system: &str) -> Result<Vec<u32>> {
     Ok(sys)
 }
 
-fn invalid(detail: &str) -> Error {
+pub(crate) fn invalid(detail: &str) -> Error {
     Error::Invalid {
         op: "Evaluator::run_task",
         detail: detail.into(),
     }
 }
 
-fn method_cost(bytes_ratio: f64, assemble_ms: f64, patch_ms: f64, recompute_share: f64) -> TaskMethod {
+pub(crate) fn method_cost(bytes_ratio: f64, assemble_ms: f64, patch_ms: f64, recompute_share: f64) -> TaskMethod {
     TaskMethod {
         kl: 0.0,
         top1: 0.0,
@@ -559,19 +526,24 @@ fn method_cost(bytes_ratio: f64, assemble_ms: f64, patch_ms: f64, recompute_shar
         answer_logprob: 0.0,
         gap_recovered: 0.0,
         bytes_ratio,
+        blind_kl: 0.0,
+        orderings: 0,
         assemble_ms,
         patch_ms,
         recompute_share,
     }
 }
 
-fn finish(s: Scores, blind_kl: f64, cost: TaskMethod) -> TaskMethod {
+/// The scores of a method (means over `orderings` orderings) against a blind KL on the same ones.
+pub(crate) fn finish(s: Scores, blind_kl: f64, orderings: usize, cost: TaskMethod) -> TaskMethod {
     TaskMethod {
         kl: s.kl,
         top1: s.top1,
         exact_match: s.exact_match,
         answer_logprob: s.answer_logprob,
         gap_recovered: gap_recovered(s.kl, blind_kl),
+        blind_kl,
+        orderings,
         ..cost
     }
 }

@@ -21,7 +21,7 @@ fn model() -> &'static Model {
     })
 }
 
-const METHODS: &str = "full,prefix,blind,kamera:32,kamera:100000,kamera-budget:0.2,kamera-share:0.2,orbit:16,cacheblend:0.15,cacheblend:1,epic:8,epic:100000,oracle-tokens:0.25,oracle-tokens:1";
+const METHODS: &str = "full,prefix,blind,kamera:32,kamera:100000/f32,kamera-budget:0.2,kamera-share:0.2,kamera:32/q8,kamera:32/q4,kamera-kv:0.05+0.15/q4,orbit:16,orbit-later:16,orbit-slot:16,cacheblend:0.15,cacheblend:1,epic:8,epic:100000,oracle-tokens:0.25,oracle-tokens:1";
 
 fn report() -> &'static Report {
     static R: OnceLock<Report> = OnceLock::new();
@@ -52,17 +52,17 @@ fn exact_limits_reproduce_full() {
     assert_eq!(kl(r, "full"), 0.0);
     // The prefix cache matches the first page exactly and recomputes the rest.
     assert!(kl(r, "prefix") < 1e-6, "prefix {}", kl(r, "prefix"));
-    // Rank = full rank reconstructs the conditioned KV.
+    // Rank = full rank (f32 factors) reconstructs the conditioned KV.
     assert!(
-        kl(r, "kamera:100000") < 1e-5,
+        kl(r, "kamera:100000/f32") < 1e-5,
         "kamera full rank {}",
-        kl(r, "kamera:100000")
+        kl(r, "kamera:100000/f32")
     );
     // Recomputing every token (CacheBlend at 1, EPIC over whole chunks) is a full prefill.
     assert!(kl(r, "cacheblend:1") < 1e-5, "cacheblend:1 {}", kl(r, "cacheblend:1"));
     assert!(kl(r, "epic:100000") < 1e-5, "epic:all {}", kl(r, "epic:100000"));
     assert!(kl(r, "oracle-tokens:1") < 1e-5, "oracle:1 {}", kl(r, "oracle-tokens:1"));
-    for m in ["full", "prefix", "kamera:100000", "cacheblend:1", "oracle-tokens:1"] {
+    for m in ["full", "prefix", "kamera:100000/f32", "cacheblend:1", "oracle-tokens:1"] {
         assert_eq!(r.methods[m].top1, 1.0, "{m}");
         assert!((r.methods[m].gap_recovered - 1.0).abs() < 1e-3, "{m}");
     }
@@ -82,14 +82,37 @@ fn kamera_beats_blind_and_costs_what_it_says() {
     assert_eq!(r.methods["blind"].gap_recovered, 0.0);
     assert_eq!(r.methods["blind"].bytes_ratio, 1.0);
     assert!(r.methods["kamera:32"].bytes_ratio > 1.0);
-    for m in ["kamera-budget:0.2", "kamera-share:0.2"] {
+    // Budgets count factor bytes against the bf16 KV payload; the records add a header each.
+    for m in ["kamera-budget:0.2", "kamera-share:0.2", "kamera-kv:0.05+0.15/q4"] {
         let b = r.methods[m].bytes_ratio;
-        assert!(b > 1.1 && b <= 1.2 + 1e-9, "{m} bytes {b}");
+        assert!(b > 1.1 && b <= 1.21, "{m} bytes {b}");
     }
+    // int8 codes take about half the bytes of bf16 factors, 4-bit about a quarter.
+    let added = |m: &str| r.methods[m].bytes_ratio - 1.0;
+    let (f, q8, q4) = (added("kamera:32"), added("kamera:32/q8"), added("kamera:32/q4"));
+    assert!(
+        (q8 / f - 0.5).abs() < 0.05 && (q4 / f - 0.25).abs() < 0.05,
+        "{f} {q8} {q4}"
+    );
+    assert!(kl(r, "kamera:32/q8") < kl(r, "blind") && kl(r, "kamera:32/q4") < kl(r, "blind"));
     assert!(r.methods["kamera:32"].patch_ms > 0.0);
     let share = r.methods["cacheblend:0.15"].recompute_share;
     assert!(share > 0.1 && share < 0.3, "{share}");
-    assert!(r.methods["orbit:16"].kl.is_finite());
+    // Orbit methods are scored on all 6 orderings of the 3 pages, against blind on the same ones;
+    // the slot patches store one patch per later slot (2 per page), the others one per page.
+    for m in ["orbit:16", "orbit-later:16", "orbit-slot:16"] {
+        let o = &r.methods[m];
+        assert!(o.kl.is_finite() && o.blind_kl > 1e-3 && o.orderings == 6.0, "{m} {o:?}");
+    }
+    let slot_ratio = added("orbit-slot:16") / added("orbit:16");
+    assert!((slot_ratio - 2.0).abs() < 0.05, "{slot_ratio}");
+    assert!(kl(r, "orbit-slot:16") < r.methods["orbit-slot:16"].blind_kl);
+    // A page that comes first has no deficit (it follows the shared prefix, as its canonical KV).
+    assert_eq!(r.diagnostics.orbit.len(), model().config().n_layers);
+    for e in &r.diagnostics.orbit {
+        assert!(e.k_first_true < 1e-6 && e.v_first_true < 1e-6, "{e:?}");
+        assert!(e.v_err_slot <= e.v_err_mean + 1e-9, "{e:?}");
+    }
     assert_eq!(r.diagnostics.deficit_energy.len(), model().config().n_layers);
     for e in &r.diagnostics.deficit_energy {
         assert!(e.k_top8 <= e.k_top16 + 1e-9 && e.k_top16 <= e.k_top32 + 1e-9 && e.k_top32 <= 1.0 + 1e-9);
@@ -157,7 +180,6 @@ fn orbit_over_the_evaluated_ordering_alone_is_the_kamera_patch() {
     let methods = parse_methods("kamera:16,orbit:16").unwrap();
     let cfg = EvalConfig {
         orbit_orderings: 1,
-        orbit_include_eval: true,
         diagnostics: false,
         oracle_curve: vec![],
         ..EvalConfig::default()

@@ -96,3 +96,21 @@ fn bad_task_files_give_clear_errors() {
     .unwrap();
     assert_eq!(ok.len(), 1);
 }
+
+/// The 5- and 8-page suites (orbit patches beyond 4 chunks sample their orderings) are the
+/// generator's output: `gen_tasks tasks/pagesN.jsonl 12 7 4 N`.
+#[test]
+fn the_five_and_eight_page_suites_are_in_sync() {
+    for pages in [5, 8] {
+        let cfg = GenConfig {
+            seed: 7,
+            tasks: 12,
+            pages,
+            filler: 4,
+        };
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tasks/pages{pages}.jsonl"));
+        let committed = load_tasks(&path).unwrap();
+        assert_eq!(committed, generate(&cfg), "{} is stale", path.display());
+        assert!(committed.iter().all(|t| t.chunks.len() == pages));
+    }
+}

@@ -161,6 +161,7 @@ fn per_layer_ranks_and_long_chunks_match_cpu_reference() {
         let cfg = PatchConfig {
             rank: RankPolicy::PerLayer(vec![0, 3, 17, 40]),
             dtype: DType::Bf16,
+            ..PatchConfig::fixed(0, DType::Bf16)
         };
         let patch = form_patch(&cond, &canonical.to_dtype(DType::F32), &rope, &cfg).unwrap();
         for to in [9000, 12, -7] {

@@ -6,6 +6,7 @@ use crate::chunk::{ChunkKv, LayerKv};
 use crate::deficit::{Deficit, deficit};
 use crate::error::{Result, invalid, shape};
 use crate::layout::KvLayout;
+use crate::quant::{Quant, Scales, quantise};
 use crate::rope::RopeSpec;
 use crate::svd::{LowRank, Svd};
 use crate::tensor::{Buf, DType, Mat};
@@ -23,14 +24,26 @@ pub enum RankPolicy {
     /// As `Budget`, but each direction's gain is its share σ²/‖Δ‖² of its own matrix's energy, so
     /// every layer weighs the same whatever the scale of its KV.
     BudgetShare { fraction: f64 },
+    /// As `Budget`, with separate byte budgets (fractions of the chunk's KV bytes) for the K and
+    /// the V factors.
+    BudgetKv { k: f64, v: f64 },
+    /// Per layer and per K/V, the smallest rank holding share `k` (`v`) of that matrix's
+    /// deficit energy.
+    Energy { k: f64, v: f64 },
 }
 
 /// Patch formation settings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PatchConfig {
     pub rank: RankPolicy,
-    /// Storage type of the factors.
+    /// Storage type of the factors (of the dense factors when `quant` is set).
     pub dtype: DType,
+    /// Quantised storage of the factors (int8 codes with per-direction scales, 4-bit codes with
+    /// per-group scales).
+    pub quant: Quant,
+    /// Layers whose K (V) deficit holds less than this share of the chunk's K (V) deficit energy
+    /// over all layers get rank 0 (0 keeps every layer).
+    pub drop_below: f64,
 }
 
 impl PatchConfig {
@@ -38,6 +51,19 @@ impl PatchConfig {
         PatchConfig {
             rank: RankPolicy::Fixed(rank),
             dtype,
+            quant: Quant::None,
+            drop_below: 0.0,
+        }
+    }
+    /// Bytes one direction of a factor pair costs over `n` tokens and `features` (an upper bound
+    /// for 4-bit codes, whose nibbles pack per matrix).
+    fn direction_bytes(&self, n: usize, features: usize) -> usize {
+        match self.quant {
+            Quant::None => (n + features) * self.dtype.size(),
+            Quant::Int8 => n + features + 8,
+            Quant::Int4 => {
+                n.div_ceil(2) + features.div_ceil(2) + 2 * (Quant::Int4.groups(n) + Quant::Int4.groups(features))
+            }
         }
     }
 }
@@ -55,6 +81,9 @@ pub struct Patch {
     layout: KvLayout,
     n_tokens: usize,
     layers: Vec<LayerPatch>,
+    quant: Quant,
+    /// Per layer, the (K, V) scales of a quantised patch (empty for floats).
+    scales: Vec<(Scales, Scales)>,
 }
 
 impl Patch {
@@ -81,7 +110,81 @@ impl Patch {
             layout,
             n_tokens,
             layers,
+            quant: Quant::None,
+            scales: Vec::new(),
         })
+    }
+
+    /// A quantised patch whose dense factors hold code · scale (as [`crate::dequantise`] builds
+    /// them), with its per-layer (K, V) scales.
+    pub fn with_quant(
+        layout: KvLayout,
+        n_tokens: usize,
+        layers: Vec<LayerPatch>,
+        quant: Quant,
+        scales: Vec<(Scales, Scales)>,
+    ) -> Result<Patch> {
+        const OP: &str = "Patch::with_quant";
+        let mut p = Patch::new(layout, n_tokens, layers)?;
+        if quant == Quant::None {
+            return Ok(p);
+        }
+        if scales.len() != p.layers.len() {
+            return Err(shape(OP, "scale layers", p.layers.len(), scales.len()));
+        }
+        for (l, (lp, (sk, sv))) in p.layers.iter().zip(&scales).enumerate() {
+            for (lr, s, ch) in [(&lp.k, sk, "k"), (&lp.v, sv, "v")] {
+                let want = (
+                    lr.rank() * quant.groups(n_tokens),
+                    lr.rank() * quant.groups(lr.wt.cols()),
+                );
+                if (s.p.len(), s.wt.len()) != want {
+                    return Err(shape(
+                        OP,
+                        format!("layer {l} {ch} scales (P, Wᵀ)"),
+                        format!("{want:?}"),
+                        format!("({}, {})", s.p.len(), s.wt.len()),
+                    ));
+                }
+            }
+        }
+        p.quant = quant;
+        p.scales = scales;
+        Ok(p)
+    }
+
+    /// This patch with its factors quantised (a float patch only).
+    pub fn quantise(&self, quant: Quant) -> Result<Patch> {
+        if self.quant != Quant::None {
+            return Err(invalid("Patch::quantise", "patch", "already quantised"));
+        }
+        let mut layers = Vec::with_capacity(self.layers.len());
+        let mut scales = Vec::with_capacity(self.layers.len());
+        for lp in &self.layers {
+            let (k, sk) = quantise(&lp.k, quant)?;
+            let (v, sv) = quantise(&lp.v, quant)?;
+            layers.push(LayerPatch { k, v });
+            scales.push((sk, sv));
+        }
+        Patch::with_quant(self.layout, self.n_tokens, layers, quant, scales)
+    }
+    /// This patch with each factor pair's spectrum cut to the singular values it keeps (the
+    /// rest is diagnostics a stored patch need not carry).
+    pub fn compact_spectra(mut self) -> Patch {
+        for lp in &mut self.layers {
+            for lr in [&mut lp.k, &mut lp.v] {
+                let r = lr.rank();
+                lr.spectrum.truncate(r);
+            }
+        }
+        self
+    }
+    pub fn quant(&self) -> Quant {
+        self.quant
+    }
+    /// Per layer, the (K, V) scales (empty for a float patch).
+    pub fn scales(&self) -> &[(Scales, Scales)] {
+        &self.scales
     }
     pub fn layout(&self) -> &KvLayout {
         &self.layout
@@ -96,9 +199,13 @@ impl Patch {
     pub fn ranks(&self) -> Vec<(usize, usize)> {
         self.layers.iter().map(|l| (l.k.rank(), l.v.rank())).collect()
     }
-    /// Exact storage bytes of all factors.
+    /// Exact storage bytes of all factors (codes and scales when quantised).
     pub fn bytes(&self) -> usize {
-        self.layers.iter().map(|l| l.k.bytes() + l.v.bytes()).sum()
+        if self.quant == Quant::None {
+            return self.layers.iter().map(|l| l.k.bytes() + l.v.bytes()).sum();
+        }
+        let q = |lr: &LowRank| self.quant.factor_bytes(self.n_tokens, lr.rank(), lr.wt.cols());
+        self.layers.iter().map(|l| q(&l.k) + q(&l.v)).sum()
     }
     /// Patch bytes / the chunk's KV bytes.
     pub fn bytes_ratio(&self, chunk: &ChunkKv) -> f64 {
@@ -138,24 +245,56 @@ pub fn patch_from_deficit(d: &Deficit, layout: &KvLayout, kv_bytes: usize, cfg: 
         .iter()
         .map(|(k, v)| Ok((Svd::compute(k)?, Svd::compute(v)?)))
         .collect::<Result<_>>()?;
-    let n = d.n_tokens();
+    patch_from_svds(&svds, d.n_tokens(), layout, kv_bytes, cfg)
+}
+
+/// As [`patch_from_deficit`], from the per-layer (K, V) SVDs of the deficit (one decomposition
+/// serves every rank policy).
+pub fn patch_from_svds(
+    svds: &[(Svd, Svd)],
+    n: usize,
+    layout: &KvLayout,
+    kv_bytes: usize,
+    cfg: &PatchConfig,
+) -> Result<Patch> {
+    const OP: &str = "patch_from_svds";
+    if svds.len() != layout.n_layers {
+        return Err(shape(OP, "deficit layers", layout.n_layers, svds.len()));
+    }
     let ranks: Vec<(usize, usize)> = match &cfg.rank {
         RankPolicy::Fixed(m) => vec![(*m, *m); layout.n_layers],
         RankPolicy::PerLayer(rs) if rs.len() == layout.n_layers => rs.iter().map(|&m| (m, m)).collect(),
         RankPolicy::PerLayer(rs) => return Err(shape(OP, "per-layer ranks", layout.n_layers, rs.len())),
         RankPolicy::Budget { fraction } | RankPolicy::BudgetShare { fraction } => {
-            if !(fraction.is_finite() && *fraction >= 0.0) {
-                return Err(invalid(
-                    OP,
-                    "budget fraction",
-                    format!("{fraction} must be finite and >= 0"),
-                ));
-            }
+            check_share(OP, "budget fraction", *fraction)?;
             let budget = (*fraction * kv_bytes as f64).floor() as usize;
             let share = matches!(cfg.rank, RankPolicy::BudgetShare { .. });
-            budget_ranks(&svds, n, layout, budget, cfg.dtype.size(), share)
+            let cost = [
+                cfg.direction_bytes(n, layout.k_features()),
+                cfg.direction_bytes(n, layout.v_features()),
+            ];
+            budget_ranks(svds, cost, [budget, budget], true, share)
+        }
+        RankPolicy::BudgetKv { k, v } => {
+            check_share(OP, "K budget fraction", *k)?;
+            check_share(OP, "V budget fraction", *v)?;
+            let b = |f: f64| (f * kv_bytes as f64).floor() as usize;
+            let cost = [
+                cfg.direction_bytes(n, layout.k_features()),
+                cfg.direction_bytes(n, layout.v_features()),
+            ];
+            budget_ranks(svds, cost, [b(*k), b(*v)], false, false)
+        }
+        RankPolicy::Energy { k, v } => {
+            check_share(OP, "K energy share", *k)?;
+            check_share(OP, "V energy share", *v)?;
+            svds.iter()
+                .map(|(sk, sv)| (energy_rank(sk, *k), energy_rank(sv, *v)))
+                .collect()
         }
     };
+    check_share(OP, "drop_below", cfg.drop_below)?;
+    let ranks = drop_negligible(svds, ranks, cfg.drop_below);
     let layers = svds
         .iter()
         .zip(ranks)
@@ -166,21 +305,67 @@ pub fn patch_from_deficit(d: &Deficit, layout: &KvLayout, kv_bytes: usize, cfg: 
             })
         })
         .collect::<Result<_>>()?;
-    Patch::new(*layout, n, layers)
+    let patch = Patch::new(*layout, n, layers)?;
+    match cfg.quant {
+        Quant::None => Ok(patch),
+        q => patch.quantise(q),
+    }
+}
+
+fn check_share(op: &'static str, what: &'static str, x: f64) -> Result<()> {
+    if x.is_finite() && x >= 0.0 {
+        Ok(())
+    } else {
+        Err(invalid(op, what, format!("{x} must be finite and >= 0")))
+    }
+}
+
+/// The smallest rank whose directions hold `share` of the matrix's energy.
+fn energy_rank(s: &Svd, share: f64) -> usize {
+    let total = s.tail_energy(0);
+    if total <= 0.0 || share <= 0.0 {
+        return 0;
+    }
+    let mut acc = 0.0;
+    for (j, &x) in s.singular.iter().enumerate() {
+        acc += (x as f64) * (x as f64);
+        if acc >= share.min(1.0) * total * (1.0 - 1e-12) {
+            return j + 1;
+        }
+    }
+    s.max_rank()
+}
+
+/// Rank 0 for the (layer, K/V) matrices holding less than `below` of their channel's deficit
+/// energy summed over layers.
+fn drop_negligible(svds: &[(Svd, Svd)], mut ranks: Vec<(usize, usize)>, below: f64) -> Vec<(usize, usize)> {
+    if below <= 0.0 {
+        return ranks;
+    }
+    let total_k: f64 = svds.iter().map(|(k, _)| k.tail_energy(0)).sum();
+    let total_v: f64 = svds.iter().map(|(_, v)| v.tail_energy(0)).sum();
+    for ((sk, sv), r) in svds.iter().zip(ranks.iter_mut()) {
+        if sk.tail_energy(0) < below * total_k {
+            r.0 = 0;
+        }
+        if sv.tail_energy(0) < below * total_v {
+            r.1 = 0;
+        }
+    }
+    ranks
 }
 
 /// Greedy knapsack over directions: highest gain per byte first, the gain being σ² (or, with
 /// `share`, σ² over its matrix's total energy). Within one matrix the cost per direction is
-/// constant and the gain descends, so every matrix keeps a prefix of its directions.
+/// constant and the gain descends, so every matrix keeps a prefix of its directions. With
+/// `joint` K and V share `budget[0]`; otherwise K spends `budget[0]` and V `budget[1]`.
 fn budget_ranks(
     svds: &[(Svd, Svd)],
-    n: usize,
-    layout: &KvLayout,
-    budget: usize,
-    elem: usize,
+    cost: [usize; 2],
+    budget: [usize; 2],
+    joint: bool,
     share: bool,
 ) -> Vec<(usize, usize)> {
-    let cost = [(n + layout.k_features()) * elem, (n + layout.v_features()) * elem];
     let mut items: Vec<(f64, usize, usize, usize)> = Vec::new();
     for (l, (sk, sv)) in svds.iter().enumerate() {
         for (ch, s) in [sk, sv].into_iter().enumerate() {
@@ -195,12 +380,13 @@ fn budget_ranks(
     }
     items.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.3.cmp(&b.3)));
     let mut ranks = vec![(0usize, 0usize); svds.len()];
-    let mut used = 0usize;
+    let mut used = [0usize; 2];
     for (gain, l, ch, j) in items {
         let r = if ch == 0 { &mut ranks[l].0 } else { &mut ranks[l].1 };
-        if gain > 0.0 && *r == j && used + cost[ch] <= budget {
+        let pot = if joint { 0 } else { ch };
+        if gain > 0.0 && *r == j && used[pot] + cost[ch] <= budget[pot] {
             *r += 1;
-            used += cost[ch];
+            used[pot] += cost[ch];
         }
     }
     ranks

@@ -49,11 +49,13 @@ fn shape_mismatches_are_errors() {
     let per_layer = PatchConfig {
         rank: RankPolicy::PerLayer(vec![1]),
         dtype: DType::F32,
+        ..PatchConfig::fixed(0, DType::F32)
     };
     assert!(form_patch(&a, &a, &rope(), &per_layer).is_err());
     let neg = PatchConfig {
         rank: RankPolicy::Budget { fraction: f64::NAN },
         dtype: DType::F32,
+        ..PatchConfig::fixed(0, DType::F32)
     };
     assert!(form_patch(&a, &a, &rope(), &neg).is_err());
 }

@@ -125,13 +125,13 @@ proptest! {
         let (_, layout, rope) = flavours(3).swap_remove(f);
         let canonical = chunk(layout, 16, 0, seed, DType::Bf16);
         let cond = conditioned(&canonical.to_dtype(DType::F32), &rope, 6, 100, seed ^ 3);
-        let cfg = |fraction| PatchConfig { rank: RankPolicy::Budget { fraction }, dtype: DType::Bf16 };
+        let cfg = |fraction| PatchConfig { rank: RankPolicy::Budget { fraction }, ..PatchConfig::fixed(0, DType::Bf16) };
         let small = form_patch(&cond, &canonical, &rope, &cfg(frac)).unwrap();
         let big = form_patch(&cond, &canonical, &rope, &cfg(frac + 0.2)).unwrap();
         prop_assert!(small.bytes() as f64 <= frac * canonical.kv_bytes() as f64);
         let dirs = |p: &Patch| p.ranks().iter().map(|(k, v)| k + v).sum::<usize>();
         prop_assert!(dirs(&big) >= dirs(&small));
-        let share = PatchConfig { rank: RankPolicy::BudgetShare { fraction: frac }, dtype: DType::Bf16 };
+        let share = PatchConfig { rank: RankPolicy::BudgetShare { fraction: frac }, ..PatchConfig::fixed(0, DType::Bf16) };
         let by_share = form_patch(&cond, &canonical, &rope, &share).unwrap();
         prop_assert!(by_share.bytes() as f64 <= frac * canonical.kv_bytes() as f64);
     }
@@ -186,6 +186,7 @@ fn budget_prefers_energetic_layers() {
         &PatchConfig {
             rank: RankPolicy::Budget { fraction: 0.3 },
             dtype: DType::F32,
+            ..PatchConfig::fixed(0, DType::F32)
         },
     )
     .unwrap();
@@ -255,4 +256,112 @@ fn assemble_places_chunks_contiguously() {
             &kb.layers()[1].k.to_f32_vec()
         ) < 1e-6
     );
+}
+
+/// K and V budgets apart, energy ranks, dropped layers and quantised factors: each keeps its
+/// promise on bytes or energy, and quantised budgets count the bytes the codes take.
+#[test]
+fn compact_patch_policies_keep_their_promises() {
+    for (name, layout, rope) in flavours(3) {
+        let canonical = chunk(layout, 24, 0, 31, DType::F32);
+        let cond = conditioned(&canonical, &rope, 6, 40, 32);
+        let kv = canonical.kv_bytes() as f64;
+        let form = |rank, quant, drop_below| {
+            let cfg = PatchConfig {
+                rank,
+                quant,
+                drop_below,
+                ..PatchConfig::fixed(0, DType::F32)
+            };
+            form_patch(&cond, &canonical, &rope, &cfg).unwrap()
+        };
+        let split = form(RankPolicy::BudgetKv { k: 0.05, v: 0.2 }, Quant::None, 0.0);
+        let bytes = |p: &Patch, ch: usize| -> usize {
+            p.ranks()
+                .iter()
+                .map(|r| {
+                    let (m, f) = if ch == 0 {
+                        (r.0, layout.k_features())
+                    } else {
+                        (r.1, layout.v_features())
+                    };
+                    m * (24 + f) * 4
+                })
+                .sum()
+        };
+        assert!(
+            bytes(&split, 0) as f64 <= 0.05 * kv && bytes(&split, 1) as f64 <= 0.2 * kv,
+            "{name}"
+        );
+        assert!(bytes(&split, 1) > bytes(&split, 0), "{name}");
+        // Energy ranks: every matrix keeps at least 90% of its energy, with its smallest such rank.
+        let e = form(RankPolicy::Energy { k: 0.9, v: 0.9 }, Quant::None, 0.0);
+        for lp in e.layers() {
+            for lr in [&lp.k, &lp.v] {
+                let r = lr.rank();
+                assert!(lr.energy_share(r) >= 0.9 - 1e-9, "{name}");
+                assert!(r == 0 || lr.energy_share(r - 1) < 0.9, "{name}");
+            }
+        }
+        // Dropping at a share above any layer's keeps nothing; at 0 keeps everything.
+        assert!(
+            form(RankPolicy::Fixed(3), Quant::None, 1.1)
+                .ranks()
+                .iter()
+                .all(|r| *r == (0, 0))
+        );
+        for quant in [Quant::Int8, Quant::Int4] {
+            let q = form(RankPolicy::Budget { fraction: 0.1 }, quant, 0.0);
+            assert_eq!(q.quant(), quant);
+            assert!(q.bytes() as f64 <= 0.1 * kv, "{name} {quant:?}");
+            // More directions than the float patch at the same budget.
+            let f = form(RankPolicy::Budget { fraction: 0.1 }, Quant::None, 0.0);
+            let dirs = |p: &Patch| p.ranks().iter().map(|(k, v)| k + v).sum::<usize>();
+            assert!(dirs(&q) > dirs(&f), "{name} {quant:?}");
+            // The quantised patch stays close to the float one of its ranks.
+            let fixed = form(RankPolicy::Fixed(4), Quant::None, 0.0);
+            let qf = fixed.quantise(quant).unwrap();
+            let want = quant.factor_bytes(24, 4, layout.k_features()) + quant.factor_bytes(24, 4, layout.v_features());
+            assert_eq!(qf.bytes(), 3 * want, "{name}");
+            let (a, b) = (
+                reuse(&canonical, Some(&fixed), &rope, 5).unwrap(),
+                reuse(&canonical, Some(&qf), &rope, 5).unwrap(),
+            );
+            let scale = chunk_diff(&reuse(&canonical, None, &rope, 5).unwrap(), &a);
+            let tol = if quant == Quant::Int8 { 0.05 } else { 0.5 };
+            assert!(
+                chunk_diff(&a, &b) <= tol * scale,
+                "{name} {quant:?} {} vs {scale}",
+                chunk_diff(&a, &b)
+            );
+            assert!(qf.quantise(quant).is_err());
+        }
+    }
+}
+
+/// Slot orbit patches: one per slot, each the orbit patch of the orderings with the chunk there.
+#[test]
+fn slot_orbit_patches_split_by_slot() {
+    let (_, layout, rope) = flavours(2).swap_remove(0);
+    let canonical = chunk(layout, 10, 0, 41, DType::F32);
+    let (a, b, c) = (
+        conditioned(&canonical, &rope, 2, 30, 42),
+        conditioned(&canonical, &rope, 2, 60, 43),
+        conditioned(&canonical, &rope, 2, 90, 44),
+    );
+    let cfg = PatchConfig::fixed(8, DType::F32);
+    let slots = slot_orbit_patches(
+        &[(1, a.clone()), (2, b.clone()), (2, c.clone())],
+        3,
+        &canonical,
+        &rope,
+        &cfg,
+    )
+    .unwrap();
+    assert!(slots[0].is_none());
+    let one = orbit_patch(std::slice::from_ref(&a), &canonical, &rope, &cfg).unwrap();
+    let two = orbit_patch(&[b, c], &canonical, &rope, &cfg).unwrap();
+    assert_eq!(slots[1].as_ref(), Some(&one));
+    assert_eq!(slots[2].as_ref(), Some(&two));
+    assert!(slot_orbit_patches(&[(3, a)], 3, &canonical, &rope, &cfg).is_err());
 }

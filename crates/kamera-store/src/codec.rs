@@ -1,9 +1,13 @@
-//! The record encoding, format version 1 (documented byte for byte in the crate README): an
+//! The record encoding, format versions 1 and 2 (documented byte for byte in the crate README): an
 //! 80-byte little-endian header, the payload, and a 16-byte blake3 checksum over the key, the
-//! header and the payload. Decoding checks magic, version and checksum before it trusts a byte.
+//! header and the payload. Version 2 adds quantised patch factors; float records are still
+//! written as version 1. Decoding checks magic, version and checksum before it trusts a byte.
 
 use half::{bf16, f16};
-use kamera_ops::{Attention, Buf, ChunkKv, DType, KvLayout, LayerKv, LayerPatch, LowRank, Mat, Patch};
+use kamera_ops::{
+    Attention, Buf, ChunkKv, DType, KvLayout, LayerKv, LayerPatch, LowRank, Mat, Patch, Quant, Scales, dequantise,
+    pack_nibbles, quant_codes, unpack_nibbles,
+};
 
 use crate::error::{Error, Result};
 use crate::id::{Key, Kind, ModelFp};
@@ -11,8 +15,15 @@ use crate::record::{Body, Record};
 
 /// "KMRA".
 pub const MAGIC: [u8; 4] = *b"KMRA";
-/// The format version this build writes and reads.
-pub const FORMAT_VERSION: u16 = 1;
+/// The newest format version this build writes and reads (2: quantised patch factors).
+pub const FORMAT_VERSION: u16 = 2;
+/// The version of records without quantised factors (still written for them, so readers of
+/// version 1 keep reading every float record).
+pub const FLOAT_VERSION: u16 = 1;
+/// Dtype byte of int8 factors with per-direction f32 scales (version 2, patches only).
+pub const DTYPE_INT8: u8 = 3;
+/// Dtype byte of 4-bit factors with per-direction f32 scales (version 2, patches only).
+pub const DTYPE_INT4: u8 = 4;
 /// Header bytes before the payload.
 pub const HEADER_LEN: usize = 80;
 /// Checksum bytes after the payload.
@@ -29,15 +40,20 @@ pub fn encode(key: &Key, rec: &Record, dtype: Option<DType>) -> Result<Vec<u8>> 
         });
     }
     let dtype = dtype.unwrap_or_else(|| rec.dtype());
-    let (layout, n_tokens, offset) = match &rec.body {
-        Body::Kv(kv) => (*kv.layout(), kv.n_tokens(), kv.offset()),
-        Body::Patch(p) => (*p.layout(), p.n_tokens(), 0),
+    let (layout, n_tokens, offset, quant) = match &rec.body {
+        Body::Kv(kv) => (*kv.layout(), kv.n_tokens(), kv.offset(), Quant::None),
+        Body::Patch(p) => (*p.layout(), p.n_tokens(), 0, p.quant()),
+    };
+    let (version, dtype_byte) = match quant {
+        Quant::None => (FLOAT_VERSION, dtype_code(dtype)),
+        Quant::Int8 => (FORMAT_VERSION, DTYPE_INT8),
+        Quant::Int4 => (FORMAT_VERSION, DTYPE_INT4),
     };
     let mut out = Vec::with_capacity(HEADER_LEN + rec.bytes() * dtype.size() / 2 + CHECKSUM_LEN + 64);
     out.extend_from_slice(&MAGIC);
-    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    out.extend_from_slice(&version.to_le_bytes());
     out.push(key.kind as u8);
-    out.push(dtype_code(dtype));
+    out.push(dtype_byte);
     out.extend_from_slice(&rec.model.0);
     let (tag, a, b, c) = match layout.attention {
         Attention::Mha { heads } => (0u8, heads, 0, 0),
@@ -65,13 +81,22 @@ pub fn encode(key: &Key, rec: &Record, dtype: Option<DType>) -> Result<Vec<u8>> 
             }
         }
         Body::Patch(p) => {
-            for l in p.layers() {
+            let no_scales = (Scales::default(), Scales::default());
+            for (i, l) in p.layers().iter().enumerate() {
+                let (sk, sv) = p.scales().get(i).unwrap_or(&no_scales);
                 for x in [l.k.rank(), l.v.rank(), l.k.spectrum.len(), l.v.spectrum.len()] {
                     out.extend_from_slice(&u32_of(OP, "rank", x)?.to_le_bytes());
                 }
-                for lr in [&l.k, &l.v] {
-                    put_mat(&mut out, &lr.p, dtype);
-                    put_mat(&mut out, &lr.wt, dtype);
+                if quant == Quant::None {
+                    for lr in [&l.k, &l.v] {
+                        put_mat(&mut out, &lr.p, dtype);
+                        put_mat(&mut out, &lr.wt, dtype);
+                    }
+                }
+                if quant != Quant::None {
+                    for (lr, sc) in [(&l.k, sk), (&l.v, sv)] {
+                        put_codes(&mut out, lr, sc, quant)?;
+                    }
                 }
                 for s in l.k.spectrum.iter().chain(&l.v.spectrum) {
                     out.extend_from_slice(&s.to_le_bytes());
@@ -91,7 +116,10 @@ pub fn encode(key: &Key, rec: &Record, dtype: Option<DType>) -> Result<Vec<u8>> 
 pub struct Header {
     pub version: u16,
     pub kind: Kind,
+    /// Storage dtype of float matrices (f32 for quantised factors, which decode to f32).
     pub dtype: DType,
+    /// Quantised patch factors (version 2 only).
+    pub quant: Quant,
     pub model: ModelFp,
     pub layout: KvLayout,
     pub n_tokens: usize,
@@ -114,7 +142,7 @@ pub fn verify(key: &Key, bytes: &[u8]) -> Result<Header> {
         return Err(Error::corrupt(OP, key, "bad magic"));
     }
     let version = u16::from_le_bytes([bytes[4], bytes[5]]);
-    if version != FORMAT_VERSION {
+    if version != FORMAT_VERSION && version != FLOAT_VERSION {
         return Err(Error::Version {
             op: OP,
             key: key.to_string(),
@@ -140,7 +168,20 @@ pub fn verify(key: &Key, bytes: &[u8]) -> Result<Header> {
     let kind = Kind::from_u8(body[6]).filter(|k| *k == key.kind);
     let kind =
         kind.ok_or_else(|| Error::corrupt(OP, key, format!("kind byte {} for a {} key", body[6], key.kind.name())))?;
-    let dtype = dtype_of(body[7]).ok_or_else(|| Error::corrupt(OP, key, format!("dtype byte {}", body[7])))?;
+    let (dtype, quant) = match body[7] {
+        DTYPE_INT8 | DTYPE_INT4 if version >= 2 && kind != Kind::Canonical => {
+            let q = if body[7] == DTYPE_INT8 {
+                Quant::Int8
+            } else {
+                Quant::Int4
+            };
+            (DType::F32, q)
+        }
+        b => (
+            dtype_of(b).ok_or_else(|| Error::corrupt(OP, key, format!("dtype byte {b} (version {version})")))?,
+            Quant::None,
+        ),
+    };
     let u = |at: usize| u32::from_le_bytes(body[at..at + 4].try_into().unwrap_or_default()) as usize;
     let (a, b, c) = (u(28), u(32), u(36));
     let attention = match body[24] {
@@ -168,6 +209,7 @@ pub fn verify(key: &Key, bytes: &[u8]) -> Result<Header> {
         version,
         kind,
         dtype,
+        quant,
         model,
         layout,
         n_tokens: u(52),
@@ -200,8 +242,20 @@ pub fn decode(key: &Key, bytes: &[u8]) -> Result<Record> {
         }
         Kind::Patch | Kind::Orbit => {
             let mut layers = Vec::with_capacity(h.layout.n_layers.min(4096));
+            let mut scales = Vec::new();
             for _ in 0..h.layout.n_layers {
                 let (rk, rv, sk, sv) = (r.u32()?, r.u32()?, r.u32()?, r.u32()?);
+                if h.quant != Quant::None {
+                    let (k, sck) = r.quantised(n, rk, kf, h.quant)?;
+                    let (v, scv) = r.quantised(n, rv, vf, h.quant)?;
+                    let (spk, spv) = (r.f32s(sk)?, r.f32s(sv)?);
+                    layers.push(LayerPatch {
+                        k: LowRank { spectrum: spk, ..k },
+                        v: LowRank { spectrum: spv, ..v },
+                    });
+                    scales.push((sck, scv));
+                    continue;
+                }
                 let (pk, wk) = (r.mat(n, rk, h.dtype)?, r.mat(rk, kf, h.dtype)?);
                 let (pv, wv) = (r.mat(n, rv, h.dtype)?, r.mat(rv, vf, h.dtype)?);
                 let (spk, spv) = (r.f32s(sk)?, r.f32s(sv)?);
@@ -218,7 +272,7 @@ pub fn decode(key: &Key, bytes: &[u8]) -> Result<Record> {
                     },
                 });
             }
-            Body::Patch(Patch::new(h.layout, n, layers).map_err(ops)?)
+            Body::Patch(Patch::with_quant(h.layout, n, layers, h.quant, scales).map_err(ops)?)
         }
     };
     if !r.b.is_empty() {
@@ -288,6 +342,25 @@ fn put_mat(out: &mut Vec<u8>, m: &Mat, dtype: DType) {
     }
 }
 
+fn put_codes(out: &mut Vec<u8>, lr: &LowRank, s: &Scales, q: Quant) -> Result<()> {
+    let (p, wt) = quant_codes(lr, s, q).map_err(|source| Error::Ops { op: "encode", source })?;
+    for (codes, scales) in [(&p, &s.p), (&wt, &s.wt)] {
+        match q {
+            Quant::Int4 => {
+                out.extend_from_slice(&pack_nibbles(codes));
+                scales
+                    .iter()
+                    .for_each(|x| out.extend_from_slice(&f16::from_f32(*x).to_bits().to_le_bytes()));
+            }
+            _ => {
+                out.extend(codes.iter().map(|&c| c as u8));
+                scales.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes()));
+            }
+        }
+    }
+    Ok(())
+}
+
 struct Reader<'a> {
     b: &'a [u8],
     key: &'a Key,
@@ -315,6 +388,35 @@ impl<'a> Reader<'a> {
         Ok(b.chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect())
+    }
+    fn codes(&mut self, len: usize, q: Quant) -> Result<Vec<i8>> {
+        let b = self.take(q.code_bytes(len))?;
+        Ok(match q {
+            Quant::Int4 => unpack_nibbles(b, len),
+            _ => b.iter().map(|&x| x as i8).collect(),
+        })
+    }
+    fn scales(&mut self, len: usize, q: Quant) -> Result<Vec<f32>> {
+        match q {
+            Quant::Int4 => {
+                let b = self.take(len.saturating_mul(2))?;
+                Ok(b.chunks_exact(2)
+                    .map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
+                    .collect())
+            }
+            _ => self.f32s(len),
+        }
+    }
+    /// A quantised factor pair: P codes, P scales, Wᵀ codes, Wᵀ scales.
+    fn quantised(&mut self, n: usize, m: usize, f: usize, q: Quant) -> Result<(LowRank, Scales)> {
+        let p = self.codes(n.saturating_mul(m), q)?;
+        let sp = self.scales(m.saturating_mul(q.groups(n)), q)?;
+        let wt = self.codes(m.saturating_mul(f), q)?;
+        let sw = self.scales(m.saturating_mul(q.groups(f)), q)?;
+        let s = Scales { p: sp, wt: sw };
+        let lr =
+            dequantise(q, n, m, f, &p, &wt, &s, Vec::new()).map_err(|source| Error::Ops { op: "decode", source })?;
+        Ok((lr, s))
     }
     fn mat(&mut self, rows: usize, cols: usize, dtype: DType) -> Result<Mat> {
         let len = rows.saturating_mul(cols);

@@ -3,7 +3,7 @@
 mod common;
 
 use anyhow::Result;
-use kamera_ops::DType;
+use kamera_ops::{DType, Quant};
 use kamera_store::codec::{self, FORMAT_VERSION, HEADER_LEN};
 use kamera_store::{ChunkId, Error, Key, ModelFp, Record};
 
@@ -129,6 +129,76 @@ fn golden_record_v1() -> Result<()> {
         assert_eq!(codec::decode(&key, &golden)?, rec);
         let h = codec::verify(&key, &golden)?;
         assert_eq!((h.version, h.n_tokens, h.layout), (1, 3, layout));
+    }
+    Ok(())
+}
+
+/// Version 2 adds quantised patch factors; these golden files pin it byte for byte (and the
+/// version-1 files above still decode: old records stay readable).
+#[test]
+fn golden_record_v2_quantised() -> Result<()> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
+    let m = ModelFp::of("golden-model");
+    let id = ChunkId::of(b"golden observation", "golden-encoder", m);
+    let layout = kamera_ops::KvLayout::gqa(2, 4, 2, 4);
+    for (file, quant, code) in [
+        ("patch_q8_v2.kmr", Quant::Int8, codec::DTYPE_INT8),
+        ("orbit_q4_v2.kmr", Quant::Int4, codec::DTYPE_INT4),
+    ] {
+        let key = match quant {
+            Quant::Int8 => Key::patch(m, id, &[(ChunkId::of(b"antecedent", "golden-encoder", m), 0)], 7),
+            _ => Key::orbit(m, id, &[id, ChunkId::of(b"antecedent", "golden-encoder", m)]),
+        };
+        let p = common::patch(layout, 3, 2, 5, DType::F32).quantise(quant)?;
+        let rec = Record::patch(m, 99, p);
+        let path = dir.join(file);
+        let bytes = codec::encode(&key, &rec, Some(DType::Bf16))?;
+        if std::env::var_os("KAMERA_BLESS").is_some() {
+            std::fs::write(&path, &bytes)?;
+        }
+        let golden = std::fs::read(&path)?;
+        assert_eq!(golden, bytes, "{file}: the v2 encoding changed");
+        assert_eq!(codec::decode(&key, &golden)?, rec);
+        let h = codec::verify(&key, &golden)?;
+        assert_eq!((h.version, h.quant, golden[7]), (2, quant, code));
+    }
+    Ok(())
+}
+
+#[test]
+fn quantised_patches_round_trip_and_their_size_is_what_patch_bytes_says() -> Result<()> {
+    let m = common::model();
+    for (li, layout) in common::layouts().into_iter().enumerate() {
+        for quant in [Quant::Int8, Quant::Int4] {
+            for n in [1, 4, 7] {
+                let id = ChunkId::of(&[li as u8, n as u8], "enc", m);
+                let p = common::patch(layout, n, 3, li as u64, DType::F32).quantise(quant)?;
+                let key = Key::patch(m, id, &[(ChunkId::of(b"x", "enc", m), 0)], 9);
+                let rec = Record::patch(m, 7, p.clone());
+                // The store's float dtype does not touch quantised factors.
+                let bytes = codec::encode(&key, &rec, Some(DType::Bf16))?;
+                assert_eq!(codec::decode(&key, &bytes)?, rec);
+                let spectra: usize = p.layers().iter().map(|l| l.k.spectrum.len() + l.v.spectrum.len()).sum();
+                let header = HEADER_LEN + codec::CHECKSUM_LEN + 16 * layout.n_layers + 4 * spectra;
+                assert_eq!(bytes.len(), header + p.bytes(), "{quant:?} n {n}");
+                assert_eq!(rec.bytes(), p.bytes() + 4 * spectra);
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn every_byte_flip_of_a_quantised_record_is_detected() -> Result<()> {
+    let m = common::model();
+    let layout = common::layouts()[0];
+    let key = Key::patch(m, ChunkId::of(b"q", "enc", m), &[(ChunkId::of(b"x", "enc", m), 0)], 1);
+    let rec = Record::patch(m, 3, common::patch(layout, 3, 2, 1, DType::F32).quantise(Quant::Int4)?);
+    let bytes = codec::encode(&key, &rec, None)?;
+    for pos in 0..bytes.len() {
+        let mut bad = bytes.clone();
+        bad[pos] ^= 0x10;
+        assert!(codec::decode(&key, &bad).is_err_and(|e| e.is_miss()), "flip at {pos}");
     }
     Ok(())
 }
