@@ -21,6 +21,33 @@ use crate::types::{Action, Element, Observation};
 
 const OBSERVE_JS: &str = include_str!("observe.js");
 
+/// chromiumoxide 0.9's DEFAULT_ARGS without `disable-popup-blocking`.
+const CHROMIUMOXIDE_DEFAULTS: [&str; 23] = [
+    "disable-background-networking",
+    "enable-features=NetworkService,NetworkServiceInProcess",
+    "disable-background-timer-throttling",
+    "disable-backgrounding-occluded-windows",
+    "disable-breakpad",
+    "disable-client-side-phishing-detection",
+    "disable-component-extensions-with-background-pages",
+    "disable-default-apps",
+    "disable-dev-shm-usage",
+    "disable-features=TranslateUI",
+    "disable-hang-monitor",
+    "disable-ipc-flooding-protection",
+    "disable-prompt-on-repost",
+    "disable-renderer-backgrounding",
+    "disable-sync",
+    "force-color-profile=srgb",
+    "metrics-recording-only",
+    "no-first-run",
+    "enable-automation",
+    "password-store=basic",
+    "use-mock-keychain",
+    "enable-blink-features=IdleDetection",
+    "lang=en_US",
+];
+
 /// How to launch Chromium.
 #[derive(Debug, Clone)]
 pub struct ChromiumConfig {
@@ -105,6 +132,10 @@ impl ChromiumBrowser {
             .surface_invalid_messages()
             .launch_timeout(cfg.timeout)
             .request_timeout(cfg.timeout)
+            // chromiumoxide's default switches, less `disable-popup-blocking`: a page's script
+            // may not open tabs (they would escape request interception).
+            .disable_default_args()
+            .args(CHROMIUMOXIDE_DEFAULTS)
             .args([
                 "disable-background-networking",
                 "disable-component-update",
@@ -114,8 +145,6 @@ impl ChromiumBrowser {
                 "disable-quic",
                 "disable-dev-shm-usage",
                 "no-default-browser-check",
-                // window.open and target=_blank make no new tab (it would escape interception).
-                "block-new-web-contents",
                 "disable-features=Translate,MediaRouter,OptimizationHints",
                 "font-render-hinting=none",
             ]);

@@ -51,7 +51,10 @@ impl Confinement {
             while let Some(ev) = paused.next().await {
                 let url = ev.request.url.clone();
                 let sent = match origins.check(&url) {
-                    Ok(()) => page.execute(ContinueRequestParams::new(ev.request_id.clone())).await.map(|_| ()),
+                    Ok(()) => page
+                        .execute(ContinueRequestParams::new(ev.request_id.clone()))
+                        .await
+                        .map(|_| ()),
                     Err(e) => {
                         let resource = format!("{:?}", ev.resource_type);
                         tracing::warn!(%url, %resource, "blocked a request off the allowed origins");
@@ -62,9 +65,12 @@ impl Confinement {
                                 reason: e.to_string(),
                             });
                         }
-                        page.execute(FailRequestParams::new(ev.request_id.clone(), ErrorReason::BlockedByClient))
-                            .await
-                            .map(|_| ())
+                        page.execute(FailRequestParams::new(
+                            ev.request_id.clone(),
+                            ErrorReason::BlockedByClient,
+                        ))
+                        .await
+                        .map(|_| ())
                     }
                 };
                 if let Err(e) = sent {

@@ -11,7 +11,10 @@ use kamera_fuzz::{CountingAlloc, Runner, targets};
 static ALLOC: CountingAlloc = CountingAlloc;
 
 #[derive(Parser)]
-#[command(name = "kamera-fuzz", about = "Fuzz Kamera's decoders with seeded structured mutation")]
+#[command(
+    name = "kamera-fuzz",
+    about = "Fuzz Kamera's decoders with seeded structured mutation"
+)]
 struct Args {
     /// A target (gguf, record, trace, recorder, scenario, tokenizer) or `all`.
     #[arg(long, default_value = "all")]

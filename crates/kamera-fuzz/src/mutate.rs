@@ -115,13 +115,18 @@ impl Mutator {
             }
             9 => {
                 let at = self.below(len + 1);
-                let bad: &[u8] = [&[0xc0, 0x80][..], &[0xff], &[0x80], &[0xed, 0xa0, 0x80], &[0xf4, 0x90]][self.below(5)];
+                let bad: &[u8] =
+                    [&[0xc0, 0x80][..], &[0xff], &[0x80], &[0xed, 0xa0, 0x80], &[0xf4, 0x90]][self.below(5)];
                 b.splice(at..at, bad.iter().copied());
             }
             10 | 11 => {
                 let t = dict[self.below(dict.len())];
                 let at = self.below(len + 1);
-                let end = if self.rng.random_bool(0.5) { (at + self.below(8)).min(len) } else { at };
+                let end = if self.rng.random_bool(0.5) {
+                    (at + self.below(8)).min(len)
+                } else {
+                    at
+                };
                 b.splice(at..end, t.iter().copied());
             }
             12 => {

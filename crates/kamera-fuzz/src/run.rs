@@ -143,7 +143,11 @@ impl Runner {
                 let bound = (target.bound)(input.len());
                 if p > bound {
                     r.over_bound += 1;
-                    fail("alloc", format!("held {p} bytes live for a {} byte input (bound {bound})", input.len()), &mut r);
+                    fail(
+                        "alloc",
+                        format!("held {p} bytes live for a {} byte input (bound {bound})", input.len()),
+                        &mut r,
+                    );
                 }
             }
             match out {

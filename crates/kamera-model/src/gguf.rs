@@ -67,7 +67,12 @@ impl Gguf {
             }
             let end = (elems / bs)
                 .checked_mul(info.ggml_dtype.type_size())
-                .and_then(|size| content.tensor_data_offset.checked_add(info.offset)?.checked_add(size as u64))
+                .and_then(|size| {
+                    content
+                        .tensor_data_offset
+                        .checked_add(info.offset)?
+                        .checked_add(size as u64)
+                })
                 .ok_or_else(|| {
                     err(format!(
                         "tensor {name}: offset {} and dims {dims:?} overflow the file size",
@@ -260,7 +265,10 @@ fn check_alignment(bytes: &[u8]) -> std::result::Result<(), String> {
     while let Some(at) = bytes[from..].windows(prefix.len()).position(|w| w == prefix.as_slice()) {
         let v = from + at + prefix.len();
         from = from + at + 1;
-        let Some(ty) = bytes.get(v..v + 4).map(|t| u32::from_le_bytes([t[0], t[1], t[2], t[3]])) else {
+        let Some(ty) = bytes
+            .get(v..v + 4)
+            .map(|t| u32::from_le_bytes([t[0], t[1], t[2], t[3]]))
+        else {
             continue;
         };
         // GGUF value types 0..=5: u8, i8, u16, i16, u32, i32 (the ones candle reads it from).
@@ -270,7 +278,10 @@ fn check_alignment(bytes: &[u8]) -> std::result::Result<(), String> {
             4 | 5 => 4,
             _ => continue,
         };
-        if bytes.get(v + 4..v + 4 + width).is_some_and(|x| x.iter().all(|&b| b == 0)) {
+        if bytes
+            .get(v + 4..v + 4 + width)
+            .is_some_and(|x| x.iter().all(|&b| b == 0))
+        {
             return Err("metadata general.alignment is 0 (expected a power of two)".into());
         }
     }

@@ -15,7 +15,10 @@ use kamera_model::{Error, Gguf, ModelName, Tokenizer};
 
 /// A GGUF of `meta` and one 2 x 32 f32 tensor `t`, its dims overwritten when given.
 fn gguf(meta: &[(&str, Value)], dims: Option<[u64; 2]>) -> Result<Vec<u8>> {
-    let t = QTensor::quantize(&Tensor::zeros((2, 32), candle_core::DType::F32, &Device::Cpu)?, GgmlDType::F32)?;
+    let t = QTensor::quantize(
+        &Tensor::zeros((2, 32), candle_core::DType::F32, &Device::Cpu)?,
+        GgmlDType::F32,
+    )?;
     let m: Vec<(&str, &Value)> = meta.iter().map(|(k, v)| (*k, v)).collect();
     let mut c = Cursor::new(Vec::new());
     gguf_file::write(&mut c, &m, &[("t", &t)])?;
@@ -46,7 +49,10 @@ fn alignment_zero_is_an_error_not_a_division_by_zero() -> Result<()> {
         let e = err_of(gguf(&[("general.alignment", v)], None)?);
         assert!(e.contains("general.alignment is 0") && e.contains("fuzz.gguf"), "{e}");
     }
-    assert_eq!(err_of(gguf(&[("general.alignment", Value::U32(64))], None)?), "no error");
+    assert_eq!(
+        err_of(gguf(&[("general.alignment", Value::U32(64))], None)?),
+        "no error"
+    );
     Ok(())
 }
 
@@ -66,7 +72,10 @@ fn header_errors_carry_no_backtrace() -> Result<()> {
     let mut b = gguf(&[("general.name", Value::String("x".into()))], None)?;
     b[24..32].copy_from_slice(&u64::MAX.to_le_bytes()); // the first key's length
     let e = err_of(b);
-    assert!(e.contains("malformed header") && !e.contains("backtrace") && e.lines().count() == 1, "{e}");
+    assert!(
+        e.contains("malformed header") && !e.contains("backtrace") && e.lines().count() == 1,
+        "{e}"
+    );
     Ok(())
 }
 
@@ -122,7 +131,10 @@ fn a_long_unbroken_word_encodes_in_near_linear_time() -> Result<()> {
     time(&small)?; // warm the regex and the cache's first allocation
     let (ts, tb) = (time(&small)?, time(&big)?);
     eprintln!("4 KB word {:.1} ms, 64 KB word {:.1} ms", ts * 1e3, tb * 1e3);
-    assert!(tb < 5.0 && tb < 16.0 * 16.0 * ts.max(1e-3), "64 KB: {tb:.2} s, 4 KB: {ts:.4} s");
+    assert!(
+        tb < 5.0 && tb < 16.0 * 16.0 * ts.max(1e-3),
+        "64 KB: {tb:.2} s, 4 KB: {ts:.4} s"
+    );
     Ok(())
 }
 
@@ -134,6 +146,9 @@ fn a_huge_block_count_is_refused_before_allocating_per_layer_tables() -> Result<
     ];
     let g = Gguf::from_bytes(Path::new("fuzz.gguf"), gguf(&meta, None)?)?;
     let e = kamera_model::Config::from_gguf(&g).unwrap_err().to_string();
-    assert!(e.contains("block_count 1099511627776") && e.contains("fuzz.gguf"), "{e}");
+    assert!(
+        e.contains("block_count 1099511627776") && e.contains("fuzz.gguf"),
+        "{e}"
+    );
     Ok(())
 }

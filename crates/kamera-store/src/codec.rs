@@ -166,7 +166,11 @@ pub fn verify(key: &Key, bytes: &[u8]) -> Result<Header> {
         return Err(Error::corrupt(OP, key, "payload length"));
     }
     if kind != Kind::Canonical && i(56) != 0 {
-        return Err(Error::corrupt(OP, key, format!("a patch with frame offset {} (must be 0)", i(56))));
+        return Err(Error::corrupt(
+            OP,
+            key,
+            format!("a patch with frame offset {} (must be 0)", i(56)),
+        ));
     }
     Ok(Header {
         version,

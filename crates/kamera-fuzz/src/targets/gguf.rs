@@ -6,8 +6,8 @@
 use std::io::Cursor;
 use std::path::{Path, PathBuf};
 
-use candle_core::quantized::gguf_file::{self, Content, Value};
 use candle_core::quantized::QTensor;
+use candle_core::quantized::gguf_file::{self, Content, Value};
 use candle_core::{Device, Tensor};
 use kamera_model::{Config, Gguf, Tokenizer};
 
@@ -26,7 +26,10 @@ pub(super) fn target() -> Result<Target> {
     let seeds = SEEDS.iter().map(|s| read_seed("gguf", s)).collect::<Result<Vec<_>>>()?;
     Ok(Target {
         name: "gguf",
-        about: format!("Gguf::from_bytes + Config + Tokenizer + every tensor to f32; seeds {}", SEEDS.join(", ")),
+        about: format!(
+            "Gguf::from_bytes + Config + Tokenizer + every tensor to f32; seeds {}",
+            SEEDS.join(", ")
+        ),
         seeds,
         dict: Vec::new(),
         bound: |n| 64 * n + (8 << 20),

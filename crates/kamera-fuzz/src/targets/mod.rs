@@ -35,7 +35,7 @@ pub struct Target {
     /// The bound in words (for the report).
     pub bound_text: &'static str,
     /// Applied to most mutated inputs so that they pass a checksum and reach the parser.
-    pub fixup: Option<fn(&mut Vec<u8>)>,
+    pub fixup: Option<fn(&mut [u8])>,
     pub decode: Decode,
 }
 

@@ -35,12 +35,20 @@ pub(super) fn target() -> Result<Target> {
     }
     let m = ModelFp::of("fuzz-model");
     let id = ChunkId::of(b"fuzz observation", "fuzz-encoder", m);
-    let layouts = [KvLayout::mha(2, 2, 4), KvLayout::gqa(2, 4, 2, 4), KvLayout::mla(1, 2, 8, 4)];
+    let layouts = [
+        KvLayout::mha(2, 2, 4),
+        KvLayout::gqa(2, 4, 2, 4),
+        KvLayout::mla(1, 2, 8, 4),
+    ];
     for (li, layout) in layouts.into_iter().enumerate() {
         for (di, dtype) in [DType::F32, DType::F16, DType::Bf16].into_iter().enumerate() {
             let n = 1 + (li + di) % 3;
-            let kv = ChunkKv::new(layout, li as i64 - 1, (0..layout.n_layers).map(|_| layer(n, &layout, dtype)).collect())
-                .map_err(|e| seed_err(e.to_string()))?;
+            let kv = ChunkKv::new(
+                layout,
+                li as i64 - 1,
+                (0..layout.n_layers).map(|_| layer(n, &layout, dtype)).collect(),
+            )
+            .map_err(|e| seed_err(e.to_string()))?;
             seeds.push(sealed(&Key::canonical(m, id), &Record::kv(m, 1000 + li as u64, kv))?);
             let patch = Patch::new(
                 layout,
@@ -113,7 +121,7 @@ fn low_rank(n: usize, rank: usize, features: usize, dtype: DType) -> LowRank {
 
 /// Recomputes the payload length (every other input) and the checksum, as the README defines
 /// them: blake3 (derive-key `kamera.record.v1`) of key bytes ‖ header ‖ payload, first 16 bytes.
-fn reseal(b: &mut Vec<u8>) {
+fn reseal(b: &mut [u8]) {
     if b.len() < KEY_LEN + HEADER_LEN + CHECKSUM_LEN {
         return;
     }
@@ -139,8 +147,11 @@ fn decode(b: &[u8]) -> std::result::Result<Outcome, String> {
     let bytes = &b[KEY_LEN..];
     match codec::decode(&key, bytes) {
         Ok(rec) => {
-            let dtype = codec::verify(&key, bytes).map_err(|e| format!("decoded but verify fails: {e}"))?.dtype;
-            let again = codec::encode(&key, &rec, Some(dtype)).map_err(|e| format!("decoded record does not encode: {e}"))?;
+            let dtype = codec::verify(&key, bytes)
+                .map_err(|e| format!("decoded but verify fails: {e}"))?
+                .dtype;
+            let again =
+                codec::encode(&key, &rec, Some(dtype)).map_err(|e| format!("decoded record does not encode: {e}"))?;
             if again != bytes {
                 return Err(format!(
                     "decoded record encodes to {} other bytes than the {} it came from",

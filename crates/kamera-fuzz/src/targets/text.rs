@@ -15,17 +15,57 @@ const TRACE: &str = "fuzz/trace.ndjson";
 const SCENARIO: &str = "fuzz/scenario.toml";
 
 const JSON_DICT: [&[u8]; 24] = [
-    b"{", b"}", b"[", b"]", b"\"", b":", b",", b"null", b"true", b"-1", b"1e999", b"-0.0",
-    b"18446744073709551616", b"-9223372036854775809", b"\"\\u0000\"", b"\"\\ud800\"", b"\n", b"\r\n",
-    b"{\"kind\":\"step\",", b"{\"kind\":\"end\",\"steps\":1}", b"{\"kind\":\"header\",\"version\":2,",
-    b"\"outcome\":\"failed\",\"error\":\"x\"", b"NaN", b"\"action\":\"type\",\"id\":null,",
+    b"{",
+    b"}",
+    b"[",
+    b"]",
+    b"\"",
+    b":",
+    b",",
+    b"null",
+    b"true",
+    b"-1",
+    b"1e999",
+    b"-0.0",
+    b"18446744073709551616",
+    b"-9223372036854775809",
+    b"\"\\u0000\"",
+    b"\"\\ud800\"",
+    b"\n",
+    b"\r\n",
+    b"{\"kind\":\"step\",",
+    b"{\"kind\":\"end\",\"steps\":1}",
+    b"{\"kind\":\"header\",\"version\":2,",
+    b"\"outcome\":\"failed\",\"error\":\"x\"",
+    b"NaN",
+    b"\"action\":\"type\",\"id\":null,",
 ];
 
 const TOML_DICT: [&[u8]; 24] = [
-    b"[[steps]]\n", b" = ", b"\"", b"'''", b"\"\"\"", b"[", b"]", b"{", b"}", b"\n", b"1e400", b"nan",
-    b"-inf", b"-0", b"9223372036854775808", b"[site]\nseed = 1\n", b"[miniwob]\ntask = \"x\"\n",
-    b"remember = \"x\"\nregex = '(((('\n", b"policy = \"model\"\n", b"\\u0000", b"# ",
-    b"1979-05-27T07:32:00Z", b"scroll = nan\n", b"back = false\n",
+    b"[[steps]]\n",
+    b" = ",
+    b"\"",
+    b"'''",
+    b"\"\"\"",
+    b"[",
+    b"]",
+    b"{",
+    b"}",
+    b"\n",
+    b"1e400",
+    b"nan",
+    b"-inf",
+    b"-0",
+    b"9223372036854775808",
+    b"[site]\nseed = 1\n",
+    b"[miniwob]\ntask = \"x\"\n",
+    b"remember = \"x\"\nregex = '(((('\n",
+    b"policy = \"model\"\n",
+    b"\\u0000",
+    b"# ",
+    b"1979-05-27T07:32:00Z",
+    b"scroll = nan\n",
+    b"back = false\n",
 ];
 
 fn trace_seeds() -> Result<Vec<Vec<u8>>> {
@@ -71,7 +111,8 @@ pub(super) fn trace() -> Result<Target> {
                 if let Some(e) = &t.end {
                     push(&Line::End(e.clone()))?;
                 }
-                let back = parse_trace(&again).map_err(|e| format!("a parsed trace written back does not parse: {e}"))?;
+                let back =
+                    parse_trace(&again).map_err(|e| format!("a parsed trace written back does not parse: {e}"))?;
                 if back.steps.len() != t.steps.len() || back.end.is_some() != t.end.is_some() {
                     return Err("a parsed trace written back lost lines".into());
                 }
@@ -105,7 +146,8 @@ pub(super) fn recorder() -> Result<Target> {
             Err(e) => rejected(TRACE, e.to_string()),
             Ok(t) => {
                 let json = devtools_recorder("fuzz", &t.header.origin, &t.steps, 800, 600);
-                let text = serde_json::to_string(&json).map_err(|e| format!("recorder JSON does not serialize: {e}"))?;
+                let text =
+                    serde_json::to_string(&json).map_err(|e| format!("recorder JSON does not serialize: {e}"))?;
                 let back: serde_json::Value =
                     serde_json::from_str(&text).map_err(|e| format!("recorder JSON does not parse back: {e}"))?;
                 let n = back["steps"].as_array().map_or(0, |a| a.len());
@@ -146,8 +188,8 @@ pub(super) fn scenario() -> Result<Target> {
             .into(),
         seeds,
         dict: TOML_DICT.to_vec(),
-        bound: |n| 64 * n + (4 << 20),
-        bound_text: "64 x input + 4 MiB (regex compilation)",
+        bound: |n| 64 * n + (16 << 20),
+        bound_text: "64 x input + 16 MiB (a `remember` regex compiles within the regex crate's 10 MiB limit)",
         fixup: None,
         decode: Box::new(|b| {
             let Ok(text) = std::str::from_utf8(b) else {
@@ -161,7 +203,9 @@ pub(super) fn scenario() -> Result<Target> {
                     let back = Scenario::parse(&toml, Path::new(SCENARIO))
                         .map_err(|e| format!("to_toml of a parsed scenario does not parse: {e}\n{toml}"))?;
                     if back != s {
-                        return Err(format!("to_toml of a parsed scenario parses to another scenario:\n{toml}"));
+                        return Err(format!(
+                            "to_toml of a parsed scenario parses to another scenario:\n{toml}"
+                        ));
                     }
                     Ok(Outcome::Accepted)
                 }

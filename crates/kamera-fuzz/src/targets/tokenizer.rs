@@ -16,7 +16,10 @@ fn load(name: ModelName) -> Result<Tokenizer> {
         detail,
     };
     if !path.exists() {
-        return Err(bad(format!("model not cached: run `kamera models fetch {}`", name.as_str())));
+        return Err(bad(format!(
+            "model not cached: run `kamera models fetch {}`",
+            name.as_str()
+        )));
     }
     let g = Gguf::open(&path).map_err(|e| bad(e.to_string()))?;
     Tokenizer::from_gguf(&g).map_err(|e| bad(e.to_string()))
@@ -45,7 +48,9 @@ pub(super) fn target() -> Result<Target> {
     );
     // Bytes the BPE vocabulary has a symbol for (GPT-2's byte-to-character map, written here
     // from its definition as an independent oracle); the others are dropped by encode.
-    let encodable: Vec<bool> = (0..=255u8).map(|b| bpe.token_id(&gpt2_char(b).to_string()).is_some()).collect();
+    let encodable: Vec<bool> = (0..=255u8)
+        .map(|b| bpe.token_id(&gpt2_char(b).to_string()).is_some())
+        .collect();
     Ok(Target {
         name: "tokenizer",
         about: "any bytes as text (invalid UTF-8 replaced) through the SmolLM2 BPE and Gemma 3 SentencePiece \
@@ -53,8 +58,18 @@ pub(super) fn target() -> Result<Target> {
             .into(),
         seeds,
         dict: vec![
-            b"<|im_start|>", b"<|im_end|>", b"<start_of_turn>", b"<end_of_turn>", b"<bos>", b"<eos>", b" ",
-            "\u{2581}".as_bytes(), b"\n\n", b"'s", b"\xf0\x9f\x98\x80", b"0123456789",
+            b"<|im_start|>",
+            b"<|im_end|>",
+            b"<start_of_turn>",
+            b"<end_of_turn>",
+            b"<bos>",
+            b"<eos>",
+            b" ",
+            "\u{2581}".as_bytes(),
+            b"\n\n",
+            b"'s",
+            b"\xf0\x9f\x98\x80",
+            b"0123456789",
         ],
         bound: |n| 256 * n + (1 << 20),
         bound_text: "256 x input + 1 MiB (the BPE cache keeps each new piece)",
@@ -62,8 +77,12 @@ pub(super) fn target() -> Result<Target> {
         decode: Box::new(move |b| {
             let text = String::from_utf8_lossy(b);
             for (name, tok, spm) in [("smollm2 BPE", &bpe, false), ("gemma3 SentencePiece", &spm, true)] {
-                let ids = tok.encode_raw(&text).map_err(|e| format!("{name}: encode failed: {e}"))?;
-                let back = tok.decode(&ids, false).map_err(|e| format!("{name}: decode of its own ids: {e}"))?;
+                let ids = tok
+                    .encode_raw(&text)
+                    .map_err(|e| format!("{name}: encode failed: {e}"))?;
+                let back = tok
+                    .decode(&ids, false)
+                    .map_err(|e| format!("{name}: decode of its own ids: {e}"))?;
                 let want = if spm {
                     text.replace('\u{2581}', " ")
                 } else {
