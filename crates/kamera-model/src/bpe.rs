@@ -114,7 +114,10 @@ impl ByteBpe {
             }
             let ids = self.bpe(piece);
             out.extend_from_slice(&ids);
-            if let Ok(mut cache) = self.cache.lock()
+            // Only short pieces are kept (common words): the cache stays under ~100,000 x 64 bytes
+            // however long the words a page holds.
+            if piece.len() <= 64
+                && let Ok(mut cache) = self.cache.lock()
                 && cache.len() < 100_000
             {
                 cache.insert(piece.to_string(), ids);

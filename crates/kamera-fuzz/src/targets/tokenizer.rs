@@ -71,8 +71,8 @@ pub(super) fn target() -> Result<Target> {
             b"\xf0\x9f\x98\x80",
             b"0123456789",
         ],
-        bound: |n| 256 * n + (1 << 20),
-        bound_text: "256 x input + 1 MiB (the BPE cache keeps each new piece)",
+        bound: |n| 256 * n + (16 << 20),
+        bound_text: "256 x input + 16 MiB (the BPE cache of up to 100,000 short pieces grows by doubling)",
         fixup: None,
         decode: Box::new(move |b| {
             let text = String::from_utf8_lossy(b);
