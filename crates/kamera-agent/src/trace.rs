@@ -220,10 +220,16 @@ impl Trace {
             line: 0,
             detail: format!("cannot open: {e}"),
         })?;
+        Trace::parse(BufReader::new(f), &file, dir)
+    }
+
+    /// Parses trace NDJSON from `reader` (`file` names it in errors; `dir` holds `resources/`).
+    pub fn parse(reader: impl BufRead, file: &Path, dir: PathBuf) -> Result<Trace> {
+        let file = file.to_path_buf();
         let mut header = None;
         let mut steps = Vec::new();
         let mut end = None;
-        for (i, line) in BufReader::new(f).lines().enumerate() {
+        for (i, line) in reader.lines().enumerate() {
             let bad = |detail: String| Error::Trace {
                 path: file.clone(),
                 line: i + 1,

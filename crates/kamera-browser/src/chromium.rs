@@ -13,6 +13,7 @@ use futures::StreamExt;
 use serde::Deserialize;
 
 use crate::Browser;
+use crate::confine::{Blocked, Confinement};
 use crate::error::{Error, Result, cdp};
 use crate::origin::Origins;
 use crate::types::{Action, Element, Observation};
@@ -20,6 +21,33 @@ use crate::types::{Action, Element, Observation};
 mod actions;
 
 const OBSERVE_JS: &str = include_str!("observe.js");
+
+/// chromiumoxide 0.9's DEFAULT_ARGS without `disable-popup-blocking`.
+const CHROMIUMOXIDE_DEFAULTS: [&str; 23] = [
+    "disable-background-networking",
+    "enable-features=NetworkService,NetworkServiceInProcess",
+    "disable-background-timer-throttling",
+    "disable-backgrounding-occluded-windows",
+    "disable-breakpad",
+    "disable-client-side-phishing-detection",
+    "disable-component-extensions-with-background-pages",
+    "disable-default-apps",
+    "disable-dev-shm-usage",
+    "disable-features=TranslateUI",
+    "disable-hang-monitor",
+    "disable-ipc-flooding-protection",
+    "disable-prompt-on-repost",
+    "disable-renderer-backgrounding",
+    "disable-sync",
+    "force-color-profile=srgb",
+    "metrics-recording-only",
+    "no-first-run",
+    "enable-automation",
+    "password-store=basic",
+    "use-mock-keychain",
+    "enable-blink-features=IdleDetection",
+    "lang=en_US",
+];
 
 /// How to launch Chromium.
 #[derive(Debug, Clone)]
@@ -32,6 +60,8 @@ pub struct ChromiumConfig {
     pub timeout: Duration,
     /// Where navigations may go.
     pub origins: Origins,
+    /// Extra Chromium switches (without `--`), e.g. `host-resolver-rules=MAP a.test 127.0.0.1`.
+    pub args: Vec<String>,
 }
 
 impl ChromiumConfig {
@@ -46,6 +76,7 @@ impl ChromiumConfig {
             height: 600,
             timeout: Duration::from_secs(20),
             origins,
+            args: Vec::new(),
         }
     }
 }
@@ -57,6 +88,7 @@ pub struct ChromiumBrowser {
     page: Page,
     handler: tokio::task::JoinHandle<()>,
     _profile: tempfile::TempDir,
+    confinement: Confinement,
     last: Option<Observation>,
     /// Tabs in order of first sight (the first is the launch page).
     tabs: Vec<TargetId>,
@@ -103,6 +135,10 @@ impl ChromiumBrowser {
             .surface_invalid_messages()
             .launch_timeout(cfg.timeout)
             .request_timeout(cfg.timeout)
+            // chromiumoxide's default switches, less `disable-popup-blocking`: a page's script
+            // may not open tabs (they would escape request interception).
+            .disable_default_args()
+            .args(CHROMIUMOXIDE_DEFAULTS)
             .args([
                 "disable-background-networking",
                 "disable-component-update",
@@ -115,6 +151,9 @@ impl ChromiumBrowser {
                 "disable-features=Translate,MediaRouter,OptimizationHints",
                 "font-render-hinting=none",
             ]);
+        if !cfg.args.is_empty() {
+            builder = builder.args(cfg.args.iter().map(String::as_str));
+        }
         if is_root() {
             builder = builder.no_sandbox();
         }
@@ -144,15 +183,22 @@ impl ChromiumBrowser {
         })
         .await?;
         let tabs = vec![page.target_id().clone()];
+        let confinement = Confinement::start(&page, cfg.origins.clone()).await?;
         Ok(ChromiumBrowser {
             cfg,
             browser,
             page,
             handler,
             _profile: profile,
+            confinement,
             last: None,
             tabs,
         })
+    }
+
+    /// Requests the page made off the allowed origins, blocked at the browser, in order.
+    pub fn blocked(&self) -> Vec<Blocked> {
+        self.confinement.blocked()
     }
 
     async fn eval_once(&self, op: &'static str, js: &str) -> Result<serde_json::Value> {
@@ -220,12 +266,39 @@ impl ChromiumBrowser {
 
     async fn goto(&mut self, url: &str) -> Result<()> {
         self.cfg.origins.check(url)?;
-        let page = &self.page;
-        with_timeout("navigate", self.cfg.timeout, async {
-            page.goto(url).await.map_err(cdp("navigate"))?;
-            Ok(())
-        })
-        .await?;
+        // chromiumoxide's goto waits for every frame's navigation to finish, and queues later
+        // navigations behind it; a frame whose load Chromium refuses (an iframe of a file: URL)
+        // never finishes, so every later goto would time out. Navigate from the page instead and
+        // poll for the new document (the old one is marked); where the page cannot run the
+        // script (a hung page, no page yet), fall back to goto.
+        let marked = tokio::time::timeout(Duration::from_secs(1), self.eval_once("mark", "window.__kameraDoc = 1"))
+            .await
+            .is_ok_and(|r| r.is_ok());
+        let target = serde_json::to_string(url).unwrap_or_default();
+        if marked {
+            let _ = self.eval_once("navigate", &format!("location.href = {target}")).await;
+            let poll = format!(
+                "window.__kameraDoc === 1 ? (location.href === {target} ? 'complete' : 'same') : document.readyState"
+            );
+            with_timeout("navigate", self.cfg.timeout, async {
+                loop {
+                    if let Ok(serde_json::Value::String(s)) = self.eval_once("navigate", &poll).await
+                        && s == "complete"
+                    {
+                        return Ok(());
+                    }
+                    tokio::time::sleep(Duration::from_millis(40)).await;
+                }
+            })
+            .await?;
+        } else {
+            let page = &self.page;
+            with_timeout("navigate", self.cfg.timeout, async {
+                page.goto(url).await.map_err(cdp("navigate"))?;
+                Ok(())
+            })
+            .await?;
+        }
         self.settle().await;
         Ok(())
     }

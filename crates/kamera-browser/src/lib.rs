@@ -19,6 +19,7 @@
 //! ```
 
 mod chromium;
+mod confine;
 mod error;
 mod origin;
 mod replay;
@@ -28,6 +29,7 @@ mod types;
 use async_trait::async_trait;
 
 pub use chromium::{ChromiumBrowser, ChromiumConfig};
+pub use confine::Blocked;
 pub use error::{Error, Result};
 pub use origin::Origins;
 pub use replay::ReplayBrowser;

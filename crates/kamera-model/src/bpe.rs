@@ -1,6 +1,7 @@
 //! Byte-level BPE (GPT-2 style) with the pre-tokenizer regexes llama.cpp uses per `pre` name.
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::sync::Mutex;
 
 use fancy_regex::Regex;
@@ -12,11 +13,19 @@ const QWEN2: &str =
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const DIGITS: &str = r"\p{N}";
 
+struct Sym {
+    start: usize,
+    len: usize,
+    prev: Option<usize>,
+    next: Option<usize>,
+}
+
 /// GPT-2 byte-level BPE.
 #[derive(Debug)]
 pub(crate) struct ByteBpe {
     vocab: HashMap<String, u32>,
-    ranks: HashMap<(String, String), u32>,
+    /// Merge rank by the merge's "left right" text.
+    ranks: HashMap<String, u32>,
     /// Applied in order: each splits the pieces the previous one produced.
     regexes: Vec<Regex>,
     byte_to_char: [char; 256],
@@ -57,12 +66,12 @@ impl ByteBpe {
         let vocab = tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
         let mut ranks = HashMap::with_capacity(merges.len());
         for (i, m) in merges.iter().enumerate() {
-            let Some((a, b)) = m.split_once(' ') else {
+            if !m.contains(' ') {
                 return Err(Error::Tokenizer(format!(
                     "merge {i} {m:?} is not two space-separated tokens"
                 )));
-            };
-            ranks.insert((a.to_string(), b.to_string()), i as u32);
+            }
+            ranks.insert(m.clone(), i as u32);
         }
         let regexes = pats
             .iter()
@@ -111,9 +120,12 @@ impl ByteBpe {
                 out.extend_from_slice(ids);
                 continue;
             }
-            let ids = self.bpe(piece)?;
+            let ids = self.bpe(piece);
             out.extend_from_slice(&ids);
-            if let Ok(mut cache) = self.cache.lock()
+            // Only short pieces are kept (common words): the cache stays under ~100,000 x 64 bytes
+            // however long the words a page holds.
+            if piece.len() <= 64
+                && let Ok(mut cache) = self.cache.lock()
                 && cache.len() < 100_000
             {
                 cache.insert(piece.to_string(), ids);
@@ -122,39 +134,71 @@ impl ByteBpe {
         Ok(())
     }
 
-    fn bpe(&self, piece: &str) -> Result<Vec<u32>> {
-        let mut syms: Vec<String> = piece
-            .bytes()
-            .map(|b| self.byte_to_char[b as usize].to_string())
-            .collect();
-        loop {
-            let best = syms
-                .windows(2)
-                .enumerate()
-                .filter_map(|(i, w)| self.ranks.get(&(w[0].clone(), w[1].clone())).map(|&r| (r, i)))
-                .min();
-            let Some((rank, _)) = best else { break };
-            let mut merged = Vec::with_capacity(syms.len());
-            let mut i = 0;
-            while i < syms.len() {
-                if i + 1 < syms.len() && self.ranks.get(&(syms[i].clone(), syms[i + 1].clone())) == Some(&rank) {
-                    merged.push(format!("{}{}", syms[i], syms[i + 1]));
-                    i += 2;
-                } else {
-                    merged.push(std::mem::take(&mut syms[i]));
-                    i += 1;
-                }
-            }
-            syms = merged;
-        }
-        syms.iter()
-            .map(|s| {
-                self.vocab
-                    .get(s)
-                    .copied()
-                    .ok_or_else(|| Error::Tokenizer(format!("BPE symbol {s:?} not in vocabulary")))
+    /// Merges the piece's byte symbols, lowest-ranked pair first and leftmost among equals (the
+    /// GPT-2 order), with a heap over a linked list of symbols: O(n log n) in the piece's length,
+    /// so that a long unbroken word on a page (a hash, base64) cannot stall a step.
+    fn bpe(&self, piece: &str) -> Vec<u32> {
+        let m: String = piece.bytes().map(|b| self.byte_to_char[b as usize]).collect();
+        let mut syms: Vec<Sym> = m
+            .char_indices()
+            .enumerate()
+            .map(|(i, (start, c))| Sym {
+                start,
+                len: c.len_utf8(),
+                prev: i.checked_sub(1),
+                next: None,
             })
-            .collect()
+            .collect();
+        let n = syms.len();
+        for i in 0..n.saturating_sub(1) {
+            syms[i].next = Some(i + 1);
+        }
+        let mut key = String::new();
+        let mut heap = BinaryHeap::new();
+        let mut push = |heap: &mut BinaryHeap<Reverse<(u32, usize, usize)>>, syms: &[Sym], l: usize, r: usize| {
+            key.clear();
+            key.push_str(&m[syms[l].start..syms[l].start + syms[l].len]);
+            key.push(' ');
+            key.push_str(&m[syms[r].start..syms[r].start + syms[r].len]);
+            if let Some(&rank) = self.ranks.get(key.as_str()) {
+                heap.push(Reverse((rank, l, syms[l].len + syms[r].len)));
+            }
+        };
+        for i in 1..n {
+            push(&mut heap, &syms, i - 1, i);
+        }
+        while let Some(Reverse((_, l, size))) = heap.pop() {
+            // Stale entries (either side merged since) no longer add up to the pair's size.
+            let Some(r) = syms[l].next else { continue };
+            if syms[l].len == 0 || syms[l].len + syms[r].len != size {
+                continue;
+            }
+            syms[l].len += syms[r].len;
+            syms[r].len = 0;
+            syms[l].next = syms[r].next;
+            if let Some(nn) = syms[r].next {
+                syms[nn].prev = Some(l);
+            }
+            if let Some(p) = syms[l].prev {
+                push(&mut heap, &syms, p, l);
+            }
+            if let Some(nx) = syms[l].next {
+                push(&mut heap, &syms, l, nx);
+            }
+        }
+        // A byte whose symbol the vocabulary lacks (SmolLM2 has none for the control bytes 0x04,
+        // 0x06, 0x13, 0x14, 0x16, 0x1D) is dropped: the model has no token for it, and refusing
+        // it would let any page with such a character end a run. Hugging Face's BPE without an
+        // unknown token skips it the same way. Merged symbols are always in the vocabulary.
+        let mut out = Vec::new();
+        let mut cur = if n > 0 { Some(0) } else { None };
+        while let Some(i) = cur {
+            if let Some(&id) = self.vocab.get(&m[syms[i].start..syms[i].start + syms[i].len]) {
+                out.push(id);
+            }
+            cur = syms[i].next;
+        }
+        out
     }
 
     pub fn decode_token(&self, tok: &str, out: &mut Vec<u8>) {

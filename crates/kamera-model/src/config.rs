@@ -74,6 +74,15 @@ impl Config {
         };
         let k = |s: &str| format!("{arch}.{s}");
         let n_layers = g.usize(&k("block_count"))?;
+        // Every layer has tensors in the file: a bound on the per-layer tables built below
+        // (a fuzzed block_count of 2^40 once allocated until the process was killed).
+        let tensors = g.tensor_names().len();
+        if n_layers == 0 || n_layers > tensors {
+            return Err(Error::Gguf {
+                path: g.path().to_path_buf(),
+                detail: format!("block_count {n_layers}: expected 1 to {tensors} (the file's tensor count)"),
+            });
+        }
         let hidden = g.usize(&k("embedding_length"))?;
         let ffn = g.usize(&k("feed_forward_length"))?;
         let heads = g.usize(&k("attention.head_count"))?;

@@ -47,24 +47,39 @@ impl Gguf {
         if bytes.len() < 4 || &bytes[..4] != b"GGUF" {
             return Err(err(format!("not a GGUF file (bad magic, {} bytes)", bytes.len())));
         }
-        let content =
-            Content::read(&mut Cursor::new(&bytes)).map_err(|e| err(format!("truncated or malformed header: {e}")))?;
+        check_alignment(&bytes).map_err(err)?;
+        let content = Content::read(&mut Cursor::new(&bytes))
+            .map_err(|e| err(format!("truncated or malformed header: {}", candle_msg(&e))))?;
         let mut need = content.tensor_data_offset;
         for (name, info) in &content.tensor_infos {
-            let elems = info.shape.elem_count();
+            // Checked: candle's own element count wraps in release builds, which would let a
+            // tensor of 2^33 x 2^31 elements pass as one of zero bytes.
+            let dims = info.shape.dims();
+            let elems = dims
+                .iter()
+                .try_fold(1usize, |a, &d| a.checked_mul(d))
+                .ok_or_else(|| err(format!("tensor {name}: dims {dims:?} overflow the element count")))?;
             let bs = info.ggml_dtype.block_size();
             if elems % bs != 0 {
                 return Err(err(format!(
                     "tensor {name}: {elems} elements not a multiple of block size {bs}"
                 )));
             }
-            let size = (elems / bs * info.ggml_dtype.type_size()) as u64;
-            need = need.max(
-                content
-                    .tensor_data_offset
-                    .saturating_add(info.offset)
-                    .saturating_add(size),
-            );
+            let end = (elems / bs)
+                .checked_mul(info.ggml_dtype.type_size())
+                .and_then(|size| {
+                    content
+                        .tensor_data_offset
+                        .checked_add(info.offset)?
+                        .checked_add(size as u64)
+                })
+                .ok_or_else(|| {
+                    err(format!(
+                        "tensor {name}: offset {} and dims {dims:?} overflow the file size",
+                        info.offset
+                    ))
+                })?;
+            need = need.max(end);
         }
         if need > bytes.len() as u64 {
             return Err(err(format!(
@@ -213,11 +228,11 @@ impl Gguf {
             .tensor(&mut Cursor::new(&self.bytes), name, device)
             .map_err(|e| Error::Gguf {
                 path: self.path.clone(),
-                detail: format!("tensor {name}: {e}"),
+                detail: format!("tensor {name}: {}", candle_msg(&e)),
             })?;
         q.dequantize(device).map_err(|e| Error::Gguf {
             path: self.path.clone(),
-            detail: format!("dequantize {name}: {e}"),
+            detail: format!("dequantize {name}: {}", candle_msg(&e)),
         })
     }
 
@@ -225,4 +240,50 @@ impl Gguf {
     pub fn release(&mut self) {
         self.bytes = Vec::new();
     }
+}
+
+/// A candle error's message without the backtrace candle attaches when RUST_BACKTRACE is set
+/// (an error names what is wrong with the file, not where candle noticed it).
+fn candle_msg(e: &candle_core::Error) -> String {
+    match e {
+        candle_core::Error::WithBacktrace { inner, .. } => candle_msg(inner),
+        e => e.to_string(),
+    }
+}
+
+/// Refuses `general.alignment = 0`, which candle's parser divides by (a panic). The key is
+/// found by its length-prefixed bytes (u64 length in v2/v3, u32 in v1) and an integer type.
+fn check_alignment(bytes: &[u8]) -> std::result::Result<(), String> {
+    const KEY: &[u8] = b"general.alignment";
+    let v1 = bytes.get(4..8) == Some(&1u32.to_le_bytes()[..]);
+    let mut prefix = (KEY.len() as u64).to_le_bytes().to_vec();
+    if v1 {
+        prefix.truncate(4);
+    }
+    prefix.extend_from_slice(KEY);
+    let mut from = 0;
+    while let Some(at) = bytes[from..].windows(prefix.len()).position(|w| w == prefix.as_slice()) {
+        let v = from + at + prefix.len();
+        from = from + at + 1;
+        let Some(ty) = bytes
+            .get(v..v + 4)
+            .map(|t| u32::from_le_bytes([t[0], t[1], t[2], t[3]]))
+        else {
+            continue;
+        };
+        // GGUF value types 0..=5: u8, i8, u16, i16, u32, i32 (the ones candle reads it from).
+        let width = match ty {
+            0 | 1 => 1,
+            2 | 3 => 2,
+            4 | 5 => 4,
+            _ => continue,
+        };
+        if bytes
+            .get(v + 4..v + 4 + width)
+            .is_some_and(|x| x.iter().all(|&b| b == 0))
+        {
+            return Err("metadata general.alignment is 0 (expected a power of two)".into());
+        }
+    }
+    Ok(())
 }

@@ -66,8 +66,19 @@ impl Tokenizer {
         }
     }
 
-    /// Build from `tokenizer.ggml.*` metadata.
+    /// Build from `tokenizer.ggml.*` metadata; a malformed tokenizer is an [`Error::Gguf`]
+    /// that names the file.
     pub fn from_gguf(g: &Gguf) -> Result<Tokenizer> {
+        Self::build(g).map_err(|e| match e {
+            Error::Tokenizer(detail) => Error::Gguf {
+                path: g.path().to_path_buf(),
+                detail: format!("tokenizer: {detail}"),
+            },
+            e => e,
+        })
+    }
+
+    fn build(g: &Gguf) -> Result<Tokenizer> {
         let model = g.str("tokenizer.ggml.model")?.to_string();
         let tokens = g.strings("tokenizer.ggml.tokens")?;
         let types: Vec<i32> = if g.has_meta("tokenizer.ggml.token_type") {

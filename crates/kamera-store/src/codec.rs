@@ -200,10 +200,18 @@ pub fn verify(key: &Key, bytes: &[u8]) -> Result<Header> {
         v_head_dim: u(44),
         n_layers: u(48),
     };
+    check_layout_fields(key, body, &layout)?;
     let i = |at: usize| i64::from_le_bytes(body[at..at + 8].try_into().unwrap_or_default());
     let payload_len = i(72) as u64;
     if payload_len != (body.len() - HEADER_LEN) as u64 {
         return Err(Error::corrupt(OP, key, "payload length"));
+    }
+    if kind != Kind::Canonical && i(56) != 0 {
+        return Err(Error::corrupt(
+            OP,
+            key,
+            format!("a patch with frame offset {} (must be 0)", i(56)),
+        ));
     }
     Ok(Header {
         version,
@@ -223,16 +231,19 @@ pub fn verify(key: &Key, bytes: &[u8]) -> Result<Header> {
 pub fn decode(key: &Key, bytes: &[u8]) -> Result<Record> {
     const OP: &str = "decode";
     let h = verify(key, bytes)?;
-    let ops = |source| Error::Ops { op: OP, source };
+    // The checksum passed, so a record whose matrices do not fit its layout was written wrong:
+    // corrupt, naming the key.
+    let ops = |source: kamera_ops::Error| Error::corrupt(OP, key, source.to_string());
     let mut r = Reader {
         b: &bytes[HEADER_LEN..bytes.len() - CHECKSUM_LEN],
         key,
     };
     let n = h.n_tokens;
     let (kf, vf) = (h.layout.k_features(), h.layout.v_features());
+    check_payload_size(key, &h)?;
     let body = match h.kind {
         Kind::Canonical => {
-            let mut layers = Vec::with_capacity(h.layout.n_layers.min(4096));
+            let mut layers = Vec::with_capacity(h.layout.n_layers);
             for _ in 0..h.layout.n_layers {
                 let k = r.mat(n, kf, h.dtype)?;
                 let v = r.mat(n, vf, h.dtype)?;
@@ -283,6 +294,66 @@ pub fn decode(key: &Key, bytes: &[u8]) -> Result<Record> {
         cost_us: h.cost_us,
         body,
     })
+}
+
+/// The most layers a record may declare (models have at most a few hundred): a bound on what
+/// decoding a record of zero-token layers allocates.
+pub const MAX_LAYERS: usize = 4096;
+
+/// Reserved bytes and the layout fields the attention kind does not use must be zero, the
+/// layout valid and at most [`MAX_LAYERS`] deep (one encoding per record; the README's table).
+fn check_layout_fields(key: &Key, body: &[u8], layout: &KvLayout) -> Result<()> {
+    const OP: &str = "verify";
+    let zero = |from: usize, to: usize| body[from..to].iter().all(|&b| b == 0);
+    let unused = match layout.attention {
+        Attention::Mha { .. } => zero(32, 40),
+        Attention::Gqa { .. } => zero(36, 40),
+        Attention::Mla { .. } => true,
+    };
+    if !zero(25, 28) || !unused {
+        return Err(Error::corrupt(OP, key, "reserved or unused header bytes are not zero"));
+    }
+    layout
+        .validate()
+        .map_err(|e| Error::corrupt(OP, key, format!("layout: {e}")))?;
+    if layout.n_layers > MAX_LAYERS {
+        return Err(Error::corrupt(
+            OP,
+            key,
+            format!("{} layers (at most {MAX_LAYERS})", layout.n_layers),
+        ));
+    }
+    Ok(())
+}
+
+/// Before allocating: canonical KV must be exactly the payload the header implies; each patch
+/// layer needs at least its 16 bytes of ranks.
+fn check_payload_size(key: &Key, h: &Header) -> Result<()> {
+    let (n, l) = (h.n_tokens as u64, h.layout.n_layers as u64);
+    let features = (h.layout.k_features() as u64).checked_add(h.layout.v_features() as u64);
+    let (need, exact) = match h.kind {
+        Kind::Canonical => (
+            features
+                .and_then(|f| f.checked_mul(n))
+                .and_then(|x| x.checked_mul(h.dtype.size() as u64))
+                .and_then(|x| x.checked_mul(l)),
+            true,
+        ),
+        Kind::Patch | Kind::Orbit => (Some(16 * l), false),
+    };
+    match need {
+        Some(need) if need == h.payload_len || (!exact && need <= h.payload_len) => Ok(()),
+        _ => Err(Error::corrupt(
+            "decode",
+            key,
+            format!(
+                "a {} payload of {} bytes for {l} layers of {n} tokens x {} features",
+                h.kind.name(),
+                h.payload_len,
+                features.map_or("(overflowing)".to_string(), |f| f.to_string())
+            ),
+        )),
+    }
 }
 
 /// blake3(key bytes || header || payload), first 16 bytes.
@@ -431,6 +502,6 @@ impl<'a> Reader<'a> {
             DType::F16 => Buf::F16(u16s().map(f16::from_bits).collect()),
             DType::Bf16 => Buf::Bf16(u16s().map(bf16::from_bits).collect()),
         };
-        Mat::new(rows, cols, buf).map_err(|source| Error::Ops { op: "decode", source })
+        Mat::new(rows, cols, buf).map_err(|e| Error::corrupt("decode", self.key, e.to_string()))
     }
 }

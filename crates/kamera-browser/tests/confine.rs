@@ -1,0 +1,204 @@
+//! Navigation confinement on real Chromium: each hostile page of scenarios/site/hostile tries to
+//! reach a second loopback origin (a counting server) or a host name mapped to loopback; every
+//! such request must be blocked at the browser (counted in `blocked()`), none may arrive.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kamera_browser::{Action, Browser, ChromiumBrowser, ChromiumConfig, Error, Origins};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+/// A loopback HTTP server that logs each request line (with its Host) and answers from `route`.
+async fn serve(
+    route: impl Fn(&str) -> (u16, String, Vec<u8>) + Send + Sync + 'static,
+) -> anyhow::Result<(u16, Arc<Mutex<Vec<String>>>)> {
+    let l = TcpListener::bind("127.0.0.1:0").await?;
+    let port = l.local_addr()?.port();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let (log2, route) = (log.clone(), Arc::new(route));
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            let (log, route) = (log2.clone(), route.clone());
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 16384];
+                let n = s.read(&mut buf).await.unwrap_or(0);
+                let head = String::from_utf8_lossy(&buf[..n]).to_string();
+                let line = head.lines().next().unwrap_or("").to_string();
+                let host = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("Host: ").or_else(|| l.strip_prefix("host: ")))
+                    .unwrap_or("")
+                    .to_string();
+                log.lock().unwrap().push(format!("{line} (Host: {host})"));
+                let path = line.split_whitespace().nth(1).unwrap_or("/").to_string();
+                let (status, extra, body) = route(&path);
+                let head = format!(
+                    "HTTP/1.1 {status} X\r\nContent-Type: text/html\r\nContent-Length: {}\r\n{extra}Connection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = s.write_all(head.as_bytes()).await;
+                let _ = s.write_all(&body).await;
+            });
+        }
+    });
+    Ok((port, log))
+}
+
+/// Pages whose every off-origin request is blocked (websocket.html is not: see the test below).
+const PAGES: [&str; 9] = [
+    "js-redirect",
+    "meta-refresh",
+    "window-open",
+    "form-post",
+    "iframe",
+    "javascript-url",
+    "file-url",
+    "subresources",
+    "rebind",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_pages_cannot_reach_another_origin() -> anyhow::Result<()> {
+    assert!(
+        Path::new("/usr/bin/chromium").exists(),
+        "chromium missing: run scripts/install-chromium.sh"
+    );
+    let (evil, evil_log) = serve(|_| (200, String::new(), b"<html><body>evil</body></html>".to_vec())).await?;
+    let evil_url = format!("http://127.0.0.1:{evil}");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/site/hostile");
+    let pages: Vec<(String, String)> = PAGES
+        .iter()
+        .map(|p| Ok((p.to_string(), std::fs::read_to_string(dir.join(format!("{p}.html")))?)))
+        .collect::<anyhow::Result<_>>()?;
+    let site_port = Arc::new(Mutex::new(0u16));
+    let sp = site_port.clone();
+    let ev = evil_url.clone();
+    let (site, site_log) = serve(move |path| {
+        let port = *sp.lock().unwrap();
+        let name = path.trim_start_matches('/');
+        if name == "server-redirect" {
+            return (302, format!("Location: {ev}/server-redirect\r\n"), Vec::new());
+        }
+        match pages.iter().find(|(p, _)| p == name) {
+            Some((_, html)) => (
+                200,
+                String::new(),
+                html.replace("{{EVIL}}", &ev)
+                    .replace("{{EVIL_WS}}", &ev.replace("http:", "ws:"))
+                    .replace("{{REBIND}}", &format!("http://rebind.test:{port}"))
+                    .into_bytes(),
+            ),
+            None => (200, String::new(), b"<html><body>home</body></html>".to_vec()),
+        }
+    })
+    .await?;
+    *site_port.lock().unwrap() = site;
+    let origin = format!("http://127.0.0.1:{site}");
+    let mut cfg = ChromiumConfig::new(Origins::new(&[&origin])?);
+    cfg.timeout = Duration::from_secs(10);
+    // DNS rebinding: a name that resolves to the site's own loopback address.
+    cfg.args.push("host-resolver-rules=MAP rebind.test 127.0.0.1".into());
+    let mut b = ChromiumBrowser::launch(cfg).await?;
+    let mut refused = 0;
+    for page in PAGES.iter().copied().chain(["server-redirect"]) {
+        let before = b.blocked().len();
+        let nav = b.navigate(&format!("{origin}/{page}")).await;
+        // Give timers, refreshes and frames time to fire; then the location check runs.
+        let act = b.act(&Action::Wait { ms: 700 }).await;
+        for r in [&nav, &act] {
+            match r {
+                Ok(()) => {}
+                Err(Error::Refused { .. }) => refused += 1,
+                Err(e) => panic!("{page}: {e}"),
+            }
+        }
+        let new: Vec<String> = b.blocked()[before..]
+            .iter()
+            .map(|x| format!("{} {}", x.resource, x.url))
+            .collect();
+        eprintln!("{page}: {} blocked {new:?}; nav {nav:?}, act {act:?}", new.len());
+        let url = b.eval("location.href").await?;
+        let url = url.as_str().unwrap_or("");
+        assert!(
+            url.starts_with(&origin) || url == "about:blank",
+            "{page}: left for {url}"
+        );
+    }
+    let blocked = b.blocked();
+    b.close().await?;
+    // A request has a request line; Chromium's preconnects open bare TCP connections that send
+    // nothing (counted and reported, not yet prevented).
+    let (evil_hits, bare): (Vec<String>, Vec<String>) = evil_log
+        .lock()
+        .unwrap()
+        .iter()
+        .cloned()
+        .partition(|l| !l.starts_with(" (Host"));
+    eprintln!(
+        "{} bare TCP connections (no request bytes) reached the other origin",
+        bare.len()
+    );
+    let rebind_hits: Vec<String> = site_log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|l| l.contains("rebind.test"))
+        .cloned()
+        .collect();
+    eprintln!(
+        "blocked {} requests, {refused} steps refused; evil saw {evil_hits:?}; rebind saw {rebind_hits:?}",
+        blocked.len()
+    );
+    assert!(evil_hits.is_empty(), "requests reached the other origin: {evil_hits:?}");
+    assert!(
+        rebind_hits.is_empty(),
+        "requests reached the rebound host: {rebind_hits:?}"
+    );
+    for want in [
+        "/js-redirect",
+        "/meta-refresh",
+        "/form-post",
+        "/iframe",
+        "/pixel.png",
+        "/fetch",
+        "/beacon",
+        "/server-redirect",
+        "/rebind-img",
+        "/rebind-fetch",
+    ] {
+        assert!(
+            blocked.iter().any(|x| x.url.ends_with(want)),
+            "{want} was not counted as blocked: {blocked:?}"
+        );
+    }
+    Ok(())
+}
+
+/// Not held yet: WebSocket handshakes do not pass through the Fetch domain, so a page's
+/// WebSocket reaches another origin (Network.setBlockedURLs did not stop it on Chromium 156).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "known gap: WebSocket handshakes bypass request interception"]
+async fn a_websocket_cannot_reach_another_origin() -> anyhow::Result<()> {
+    let (evil, evil_log) = serve(|_| (200, String::new(), Vec::new())).await?;
+    let html = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/site/hostile/websocket.html"),
+    )?
+    .replace("{{EVIL_WS}}", &format!("ws://127.0.0.1:{evil}"));
+    let (site, _) = serve(move |_| (200, String::new(), html.clone().into_bytes())).await?;
+    let origin = format!("http://127.0.0.1:{site}");
+    let mut b = ChromiumBrowser::launch(ChromiumConfig::new(Origins::new(&[&origin])?)).await?;
+    b.navigate(&format!("{origin}/websocket")).await?;
+    b.act(&Action::Wait { ms: 700 }).await?;
+    b.close().await?;
+    let hits: Vec<String> = evil_log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|l| !l.starts_with(" (Host"))
+        .cloned()
+        .collect();
+    assert!(hits.is_empty(), "a WebSocket reached the other origin: {hits:?}");
+    Ok(())
+}
