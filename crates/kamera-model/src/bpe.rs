@@ -1,24 +1,18 @@
 //! Byte-level BPE (GPT-2 style) with the pre-tokenizer regexes llama.cpp uses per `pre` name.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::HashMap;
 use std::sync::Mutex;
 
 use fancy_regex::Regex;
 
 use crate::error::{Error, Result};
+use crate::merge::{Sym, merge, symbols};
 
 const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
 const QWEN2: &str =
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const DIGITS: &str = r"\p{N}";
-
-struct Sym {
-    start: usize,
-    len: usize,
-    prev: Option<usize>,
-    next: Option<usize>,
-}
 
 /// GPT-2 byte-level BPE.
 #[derive(Debug)]
@@ -139,53 +133,18 @@ impl ByteBpe {
     /// so that a long unbroken word on a page (a hash, base64) cannot stall a step.
     fn bpe(&self, piece: &str) -> Vec<u32> {
         let m: String = piece.bytes().map(|b| self.byte_to_char[b as usize]).collect();
-        let mut syms: Vec<Sym> = m
-            .char_indices()
-            .enumerate()
-            .map(|(i, (start, c))| Sym {
-                start,
-                len: c.len_utf8(),
-                prev: i.checked_sub(1),
-                next: None,
-            })
-            .collect();
+        let mut syms = symbols(&m);
         let n = syms.len();
-        for i in 0..n.saturating_sub(1) {
-            syms[i].next = Some(i + 1);
-        }
         let mut key = String::new();
-        let mut heap = BinaryHeap::new();
-        let mut push = |heap: &mut BinaryHeap<Reverse<(u32, usize, usize)>>, syms: &[Sym], l: usize, r: usize| {
+        let pair = |syms: &[Sym], l: usize, r: usize| {
             key.clear();
             key.push_str(&m[syms[l].start..syms[l].start + syms[l].len]);
             key.push(' ');
             key.push_str(&m[syms[r].start..syms[r].start + syms[r].len]);
-            if let Some(&rank) = self.ranks.get(key.as_str()) {
-                heap.push(Reverse((rank, l, syms[l].len + syms[r].len)));
-            }
+            let rank = *self.ranks.get(key.as_str())?;
+            Some(Reverse((rank, l, syms[l].len + syms[r].len)))
         };
-        for i in 1..n {
-            push(&mut heap, &syms, i - 1, i);
-        }
-        while let Some(Reverse((_, l, size))) = heap.pop() {
-            // Stale entries (either side merged since) no longer add up to the pair's size.
-            let Some(r) = syms[l].next else { continue };
-            if syms[l].len == 0 || syms[l].len + syms[r].len != size {
-                continue;
-            }
-            syms[l].len += syms[r].len;
-            syms[r].len = 0;
-            syms[l].next = syms[r].next;
-            if let Some(nn) = syms[r].next {
-                syms[nn].prev = Some(l);
-            }
-            if let Some(p) = syms[l].prev {
-                push(&mut heap, &syms, p, l);
-            }
-            if let Some(nx) = syms[l].next {
-                push(&mut heap, &syms, l, nx);
-            }
-        }
+        merge(&mut syms, pair, |&Reverse((_, l, size))| (l, size));
         // A byte whose symbol the vocabulary lacks (SmolLM2 has none for the control bytes 0x04,
         // 0x06, 0x13, 0x14, 0x16, 0x1D) is dropped: the model has no token for it, and refusing
         // it would let any page with such a character end a run. Hugging Face's BPE without an

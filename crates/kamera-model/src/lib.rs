@@ -23,6 +23,7 @@ mod generate;
 mod gguf;
 mod hf;
 mod hf_tokenizer;
+mod merge;
 mod model;
 mod selective;
 mod spm;

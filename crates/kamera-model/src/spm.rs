@@ -2,9 +2,10 @@
 //! spaces as '▁', unknown pieces fall back to `<0xXX>` byte tokens.
 
 use std::cmp::Ordering;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::HashMap;
 
 use crate::error::{Error, Result};
+use crate::merge::{Sym, merge, symbols};
 
 /// SentencePiece BPE over scored pieces.
 #[derive(Debug)]
@@ -31,13 +32,6 @@ impl Ord for Bigram {
     fn cmp(&self, o: &Self) -> Ordering {
         self.score.total_cmp(&o.score).then_with(|| o.left.cmp(&self.left))
     }
-}
-
-struct Sym {
-    start: usize,
-    len: usize,
-    prev: Option<usize>,
-    next: Option<usize>,
 }
 
 impl Spm {
@@ -80,52 +74,18 @@ impl Spm {
             norm.push(if c == ' ' { '▁' } else { c });
         }
         let s = norm.as_str();
-        let mut syms: Vec<Sym> = Vec::new();
-        for (i, (start, c)) in s.char_indices().enumerate() {
-            syms.push(Sym {
-                start,
-                len: c.len_utf8(),
-                prev: i.checked_sub(1),
-                next: None,
-            });
-        }
+        let mut syms = symbols(s);
         let n = syms.len();
-        for i in 0..n.saturating_sub(1) {
-            syms[i].next = Some(i + 1);
-        }
-        let mut heap = BinaryHeap::new();
-        let push = |heap: &mut BinaryHeap<Bigram>, syms: &[Sym], l: usize, r: usize| {
+        let pair = |syms: &[Sym], l: usize, r: usize| {
             let piece = &s[syms[l].start..syms[r].start + syms[r].len];
-            if let Some(&(_, score)) = self.vocab.get(piece) {
-                heap.push(Bigram {
-                    score,
-                    left: l,
-                    size: piece.len(),
-                });
-            }
+            let &(_, score) = self.vocab.get(piece)?;
+            Some(Bigram {
+                score,
+                left: l,
+                size: piece.len(),
+            })
         };
-        for i in 1..n {
-            push(&mut heap, &syms, i - 1, i);
-        }
-        while let Some(b) = heap.pop() {
-            let l = b.left;
-            let Some(r) = syms[l].next else { continue };
-            if syms[l].len == 0 || syms[l].len + syms[r].len != b.size {
-                continue;
-            }
-            syms[l].len += syms[r].len;
-            syms[r].len = 0;
-            syms[l].next = syms[r].next;
-            if let Some(nn) = syms[r].next {
-                syms[nn].prev = Some(l);
-            }
-            if let Some(p) = syms[l].prev {
-                push(&mut heap, &syms, p, l);
-            }
-            if let Some(nx) = syms[l].next {
-                push(&mut heap, &syms, l, nx);
-            }
-        }
+        merge(&mut syms, pair, |b| (b.left, b.size));
         let mut cur = if n > 0 { Some(0) } else { None };
         while let Some(i) = cur {
             let piece = &s[syms[i].start..syms[i].start + syms[i].len];
