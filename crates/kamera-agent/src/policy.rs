@@ -302,14 +302,7 @@ impl ModelPolicy {
                 written_call.timings.prefill_ms + written_call.timings.decode_ms + written_call.timings.reuse_ms;
         }
         call.output = reply;
-        let action = schema.action(&call.output).ok_or_else(|| Error::Policy {
-            tries: 1,
-            last: call.output.clone(),
-        })?;
-        Ok(Decision {
-            action,
-            model: Some(call),
-        })
+        decided(&schema, call)
     }
 
     /// Constrained decoding over the page's schema.
@@ -318,14 +311,7 @@ impl ModelPolicy {
         let call = mind
             .llm
             .generate_constrained(mind.ctx, instruction, &schema, mind.max_new_tokens.max(24))?;
-        let action = schema.action(&call.output).ok_or_else(|| Error::Policy {
-            tries: 1,
-            last: call.output.clone(),
-        })?;
-        Ok(Decision {
-            action,
-            model: Some(call),
-        })
+        decided(&schema, call)
     }
 }
 
@@ -366,6 +352,18 @@ impl ModelPolicy {
         }
         self.ranked(obs, mind, instruction)
     }
+}
+
+/// The schema's action for a model call's reply (a reply it cannot read is a policy error).
+fn decided(schema: &ActionSchema, call: ModelCall) -> Result<Decision> {
+    let action = schema.action(&call.output).ok_or_else(|| Error::Policy {
+        tries: 1,
+        last: call.output.clone(),
+    })?;
+    Ok(Decision {
+        action,
+        model: Some(call),
+    })
 }
 
 #[cfg(test)]

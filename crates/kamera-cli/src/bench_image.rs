@@ -6,7 +6,6 @@ use std::time::Instant;
 
 use anyhow::{Context as _, Result};
 use kamera_model::vision::RgbImage;
-use kamera_model::vl::{image_positions, image_span};
 use kamera_model::{ChunkKv, Context, Input, Model, PrefillOptions};
 use kamera_ops::{DType, PatchConfig, form_patch, reuse};
 use serde::Serialize;
@@ -73,24 +72,14 @@ pub fn run(
     let vision = model
         .vision()
         .context("bench reuse on images needs a vision-language model directory")?;
-    let merge = vision.config().merge_size;
-    let t = vision.tokens();
     let image = screenshot(size[0], size[1])?;
     let cfg = vision.preprocess_config().clone().with_max_pixels(pixels);
     let (preprocess_ms, patches) = timed(reps, || Ok(kamera_model::vision::preprocess(&image, &cfg)?))?;
     let grid = patches.grid_thw;
     let (tower_ms, out) = timed(reps, || Ok(vision.encode(&patches.pixel_values, grid)?))?;
-    let n = vision.image_tokens(grid);
-    let mut ids = vec![t.vision_start];
-    ids.extend(std::iter::repeat_n(t.image, n));
-    ids.push(t.vision_end);
-    let span = image_span(grid, merge) + 2;
-    let rot = |at: i64| {
-        let mut r = vec![[at; 3]];
-        r.extend(image_positions(grid, merge, at + 1));
-        r.push([at + span - 1; 3]);
-        r
-    };
+    let ids = vision.chunk_tokens(grid);
+    let span = vision.chunk_span(grid);
+    let rot = |at: i64| vision.chunk_positions(grid, at);
     let x = vision.splice(&ids, model.embed_tokens(&ids)?, &[&out.embeds])?;
     let input = Input::Embeddings { data: &x, n: ids.len() };
     let prefill_at = |at: i64, ctx: &Context| -> Result<ChunkKv> {
@@ -113,7 +102,7 @@ pub fn run(
         model.rope(),
         &PatchConfig::fixed(rank, DType::F32),
     )?;
-    let (relocate_patch_ms, placed) = timed(reps, || Ok(reuse(&canonical, Some(&patch), model.rope(), at)?))?;
+    let (relocate_patch_ms, _) = timed(reps, || Ok(reuse(&canonical, Some(&patch), model.rope(), at)?))?;
     let q_ids: Vec<u32> = model
         .tokenizer()
         .encode(&"Which order shipped? ".repeat(question / 4 + 1))?
@@ -134,12 +123,10 @@ pub fn run(
         let p = kamera_model::vision::preprocess(&image, &cfg)?;
         let o = vision.encode(&p.pixel_values, grid)?;
         let x = vision.splice(&ids, model.embed_tokens(&ids)?, &[&o.embeds])?;
-        let kv = model.extend_rotary(Input::Embeddings { data: &x, n: ids.len() }, &rot(at), &mut ctx)?;
+        model.extend_rotary(Input::Embeddings { data: &x, n: ids.len() }, &rot(at), &mut ctx)?;
         ctx.mark_span(ids.len(), span)?;
-        drop(kv);
         Ok(model.extend(&q_ids, &mut ctx)?)
     })?;
-    drop(placed);
     let encode = preprocess_ms + tower_ms + prefill_ms;
     Ok(ImageBench {
         image: size,

@@ -51,21 +51,9 @@ pub(crate) struct LayerOut {
     pub v: Tensor,
 }
 
-/// Q, K (post QK-norm and RoPE at `positions`) and V of the new tokens, `[n, heads·hd]` and
-/// `[n, kv_dim]`.
+/// Q, K (post QK-norm and RoPE at `positions`, or at the 3-D M-RoPE ids `mrope` when given) and
+/// V of the new tokens, `[n, heads·hd]` and `[n, kv_dim]`.
 pub(crate) fn project_qkv(
-    cfg: &Config,
-    w: &LayerWeights,
-    layer: usize,
-    spec: &RopeSpec,
-    x: &Tensor,
-    positions: &[i64],
-) -> Result<(Tensor, Tensor, Tensor)> {
-    project_qkv_at(cfg, w, layer, spec, x, positions, None)
-}
-
-/// [`project_qkv`], rotating to explicit 3-D M-RoPE ids (`mrope`, one per token) when given.
-pub(crate) fn project_qkv_at(
     cfg: &Config,
     w: &LayerWeights,
     layer: usize,
@@ -150,7 +138,7 @@ pub(crate) fn layer_forward(
     window: Option<usize>,
     mrope: Option<&[[i64; 3]]>,
 ) -> Result<LayerOut> {
-    let (q, k, v) = project_qkv_at(cfg, w, layer, spec, x, positions, mrope)?;
+    let (q, k, v) = project_qkv(cfg, w, layer, spec, x, positions, mrope)?;
     let (kn, vn) = (heads_first(&k, cfg.kv_heads)?, heads_first(&v, cfg.kv_heads)?);
     let (k_all, v_all) = match past {
         Some((pk, pv)) => (

@@ -127,10 +127,10 @@ impl Tokenizer {
         }
         let pat_refs: Vec<&str> = pats.iter().map(String::as_str).collect();
         let bpe = ByteBpe::with_patterns(&tokens, &merges, &pat_refs)?;
-        let cfg = path.with_file_name("tokenizer_config.json");
+        // Optional: without it (or unreadable) the model has no BOS/EOS of its own.
+        let cfg = read_json(&path.with_file_name("tokenizer_config.json")).ok();
         let special = |key: &str| -> Option<u32> {
-            let c = read_json(&cfg).ok()?;
-            let s = c.get(key)?;
+            let s = cfg.as_ref()?.get(key)?;
             let s = s.as_str().or_else(|| s.get("content").and_then(Value::as_str))?;
             tokens.iter().position(|t| t == s).map(|i| i as u32)
         };

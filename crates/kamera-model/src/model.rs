@@ -7,7 +7,7 @@ use candle_core::{Device, Tensor};
 use kamera_ops::{ChunkKv, KvLayout, LayerKv, RopeSpec};
 use sha2::{Digest, Sha256};
 
-use crate::block::{attend_and_mlp, head, layer_forward, project_qkv_at};
+use crate::block::{attend_and_mlp, head, layer_forward, project_qkv};
 use crate::config::Config;
 use crate::context::{Context, tensor_to_mat};
 use crate::error::{CandleCtx, Error, OpsCtx, Result};
@@ -349,7 +349,7 @@ impl Model {
         let mut layers = Vec::with_capacity(self.cfg.n_layers);
         for (l, w) in self.weights.layers.iter().enumerate() {
             let window = self.window(l);
-            let (q, k, v) = project_qkv_at(&self.cfg, w, l, &self.rope, &x, &positions, mrope)?;
+            let (q, k, v) = project_qkv(&self.cfg, w, l, &self.rope, &x, &positions, mrope)?;
             let (kh, vh) = context.write(l, &k, &v)?;
             x = attend_and_mlp(&self.cfg, w, &x, &q, (&kh, &vh), &positions, &k_pos, window)?;
             layers.push(LayerKv {

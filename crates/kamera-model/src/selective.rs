@@ -213,7 +213,7 @@ fn layer_mixed(
     keys: &MixedKeys<'_>,
     window: Option<usize>,
 ) -> Result<LayerOut> {
-    let (q, k, v) = project_qkv(cfg, w, layer, spec, x, positions)?;
+    let (q, k, v) = project_qkv(cfg, w, layer, spec, x, positions, None)?;
     let (nk, nv) = (tensor_to_mat(&k)?, tensor_to_mat(&v)?);
     let dev = x.device();
     let region = |base: &Mat, new: &Mat| -> Result<Tensor> {

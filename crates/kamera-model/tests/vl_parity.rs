@@ -172,6 +172,8 @@ fn png_to_image_embeddings_matches_hf() -> Result<()> {
         let image = kamera_model::vision::RgbImage::decode_png(&png)?;
         let (patches, out) = vision.encode_image(&image, None)?;
         assert_eq!(patches.grid_thw, grid(&g, img)?, "{img}");
+        let cheap = vision.preprocess_config().grid(image.height(), image.width())?;
+        assert_eq!(cheap, patches.grid_thw, "{img}: the grid without resizing");
         let err = rel_err(&out.embeds, &f32s(&g, &format!("{img}.image_embeds"))?);
         println!("{img}: PNG -> embeddings rel err {err:.2e}");
         assert!(err < 1e-5, "{img}: {err}");

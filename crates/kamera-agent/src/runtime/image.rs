@@ -4,10 +4,9 @@
 
 use std::sync::{Arc, OnceLock};
 
-use kamera_model::vision::{ImagePatches, RgbImage, preprocess};
-use kamera_model::vl::{image_positions, image_span};
+use kamera_model::vision::RgbImage;
+use kamera_model::vl::Grid;
 use kamera_model::{Context, Input, Prefill, PrefillOptions};
-use kamera_sched::Visit;
 use kamera_store::ChunkId;
 
 use crate::error::{Error, Result, model};
@@ -20,10 +19,12 @@ pub(crate) const IMAGE_ENCODER: &str = "screenshot:qwen2.5-vl:v1";
 /// rotary ids (M-RoPE models).
 type ChunkInput = (Option<Vec<f32>>, Option<Vec<[i64; 3]>>);
 
-/// An image chunk's pixels, ready for the tower, and the tower's output once computed.
+/// An image chunk's pixels and patch grid, and the tower's output once computed (resized and
+/// encoded only when a prefill of it is needed).
 #[derive(Debug)]
 pub(crate) struct ImageContent {
-    pub patches: ImagePatches,
+    pub image: RgbImage,
+    pub grid: Grid,
     pub embeds: OnceLock<Vec<f32>>,
 }
 
@@ -38,53 +39,40 @@ impl Session {
             detail: "the model has no vision tower (use a Qwen2.5-VL directory)".into(),
         })?;
         let image = RgbImage::decode_png(png).map_err(model("decode screenshot"))?;
-        let cfg = vision
+        // The grid follows from the size and the budget: a screenshot seen before is neither
+        // resized nor encoded again.
+        let grid = vision
             .preprocess_config()
             .clone()
-            .with_max_pixels(self.cfg.image_max_pixels);
-        let patches = preprocess(&image, &cfg).map_err(model("preprocess screenshot"))?;
-        let grid = patches.grid_thw;
+            .with_max_pixels(self.cfg.image_max_pixels)
+            .grid(image.height(), image.width())
+            .map_err(model("preprocess screenshot"))?;
         let mut bytes = Vec::with_capacity(image.data().len() + 40);
         for v in [image.width(), image.height(), grid[0], grid[1], grid[2]] {
             bytes.extend((v as u64).to_le_bytes());
         }
         bytes.extend_from_slice(image.data());
         let id = ChunkId::of(&bytes, IMAGE_ENCODER, self.fp);
-        let t = vision.tokens();
-        let n = vision.image_tokens(grid);
-        let mut tokens = Vec::with_capacity(n + 2);
-        tokens.push(t.vision_start);
-        tokens.extend(std::iter::repeat_n(t.image, n));
-        tokens.push(t.vision_end);
-        let span = image_span(grid, vision.config().merge_size) + 2;
+        let tokens = vision.chunk_tokens(grid);
+        let n = tokens.len();
         if !self.content.contains_key(&id) {
-            self.window.declare_span(id, span)?;
+            self.window.declare_span(id, vision.chunk_span(grid))?;
             self.content.insert(
                 id,
                 Content {
                     tokens,
                     image: Some(Arc::new(ImageContent {
-                        patches,
+                        image,
+                        grid,
                         embeds: OnceLock::new(),
                     })),
                 },
             );
         }
-        let n = n + 2;
         let store = self.store.clone();
         let (visit, plan) = self.window.visit(id, n, &|k| Self::stored(store.as_ref(), k))?;
         self.count_visit(id, visit);
         self.apply(Some(id), Some(visit), plan)
-    }
-
-    pub(crate) fn count_visit(&mut self, id: ChunkId, visit: Visit) {
-        self.last = Some(id);
-        match visit {
-            Visit::Hit => self.stats.hits += 1,
-            Visit::New => self.stats.new += 1,
-            Visit::Recall => self.stats.recalls += 1,
-            Visit::Stored => self.stats.stored += 1,
-        }
     }
 
     /// Positions a chunk occupies: its tokens, or an image's span (markers included).
@@ -93,7 +81,7 @@ impl Session {
             self.content.get(chunk).and_then(|c| c.image.as_ref()),
             self.model.vision(),
         ) {
-            (Some(img), Some(v)) => image_span(img.patches.grid_thw, v.config().merge_size) + 2,
+            (Some(img), Some(v)) => v.chunk_span(img.grid),
             _ => n_tokens as i64,
         }
     }
@@ -122,8 +110,8 @@ impl Session {
         let embeds = match img.embeds.get() {
             Some(e) => e,
             None => {
-                let out = vision
-                    .encode(&img.patches.pixel_values, img.patches.grid_thw)
+                let (_, out) = vision
+                    .encode_image(&img.image, Some(self.cfg.image_max_pixels))
                     .map_err(model("vision tower"))?;
                 self.images_encoded.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 img.embeds.get_or_init(|| out.embeds)
@@ -131,11 +119,7 @@ impl Session {
         };
         let x = self.model.embed_tokens(&c.tokens).map_err(model(op))?;
         let x = vision.splice(&c.tokens, x, &[embeds]).map_err(model(op))?;
-        let merge = vision.config().merge_size;
-        let grid = img.patches.grid_thw;
-        let mut rot = vec![[at; 3]];
-        rot.extend(image_positions(grid, merge, at + 1));
-        rot.push([at + 1 + image_span(grid, merge); 3]);
+        let rot = vision.chunk_positions(img.grid, at);
         Ok((Some(x), Some(rot)))
     }
 

@@ -172,7 +172,7 @@ pub struct Session {
     pub(crate) relevance: Relevance,
     pinned_tokens: usize,
     /// The page chunk observed last: never evicted by a recall for relevance.
-    pub(crate) last: Option<ChunkId>,
+    last: Option<ChunkId>,
     /// Images run through the vision tower (counted where the tower runs, behind `&self`).
     pub(crate) images_encoded: AtomicUsize,
 }
@@ -304,6 +304,16 @@ impl Session {
         let (visit, plan) = self.window.visit(id, n, &|k| Self::stored(store.as_ref(), k))?;
         self.count_visit(id, visit);
         self.apply(Some(id), Some(visit), plan)
+    }
+
+    pub(crate) fn count_visit(&mut self, id: ChunkId, visit: Visit) {
+        self.last = Some(id);
+        match visit {
+            Visit::Hit => self.stats.hits += 1,
+            Visit::New => self.stats.new += 1,
+            Visit::Recall => self.stats.recalls += 1,
+            Visit::Stored => self.stats.stored += 1,
+        }
     }
 
     /// Recall by relevance before a model call: every chunk met is scored against `query` (the

@@ -182,6 +182,13 @@ impl PreprocessConfig {
         Ok((height, width))
     }
 
+    /// The patch grid (temporal, height, width) an image of this size becomes, without
+    /// resizing it: a still image is one temporal patch.
+    pub fn grid(&self, height: usize, width: usize) -> Result<[usize; 3]> {
+        let (rh, rw) = self.resized_size(height, width)?;
+        Ok([1, rh / self.patch_size, rw / self.patch_size])
+    }
+
     fn check(&self) -> Result<(), String> {
         let sizes = [
             ("patch_size", self.patch_size),

@@ -50,6 +50,27 @@ impl Vision {
         let m = self.config().merge_size;
         grid[0] * (grid[1] / m) * (grid[2] / m)
     }
+    /// An image chunk's tokens: `<|vision_start|>`, the merged image tokens, `<|vision_end|>`.
+    pub fn chunk_tokens(&self, grid: Grid) -> Vec<u32> {
+        let t = self.tokens;
+        let mut ids = Vec::with_capacity(self.image_tokens(grid) + 2);
+        ids.push(t.vision_start);
+        ids.extend(std::iter::repeat_n(t.image, self.image_tokens(grid)));
+        ids.push(t.vision_end);
+        ids
+    }
+    /// Positions an image chunk occupies: its largest merged-grid side + the two markers (what
+    /// follows resumes there), not its token count.
+    pub fn chunk_span(&self, grid: Grid) -> i64 {
+        image_span(grid, self.config().merge_size) + 2
+    }
+    /// The 3-D rotary ids of an image chunk's tokens when it starts at `at`.
+    pub fn chunk_positions(&self, grid: Grid, at: i64) -> Vec<[i64; 3]> {
+        let mut rot = vec![[at; 3]];
+        rot.extend(image_positions(grid, self.config().merge_size, at + 1));
+        rot.push([at + self.chunk_span(grid) - 1; 3]);
+        rot
+    }
     /// Runs the tower over one image's patches (`[t·h·w, C·T·P·P]`, as preprocessed).
     pub fn encode(&self, pixel_values: &[f32], grid: Grid) -> Result<VisionOutput> {
         self.tower.forward(pixel_values, grid)
