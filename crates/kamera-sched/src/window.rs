@@ -235,6 +235,11 @@ impl Window {
         }
     }
 
+    /// The span declared for `id` ([`Window::declare_span`]), resident or not.
+    pub fn declared_span(&self, id: &ChunkId) -> Option<i64> {
+        self.spans.get(id).copied()
+    }
+
     /// Declares that `id` occupies `span` positions (fewer than its tokens: an image under
     /// M-RoPE, whose following text resumes at its largest position + 1). Declare before the
     /// chunk first enters the window; the span is part of what the chunk is and cannot change.

@@ -394,6 +394,7 @@ fn image_chunks_occupy_their_span_and_count_their_tokens() {
     // A span is part of the chunk: it cannot change, nor be declared after the chunk entered.
     assert!(w.declare_span(img, 5).is_err());
     assert!(w.declare_span(img, 4).is_ok());
+    assert_eq!((w.declared_span(&img), w.declared_span(&a)), (Some(4), None));
     assert!(w.declare_span(a, 3).is_err());
     assert!(w.declare_span(id("new"), 0).is_err());
 }

@@ -75,15 +75,9 @@ impl Session {
         self.apply(Some(id), Some(visit), plan)
     }
 
-    /// Positions a chunk occupies: its tokens, or an image's span (markers included).
+    /// Positions a chunk occupies: the span declared to the window (an image), else its tokens.
     pub(crate) fn span_of(&self, chunk: &ChunkId, n_tokens: usize) -> i64 {
-        match (
-            self.content.get(chunk).and_then(|c| c.image.as_ref()),
-            self.model.vision(),
-        ) {
-            (Some(img), Some(v)) => v.chunk_span(img.grid),
-            _ => n_tokens as i64,
-        }
+        self.window.declared_span(chunk).unwrap_or(n_tokens as i64)
     }
 
     fn content_of(&self, op: &'static str, chunk: &ChunkId) -> Result<&Content> {
