@@ -1,4 +1,5 @@
-//! `kamera bench model`: prefill tokens/s at given lengths and decode tokens/s, as a table or JSON.
+//! `kamera bench model`: prefill tokens/s at given lengths, decode tokens/s and resident memory,
+//! as a table or JSON; `--against llama.cpp` alternates with llama.cpp on the same GGUF.
 
 use std::time::Instant;
 
@@ -15,32 +16,42 @@ pub struct BenchArgs {
 #[derive(Subcommand)]
 enum BenchCommand {
     /// Prefill and decode throughput of one model.
-    Model {
-        /// Model name or path to a .gguf file.
-        #[arg(long)]
-        model: String,
-        /// Prefill lengths in tokens.
-        #[arg(long, value_delimiter = ',', default_values_t = vec![512usize, 2048])]
-        prefill: Vec<usize>,
-        /// Tokens to decode after each prompt length of --decode-after.
-        #[arg(long, default_value_t = 64)]
-        decode: usize,
-        /// Prompt lengths before decoding (rows `decode` for 128, `decode_N` otherwise).
-        #[arg(long, value_delimiter = ',', default_values_t = vec![128usize])]
-        decode_after: Vec<usize>,
-        /// Timed repetitions of each prefill (the best is kept).
-        #[arg(long, default_value_t = 2)]
-        reps: usize,
-        /// Print JSON instead of a table.
-        #[arg(long)]
-        json: bool,
-    },
+    Model(ModelArgs),
     /// Reuse (relocate + patch) against re-prefill, and revisit time to first token.
     Reuse(crate::bench_reuse::ReuseArgs),
     /// A long browsing session: the Kamera session vs a prefix cache vs full re-prefill.
     Session(crate::bench_session::SessionArgs),
     /// Put/get of a real chunk record on Redis, sled and a plain file vs re-prefilling it.
     Store(crate::bench_store::StoreBenchArgs),
+}
+
+#[derive(Args, Clone)]
+pub struct ModelArgs {
+    /// Model name or path to a .gguf file.
+    #[arg(long)]
+    pub model: String,
+    /// Prefill lengths in tokens.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![512usize, 2048])]
+    pub prefill: Vec<usize>,
+    /// Tokens to decode after each prompt length of --decode-after.
+    #[arg(long, default_value_t = 64)]
+    pub decode: usize,
+    /// Prompt lengths before decoding (rows `decode` for 128, `decode_N` otherwise).
+    #[arg(long, value_delimiter = ',', default_values_t = vec![128usize])]
+    pub decode_after: Vec<usize>,
+    /// Timed repetitions of each prefill (the best is kept).
+    #[arg(long, default_value_t = 2)]
+    pub reps: usize,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Also run this engine on the same GGUF, alternating with ours, and print ratios
+    /// (`llama.cpp`: builds llama-cpp-python once with scripts/llamacpp-venv.sh).
+    #[arg(long)]
+    pub against: Option<String>,
+    /// Rounds of (ours, theirs) with --against; each figure is the best over rounds.
+    #[arg(long, default_value_t = 2)]
+    pub rounds: usize,
 }
 
 /// Deterministic filler tokens: the tokenization of a long plain-English text.
@@ -55,38 +66,60 @@ pub fn tokens(model: &Model, n: usize) -> Result<Vec<u32>> {
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
-    let (name, prefill, decode, decode_after, reps, json) = match a.command {
-        BenchCommand::Reuse(r) => return crate::bench_reuse::run(r),
-        BenchCommand::Session(s) => return crate::bench_session::run(s),
-        BenchCommand::Store(s) => return crate::bench_store::run(s),
-        BenchCommand::Model {
-            model,
-            prefill,
-            decode,
-            decode_after,
-            reps,
-            json,
-        } => (model, prefill, decode, decode_after, reps, json),
-    };
-    let model = crate::models::load(&name)?;
+    match a.command {
+        BenchCommand::Reuse(r) => crate::bench_reuse::run(r),
+        BenchCommand::Session(s) => crate::bench_session::run(s),
+        BenchCommand::Store(s) => crate::bench_store::run(s),
+        BenchCommand::Model(m) if m.against.is_some() => crate::bench_llamacpp::run(m),
+        BenchCommand::Model(m) => {
+            let model = crate::models::load(&m.model)?;
+            let rows = measure(&model, &m)?;
+            if m.json {
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "model": m.model, "engine": "kamera", "results": to_json(&rows), "memory": memory(&model, &m),
+                    })
+                );
+            } else {
+                for (k, v) in rows {
+                    println!("{:<14} {k:<14} {v:>10.1} tok/s", m.model);
+                }
+                let mem = memory(&model, &m);
+                println!(
+                    "{:<14} weights {:.1} MB, KV {:.1} MB, resident {:.1} MB (peak {:.1} MB)",
+                    m.model,
+                    mem["weights_mb"].as_f64().unwrap_or(f64::NAN),
+                    mem["kv_mb"].as_f64().unwrap_or(f64::NAN),
+                    mem["rss_mb"].as_f64().unwrap_or(f64::NAN),
+                    mem["peak_rss_mb"].as_f64().unwrap_or(f64::NAN)
+                );
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Prefill tokens/s per length (best of `reps`) and decode tokens/s per prompt length.
+pub fn measure(model: &Model, m: &ModelArgs) -> Result<Vec<(String, f64)>> {
     let mut rows = Vec::new();
-    for &n in &prefill {
-        let ids = tokens(&model, n)?;
+    for &n in &m.prefill {
+        let ids = tokens(model, n)?;
         let mut best = f64::INFINITY;
-        for _ in 0..reps.max(1) {
+        for _ in 0..m.reps.max(1) {
             let t = Instant::now();
             model.prefill(&ids, 0, &model.empty_context())?;
             best = best.min(t.elapsed().as_secs_f64());
         }
         rows.push((format!("prefill_{n}"), n as f64 / best));
     }
-    for &after in decode_after.iter().filter(|_| decode > 0) {
-        let prompt = tokens(&model, after.max(1))?;
+    for &after in m.decode_after.iter().filter(|_| m.decode > 0) {
+        let prompt = tokens(model, after.max(1))?;
         let mut ctx = model.empty_context();
         let out = model.extend(&prompt, &mut ctx)?;
         let mut next = kamera_model::argmax(&out.logits);
         let t = Instant::now();
-        for _ in 0..decode {
+        for _ in 0..m.decode {
             let out = model.extend(&[next], &mut ctx)?;
             next = kamera_model::argmax(&out.logits);
         }
@@ -95,21 +128,56 @@ pub fn run(a: BenchArgs) -> Result<()> {
         } else {
             format!("decode_{after}")
         };
-        rows.push((row, decode as f64 / t.elapsed().as_secs_f64()));
+        rows.push((row, m.decode as f64 / t.elapsed().as_secs_f64()));
     }
-    if json {
-        let obj: serde_json::Map<String, serde_json::Value> = rows
-            .iter()
-            .map(|(k, v)| (format!("{k}_tok_s"), serde_json::json!(v)))
-            .collect();
-        println!(
-            "{}",
-            serde_json::json!({ "model": name, "engine": "kamera", "results": obj })
-        );
-    } else {
-        for (k, v) in rows {
-            println!("{name:<14} {k:<14} {v:>10.1} tok/s");
-        }
-    }
-    Ok(())
+    Ok(rows)
+}
+
+pub fn to_json(rows: &[(String, f64)]) -> serde_json::Value {
+    let obj: serde_json::Map<String, serde_json::Value> = rows
+        .iter()
+        .map(|(k, v)| (format!("{k}_tok_s"), serde_json::json!(v)))
+        .collect();
+    serde_json::Value::Object(obj)
+}
+
+/// This process's memory (`VmRSS` / `VmHWM` from /proc) beside the weights' resident bytes and
+/// the f32 KV of the longest context the bench builds.
+pub fn memory(model: &Model, m: &ModelArgs) -> serde_json::Value {
+    let w = model.weight_bytes();
+    let cfg = model.config();
+    let longest = m
+        .prefill
+        .iter()
+        .copied()
+        .chain(m.decode_after.iter().map(|a| a + m.decode))
+        .max()
+        .unwrap_or(0);
+    let kv = (cfg.n_layers * longest * cfg.kv_dim() * 2 * 4) as f64;
+    let mb = |b: f64| b / (1024.0 * 1024.0);
+    serde_json::json!({
+        "weights_mb": mb(w.total as f64),
+        "weights_quantized_mb": w.quantized.iter().map(|(k, v)| (k.clone(), serde_json::json!(mb(*v as f64)))).collect::<serde_json::Map<_, _>>(),
+        "weights_dense_mb": mb(w.dense as f64),
+        "kv_mb": mb(kv),
+        "rss_mb": proc_status_mb("VmRSS"),
+        "peak_rss_mb": proc_status_mb("VmHWM"),
+    })
+}
+
+/// A `kB` line of /proc/self/status in MB (NaN where there is none).
+pub fn proc_status_mb(key: &str) -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix(key)?
+                    .strip_prefix(':')?
+                    .split_whitespace()
+                    .next()?
+                    .parse::<f64>()
+                    .ok()
+            })
+        })
+        .map_or(f64::NAN, |kb| kb / 1024.0)
 }

@@ -3,6 +3,7 @@
 
 mod bench;
 mod bench_image;
+mod bench_llamacpp;
 mod bench_reuse;
 mod bench_session;
 mod bench_session_report;

@@ -109,13 +109,18 @@ fn write_added(added: &std::collections::BTreeMap<String, PathBuf>) -> Result<()
 /// A model given by name (fetched if needed), by a name added with `kamera models add`, by a
 /// path to a `.gguf` file or by a model directory.
 pub fn load(model: &str) -> Result<Model> {
-    let path = if model.ends_with(".gguf") || std::path::Path::new(model).is_dir() {
+    let path = resolve(model)?;
+    Model::load(&path).with_context(|| format!("loading {}", path.display()))
+}
+
+/// The file or directory [`load`] would load for `model` (fetching a built-in name if needed).
+pub fn resolve(model: &str) -> Result<PathBuf> {
+    Ok(if model.ends_with(".gguf") || std::path::Path::new(model).is_dir() {
         PathBuf::from(model)
     } else if let Some(dir) = read_added()?.remove(model) {
         dir
     } else {
         let name: ModelName = model.parse()?;
         fetch(name, &default_home()).with_context(|| format!("fetching {name}"))?
-    };
-    Model::load(&path).with_context(|| format!("loading {}", path.display()))
+    })
 }

@@ -9,13 +9,22 @@ use crate::attention::attend;
 use crate::config::{Activation, Config};
 use crate::context::heads_first;
 use crate::error::{CandleCtx, OpsCtx, Result};
+use crate::quant::Linear;
 use crate::weights::LayerWeights;
 
 const OP: &str = "block";
 
 /// `x @ w^T (+ b)` for `x: [n, in]`, `w: [out, in]`.
-pub(crate) fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
-    let y = x.matmul(&w.t().ctx(OP)?).ctx("linear")?;
+pub(crate) fn linear(x: &Tensor, w: &Linear, b: Option<&Tensor>) -> Result<Tensor> {
+    bias(w.forward(x)?, b)
+}
+
+/// [`linear`] for a dense f32 weight (the vision tower's).
+pub(crate) fn dense_linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
+    bias(x.matmul(&w.t().ctx(OP)?).ctx("linear")?, b)
+}
+
+fn bias(y: Tensor, b: Option<&Tensor>) -> Result<Tensor> {
     match b {
         Some(b) => y.broadcast_add(b).ctx("linear bias"),
         None => Ok(y),
@@ -152,7 +161,7 @@ pub(crate) fn layer_forward(
 }
 
 /// Final norm and LM head over `x: [n, hidden]` -> `[n, vocab]`.
-pub(crate) fn head(x: &Tensor, out_norm: &Tensor, lm_head: &Tensor, eps: f64) -> Result<Tensor> {
+pub(crate) fn head(x: &Tensor, out_norm: &Tensor, lm_head: &Linear, eps: f64) -> Result<Tensor> {
     let h = norm(x, out_norm, eps)?;
     linear(&h, lm_head, None)
 }

@@ -6,6 +6,11 @@ use kamera_gpu::{DeviceModel, HostLayer, HostWeights, ModelSpec};
 use crate::config::Activation;
 use crate::error::{CandleCtx, Error, Result};
 use crate::model::Model;
+use crate::quant::Linear;
+
+fn host_linear(w: &Linear) -> Result<Vec<f32>> {
+    w.to_f32()
+}
 
 fn host(t: &candle_core::Tensor) -> Result<Vec<f32>> {
     t.flatten_all()
@@ -53,9 +58,9 @@ impl Model {
             .map(|l| {
                 Ok(HostLayer {
                     attn_norm: host(&l.attn_norm)?,
-                    wq: host(&l.wq)?,
-                    wk: host(&l.wk)?,
-                    wv: host(&l.wv)?,
+                    wq: host_linear(&l.wq)?,
+                    wk: host_linear(&l.wk)?,
+                    wv: host_linear(&l.wv)?,
                     bias: match (&l.bq, &l.bk, &l.bv) {
                         (Some(q), Some(k), Some(v)) => Some([host(q)?, host(k)?, host(v)?]),
                         _ => None,
@@ -64,21 +69,21 @@ impl Model {
                         (Some(q), Some(k)) => Some([host(q)?, host(k)?]),
                         _ => None,
                     },
-                    wo: host(&l.wo)?,
+                    wo: host_linear(&l.wo)?,
                     post_attn_norm: host_opt(l.post_attn_norm.as_ref())?,
                     ffn_norm: host(&l.ffn_norm)?,
-                    w_gate: host(&l.w_gate)?,
-                    w_up: host(&l.w_up)?,
-                    w_down: host(&l.w_down)?,
+                    w_gate: host_linear(&l.w_gate)?,
+                    w_up: host_linear(&l.w_up)?,
+                    w_down: host_linear(&l.w_down)?,
                     post_ffn_norm: host_opt(l.post_ffn_norm.as_ref())?,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(HostWeights {
-            embed: host(&w.embed)?,
+            embed: host_linear(&w.embed)?,
             layers,
             out_norm: host(&w.out_norm)?,
-            lm_head: host_opt(w.lm_head.as_ref())?,
+            lm_head: w.lm_head.as_ref().map(host_linear).transpose()?,
         })
     }
 

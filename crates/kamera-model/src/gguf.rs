@@ -1,5 +1,5 @@
 //! GGUF reading on top of candle's parser: metadata accessors, up-front truncation checks, and
-//! tensors dequantized to f32 (candle's CPU quantized matmul is slow for these block types).
+//! weight matrices kept quantized ([`crate::quant`]), other tensors dequantized to f32.
 
 use std::io::Cursor;
 use std::path::{Path, PathBuf};
@@ -9,11 +9,20 @@ use candle_core::{Device, Tensor};
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
+use crate::quant::{Linear, QMatrix, repack};
 
-/// An opened GGUF file held in memory.
+/// Where the tensor data lives: the whole file in memory ([`Gguf::from_bytes`]) or the file,
+/// read one tensor at a time ([`Gguf::open`]: the load never holds the file and the repacked
+/// weights at once).
+enum Data {
+    Bytes(Vec<u8>),
+    File(std::fs::File),
+}
+
+/// An opened GGUF file: its parsed header and access to its tensors.
 pub struct Gguf {
     path: PathBuf,
-    bytes: Vec<u8>,
+    data: Data,
     content: Content,
     sha256: String,
 }
@@ -27,28 +36,74 @@ impl std::fmt::Debug for Gguf {
     }
 }
 
+/// First header prefix read by [`Gguf::open`]; doubled until the header parses.
+const HEADER_PREFIX: u64 = 1 << 20;
+
 impl Gguf {
-    /// Read and parse `path`; a truncated or malformed file is an [`Error::Gguf`].
+    /// Open and parse `path`, reading the header and hashing the file without holding it in
+    /// memory; a truncated or malformed file is an [`Error::Gguf`].
     pub fn open(path: &Path) -> Result<Gguf> {
-        let bytes = std::fs::read(path).map_err(|e| Error::Io {
+        use std::io::Read;
+        let io = |e: std::io::Error| Error::Io {
             op: "read gguf",
             path: path.to_path_buf(),
             source: e,
-        })?;
-        Self::from_bytes(path, bytes)
+        };
+        let file = std::fs::File::open(path).map_err(io)?;
+        let len = file.metadata().map_err(io)?.len();
+        let mut n = len.min(HEADER_PREFIX);
+        let content = loop {
+            let mut prefix = vec![0u8; n as usize];
+            read_at(&file, 0, &mut prefix).map_err(io)?;
+            match Self::parse_header(path, &prefix, len) {
+                Ok(c) => break c,
+                // A header longer than the prefix: read more (the whole file at most).
+                Err(_) if n < len => n = (n * 2).min(len),
+                Err(e) => return Err(e),
+            }
+        };
+        let mut hasher = Sha256::new();
+        let mut reader = std::io::BufReader::with_capacity(1 << 20, &file);
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let got = reader.read(&mut buf).map_err(io)?;
+            if got == 0 {
+                break;
+            }
+            hasher.update(&buf[..got]);
+        }
+        Ok(Gguf {
+            path: path.to_path_buf(),
+            data: Data::File(file),
+            content,
+            sha256: hex(&hasher.finalize()),
+        })
     }
 
     /// Parse GGUF bytes (`path` only names them in errors).
     pub fn from_bytes(path: &Path, bytes: Vec<u8>) -> Result<Gguf> {
+        let content = Self::parse_header(path, &bytes, bytes.len() as u64)?;
+        let sha256 = hex(&Sha256::digest(&bytes));
+        Ok(Gguf {
+            path: path.to_path_buf(),
+            data: Data::Bytes(bytes),
+            content,
+            sha256,
+        })
+    }
+
+    /// The header in `bytes` (the file's first bytes) of a file of `len` bytes, with every
+    /// tensor's extent checked against `len`.
+    fn parse_header(path: &Path, bytes: &[u8], len: u64) -> Result<Content> {
         let err = |detail: String| Error::Gguf {
             path: path.to_path_buf(),
             detail,
         };
         if bytes.len() < 4 || &bytes[..4] != b"GGUF" {
-            return Err(err(format!("not a GGUF file (bad magic, {} bytes)", bytes.len())));
+            return Err(err(format!("not a GGUF file (bad magic, {len} bytes)")));
         }
-        check_alignment(&bytes).map_err(err)?;
-        let content = Content::read(&mut Cursor::new(&bytes))
+        check_alignment(bytes).map_err(err)?;
+        let content = Content::read(&mut Cursor::new(bytes))
             .map_err(|e| err(format!("truncated or malformed header: {}", candle_msg(&e))))?;
         let mut need = content.tensor_data_offset;
         for (name, info) in &content.tensor_infos {
@@ -81,19 +136,12 @@ impl Gguf {
                 })?;
             need = need.max(end);
         }
-        if need > bytes.len() as u64 {
+        if need > len {
             return Err(err(format!(
-                "truncated: tensor data needs {need} bytes, file has {}",
-                bytes.len()
+                "truncated: tensor data needs {need} bytes, file has {len}"
             )));
         }
-        let sha256 = Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
-        Ok(Gguf {
-            path: path.to_path_buf(),
-            bytes,
-            content,
-            sha256,
-        })
+        Ok(content)
     }
 
     /// The file this was read from.
@@ -223,23 +271,94 @@ impl Gguf {
                 name: name.to_string(),
             });
         }
-        let q = self
-            .content
-            .tensor(&mut Cursor::new(&self.bytes), name, device)
-            .map_err(|e| Error::Gguf {
-                path: self.path.clone(),
-                detail: format!("tensor {name}: {}", candle_msg(&e)),
-            })?;
+        let q = match &self.data {
+            Data::Bytes(b) => self.content.tensor(&mut Cursor::new(b), name, device),
+            Data::File(f) => self.content.tensor(&mut std::io::BufReader::new(f), name, device),
+        }
+        .map_err(|e| Error::Gguf {
+            path: self.path.clone(),
+            detail: format!("tensor {name}: {}", candle_msg(&e)),
+        })?;
         q.dequantize(device).map_err(|e| Error::Gguf {
             path: self.path.clone(),
             detail: format!("dequantize {name}: {}", candle_msg(&e)),
         })
     }
 
-    /// Drop the raw bytes once all tensors are loaded.
-    pub fn release(&mut self) {
-        self.bytes = Vec::new();
+    /// A weight matrix of `shape` (`[rows, cols]`) kept in its block quantisation where
+    /// [`crate::quant`] repacks that type (exactly), else dequantized to a dense f32 tensor.
+    pub(crate) fn linear(&self, name: &str, shape: [usize; 2], device: &Device) -> Result<Linear> {
+        let bad_shape = |got: &[usize]| Error::Gguf {
+            path: self.path.clone(),
+            detail: format!("tensor {name}: expected shape {shape:?}, got {got:?}"),
+        };
+        let info = self
+            .content
+            .tensor_infos
+            .get(name)
+            .ok_or_else(|| Error::MissingTensor {
+                path: self.path.clone(),
+                name: name.to_string(),
+            })?;
+        let dims = info.shape.dims();
+        if dims != shape {
+            return Err(bad_shape(dims));
+        }
+        let dtype = info.ggml_dtype;
+        // In bounds: the header's parse checked every tensor's extent against the file.
+        let start = self.content.tensor_data_offset + info.offset;
+        let (rows, cols) = (shape[0], shape[1]);
+        let row_bytes = cols / dtype.block_size() * dtype.type_size();
+        let q = match &self.data {
+            Data::Bytes(b) => b
+                .get(start as usize..start as usize + rows * row_bytes)
+                .and_then(|raw| repack(dtype, raw, rows, cols)),
+            // Read and repack a few MB of rows at a time: never the whole raw tensor beside
+            // its repacked copy (Gemma 3's embedding is 180 MB).
+            Data::File(f) => {
+                let chunk_rows = ((8 << 20) / row_bytes.max(1)).clamp(1, rows.max(1));
+                let mut whole: Option<QMatrix> = None;
+                let mut buf = vec![0u8; chunk_rows * row_bytes];
+                for r0 in (0..rows).step_by(chunk_rows) {
+                    let n = chunk_rows.min(rows - r0);
+                    let raw = &mut buf[..n * row_bytes];
+                    read_at(f, start + (r0 * row_bytes) as u64, raw).map_err(|e| Error::Io {
+                        op: "read gguf tensor",
+                        path: self.path.clone(),
+                        source: e,
+                    })?;
+                    let Some(part) = repack(dtype, raw, n, cols) else {
+                        whole = None;
+                        break;
+                    };
+                    match &mut whole {
+                        Some(w) => w.append(part),
+                        None => whole = Some(part),
+                    }
+                }
+                whole
+            }
+        };
+        if let Some(q) = q {
+            return Ok(Linear::Quant(q));
+        }
+        Ok(Linear::Dense(self.tensor_f32(name, device)?))
     }
+
+    /// Drop the raw bytes (or close the file) once all tensors are loaded.
+    pub fn release(&mut self) {
+        self.data = Data::Bytes(Vec::new());
+    }
+}
+
+fn hex(digest: &[u8]) -> String {
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `buf.len()` bytes of `file` from `offset` (positioned reads: no shared cursor).
+fn read_at(file: &std::fs::File, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    file.read_exact_at(buf, offset)
 }
 
 /// A candle error's message without the backtrace candle attaches when RUST_BACKTRACE is set

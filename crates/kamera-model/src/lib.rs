@@ -25,6 +25,7 @@ mod hf;
 mod hf_tokenizer;
 mod merge;
 mod model;
+mod quant;
 mod selective;
 mod spm;
 mod tokenizer;
@@ -42,6 +43,7 @@ pub use kamera_ops::{ChunkKv, KvLayout, PairLayout, Patch, Placement, RopeSpec};
 pub use model::{Input, Model, Prefill, PrefillOptions};
 pub use selective::{Selection, Selective};
 pub use tokenizer::Tokenizer;
+pub use weights::WeightBytes;
 
 /// `kamera_ops::relocate` with this crate's error type.
 pub fn kamera_ops_relocate(chunk: &ChunkKv, rope: &RopeSpec, to: i64) -> Result<ChunkKv> {

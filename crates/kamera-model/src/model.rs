@@ -16,7 +16,7 @@ use crate::hf::SafeDir;
 use crate::tokenizer::Tokenizer;
 use crate::vision::PreprocessConfig;
 use crate::vl::{Tower, Vision, VlConfig};
-use crate::weights::Weights;
+use crate::weights::{WeightBytes, Weights};
 
 /// What to prefill.
 #[derive(Debug, Clone, Copy)]
@@ -416,6 +416,12 @@ impl Model {
         })
     }
 
+    /// Resident bytes of the weights as held (quantized matrices as their codes, scales and
+    /// offsets; everything else f32), and the block types kept quantized with their bytes.
+    pub fn weight_bytes(&self) -> WeightBytes {
+        self.weights.bytes()
+    }
+
     pub(crate) fn weights(&self) -> &Weights {
         &self.weights
     }
@@ -439,8 +445,7 @@ impl Model {
                 if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab) {
                     return Err(Error::TokenOutOfRange { op: OP, id, vocab });
                 }
-                let idx = Tensor::from_slice(ids, ids.len(), &self.device).ctx(OP)?;
-                let x = self.weights.embed.index_select(&idx, 0).ctx(OP)?;
+                let x = self.weights.embed.rows(ids)?;
                 match self.cfg.embed_scale {
                     Some(s) => (x * s as f64).ctx(OP),
                     None => Ok(x),

@@ -5,7 +5,7 @@
 use candle_core::{D, Device, Tensor};
 use rayon::prelude::*;
 
-use crate::block::{linear, norm};
+use crate::block::{dense_linear, norm};
 use crate::error::{CandleCtx, Error, Result};
 use crate::hf::SafeDir;
 use crate::vl::config::VisionConfig;
@@ -151,8 +151,10 @@ impl Tower {
         let merged = norm(&blocks_out, &self.ln_q, EPS)?
             .reshape((n / unit, unit * cfg.hidden))
             .ctx(OP)?;
-        let y = linear(&merged, &self.mlp0.0, Some(&self.mlp0.1))?.gelu_erf().ctx(OP)?;
-        let embeds = linear(&y, &self.mlp2.0, Some(&self.mlp2.1))?;
+        let y = dense_linear(&merged, &self.mlp0.0, Some(&self.mlp0.1))?
+            .gelu_erf()
+            .ctx(OP)?;
+        let embeds = dense_linear(&y, &self.mlp2.0, Some(&self.mlp2.1))?;
         Ok(VisionOutput {
             blocks_out: blocks_out.flatten_all().ctx(OP)?.to_vec1().ctx(OP)?,
             embeds: embeds.flatten_all().ctx(OP)?.to_vec1().ctx(OP)?,
@@ -178,7 +180,7 @@ impl Tower {
     fn block(&self, b: &Block, x: &Tensor, angles: &[f32], cu: &[usize]) -> Result<Tensor> {
         let cfg = &self.cfg;
         let (n, h, heads, hd) = (x.dim(0).ctx(OP)?, cfg.hidden, cfg.heads, cfg.head_dim());
-        let qkv = linear(&norm(x, &b.norm1, EPS)?, &b.qkv.0, Some(&b.qkv.1))?;
+        let qkv = dense_linear(&norm(x, &b.norm1, EPS)?, &b.qkv.0, Some(&b.qkv.1))?;
         let mut v: Vec<f32> = qkv.flatten_all().ctx(OP)?.to_vec1().ctx(OP)?;
         // Rotate q and k (rotate_half pairs (j, j + hd/2)) of every head, row by row.
         let half = hd / 2;
@@ -222,11 +224,11 @@ impl Tower {
             outs.push(o);
         }
         let att = Tensor::cat(&outs, 0).ctx(OP)?;
-        let x = (x + linear(&att, &b.proj.0, Some(&b.proj.1))?).ctx(OP)?;
+        let x = (x + dense_linear(&att, &b.proj.0, Some(&b.proj.1))?).ctx(OP)?;
         let hn = norm(&x, &b.norm2, EPS)?;
-        let g = linear(&hn, &b.gate.0, Some(&b.gate.1))?.silu().ctx(OP)?;
-        let u = linear(&hn, &b.up.0, Some(&b.up.1))?;
-        let m = linear(&(g * u).ctx(OP)?, &b.down.0, Some(&b.down.1))?;
+        let g = dense_linear(&hn, &b.gate.0, Some(&b.gate.1))?.silu().ctx(OP)?;
+        let u = dense_linear(&hn, &b.up.0, Some(&b.up.1))?;
+        let m = dense_linear(&(g * u).ctx(OP)?, &b.down.0, Some(&b.down.1))?;
         (x + m).ctx(OP)
     }
 }

@@ -1,0 +1,244 @@
+//! Matrix-vector products on the codes (decode): `y_r = Σ_g scale_rg · Σ_{i∈g} code_i x_i +
+//! offset_rg · Σ_{i∈g} x_i`, AVX-512 where the CPU has it (chosen at run time), else portable
+//! code the compiler vectorises; rows split over the rayon pool.
+
+use rayon::prelude::*;
+
+use super::{Codes, Offsets, QMatrix};
+
+/// Weights per parallel task (smaller matrices run on the calling thread).
+const TASK_WEIGHTS: usize = 1 << 18;
+
+/// `y = W x` for one input row `x` (`cols`), `y` (`rows`).
+pub(crate) fn matvec(q: &QMatrix, x: &[f32], y: &mut [f32]) {
+    debug_assert_eq!((x.len(), y.len()), (q.cols, q.rows));
+    let xsum: Vec<f32> = x.chunks_exact(q.group).map(|g| g.iter().sum()).collect();
+    let rows_per_task = (TASK_WEIGHTS / q.cols).max(8);
+    let run = |r0: usize, out: &mut [f32]| {
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = row_dot(q, r0 + i, x, &xsum);
+        }
+    };
+    if q.rows <= rows_per_task {
+        run(0, y);
+    } else {
+        y.par_chunks_mut(rows_per_task)
+            .enumerate()
+            .for_each(|(t, out)| run(t * rows_per_task, out));
+    }
+}
+
+/// Row `r`'s codes as bytes (signed codes reinterpreted; the kernels know which).
+pub(crate) fn row_codes(q: &QMatrix, r: usize) -> &[u8] {
+    match &q.codes {
+        Codes::U8(c) => &c[r * q.cols..(r + 1) * q.cols],
+        Codes::I8(c) => {
+            let c = &c[r * q.cols..(r + 1) * q.cols];
+            // SAFETY: i8 and u8 have the same size and alignment; every bit pattern is valid.
+            unsafe { std::slice::from_raw_parts(c.as_ptr() as *const u8, c.len()) }
+        }
+        Codes::U4(c) => &c[r * q.cols / 2..(r + 1) * q.cols / 2],
+    }
+}
+
+fn row_dot(q: &QMatrix, r: usize, x: &[f32], xsum: &[f32]) -> f32 {
+    let gpr = q.cols / q.group;
+    let scales = &q.scales[r * gpr..(r + 1) * gpr];
+    let main = scaled_code_dot(&q.codes, q.group, row_codes(q, r), scales, x);
+    main + match &q.offsets {
+        Offsets::None => 0.0,
+        Offsets::Zero(z) => -z * lanes_dot(scales, xsum),
+        Offsets::PerGroup(o) => lanes_dot(&o[r * gpr..(r + 1) * gpr], xsum),
+    }
+}
+
+/// A dot product in 8 independent lanes (vectorisable: no single serial add chain).
+fn lanes_dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+    for (x, y) in ca.zip(cb) {
+        for t in 0..8 {
+            acc[t] += x[t] * y[t];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+/// `Σ_g scales[g] · Σ_{i∈g} code_i x_i` over one row.
+pub(crate) fn scaled_code_dot(kind: &Codes, group: usize, codes: &[u8], scales: &[f32], x: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the CPU has AVX-512F; slices are sized by the caller (rows of one matrix).
+        return unsafe {
+            match (kind, group) {
+                (Codes::U8(_), 32) => avx512::b8_g32::<false>(codes, scales, x),
+                (Codes::U8(_), _) => avx512::b8_g16::<false>(codes, scales, x),
+                (Codes::I8(_), 32) => avx512::b8_g32::<true>(codes, scales, x),
+                (Codes::I8(_), _) => avx512::b8_g16::<true>(codes, scales, x),
+                (Codes::U4(_), _) => avx512::u4_g32(codes, scales, x),
+            }
+        };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has AVX2 and FMA.
+        return unsafe { portable_avx2(kind, group, codes, scales, x) };
+    }
+    portable(kind, group, codes, scales, x)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn portable_avx2(kind: &Codes, group: usize, codes: &[u8], scales: &[f32], x: &[f32]) -> f32 {
+    portable(kind, group, codes, scales, x)
+}
+
+/// The reference: plain loops, 16 lanes wide so the compiler can vectorise them.
+#[inline(always)]
+pub(crate) fn portable(kind: &Codes, group: usize, codes: &[u8], scales: &[f32], x: &[f32]) -> f32 {
+    let mut acc = [0f32; 16];
+    let mut add = |s: f32, p: &[f32; 16]| {
+        for t in 0..16 {
+            acc[t] += s * p[t];
+        }
+    };
+    match kind {
+        Codes::U8(_) | Codes::I8(_) => {
+            let signed = matches!(kind, Codes::I8(_));
+            for ((&s, xg), cg) in scales.iter().zip(x.chunks_exact(group)).zip(codes.chunks_exact(group)) {
+                let mut p = [0f32; 16];
+                for (xs, cs) in xg.chunks_exact(16).zip(cg.chunks_exact(16)) {
+                    for t in 0..16 {
+                        let c = if signed { cs[t] as i8 as f32 } else { cs[t] as f32 };
+                        p[t] += c * xs[t];
+                    }
+                }
+                add(s, &p);
+            }
+        }
+        Codes::U4(_) => {
+            for ((&s, xg), b) in scales.iter().zip(x.chunks_exact(32)).zip(codes.chunks_exact(16)) {
+                let mut p = [0f32; 16];
+                for t in 0..16 {
+                    p[t] = (b[t] & 15) as f32 * xg[t] + (b[t] >> 4) as f32 * xg[t + 16];
+                }
+                add(s, &p);
+            }
+        }
+    }
+    acc.iter().sum()
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    /// 16 byte codes as f32, sign-extended when `S`.
+    #[inline(always)]
+    unsafe fn b8x16<const S: bool>(p: *const u8) -> __m512 {
+        unsafe {
+            let v = _mm_loadu_si128(p as *const __m128i);
+            _mm512_cvtepi32_ps(if S {
+                _mm512_cvtepi8_epi32(v)
+            } else {
+                _mm512_cvtepu8_epi32(v)
+            })
+        }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn b8_g32<const S: bool>(codes: &[u8], scales: &[f32], x: &[f32]) -> f32 {
+        unsafe {
+            let (c, xp) = (codes.as_ptr(), x.as_ptr());
+            let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+            let n = scales.len();
+            let mut g = 0;
+            while g + 1 < n {
+                let (o0, o1) = (32 * g, 32 * g + 32);
+                let p0 = _mm512_fmadd_ps(
+                    b8x16::<S>(c.add(o0 + 16)),
+                    _mm512_loadu_ps(xp.add(o0 + 16)),
+                    _mm512_mul_ps(b8x16::<S>(c.add(o0)), _mm512_loadu_ps(xp.add(o0))),
+                );
+                let p1 = _mm512_fmadd_ps(
+                    b8x16::<S>(c.add(o1 + 16)),
+                    _mm512_loadu_ps(xp.add(o1 + 16)),
+                    _mm512_mul_ps(b8x16::<S>(c.add(o1)), _mm512_loadu_ps(xp.add(o1))),
+                );
+                a0 = _mm512_fmadd_ps(p0, _mm512_set1_ps(scales[g]), a0);
+                a1 = _mm512_fmadd_ps(p1, _mm512_set1_ps(scales[g + 1]), a1);
+                g += 2;
+            }
+            if g < n {
+                let o0 = 32 * g;
+                let p0 = _mm512_fmadd_ps(
+                    b8x16::<S>(c.add(o0 + 16)),
+                    _mm512_loadu_ps(xp.add(o0 + 16)),
+                    _mm512_mul_ps(b8x16::<S>(c.add(o0)), _mm512_loadu_ps(xp.add(o0))),
+                );
+                a0 = _mm512_fmadd_ps(p0, _mm512_set1_ps(scales[g]), a0);
+            }
+            _mm512_reduce_add_ps(_mm512_add_ps(a0, a1))
+        }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn b8_g16<const S: bool>(codes: &[u8], scales: &[f32], x: &[f32]) -> f32 {
+        unsafe {
+            let (c, xp) = (codes.as_ptr(), x.as_ptr());
+            let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+            let n = scales.len();
+            let mut g = 0;
+            while g + 1 < n {
+                let (o0, o1) = (16 * g, 16 * g + 16);
+                let p0 = _mm512_mul_ps(b8x16::<S>(c.add(o0)), _mm512_loadu_ps(xp.add(o0)));
+                let p1 = _mm512_mul_ps(b8x16::<S>(c.add(o1)), _mm512_loadu_ps(xp.add(o1)));
+                a0 = _mm512_fmadd_ps(p0, _mm512_set1_ps(scales[g]), a0);
+                a1 = _mm512_fmadd_ps(p1, _mm512_set1_ps(scales[g + 1]), a1);
+                g += 2;
+            }
+            if g < n {
+                let o0 = 16 * g;
+                a0 = _mm512_fmadd_ps(
+                    _mm512_mul_ps(b8x16::<S>(c.add(o0)), _mm512_loadu_ps(xp.add(o0))),
+                    _mm512_set1_ps(scales[g]),
+                    a0,
+                );
+            }
+            _mm512_reduce_add_ps(_mm512_add_ps(a0, a1))
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn u4_group(c: *const u8, xp: *const f32) -> __m512 {
+        unsafe {
+            let v = _mm_loadu_si128(c as *const __m128i);
+            let m = _mm_set1_epi8(15);
+            let lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, m)));
+            let hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), m)));
+            _mm512_fmadd_ps(hi, _mm512_loadu_ps(xp.add(16)), _mm512_mul_ps(lo, _mm512_loadu_ps(xp)))
+        }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn u4_g32(codes: &[u8], scales: &[f32], x: &[f32]) -> f32 {
+        unsafe {
+            let (c, xp) = (codes.as_ptr(), x.as_ptr());
+            let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+            let n = scales.len();
+            let mut g = 0;
+            while g + 1 < n {
+                let p0 = u4_group(c.add(16 * g), xp.add(32 * g));
+                let p1 = u4_group(c.add(16 * g + 16), xp.add(32 * g + 32));
+                a0 = _mm512_fmadd_ps(p0, _mm512_set1_ps(scales[g]), a0);
+                a1 = _mm512_fmadd_ps(p1, _mm512_set1_ps(scales[g + 1]), a1);
+                g += 2;
+            }
+            if g < n {
+                a0 = _mm512_fmadd_ps(u4_group(c.add(16 * g), xp.add(32 * g)), _mm512_set1_ps(scales[g]), a0);
+            }
+            _mm512_reduce_add_ps(_mm512_add_ps(a0, a1))
+        }
+    }
+}

@@ -1,0 +1,208 @@
+//! Weights kept in their GGUF quantisation: every block format is repacked once, exactly, into
+//! codes with a scale (and offset) per group of 16 or 32 weights, `w = scale · code + offset`.
+//! Decode multiplies on the codes (`dot.rs`); prefill dequantizes cache-sized panels into a GEMM.
+
+mod dot;
+mod matmul;
+mod repack;
+#[cfg(test)]
+mod tests;
+
+use candle_core::Tensor;
+
+use crate::error::{CandleCtx, Result};
+
+pub(crate) use repack::repack;
+
+/// The codes of a [`QMatrix`], row-major, groups contiguous.
+#[derive(Debug)]
+pub(crate) enum Codes {
+    /// One unsigned byte per weight.
+    U8(Vec<u8>),
+    /// One signed byte per weight (formats with a zero point: the code minus it).
+    I8(Vec<i8>),
+    /// Two 4-bit codes per byte, groups of 32: byte `j` of a group holds code `j` in its low
+    /// nibble and code `j + 16` in its high one (GGUF's Q4_0 / Q4_1 order).
+    U4(Vec<u8>),
+}
+
+/// The offsets of a [`QMatrix`]'s groups.
+#[derive(Debug)]
+pub(crate) enum Offsets {
+    /// No offset (signed codes: Q8_0, Q5_0, Q6_K).
+    None,
+    /// `offset = −zero · scale` (Q4_0's 4-bit codes).
+    Zero(f32),
+    /// One offset per group (Q4_1, Q5_1, Q4_K, Q5_K).
+    PerGroup(Vec<f32>),
+}
+
+/// A `[rows, cols]` weight matrix as codes with a scale and an offset per `group` weights of a row.
+#[derive(Debug)]
+pub(crate) struct QMatrix {
+    pub rows: usize,
+    pub cols: usize,
+    /// Weights per scale: 16 or 32.
+    pub group: usize,
+    pub codes: Codes,
+    /// `rows · cols / group`.
+    pub scales: Vec<f32>,
+    pub offsets: Offsets,
+    /// The GGUF block type it came from (for messages and the README's table).
+    pub source: &'static str,
+}
+
+impl QMatrix {
+    fn groups_per_row(&self) -> usize {
+        self.cols / self.group
+    }
+
+    /// Resident bytes.
+    pub fn bytes(&self) -> usize {
+        let codes = match &self.codes {
+            Codes::U8(c) | Codes::U4(c) => c.len(),
+            Codes::I8(c) => c.len(),
+        };
+        let offsets = match &self.offsets {
+            Offsets::None | Offsets::Zero(_) => 0,
+            Offsets::PerGroup(o) => o.len() * 4,
+        };
+        codes + self.scales.len() * 4 + offsets
+    }
+
+    /// Appends the rows of `more` (same columns, group and block type) below these.
+    pub fn append(&mut self, more: QMatrix) {
+        debug_assert_eq!(
+            (self.cols, self.group, self.source),
+            (more.cols, more.group, more.source)
+        );
+        self.rows += more.rows;
+        self.scales.extend(more.scales);
+        match (&mut self.codes, more.codes) {
+            (Codes::U8(a), Codes::U8(b)) | (Codes::U4(a), Codes::U4(b)) => a.extend(b),
+            (Codes::I8(a), Codes::I8(b)) => a.extend(b),
+            _ => unreachable!("rows of one tensor share their code type"),
+        }
+        if let (Offsets::PerGroup(a), Offsets::PerGroup(b)) = (&mut self.offsets, more.offsets) {
+            a.extend(b);
+        }
+    }
+
+    /// Row `r` dequantized into `out` (`cols` values).
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        let (g, gpr) = (self.group, self.groups_per_row());
+        for (j, o) in out.chunks_exact_mut(g).enumerate() {
+            let gi = r * gpr + j;
+            let s = self.scales[gi];
+            let off = match &self.offsets {
+                Offsets::None => 0.0,
+                Offsets::Zero(z) => -z * s,
+                Offsets::PerGroup(v) => v[gi],
+            };
+            match &self.codes {
+                Codes::U8(c) => {
+                    for (o, &c) in o.iter_mut().zip(&c[gi * g..(gi + 1) * g]) {
+                        *o = s * c as f32 + off;
+                    }
+                }
+                Codes::I8(c) => {
+                    for (o, &c) in o.iter_mut().zip(&c[gi * g..(gi + 1) * g]) {
+                        *o = s * c as f32 + off;
+                    }
+                }
+                Codes::U4(c) => {
+                    let b = &c[gi * 16..gi * 16 + 16];
+                    for t in 0..16 {
+                        o[t] = s * (b[t] & 15) as f32 + off;
+                        o[t + 16] = s * (b[t] >> 4) as f32 + off;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The whole matrix in f32 (`rows · cols`), e.g. for the device transformer.
+    pub fn dequantize(&self) -> Vec<f32> {
+        let mut out = vec![0f32; self.rows * self.cols];
+        for (r, row) in out.chunks_exact_mut(self.cols).enumerate() {
+            self.dequantize_row(r, row);
+        }
+        out
+    }
+}
+
+/// A linear layer's weight `[out, in]`: dense f32 (safetensors, f32/f16 GGUF tensors and block
+/// types without a repacking) or quantized.
+#[derive(Debug)]
+pub(crate) enum Linear {
+    Dense(Tensor),
+    Quant(QMatrix),
+}
+
+impl Linear {
+    /// Resident bytes of the weight.
+    pub fn bytes(&self) -> usize {
+        match self {
+            Linear::Dense(t) => t.elem_count() * 4,
+            Linear::Quant(q) => q.bytes(),
+        }
+    }
+
+    /// `x @ wᵀ` for `x: [n, in]`: decode-sized `n` on the codes, larger `n` by a GEMM over
+    /// dequantized panels.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        const OP: &str = "linear";
+        match self {
+            Linear::Dense(w) => x.matmul(&w.t().ctx(OP)?).ctx(OP),
+            Linear::Quant(q) => {
+                let (n, k) = x.dims2().ctx(OP)?;
+                if k != q.cols {
+                    return Err(crate::error::Error::Shape {
+                        op: OP,
+                        detail: format!("input has {k} columns, weight [{}, {}]", q.rows, q.cols),
+                    });
+                }
+                let xs = x.flatten_all().ctx(OP)?.to_vec1::<f32>().ctx(OP)?;
+                let mut y = vec![0f32; n * q.rows];
+                if n <= matmul::MATVEC_ROWS {
+                    for (xr, yr) in xs.chunks_exact(k).zip(y.chunks_exact_mut(q.rows)) {
+                        dot::matvec(q, xr, yr);
+                    }
+                } else {
+                    matmul::matmul(q, &xs, n, &mut y);
+                }
+                Tensor::from_vec(y, (n, q.rows), x.device()).ctx(OP)
+            }
+        }
+    }
+
+    /// Rows `ids` (an embedding lookup), `[ids.len(), in]`.
+    pub fn rows(&self, ids: &[u32]) -> Result<Tensor> {
+        const OP: &str = "Linear::rows";
+        match self {
+            Linear::Dense(w) => {
+                let idx = Tensor::from_slice(ids, ids.len(), w.device()).ctx(OP)?;
+                w.index_select(&idx, 0).ctx(OP)
+            }
+            Linear::Quant(q) => {
+                let mut out = vec![0f32; ids.len() * q.cols];
+                for (&id, row) in ids.iter().zip(out.chunks_exact_mut(q.cols)) {
+                    q.dequantize_row(id as usize, row);
+                }
+                Tensor::from_vec(out, (ids.len(), q.cols), &candle_core::Device::Cpu).ctx(OP)
+            }
+        }
+    }
+
+    /// The weight in f32, row-major.
+    pub fn to_f32(&self) -> Result<Vec<f32>> {
+        match self {
+            Linear::Dense(t) => t
+                .flatten_all()
+                .ctx("Linear::to_f32")?
+                .to_vec1::<f32>()
+                .ctx("Linear::to_f32"),
+            Linear::Quant(q) => Ok(q.dequantize()),
+        }
+    }
+}

@@ -1,0 +1,225 @@
+//! The repacking against candle's dequantizer (ggml's reference), and the products against
+//! dense f32 arithmetic, for every block type on seeded random weights.
+
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{Device, Tensor};
+use rand::{Rng, SeedableRng, rngs::StdRng};
+
+use super::{Codes, Linear, QMatrix, dot, matmul, repack};
+
+const TYPES: [GgmlDType; 8] = [
+    GgmlDType::Q4_0,
+    GgmlDType::Q4_1,
+    GgmlDType::Q5_0,
+    GgmlDType::Q5_1,
+    GgmlDType::Q8_0,
+    GgmlDType::Q4K,
+    GgmlDType::Q5K,
+    GgmlDType::Q6K,
+];
+
+fn random(rows: usize, cols: usize, seed: u64) -> Vec<f32> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    // Rows of different magnitudes and a few outliers, as in real weights.
+    (0..rows * cols)
+        .map(|i| {
+            let row_scale = 0.02 * (1.0 + (i / cols % 7) as f32);
+            let v: f32 = rng.random_range(-1.0..1.0);
+            if rng.random_range(0..100) == 0 {
+                8.0 * v * row_scale
+            } else {
+                v * row_scale
+            }
+        })
+        .collect()
+}
+
+/// A `rows x cols` matrix quantized by candle (ggml's quantizer) to `dtype`: our repacking and
+/// candle's own dequantization of the same blocks.
+fn quantized(dtype: GgmlDType, rows: usize, cols: usize, seed: u64) -> (QMatrix, Vec<f32>) {
+    let w = Tensor::from_vec(random(rows, cols, seed), (rows, cols), &Device::Cpu).unwrap();
+    let qt = QTensor::quantize(&w, dtype).unwrap();
+    let raw = qt.data().unwrap().to_vec();
+    let reference = qt
+        .dequantize(&Device::Cpu)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
+    let q = repack(dtype, &raw, rows, cols).unwrap_or_else(|| panic!("{dtype:?} not repacked"));
+    (q, reference)
+}
+
+fn max_rel(a: &[f32], b: &[f32]) -> f32 {
+    let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-30);
+    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+}
+
+#[test]
+fn repacking_is_exact_for_every_block_type() {
+    for (i, dtype) in TYPES.into_iter().enumerate() {
+        let (q, reference) = quantized(dtype, 24, 512, i as u64);
+        let ours = q.dequantize();
+        let err = max_rel(&ours, &reference);
+        // Exact up to one rounding of `scale · code + offset` against ggml's expression.
+        assert!(
+            err < 1e-6,
+            "{dtype:?}: dequantized values differ by {err:e} of the largest"
+        );
+        assert_eq!(q.scales.len(), 24 * 512 / q.group, "{dtype:?}");
+    }
+}
+
+#[test]
+fn codes_are_no_larger_than_the_ggml_blocks_need() {
+    for dtype in TYPES {
+        let (q, _) = quantized(dtype, 8, 256, 3);
+        let ggml = 8 * 256 / dtype.block_size() * dtype.type_size();
+        let ratio = q.bytes() as f64 / ggml as f64;
+        // 4-bit stays 4-bit; wider codes take a byte; scales (and offsets) are f32.
+        let bound = match (&q.codes, dtype) {
+            (Codes::U4(_), _) => 1.4,
+            (_, GgmlDType::Q8_0) => 1.1,
+            _ => 1.9,
+        };
+        assert!(
+            ratio <= bound,
+            "{dtype:?}: {} bytes vs {ggml} in GGUF ({ratio:.2}x)",
+            q.bytes()
+        );
+    }
+}
+
+fn dense_matvec(w: &[f32], x: &[f32], rows: usize) -> Vec<f32> {
+    let cols = x.len();
+    (0..rows)
+        .map(|r| {
+            w[r * cols..(r + 1) * cols]
+                .iter()
+                .zip(x)
+                .map(|(a, b)| (*a as f64) * (*b as f64))
+                .sum::<f64>() as f32
+        })
+        .collect()
+}
+
+#[test]
+fn matvec_matches_dense_products() {
+    let mut rng = StdRng::seed_from_u64(7);
+    // Enough rows to take the parallel path; an odd number of groups per row for the tails.
+    for (i, dtype) in TYPES.into_iter().enumerate() {
+        let (rows, cols) = if dtype.block_size() == 256 {
+            (700, 768)
+        } else {
+            (700, 800)
+        };
+        let (q, w) = quantized(dtype, rows, cols, 10 + i as u64);
+        let x: Vec<f32> = (0..cols).map(|_| rng.random_range(-2.0..2.0)).collect();
+        let want = dense_matvec(&w, &x, rows);
+        let mut got = vec![0f32; rows];
+        dot::matvec(&q, &x, &mut got);
+        let err = max_rel(&got, &want);
+        assert!(err < 1e-5, "{dtype:?}: matvec differs by {err:e}");
+        // The portable kernel (the fallback on CPUs without AVX-512) agrees too.
+        let gpr = cols / q.group;
+        for r in [0, rows / 2, rows - 1] {
+            let codes = dot::row_codes(&q, r);
+            let scales = &q.scales[r * gpr..(r + 1) * gpr];
+            let simd = dot::scaled_code_dot(&q.codes, q.group, codes, scales, &x);
+            let portable = dot::portable(&q.codes, q.group, codes, scales, &x);
+            assert!(
+                (simd - portable).abs() <= 1e-5 * portable.abs().max(1.0),
+                "{dtype:?} row {r}: {simd} vs {portable}"
+            );
+        }
+    }
+}
+
+#[test]
+fn panel_gemm_matches_matvec_and_linear_picks_either() {
+    let mut rng = StdRng::seed_from_u64(9);
+    for dtype in [GgmlDType::Q4_1, GgmlDType::Q6K, GgmlDType::Q8_0] {
+        // More rows than one panel holds, so the panel loop and its tail run.
+        let (rows, cols) = (1100, 512);
+        let (q, _) = quantized(dtype, rows, cols, 21);
+        let n = 9;
+        let x: Vec<f32> = (0..n * cols).map(|_| rng.random_range(-1.0..1.0)).collect();
+        let mut by_gemm = vec![0f32; n * rows];
+        matmul::matmul(&q, &x, n, &mut by_gemm);
+        let mut by_matvec = vec![0f32; n * rows];
+        for (xr, yr) in x.chunks_exact(cols).zip(by_matvec.chunks_exact_mut(rows)) {
+            dot::matvec(&q, xr, yr);
+        }
+        let err = max_rel(&by_gemm, &by_matvec);
+        assert!(err < 1e-5, "{dtype:?}: panel GEMM vs matvec {err:e}");
+        let lin = Linear::Quant(q);
+        for m in [1, matmul::MATVEC_ROWS, n] {
+            let xt = Tensor::from_slice(&x[..m * cols], (m, cols), &Device::Cpu).unwrap();
+            let y = lin
+                .forward(&xt)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap();
+            let err = max_rel(&y, &by_matvec[..m * rows]);
+            assert!(err < 1e-5, "{dtype:?}, {m} rows through Linear: {err:e}");
+        }
+        let bad = Tensor::zeros((2, cols + 32), candle_core::DType::F32, &Device::Cpu).unwrap();
+        let e = lin.forward(&bad).unwrap_err().to_string();
+        assert!(e.contains("columns"), "{e}");
+    }
+}
+
+#[test]
+fn unsupported_or_inconsistent_blocks_are_not_repacked() {
+    let w = Tensor::from_vec(random(4, 256, 1), (4, 256), &Device::Cpu).unwrap();
+    let qt = QTensor::quantize(&w, GgmlDType::Q2K).unwrap();
+    let raw = qt.data().unwrap().to_vec();
+    assert!(
+        repack(GgmlDType::Q2K, &raw, 4, 256).is_none(),
+        "Q2_K has no repacking: stays dense"
+    );
+    let qt = QTensor::quantize(&w, GgmlDType::Q8_0).unwrap();
+    let raw = qt.data().unwrap().to_vec();
+    assert!(
+        repack(GgmlDType::Q8_0, &raw[..raw.len() - 1], 4, 256).is_none(),
+        "short data"
+    );
+    assert!(
+        repack(GgmlDType::Q8_0, &raw, 4, 250).is_none(),
+        "cols not a multiple of the block"
+    );
+}
+
+/// Not a test: `cargo test --release -p kamera-model quant::tests::matvec_speed -- --ignored
+/// --nocapture` prints the matrix-vector product's speed per block type (GB/s of codes read).
+#[test]
+#[ignore]
+fn matvec_speed() {
+    for dtype in [
+        GgmlDType::Q4_1,
+        GgmlDType::Q8_0,
+        GgmlDType::Q5_0,
+        GgmlDType::Q6K,
+        GgmlDType::Q4K,
+    ] {
+        let (rows, cols) = (4864, 1024);
+        let (q, _) = quantized(dtype, rows, cols, 1);
+        let x: Vec<f32> = (0..cols).map(|i| (i as f32).sin()).collect();
+        let mut y = vec![0f32; rows];
+        let reps = 200;
+        let t = std::time::Instant::now();
+        for _ in 0..reps {
+            dot::matvec(&q, &x, &mut y);
+        }
+        let s = t.elapsed().as_secs_f64() / reps as f64;
+        println!(
+            "{dtype:?}: {:.3} ms per {rows}x{cols} matvec, {:.1} GB/s, {:.1} Gweights/s",
+            s * 1e3,
+            q.bytes() as f64 / s / 1e9,
+            (rows * cols) as f64 / s / 1e9
+        );
+    }
+}

@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""llama.cpp side of `kamera bench model --against llama.cpp`: the same GGUF, the same filler
+text and the same measurements as `kamera bench model` (best of --reps prefills of N tokens from
+an empty cache, logits at the last position; greedy decode of --decode tokens after a
+--decode-after-token prompt), through llama-cpp-python built from source (scripts/llamacpp-venv.sh).
+Prints one JSON line with tokens/s and peak resident memory (VmHWM) of this process.
+
+Usage: python bench_llamacpp.py --gguf FILE [--prefill 512,2048] [--decode 64] [--decode-after 128]
+                                [--reps 2] [--threads 2]
+"""
+import argparse
+import json
+import sys
+import time
+
+TEXT = "The quick brown fox jumps over the lazy dog while the farmer counts sheep in the valley. "
+
+
+def status_mb(key):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) / 1024.0
+    return float("nan")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gguf", required=True)
+    ap.add_argument("--prefill", default="512,2048")
+    ap.add_argument("--decode", type=int, default=64)
+    ap.add_argument("--decode-after", type=int, default=128)
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    import numpy as np
+    import llama_cpp
+
+    lengths = [int(x) for x in args.prefill.split(",") if x]
+    n_ctx = max(lengths + [args.decode_after + args.decode]) + 16
+    base_mb = status_mb("VmRSS")
+    llm = llama_cpp.Llama(
+        model_path=args.gguf,
+        n_ctx=n_ctx,
+        n_threads=args.threads,
+        n_threads_batch=args.threads,
+        n_batch=512,
+        verbose=False,
+    )
+    base = llm.tokenize(TEXT.encode(), add_bos=False, special=False)
+
+    def filler(n):
+        ids = []
+        while len(ids) < n:
+            ids += base
+        return ids[:n]
+
+    results = {}
+    for n in lengths:
+        ids = filler(n)
+        best = float("inf")
+        for _ in range(max(1, args.reps)):
+            llm.reset()  # n_tokens = 0: the next eval drops the whole KV cache
+            t = time.perf_counter()
+            llm.eval(ids)
+            best = min(best, time.perf_counter() - t)
+        results[f"prefill_{n}_tok_s"] = n / best
+    if args.decode > 0:
+        llm.reset()
+        llm.eval(filler(max(1, args.decode_after)))
+        nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        t = time.perf_counter()
+        for _ in range(args.decode):
+            llm.eval([nxt])
+            nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        key = "decode" if args.decode_after == 128 else f"decode_{args.decode_after}"
+        results[f"{key}_tok_s"] = args.decode / (time.perf_counter() - t)
+    print(json.dumps({
+        "engine": "llama.cpp",
+        "version": llama_cpp.__version__,
+        "gguf": args.gguf,
+        "threads": args.threads,
+        "results": results,
+        "peak_rss_mb": status_mb("VmHWM"),
+        "rss_mb": status_mb("VmRSS"),
+        "baseline_rss_mb": base_mb,
+    }))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
