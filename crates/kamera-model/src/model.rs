@@ -60,8 +60,9 @@ pub struct Model {
 }
 
 impl Model {
-    /// Load a GGUF file (dequantized to f32 on CPU), or a Hugging Face model directory
-    /// (Qwen2.5-VL: config.json, safetensors, tokenizer.json), in f32 whatever it is stored in.
+    /// Load a GGUF file (weight matrices kept in their block quantisation, see `quant/`), or a
+    /// Hugging Face model directory (Qwen2.5-VL: config.json, safetensors, tokenizer.json), in
+    /// f32 whatever it is stored in.
     pub fn load(path: &Path) -> Result<Model> {
         if path.is_dir() {
             return Model::load_dir(path);
