@@ -221,5 +221,24 @@ fn matvec_speed() {
             q.bytes() as f64 / s / 1e9,
             (rows * cols) as f64 / s / 1e9
         );
+        let mut row = vec![0f32; cols];
+        let t = std::time::Instant::now();
+        for r in 0..rows {
+            q.dequantize_row(r, &mut row);
+        }
+        let d = t.elapsed().as_secs_f64();
+        let n = 32;
+        let xs: Vec<f32> = (0..n * cols).map(|i| (i as f32).cos()).collect();
+        let mut ys = vec![0f32; n * rows];
+        let t = std::time::Instant::now();
+        matmul::matmul(&q, &xs, n, &mut ys);
+        let g = t.elapsed().as_secs_f64();
+        println!(
+            "    dequantize (one thread) {:.2} ms ({:.2} Gweights/s); {n}-row product through panels {:.2} ms ({:.1} GFLOP/s)",
+            d * 1e3,
+            (rows * cols) as f64 / d / 1e9,
+            g * 1e3,
+            2.0 * (n * rows * cols) as f64 / g / 1e9
+        );
     }
 }
