@@ -1,4 +1,5 @@
-//! `kamera bench model`: prefill tokens/s at given lengths and decode tokens/s, as a table or JSON.
+//! `kamera bench model`: prefill tokens/s at given lengths and decode tokens/s, as a table or JSON;
+//! the other `kamera bench` subcommands by module.
 
 use std::time::Instant;
 
@@ -41,6 +42,9 @@ enum BenchCommand {
     Session(crate::bench_session::SessionArgs),
     /// Put/get of a real chunk record on Redis, sled and a plain file vs re-prefilling it.
     Store(crate::bench_store::StoreBenchArgs),
+    /// The model policy's success over MiniWoB++ tasks and the order-status flow, per model and
+    /// decoding, on real Chromium.
+    Agent(crate::bench_agent::AgentArgs),
 }
 
 /// Deterministic filler tokens: the tokenization of a long plain-English text.
@@ -59,6 +63,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         BenchCommand::Reuse(r) => return crate::bench_reuse::run(r),
         BenchCommand::Session(s) => return crate::bench_session::run(s),
         BenchCommand::Store(s) => return crate::bench_store::run(s),
+        BenchCommand::Agent(s) => return crate::bench_agent::run(s),
         BenchCommand::Model {
             model,
             prefill,

@@ -2,6 +2,8 @@
 //! add a group by adding a module and a variant of [`Command`].
 
 mod bench;
+mod bench_agent;
+mod bench_agent_report;
 mod bench_image;
 mod bench_reuse;
 mod bench_session;

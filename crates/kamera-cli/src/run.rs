@@ -9,7 +9,8 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::sync::Arc;
 
-use kamera_agent::{RunConfig, RunSummary, Scenario, StepRecord};
+use kamera_agent::harness::RunConfig;
+use kamera_agent::{RunSummary, Scenario, StepRecord};
 use kamera_model::Model;
 use kamera_store::ChunkStore;
 use tokio_util::sync::CancellationToken;
@@ -220,7 +221,7 @@ fn execute(
         tracing::info!(step = s.step, url = %s.observation.url, action = ?s.action, result = %s.result, ms = s.timings.total_ms, "step");
     });
     let home = kamera_model::default_home();
-    let summary = rt.block_on(kamera_agent::run_scenario(
+    let summary = rt.block_on(kamera_agent::harness::run_scenario(
         &scenario,
         model,
         &home,
@@ -236,7 +237,7 @@ fn execute(
     ))?;
     pb.finish_and_clear();
     if let Some(r) = report {
-        kamera_agent::report::write_html(&summary, Some(&trace_dir.join("resources")), r)?;
+        kamera_agent::harness::report::write_html(&summary, Some(&trace_dir.join("resources")), r)?;
     }
     Ok(summary)
 }
@@ -388,7 +389,7 @@ pub fn replay(a: ReplayArgs) -> Result<()> {
     }
     let model = load_model(&a.model)?;
     let rt = runtime()?;
-    let report = rt.block_on(kamera_agent::replay(&a.dir, model))?;
+    let report = rt.block_on(kamera_agent::harness::replay(&a.dir, model))?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
