@@ -409,3 +409,43 @@ fn write_json(p: &std::path::Path, r: &Report) -> Result<()> {
         .with_context(|| format!("writing {}", tmp.display()))?;
     std::fs::rename(&tmp, p).with_context(|| format!("writing {}", p.display()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kamera_agent::{ScriptedPolicy, Step};
+
+    /// The bench's episode and outcome on real Chromium with scripted paths: the known-good
+    /// click on click-test is a success with MiniWoB++'s time-decayed reward (near 1), and the
+    /// utterance became the goal; submitting enter-text empty is a failure with reward -1.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn scripted_paths_read_their_reward() -> Result<()> {
+        let tasks = vec!["click-test".to_string(), "enter-text".to_string()];
+        let servers = Servers::start(&tasks, &[1]).await?;
+        let mut browser = servers.browser().await?;
+        let model = Arc::new(crate::models::load("smollm2-135m")?);
+        let mut run = async |task: &str, click: &str| -> Result<Episode> {
+            let mut sc = scenario(task, 1, Decoding::Constrained, 2, 60_000);
+            let mut policy = ScriptedPolicy::new(vec![Step::Click { target: click.into() }], "");
+            let r = episode(&servers, &mut browser, &model, &mut sc, &mut policy).await;
+            Ok(outcome("smollm2-135m", "scripted", task, 1, sc.goal.clone(), r, 0.0))
+        };
+        let good = run("click-test", "#subbtn").await?;
+        assert_eq!(good.goal, "Click the button.");
+        assert!(good.success, "{good:?}");
+        let reward = good.reward.expect("the episode ended");
+        assert!(reward > 0.9 && reward <= 1.0, "{good:?}");
+        assert_eq!((good.steps, good.actions.len()), (1, 1), "{good:?}");
+
+        let bad = run("enter-text", "#subbtn").await?;
+        assert!(bad.goal.starts_with("Enter \""), "{bad:?}");
+        assert!(!bad.success, "{bad:?}");
+        assert_eq!(bad.reward, Some(-1.0), "{bad:?}");
+        browser.close().await?;
+
+        let row = crate::bench_agent_report::Row::of("m", "d", None, &[&good, &bad]);
+        assert_eq!((row.episodes, row.success, row.ended), (2, 1, 2));
+        assert!((row.rate - 0.5).abs() < 1e-12 && (row.mean_reward - (reward - 1.0) / 2.0).abs() < 1e-12);
+        Ok(())
+    }
+}

@@ -24,7 +24,7 @@ pub struct Row {
 }
 
 impl Row {
-    fn of(model: &str, decoding: &str, task: Option<&str>, eps: &[&Episode]) -> Row {
+    pub(crate) fn of(model: &str, decoding: &str, task: Option<&str>, eps: &[&Episode]) -> Row {
         let n = eps.len();
         let mean = |f: &dyn Fn(&Episode) -> f64| {
             if n == 0 {

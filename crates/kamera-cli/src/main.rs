@@ -10,6 +10,7 @@ mod bench_session;
 mod bench_session_report;
 mod bench_store;
 mod calibrate;
+mod doctor;
 mod eval;
 mod generate;
 mod logits;
@@ -56,6 +57,9 @@ enum Command {
     Replay(run::ReplayArgs),
     /// Inspect, verify and garbage-collect the canonical KV store.
     Store(store::StoreArgs),
+    /// Check what this machine has (Chromium, models, store, redis-server, NVRTC) and print the
+    /// command that installs what is missing; exits 1 when something required is missing.
+    Doctor(doctor::DoctorArgs),
 }
 
 fn init_tracing(verbose: u8) {
@@ -87,5 +91,6 @@ fn main() -> Result<()> {
         Command::Bench(a) => bench::run(a),
         Command::Calibrate(a) => calibrate::run(a),
         Command::Store(a) => store::run(a),
+        Command::Doctor(a) => doctor::run(a),
     }
 }
