@@ -330,6 +330,7 @@ pub async fn bench(a: &AgentArgs) -> Result<Report> {
     let total = a.models.len() * decodings.len() * tasks.len() * seeds.len();
     let load_start = load_avg();
     let t0 = Instant::now();
+    let pb = crate::progress::bar(total, "episodes");
     let mut episodes = Vec::with_capacity(total);
     for name in &a.models {
         let m = name.clone();
@@ -370,7 +371,7 @@ pub async fn bench(a: &AgentArgs) -> Result<Report> {
                     let done = episodes.len();
                     let e = episodes.last().expect("pushed");
                     let per = t0.elapsed().as_secs_f64() / done as f64;
-                    eprintln!(
+                    let line = format!(
                         "[{done}/{total}] {name} {dname} {task} seed {seed}: {} reward {} in {} steps, {:.1} s; ETA {}",
                         if e.success { "pass" } else { "fail" },
                         e.reward.map_or("-".into(), |r| format!("{r:.2}")),
@@ -378,11 +379,19 @@ pub async fn bench(a: &AgentArgs) -> Result<Report> {
                         e.wall_ms / 1e3,
                         fmt_secs(per * (total - done) as f64)
                     );
+                    // A line per episode (kept in logs); on a terminal with a bar under them.
+                    if crate::progress::drawn() {
+                        pb.println(line);
+                        pb.inc(1);
+                    } else {
+                        eprintln!("{line}");
+                    }
                 }
             }
             let _ = browser.close().await;
         }
     }
+    pb.finish_and_clear();
     Ok(Report::new(
         a,
         &tasks,

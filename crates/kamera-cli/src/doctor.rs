@@ -41,7 +41,12 @@ fn check(name: &str, ok: bool, required: bool, detail: String, fix: &str) -> Che
 /// The first line a program prints for `args`, if it runs.
 fn version(exe: &Path, args: &[&str]) -> Option<String> {
     let out = Command::new(exe).args(args).output().ok()?;
-    let text = String::from_utf8_lossy(if out.stdout.is_empty() { &out.stderr } else { &out.stdout }).to_string();
+    let text = String::from_utf8_lossy(if out.stdout.is_empty() {
+        &out.stderr
+    } else {
+        &out.stdout
+    })
+    .to_string();
     out.status
         .success()
         .then(|| text.lines().next().unwrap_or("").trim().to_string())
@@ -172,9 +177,19 @@ fn find_lib(prefix: &str, home: &Path) -> Option<PathBuf> {
     let mut dirs: Vec<PathBuf> = std::env::var_os("LD_LIBRARY_PATH")
         .map(|v| std::env::split_paths(&v).collect())
         .unwrap_or_default();
-    dirs.extend(["/usr/local/cuda/lib64", "/usr/local/nvidia/lib64", "/usr/lib/x86_64-linux-gnu"].map(PathBuf::from));
+    dirs.extend(
+        [
+            "/usr/local/cuda/lib64",
+            "/usr/local/nvidia/lib64",
+            "/usr/lib/x86_64-linux-gnu",
+        ]
+        .map(PathBuf::from),
+    );
     if let Ok(rd) = std::fs::read_dir(home) {
-        for e in rd.flatten().filter(|e| e.file_name().to_string_lossy().starts_with("nvrtc-")) {
+        for e in rd
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("nvrtc-"))
+        {
             for cu in ["cu13", "cu12"] {
                 dirs.push(e.path().join("nvidia").join(cu).join("lib"));
             }

@@ -15,6 +15,7 @@ mod eval;
 mod generate;
 mod logits;
 mod models;
+mod progress;
 // kamera-store's test server (a redis-server on a free loopback port in a temp dir, killed on
 // drop): one launcher for the store tests, the workspace tests, `kamera bench store` and its test.
 #[path = "../../kamera-store/tests/common/redis_server.rs"]

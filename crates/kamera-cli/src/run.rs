@@ -1,12 +1,10 @@
 //! `kamera run SCENARIO`, `kamera record SCENARIO --out DIR`, `kamera replay DIR`: the agent
 //! runtime on real Chromium with the embedded default model, and browser-free replay.
 
-use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::sync::Arc;
 
 use kamera_agent::harness::RunConfig;
@@ -134,25 +132,15 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
 }
 
-fn progress(total: usize) -> ProgressBar {
-    let pb = ProgressBar::new(total as u64);
-    if std::io::stderr().is_terminal() {
-        pb.set_draw_target(ProgressDrawTarget::stderr());
-        if let Ok(style) = ProgressStyle::with_template("{spinner} [{bar:30}] {pos}/{len} steps {msg}") {
-            pb.set_style(style.progress_chars("=> "));
-        }
-    } else {
-        pb.set_draw_target(ProgressDrawTarget::hidden());
-    }
-    pb
-}
-
 fn load_model(m: &ModelArg) -> Result<Arc<Model>> {
     if let Some(name) = &m.model {
         return Ok(Arc::new(crate::models::load(name)?));
     }
     let home = kamera_model::default_home();
-    kamera_agent::default_model(&home).context("loading the default model (SmolLM2-135M-Instruct)")
+    let path = crate::progress::fetch(kamera_model::ModelName::Smollm2_135m, &home)?;
+    Ok(Arc::new(
+        Model::load(&path).context("loading the default model (SmolLM2-135M-Instruct)")?,
+    ))
 }
 
 fn cancel_on_ctrl_c(rt: &tokio::runtime::Runtime) -> CancellationToken {
@@ -213,7 +201,7 @@ fn execute(
     let cost = crate::calibrate::load(&model);
     let rt = runtime()?;
     let cancel = cancel_on_ctrl_c(&rt);
-    let pb = progress(scenario.budget.steps);
+    let pb = crate::progress::bar(scenario.budget.steps, "steps");
     let pb2 = pb.clone();
     let on_step = Box::new(move |s: &StepRecord| {
         pb2.inc(1);

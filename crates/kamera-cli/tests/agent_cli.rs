@@ -48,7 +48,10 @@ fn bench_agent_table_and_json_agree() {
     );
     assert!(out.status.success(), "{}", text(&out));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("[1/1] smollm2-135m constrained click-test seed 1:"), "{stderr}");
+    assert!(
+        stderr.contains("[1/1] smollm2-135m constrained click-test seed 1:"),
+        "{stderr}"
+    );
     let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     let eps = r["episodes"].as_array().unwrap();
     assert_eq!(eps.len(), 1);
@@ -58,17 +61,31 @@ fn bench_agent_table_and_json_agree() {
     let steps = e["steps"].as_u64().unwrap();
     assert!((1..=2).contains(&steps), "{e}");
     let success = e["success"].as_bool().unwrap();
-    assert_eq!(success, e["reward"].as_f64().is_some_and(|x| x > 0.0), "success is reward > 0: {e}");
+    assert_eq!(
+        success,
+        e["reward"].as_f64().is_some_and(|x| x > 0.0),
+        "success is reward > 0: {e}"
+    );
     let t = &r["totals"][0];
-    assert_eq!((t["episodes"].as_u64(), t["success"].as_u64()), (Some(1), Some(success as u64)));
+    assert_eq!(
+        (t["episodes"].as_u64(), t["success"].as_u64()),
+        (Some(1), Some(success as u64))
+    );
     assert_eq!(r["rows"].as_array().unwrap().len(), 1);
     let md = String::from_utf8_lossy(&out.stdout);
-    assert!(md.contains("| model | decoding | episodes | success | rate | mean reward |"), "{md}");
+    assert!(
+        md.contains("| model | decoding | episodes | success | rate | mean reward |"),
+        "{md}"
+    );
     let cell = format!("| click-test | {}/1 ", success as u8);
     assert!(md.contains(&cell), "{cell} in {md}");
     assert!(md.contains("| **total** |"), "{md}");
     let bad = kamera(&[], &["bench", "agent", "--tasks", "no-such-task", "--seeds", "1"]);
-    assert!(!bad.status.success() && text(&bad).contains("no-such-task"), "{}", text(&bad));
+    assert!(
+        !bad.status.success() && text(&bad).contains("no-such-task"),
+        "{}",
+        text(&bad)
+    );
 }
 
 #[test]
@@ -81,8 +98,14 @@ fn doctor_names_what_is_missing_and_fails_when_required() {
     let out = kamera(&[("KAMERA_HOME", home.path()), ("KAMERA_CHROMIUM", none)], &["doctor"]);
     let t = text(&out);
     assert_eq!(out.status.code(), Some(1), "{t}");
-    assert!(t.contains("MISSING  chromium") && t.contains("fix: scripts/install-chromium.sh"), "{t}");
-    assert!(t.contains("no matching .verified stamp") && t.contains("fix: kamera models fetch smollm2-135m"), "{t}");
+    assert!(
+        t.contains("MISSING  chromium") && t.contains("fix: scripts/install-chromium.sh"),
+        "{t}"
+    );
+    assert!(
+        t.contains("no matching .verified stamp") && t.contains("fix: kamera models fetch smollm2-135m"),
+        "{t}"
+    );
     assert!(t.contains("required but missing: chromium, model smollm2-135m"), "{t}");
     assert!(t.contains("ok       store"), "{t}");
 
@@ -96,13 +119,28 @@ fn doctor_names_what_is_missing_and_fails_when_required() {
     let stamp = gguf.with_extension("gguf.verified");
     std::fs::copy(&stamp, models.join("smollm2-135m.gguf.verified")).unwrap();
     let ok = kamera(
-        &[("KAMERA_HOME", home.path()), ("KAMERA_CHROMIUM", Path::new("/bin/true"))],
+        &[
+            ("KAMERA_HOME", home.path()),
+            ("KAMERA_CHROMIUM", Path::new("/bin/true")),
+        ],
         &["doctor", "--json"],
     );
     assert!(ok.status.success(), "{}", text(&ok));
     let checks: serde_json::Value = serde_json::from_slice(&ok.stdout).unwrap();
-    let by = |n: &str| checks.as_array().unwrap().iter().find(|c| c["name"] == n).cloned().unwrap();
+    let by = |n: &str| {
+        checks
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == n)
+            .cloned()
+            .unwrap()
+    };
     assert_eq!(by("model smollm2-135m")["ok"], true, "{checks}");
-    assert_eq!(by("model qwen2.5-0.5b")["fix"], "kamera models fetch qwen2.5-0.5b", "{checks}");
+    assert_eq!(
+        by("model qwen2.5-0.5b")["fix"],
+        "kamera models fetch qwen2.5-0.5b",
+        "{checks}"
+    );
     assert_eq!(by("chromium")["required"], true);
 }
