@@ -6,7 +6,10 @@
 //! observes the page, the session meets its chunk (hit: nothing moves; new: prefilled in place
 //! and alone; recalled or found in the store: relocated + patched, never prefilled again), and
 //! the policy acts over the live context. The model policy decodes under the page's
-//! [`ActionSchema`], so its reply is always an action the page can take.
+//! [`ActionSchema`], so its reply is always an action the page can take; it asks its model
+//! through [`LanguageModel`] ([`Llm`], the local model, by default; another can be plugged with
+//! [`AgentBuilder::language_model`]). The test and benchmark harness (local site, MiniWoB++,
+//! scenario runner, report) is `harness`, hidden: not part of the supported API.
 //!
 //! ```
 //! use kamera_agent::{ActionSchema, Fit, LEAD, Scenario, Step};
