@@ -6,7 +6,8 @@
 use std::path::Path;
 
 use anyhow::Result;
-use kamera_agent::{RunConfig, Scenario, StepResult};
+use kamera_agent::harness::RunConfig;
+use kamera_agent::{Scenario, StepResult};
 use kamera_sched::{Step, Visit};
 use kamera_tests::{model, require_chromium, root};
 
@@ -18,7 +19,8 @@ fn scenario(name: &str) -> Scenario {
 async fn order_status_answers_through_recalled_chunks() -> Result<()> {
     require_chromium();
     let s = scenario("order-status");
-    let r = kamera_agent::run_scenario(&s, model(), &kamera_model::default_home(), RunConfig::default()).await?;
+    let r =
+        kamera_agent::harness::run_scenario(&s, model(), &kamera_model::default_home(), RunConfig::default()).await?;
     assert_eq!(r.end.error, None);
     assert_eq!(r.end.answer.as_deref(), Some("Awaiting pickup"), "{:?}", r.end);
     assert_eq!(r.end.success, Some(true));
@@ -63,7 +65,8 @@ async fn miniwob_new_actions_scripted_reward() -> Result<()> {
         ("miniwob-drag-items", "drag", 0.0),
     ] {
         let s = scenario(name);
-        let r = kamera_agent::run_scenario(&s, model(), &kamera_model::default_home(), RunConfig::default()).await?;
+        let r = kamera_agent::harness::run_scenario(&s, model(), &kamera_model::default_home(), RunConfig::default())
+            .await?;
         assert_eq!(r.end.error, None, "{name}: {:?}", r.end);
         for st in &r.steps {
             assert_eq!(st.result, StepResult::Ok, "{name} step {}: {}", st.step, st.result);
@@ -84,7 +87,8 @@ async fn miniwob_new_actions_scripted_reward() -> Result<()> {
 async fn miniwob_enter_text_scripted_reward() -> Result<()> {
     require_chromium();
     let s = scenario("miniwob-enter-text");
-    let r = kamera_agent::run_scenario(&s, model(), &kamera_model::default_home(), RunConfig::default()).await?;
+    let r =
+        kamera_agent::harness::run_scenario(&s, model(), &kamera_model::default_home(), RunConfig::default()).await?;
     let reward = r.end.reward.expect("episode ended with a reward");
     assert!(reward > 0.0, "reward {reward}: {:?}", r.end);
     assert_eq!(r.end.success, Some(true));
@@ -101,7 +105,7 @@ async fn record_then_replay_without_browser() -> Result<()> {
         trace_dir: Some(dir.path().to_path_buf()),
         ..Default::default()
     };
-    let rec = kamera_agent::run_scenario(&s, model.clone(), &kamera_model::default_home(), cfg).await?;
+    let rec = kamera_agent::harness::run_scenario(&s, model.clone(), &kamera_model::default_home(), cfg).await?;
     assert!(dir.path().join("trace.ndjson").exists());
     let shots = std::fs::read_dir(dir.path().join("resources"))?.count();
     assert!(shots >= 5, "{shots} screenshots stored");
@@ -127,7 +131,7 @@ async fn record_then_replay_without_browser() -> Result<()> {
             "navigate"
         ]
     );
-    let rep = kamera_agent::replay(dir.path(), model).await?;
+    let rep = kamera_agent::harness::replay(dir.path(), model).await?;
     assert!(rep.matches(), "first mismatch at {:?}", rep.first_mismatch);
     assert_eq!(rep.replayed, rec.actions());
     assert_eq!(rep.summary.end.answer, rec.end.answer);
@@ -162,7 +166,8 @@ async fn navigation_off_allowed_origins_is_refused() -> Result<()> {
         "##,
         Path::new("escape.toml"),
     )?;
-    let r = kamera_agent::run_scenario(&s, model(), &kamera_model::default_home(), RunConfig::default()).await?;
+    let r =
+        kamera_agent::harness::run_scenario(&s, model(), &kamera_model::default_home(), RunConfig::default()).await?;
     assert_eq!(r.end.error, None, "a refusal does not end the run");
     assert_eq!(
         r.refused,
@@ -191,7 +196,8 @@ async fn navigation_off_allowed_origins_is_refused() -> Result<()> {
 async fn model_policy_acts_validly_on_miniwob_click_test() -> Result<()> {
     require_chromium();
     let s = scenario("miniwob-click-test-model");
-    let r = kamera_agent::run_scenario(&s, model(), &kamera_model::default_home(), RunConfig::default()).await?;
+    let r =
+        kamera_agent::harness::run_scenario(&s, model(), &kamera_model::default_home(), RunConfig::default()).await?;
     assert_eq!(r.end.error, None, "{:?}", r.end);
     for st in &r.steps {
         assert_eq!(st.result, StepResult::Ok, "step {}: {}", st.step, st.result);
@@ -211,8 +217,10 @@ async fn builder_api_runs_tasks_in_one_session() -> Result<()> {
     use kamera_agent::{Agent, Error, ScriptedPolicy};
     require_chromium();
     let s = scenario("order-status");
-    let server =
-        kamera_browser::Server::start(kamera_browser::Content::Memory(kamera_agent::site::generate(7))).await?;
+    let server = kamera_browser::Server::start(kamera_browser::Content::Memory(kamera_agent::harness::site::generate(
+        7,
+    )))
+    .await?;
     let mut agent = Agent::builder()
         .task(&s.goal)
         .start_url(server.url("/"))
@@ -255,5 +263,100 @@ async fn builder_api_runs_tasks_in_one_session() -> Result<()> {
         matches!(e, Error::Build { .. }) && e.to_string().contains("start_url"),
         "{e}"
     );
+    Ok(())
+}
+
+/// A second [`LanguageModel`] plugged into the builder (a test double that reads the window as
+/// text, as a remote model would): the agent takes the action it writes, on real Chromium, and
+/// the window text it was given holds the page the session placed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plugged_language_model_drives_the_agent() -> Result<()> {
+    use kamera_agent::{Agent, LanguageModel, ModelCall, View};
+    use std::sync::{Arc, Mutex};
+
+    /// Clicks the listed element whose text is `word`, found in the window text.
+    struct Keyword {
+        word: &'static str,
+        seen: Arc<Mutex<Vec<String>>>,
+    }
+    impl LanguageModel for Keyword {
+        fn generate_after(
+            &self,
+            view: &mut View<'_>,
+            _instruction: &str,
+            lead: &str,
+            _max_new: usize,
+            _seed: u64,
+        ) -> kamera_agent::Result<ModelCall> {
+            self.seen.lock().unwrap().push(view.text.to_string());
+            // Lines such as `[3] a "Orders"`.
+            let quoted = format!("\"{}\"", self.word);
+            let id = view
+                .text
+                .lines()
+                .filter(|l| l.contains(&quoted))
+                .find_map(|l| l.trim().strip_prefix('[')?.split(']').next()?.parse::<u32>().ok())
+                .unwrap_or(0);
+            Ok(ModelCall {
+                output: format!("{lead}click\", \"id\": {id}}}"),
+                ..ModelCall::default()
+            })
+        }
+        fn rank(
+            &self,
+            _view: &mut View<'_>,
+            _instruction: &str,
+            lead: &str,
+            candidates: &[String],
+        ) -> kamera_agent::Result<ModelCall> {
+            Ok(ModelCall {
+                output: format!("{lead}{}", candidates[0]),
+                ..ModelCall::default()
+            })
+        }
+    }
+    require_chromium();
+    let server = kamera_browser::Server::start(kamera_browser::Content::Memory(kamera_agent::harness::site::generate(
+        7,
+    )))
+    .await?;
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let mut agent = Agent::builder()
+        .task("Open the orders list")
+        .start_url(server.url("/"))
+        .model(model())
+        .language_model(Keyword {
+            word: "Orders",
+            seen: seen.clone(),
+        })
+        .max_steps(1)
+        .build()?;
+    let h = agent.run().await?;
+    let step = &h.steps[0];
+    let Some(kamera_browser::Action::Click { id }) = step.action else {
+        panic!("not a click: {:?}", step.action);
+    };
+    let el = step
+        .observation
+        .elements
+        .iter()
+        .find(|e| e.id == id)
+        .expect("a listed element");
+    assert_eq!(el.text, "Orders", "{:?}", step.observation.elements);
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1, "one model call per step");
+    assert!(
+        seen[0].contains("Kestrel Supply") && seen[0].contains("Goal: Open the orders list"),
+        "{}",
+        seen[0]
+    );
+    assert!(
+        !seen[0].contains("<|im_start|>"),
+        "control tokens are left out: {}",
+        seen[0]
+    );
+    let page = agent.observe().await?;
+    assert!(page.url.ends_with("/orders"), "the click was taken: {}", page.url);
+    agent.close().await?;
     Ok(())
 }

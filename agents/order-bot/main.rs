@@ -50,9 +50,12 @@ impl Policy for OrderBot {
             }),
             4 if self.tracking.is_none() => act(click("text:Shipping status")?),
             _ => {
-                let choices: Vec<String> = kamera_agent::site::STATUSES.iter().map(|s| s.to_string()).collect();
+                let choices: Vec<String> = kamera_agent::harness::site::STATUSES
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect();
                 let q = format!("What is the shipping status of order {}?", self.order);
-                let call = mind.llm.choose(mind.ctx, &q, &choices)?;
+                let call = mind.llm.choose(&mut mind.view, &q, &choices)?;
                 Ok(Decision {
                     action: Action::Done {
                         answer: call.output.clone(),
@@ -69,7 +72,7 @@ async fn main() -> Result<()> {
     let order = std::env::args().nth(1).unwrap_or_else(|| "A-1043".into());
     let seed = 7;
     // The shop: the local test site, served on loopback.
-    let server = Server::start(Content::Memory(kamera_agent::site::generate(seed))).await?;
+    let server = Server::start(Content::Memory(kamera_agent::harness::site::generate(seed))).await?;
     let mut agent = Agent::builder()
         .task(format!("Find the shipping status of order {order}."))
         .start_url(server.url("/"))
@@ -95,7 +98,7 @@ async fn main() -> Result<()> {
     let session = agent.session().stats().clone();
     agent.close().await?;
     let history = history?;
-    let truth = kamera_agent::site::data(seed)
+    let truth = kamera_agent::harness::site::data(seed)
         .orders
         .into_iter()
         .find(|o| o.id == order);

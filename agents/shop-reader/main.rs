@@ -21,7 +21,7 @@ struct PageTitle {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<()> {
-    let server = Server::start(Content::Memory(kamera_agent::site::generate(7))).await?;
+    let server = Server::start(Content::Memory(kamera_agent::harness::site::generate(7))).await?;
     let mut agent = Agent::builder()
         .start_url(server.url("/"))
         .max_steps(4)

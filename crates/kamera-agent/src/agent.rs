@@ -2,6 +2,7 @@
 //! -> recall by relevance before a question -> policy (model) -> action, with a trace line per
 //! step. [`run_episode`] is the embedding API: the caller brings browser, policy and session.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::ms;
@@ -12,8 +13,9 @@ use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
+use crate::harness::miniwob;
 use crate::llm::Llm;
-use crate::miniwob;
+use crate::lm::{LanguageModel, View};
 use crate::policy::{Decision, Mind, Policy};
 use crate::runtime::{Applied, Session, SessionStats};
 use crate::scenario::Scenario;
@@ -45,6 +47,9 @@ pub struct RunOptions {
     /// At the answering step, also time a full re-prefill of the window (the baseline that
     /// reuse replaces) and record it as `baseline_prefill_ms`.
     pub baseline: bool,
+    /// The model the policy asks (default: the session's local model, [`Llm`]). A plugged model
+    /// reads the window as text ([`crate::View::text`]); the session still places the pages.
+    pub language_model: Option<Arc<dyn LanguageModel>>,
 }
 
 /// The outcome of a run.
@@ -299,12 +304,17 @@ impl Run<'_, '_> {
     fn decide(&mut self, step: usize, obs: &Observation) -> Result<Decision> {
         let session = &mut *self.agent.session;
         let policy = &mut *self.agent.policy;
-        let (llm, goal, max_new) = (&self.llm, &self.scenario.goal, self.scenario.budget.max_new_tokens);
+        let llm: &dyn LanguageModel = match &self.opts.language_model {
+            Some(m) => m.as_ref(),
+            None => &self.llm,
+        };
+        let (goal, max_new) = (&self.scenario.goal, self.scenario.budget.max_new_tokens);
         blocking(|| {
-            let ctx = session.context()?;
+            let text = crate::lm::window_text(session)?;
+            let kv = session.context()?;
             let mut mind = Mind {
                 llm,
-                ctx,
+                view: View { kv, text: &text },
                 goal,
                 max_new_tokens: max_new,
             };

@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use crate::agent::{Env, OnStep, Parts, RunOptions, RunSummary, chunk_text, run_episode};
 use crate::error::{Error, Result, model};
 use crate::llm::Llm;
+use crate::lm::{LanguageModel, View};
 use crate::policy::{Decoding, ModelPolicy, Policy};
 use crate::runtime::Session;
 use crate::scenario::{Budget, Observe, PolicyKind, Scenario, Success};
@@ -38,6 +39,7 @@ pub struct AgentBuilder {
     store: Option<Arc<dyn ChunkStore>>,
     browser: Option<Box<dyn Browser>>,
     policy: Option<Box<dyn Policy>>,
+    language_model: Option<Arc<dyn LanguageModel>>,
     decoding: Decoding,
     observe: Observe,
     budget: Option<Budget>,
@@ -85,6 +87,13 @@ impl AgentBuilder {
     /// The policy that picks actions (default: the model policy).
     pub fn policy(mut self, policy: impl Policy + 'static) -> Self {
         self.policy = Some(Box::new(policy));
+        self
+    }
+    /// The model the policy asks instead of the local one (a remote model, say). The local
+    /// model still runs the session (pages are placed, reused and recalled as KV), but the
+    /// plugged model reads the window as text, so it gets none of that reuse; see the README.
+    pub fn language_model(mut self, lm: impl LanguageModel + 'static) -> Self {
+        self.language_model = Some(Arc::new(lm));
         self
     }
     /// How the default model policy decodes (default: constrained, always a valid action).
@@ -146,7 +155,7 @@ impl AgentBuilder {
         let model = match (self.model, self.model_path) {
             (Some(m), _) => m,
             (None, Some(p)) => Arc::new(Model::load(&p).map_err(model("load"))?),
-            (None, None) => crate::run::default_model(&kamera_model::default_home())?,
+            (None, None) => crate::harness::default_model(&kamera_model::default_home())?,
         };
         let task = self.task.unwrap_or_default();
         let origin = self.start_url.as_deref().map(origin_of).unwrap_or_default();
@@ -164,9 +173,10 @@ impl AgentBuilder {
             steps: Vec::new(),
             success: Success::default(),
         };
-        let session = crate::run::session_for(&scenario, model.clone(), self.store, None, None);
+        let session = crate::harness::session_for(&scenario, model.clone(), self.store, None, None);
         let agent = Agent {
             llm: Llm::new(model),
+            lm: self.language_model,
             session,
             scenario,
             browser: self.browser,
@@ -210,6 +220,8 @@ fn origin_of(url: &str) -> String {
 /// ```
 pub struct Agent {
     llm: Llm,
+    /// A plugged model; `None`: `llm`.
+    lm: Option<Arc<dyn LanguageModel>>,
     session: Session,
     scenario: Scenario,
     browser: Option<Box<dyn Browser>>,
@@ -300,14 +312,19 @@ impl Agent {
         let prompt = format!("{instruction}\nReply with JSON only.");
         let prefix = self.llm.prefix_text(self.standing_goal());
         let max_new = self.scenario.budget.max_new_tokens.max(48);
-        let (session, llm) = (&mut self.session, &self.llm);
+        let session = &mut self.session;
+        let llm: &dyn LanguageModel = match &self.lm {
+            Some(m) => m.as_ref(),
+            None => &self.llm,
+        };
         let call = crate::agent::blocking(|| -> Result<_> {
             if session.pinned_tokens() == 0 {
                 session.pin(&prefix)?;
             }
             session.observe(&text)?;
-            let ctx = session.context()?;
-            let call = llm.generate(ctx, &prompt, max_new, 0)?;
+            let window = crate::lm::window_text(session)?;
+            let kv = session.context()?;
+            let call = llm.generate(&mut View { kv, text: &window }, &prompt, max_new, 0)?;
             session.settle()?;
             Ok(call)
         })?;
@@ -386,6 +403,7 @@ impl Agent {
         let opts = RunOptions {
             cancel: cancel.clone(),
             on_step,
+            language_model: self.lm.clone(),
             ..Default::default()
         };
         let t0 = Instant::now();

@@ -6,7 +6,10 @@
 //! observes the page, the session meets its chunk (hit: nothing moves; new: prefilled in place
 //! and alone; recalled or found in the store: relocated + patched, never prefilled again), and
 //! the policy acts over the live context. The model policy decodes under the page's
-//! [`ActionSchema`], so its reply is always an action the page can take.
+//! [`ActionSchema`], so its reply is always an action the page can take; it asks its model
+//! through [`LanguageModel`] ([`Llm`], the local model, by default; another can be plugged with
+//! [`AgentBuilder::language_model`]). The test and benchmark harness (local site, MiniWoB++,
+//! scenario runner, report) is `harness`, hidden: not part of the supported API.
 //!
 //! ```
 //! use kamera_agent::{ActionSchema, Fit, LEAD, Scenario, Step};
@@ -43,15 +46,14 @@
 mod agent;
 mod app;
 mod error;
+#[doc(hidden)]
+pub mod harness;
 mod llm;
-pub mod miniwob;
+mod lm;
 mod policy;
-pub mod report;
-mod run;
 mod runtime;
 mod scenario;
 mod schema;
-pub mod site;
 mod trace;
 
 /// Milliseconds since `t`.
@@ -62,11 +64,12 @@ pub(crate) fn ms(t: std::time::Instant) -> f64 {
 pub use agent::{Env, OnStep, Parts, RunOptions, RunSummary, chunk_text, run_episode};
 pub use app::{Agent, AgentBuilder, History};
 pub use error::{Error, Result};
+pub use harness::default_model;
 pub use llm::{CallTimings, Llm, ModelCall, parse_action};
+pub use lm::{LanguageModel, View};
 pub use policy::{
     ACTION_GRAMMAR, Decision, Decoding, Mind, ModelPolicy, Policy, ScriptedPolicy, resolve_target, valid,
 };
-pub use run::{ReplayReport, RunConfig, Served, default_model, policy_for, replay, run_scenario, serve, session_for};
 pub use runtime::{Applied, ApplyTimings, Relevance, Session, SessionConfig, SessionStats};
 pub use scenario::{
     Budget, DEFAULT_WAIT_MS, MiniWobSpec, Observe, PolicyKind, Scenario, SiteSpec, Step, Success, resolve,

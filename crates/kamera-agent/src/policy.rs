@@ -7,16 +7,18 @@ use kamera_browser::{Action, Observation};
 use std::collections::HashMap;
 
 use crate::error::{Error, Result};
-use crate::llm::{Llm, ModelCall, parse_action};
+use crate::llm::{ModelCall, parse_action};
+use crate::lm::{LanguageModel, View};
 use crate::scenario::Step;
 use crate::schema::{ActionSchema, LEAD, MAX_FREE_CHARS, Template};
 use serde::{Deserialize, Serialize};
 
-/// What a policy sees of the model: the window's live context (the session's chunks, placed by
-/// the scheduler) and the goal. Model calls append their prompt to it and cut it off again.
+/// What a policy sees of the model: the model to ask (the local [`crate::Llm`] unless one was
+/// plugged), the window (the session's live context, placed by the scheduler, and its text) and
+/// the goal. Model calls append their prompt to the context and cut it off again.
 pub struct Mind<'a> {
-    pub llm: &'a Llm,
-    pub ctx: &'a mut kamera_model::Context,
+    pub llm: &'a dyn LanguageModel,
+    pub view: View<'a>,
     pub goal: &'a str,
     pub max_new_tokens: usize,
 }
@@ -130,13 +132,13 @@ impl Policy for ScriptedPolicy {
                     let q = self.subst(&question);
                     let call = if choices.is_empty() {
                         mind.llm.generate(
-                            mind.ctx,
+                            &mut mind.view,
                             &format!("Question: {q}\nAnswer briefly."),
                             mind.max_new_tokens,
                             0,
                         )?
                     } else {
-                        mind.llm.choose(mind.ctx, &q, &choices)?
+                        mind.llm.choose(&mut mind.view, &q, &choices)?
                     };
                     return Ok(Decision {
                         action: Action::Done {
@@ -272,7 +274,7 @@ impl ModelPolicy {
         let schema = self.schema(obs);
         let cands: Vec<&Template> = schema.templates.iter().filter(|t| t.ranked).collect();
         let texts: Vec<String> = cands.iter().map(|t| t.head[LEAD.len()..].to_string()).collect();
-        let mut call = mind.llm.rank(mind.ctx, instruction, LEAD, &texts)?;
+        let mut call = mind.llm.rank(&mut mind.view, instruction, LEAD, &texts)?;
         let best = call.output.strip_prefix(LEAD).unwrap_or_default().to_string();
         let Some(choice) = cands.iter().zip(&texts).find(|(_, t)| **t == best).map(|(c, _)| *c) else {
             return Err(Error::Policy {
@@ -285,7 +287,7 @@ impl ModelPolicy {
             // The text, greedily, up to its closing quote.
             let written_call =
                 mind.llm
-                    .generate_after(mind.ctx, instruction, &reply, mind.max_new_tokens.max(16), 0)?;
+                    .generate_after(&mut mind.view, instruction, &reply, mind.max_new_tokens.max(16), 0)?;
             let written = written_call.output.strip_prefix(&reply).unwrap_or(&written_call.output);
             let text: String = written
                 .split('"')
@@ -310,7 +312,7 @@ impl ModelPolicy {
         let schema = self.schema(obs);
         let call = mind
             .llm
-            .generate_constrained(mind.ctx, instruction, &schema, mind.max_new_tokens.max(24))?;
+            .generate_constrained(&mut mind.view, instruction, &schema, mind.max_new_tokens.max(24))?;
         decided(&schema, call)
     }
 }
@@ -336,9 +338,13 @@ impl Policy for ModelPolicy {
 impl ModelPolicy {
     fn free_or_ranked(&self, obs: &Observation, mind: &mut Mind<'_>, instruction: &str) -> Result<Decision> {
         for attempt in 0..=self.retries {
-            let call =
-                mind.llm
-                    .generate_after(mind.ctx, instruction, LEAD, mind.max_new_tokens.max(24), attempt as u64)?;
+            let call = mind.llm.generate_after(
+                &mut mind.view,
+                instruction,
+                LEAD,
+                mind.max_new_tokens.max(24),
+                attempt as u64,
+            )?;
             match parse_action(&call.output) {
                 Ok(action) if valid(obs, &action) && !self.stale(&action) => {
                     return Ok(Decision {

@@ -1,5 +1,6 @@
 //! `kamera bench model`: prefill tokens/s at given lengths, decode tokens/s and resident memory,
-//! as a table or JSON; `--against llama.cpp` alternates with llama.cpp on the same GGUF.
+//! as a table or JSON; `--against llama.cpp` alternates with llama.cpp on the same GGUF; the other
+//! `kamera bench` subcommands by module.
 
 use std::time::Instant;
 
@@ -23,6 +24,9 @@ enum BenchCommand {
     Session(crate::bench_session::SessionArgs),
     /// Put/get of a real chunk record on Redis, sled and a plain file vs re-prefilling it.
     Store(crate::bench_store::StoreBenchArgs),
+    /// The model policy's success over MiniWoB++ tasks and the order-status flow, per model and
+    /// decoding, on real Chromium.
+    Agent(crate::bench_agent::AgentArgs),
 }
 
 #[derive(Args, Clone)]
@@ -70,6 +74,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         BenchCommand::Reuse(r) => crate::bench_reuse::run(r),
         BenchCommand::Session(s) => crate::bench_session::run(s),
         BenchCommand::Store(s) => crate::bench_store::run(s),
+        BenchCommand::Agent(s) => crate::bench_agent::run(s),
         BenchCommand::Model(m) if m.against.is_some() => crate::bench_llamacpp::run(m),
         BenchCommand::Model(m) => {
             let model = crate::models::load(&m.model)?;

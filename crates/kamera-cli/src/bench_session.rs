@@ -8,7 +8,8 @@ use std::time::Instant;
 
 use anyhow::{Context as _, Result};
 use clap::Args;
-use kamera_agent::{Llm, Session, SessionConfig, site};
+use kamera_agent::harness::site;
+use kamera_agent::{Llm, Session, SessionConfig};
 use kamera_browser::{Browser, ChromiumBrowser, ChromiumConfig, Content, Origins, Server};
 use kamera_gpu::CpuBackend;
 use kamera_model::{Context, Model};

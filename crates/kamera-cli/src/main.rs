@@ -2,6 +2,8 @@
 //! add a group by adding a module and a variant of [`Command`].
 
 mod bench;
+mod bench_agent;
+mod bench_agent_report;
 mod bench_image;
 mod bench_llamacpp;
 mod bench_reuse;
@@ -9,10 +11,12 @@ mod bench_session;
 mod bench_session_report;
 mod bench_store;
 mod calibrate;
+mod doctor;
 mod eval;
 mod generate;
 mod logits;
 mod models;
+mod progress;
 // kamera-store's test server (a redis-server on a free loopback port in a temp dir, killed on
 // drop): one launcher for the store tests, the workspace tests, `kamera bench store` and its test.
 #[path = "../../kamera-store/tests/common/redis_server.rs"]
@@ -55,6 +59,9 @@ enum Command {
     Replay(run::ReplayArgs),
     /// Inspect, verify and garbage-collect the canonical KV store.
     Store(store::StoreArgs),
+    /// Check what this machine has (Chromium, models, store, redis-server, NVRTC) and print the
+    /// command that installs what is missing; exits 1 when something required is missing.
+    Doctor(doctor::DoctorArgs),
 }
 
 fn init_tracing(verbose: u8) {
@@ -86,5 +93,6 @@ fn main() -> Result<()> {
         Command::Bench(a) => bench::run(a),
         Command::Calibrate(a) => calibrate::run(a),
         Command::Store(a) => store::run(a),
+        Command::Doctor(a) => doctor::run(a),
     }
 }

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context as _, Result};
 use clap::{Args, Subcommand};
-use kamera_model::{CacheState, Model, ModelName, cache_state, default_home, fetch, model_path};
+use kamera_model::{CacheState, Model, ModelName, cache_state, default_home, model_path};
 
 #[derive(Args)]
 pub struct ModelsArgs {
@@ -37,7 +37,7 @@ pub fn run(args: ModelsArgs) -> Result<()> {
         ModelsCommand::Fetch { name } => {
             let name: ModelName = name.parse()?;
             eprintln!("fetching {name} into {}", home.join("models").display());
-            let path = fetch(name, &home)?;
+            let path = crate::progress::fetch(name, &home)?;
             println!("{}", path.display());
         }
         ModelsCommand::Add { name, dir } => {
@@ -121,6 +121,6 @@ pub fn resolve(model: &str) -> Result<PathBuf> {
         dir
     } else {
         let name: ModelName = model.parse()?;
-        fetch(name, &default_home()).with_context(|| format!("fetching {name}"))?
+        crate::progress::fetch(name, &default_home())?
     })
 }

@@ -1,15 +1,14 @@
 //! `kamera run SCENARIO`, `kamera record SCENARIO --out DIR`, `kamera replay DIR`: the agent
 //! runtime on real Chromium with the embedded default model, and browser-free replay.
 
-use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::sync::Arc;
 
-use kamera_agent::{RunConfig, RunSummary, Scenario, StepRecord};
+use kamera_agent::harness::RunConfig;
+use kamera_agent::{RunSummary, Scenario, StepRecord};
 use kamera_model::Model;
 use kamera_store::ChunkStore;
 use tokio_util::sync::CancellationToken;
@@ -133,25 +132,15 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
 }
 
-fn progress(total: usize) -> ProgressBar {
-    let pb = ProgressBar::new(total as u64);
-    if std::io::stderr().is_terminal() {
-        pb.set_draw_target(ProgressDrawTarget::stderr());
-        if let Ok(style) = ProgressStyle::with_template("{spinner} [{bar:30}] {pos}/{len} steps {msg}") {
-            pb.set_style(style.progress_chars("=> "));
-        }
-    } else {
-        pb.set_draw_target(ProgressDrawTarget::hidden());
-    }
-    pb
-}
-
 fn load_model(m: &ModelArg) -> Result<Arc<Model>> {
     if let Some(name) = &m.model {
         return Ok(Arc::new(crate::models::load(name)?));
     }
     let home = kamera_model::default_home();
-    kamera_agent::default_model(&home).context("loading the default model (SmolLM2-135M-Instruct)")
+    let path = crate::progress::fetch(kamera_model::ModelName::Smollm2_135m, &home)?;
+    Ok(Arc::new(
+        Model::load(&path).context("loading the default model (SmolLM2-135M-Instruct)")?,
+    ))
 }
 
 fn cancel_on_ctrl_c(rt: &tokio::runtime::Runtime) -> CancellationToken {
@@ -212,7 +201,7 @@ fn execute(
     let cost = crate::calibrate::load(&model);
     let rt = runtime()?;
     let cancel = cancel_on_ctrl_c(&rt);
-    let pb = progress(scenario.budget.steps);
+    let pb = crate::progress::bar(scenario.budget.steps, "steps");
     let pb2 = pb.clone();
     let on_step = Box::new(move |s: &StepRecord| {
         pb2.inc(1);
@@ -220,7 +209,7 @@ fn execute(
         tracing::info!(step = s.step, url = %s.observation.url, action = ?s.action, result = %s.result, ms = s.timings.total_ms, "step");
     });
     let home = kamera_model::default_home();
-    let summary = rt.block_on(kamera_agent::run_scenario(
+    let summary = rt.block_on(kamera_agent::harness::run_scenario(
         &scenario,
         model,
         &home,
@@ -236,7 +225,7 @@ fn execute(
     ))?;
     pb.finish_and_clear();
     if let Some(r) = report {
-        kamera_agent::report::write_html(&summary, Some(&trace_dir.join("resources")), r)?;
+        kamera_agent::harness::report::write_html(&summary, Some(&trace_dir.join("resources")), r)?;
     }
     Ok(summary)
 }
@@ -388,7 +377,7 @@ pub fn replay(a: ReplayArgs) -> Result<()> {
     }
     let model = load_model(&a.model)?;
     let rt = runtime()?;
-    let report = rt.block_on(kamera_agent::replay(&a.dir, model))?;
+    let report = rt.block_on(kamera_agent::harness::replay(&a.dir, model))?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

@@ -14,13 +14,13 @@ use kamera_store::{ChunkStore, MemStore};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
+use super::{miniwob, site};
 use crate::agent::{Env, Parts, RunOptions, RunSummary, run_episode};
 use crate::error::{Error, Result, model};
 use crate::policy::{ModelPolicy, Policy, ScriptedPolicy};
 use crate::runtime::{Session, SessionConfig};
 use crate::scenario::{PolicyKind, Scenario};
 use crate::trace::{Trace, TraceWriter};
-use crate::{miniwob, site};
 
 /// A scenario's site, served on loopback for as long as this lives.
 pub struct Served {
@@ -128,6 +128,7 @@ pub async fn run_scenario(scenario: &Scenario, model: Arc<Model>, home: &Path, c
         on_step: cfg.on_step,
         recorded_end: None,
         baseline: cfg.baseline,
+        language_model: None,
     };
     let agent = Parts {
         browser: &mut browser,

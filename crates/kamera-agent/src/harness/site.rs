@@ -3,8 +3,8 @@
 
 use std::collections::BTreeMap;
 
-const LAYOUT: &str = include_str!("../../../scenarios/site/layout.html");
-const STYLE: &str = include_str!("../../../scenarios/site/style.css");
+const LAYOUT: &str = include_str!("../../../../scenarios/site/layout.html");
+const STYLE: &str = include_str!("../../../../scenarios/site/style.css");
 
 /// splitmix64: small, fast, and the same on every machine.
 struct Rng(u64);

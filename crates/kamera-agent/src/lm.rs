@@ -1,0 +1,124 @@
+//! The model a policy asks, as a trait: [`crate::Llm`] (a local kamera-model model over the
+//! session's live KV context) implements it, and a caller may plug another one (a remote model)
+//! with [`crate::AgentBuilder::language_model`].
+
+use kamera_model::Context;
+
+use crate::error::{Error, Result, model};
+use crate::llm::{Llm, ModelCall};
+use crate::schema::{ActionSchema, LEAD};
+
+/// What a model call reads: the context window as the session placed it.
+pub struct View<'a> {
+    /// The session's live KV context (pinned prefix, then the page chunks). A local model appends
+    /// its prompt to it and cuts it off again; nothing before the prompt is prefilled.
+    pub kv: &'a mut Context,
+    /// The same window as text (the prefix and the page chunks in window order, control tokens
+    /// left out): what a model that cannot read the KV is given instead.
+    pub text: &'a str,
+}
+
+/// What the model policy (and scripted questions) need of a model. Required: free generation
+/// after an instruction and ranking continuations by likelihood; constrained decoding has a
+/// default (a free reply checked against the schema, else the ranked choice) for a model that
+/// takes no token mask. Implementations must not keep anything they append to `view.kv`.
+pub trait LanguageModel: Send + Sync {
+    /// Greedy text (seeded sampling when `seed > 0`) after `instruction`, the reply started by
+    /// `lead` (e.g. `{"action": "`); the output includes `lead`.
+    fn generate_after(
+        &self,
+        view: &mut View<'_>,
+        instruction: &str,
+        lead: &str,
+        max_new: usize,
+        seed: u64,
+    ) -> Result<ModelCall>;
+
+    /// The candidate continuation of `lead` after `instruction` the model finds most likely
+    /// (with its per-candidate `scores`); the output is `lead` + that candidate.
+    fn rank(&self, view: &mut View<'_>, instruction: &str, lead: &str, candidates: &[String]) -> Result<ModelCall>;
+
+    /// The choice the model finds most likely as the answer to `question`.
+    fn choose(&self, view: &mut View<'_>, question: &str, choices: &[String]) -> Result<ModelCall> {
+        let instruction = format!("Question: {question}\nAnswer with one of: {}.", choices.join(", "));
+        self.rank(view, &instruction, "", choices)
+    }
+
+    /// A reply that is a complete action of `schema` (starting with [`LEAD`]). The local model
+    /// decodes under a token mask; this default asks for free JSON and, when that is not an
+    /// action of the schema, ranks the schema's actions.
+    fn generate_constrained(
+        &self,
+        view: &mut View<'_>,
+        instruction: &str,
+        schema: &ActionSchema,
+        max_new: usize,
+    ) -> Result<ModelCall> {
+        let call = self.generate_after(view, instruction, LEAD, max_new, 0)?;
+        let end = call.output.find('}').map_or(call.output.len(), |i| i + 1);
+        if schema.action(&call.output[..end]).is_some() {
+            return Ok(ModelCall {
+                output: call.output[..end].to_string(),
+                ..call
+            });
+        }
+        let heads: Vec<String> = schema
+            .templates
+            .iter()
+            .filter(|t| t.ranked && t.tail.is_none())
+            .map(|t| t.head[LEAD.len()..].to_string())
+            .collect();
+        if heads.is_empty() {
+            return Err(Error::Policy {
+                tries: 1,
+                last: call.output,
+            });
+        }
+        self.rank(view, instruction, LEAD, &heads)
+    }
+
+    /// Greedy text (seeded sampling when `seed > 0`) after `instruction`.
+    fn generate(&self, view: &mut View<'_>, instruction: &str, max_new: usize, seed: u64) -> Result<ModelCall> {
+        self.generate_after(view, instruction, "", max_new, seed)
+    }
+}
+
+impl LanguageModel for Llm {
+    fn generate_after(
+        &self,
+        view: &mut View<'_>,
+        instruction: &str,
+        lead: &str,
+        max_new: usize,
+        seed: u64,
+    ) -> Result<ModelCall> {
+        Llm::generate_after(self, view.kv, instruction, lead, max_new, seed)
+    }
+
+    fn rank(&self, view: &mut View<'_>, instruction: &str, lead: &str, candidates: &[String]) -> Result<ModelCall> {
+        Llm::rank(self, view.kv, instruction, lead, candidates)
+    }
+
+    fn choose(&self, view: &mut View<'_>, question: &str, choices: &[String]) -> Result<ModelCall> {
+        Llm::choose(self, view.kv, question, choices)
+    }
+
+    fn generate_constrained(
+        &self,
+        view: &mut View<'_>,
+        instruction: &str,
+        schema: &ActionSchema,
+        max_new: usize,
+    ) -> Result<ModelCall> {
+        Llm::generate_constrained(self, view.kv, instruction, schema, max_new)
+    }
+}
+
+/// The session's window as text: its tokens decoded, control tokens left out.
+pub(crate) fn window_text(session: &crate::runtime::Session) -> Result<String> {
+    session
+        .model()
+        .tokenizer()
+        .decode(&session.window_tokens(), true)
+        .map_err(model("decode"))
+}

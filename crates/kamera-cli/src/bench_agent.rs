@@ -1,0 +1,460 @@
+//! `kamera bench agent`: the model policy's success over MiniWoB++ tasks x seeds x models x
+//! decodings, plus the order-status flow, on real Chromium; a markdown table on stdout, every
+//! episode in JSON (`--json`), progress on stderr.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context as _, Result, bail};
+use clap::Args;
+use kamera_agent::harness::{miniwob, session_for, site};
+use kamera_agent::{
+    Budget, Decoding, Env, MiniWobSpec, ModelPolicy, Parts, PolicyKind, RunOptions, RunSummary, Scenario, SiteSpec,
+    Success, run_episode,
+};
+use kamera_browser::{Browser, ChromiumBrowser, ChromiumConfig, Content, Origins, Server};
+use kamera_model::Model;
+use serde::{Deserialize, Serialize};
+
+use crate::bench_agent_report::{Report, markdown};
+
+/// The MiniWoB++ tasks of the default run: every one can be done with the action set from the
+/// page text (no canvas or pixel reading).
+pub const TASKS: [&str; 24] = [
+    "click-test",
+    "click-test-2",
+    "click-button",
+    "click-button-sequence",
+    "click-link",
+    "click-option",
+    "click-checkboxes",
+    "click-dialog",
+    "click-dialog-2",
+    "click-tab",
+    "click-collapsible",
+    "click-widget",
+    "choose-list",
+    "enter-text",
+    "enter-text-2",
+    "enter-password",
+    "focus-text",
+    "focus-text-2",
+    "login-user",
+    "navigate-tree",
+    "use-autocomplete",
+    "simple-arithmetic",
+    "grid-coordinate",
+    "identify-shape",
+];
+
+/// The local site's flow: find an order's shipping status and answer it.
+pub const ORDER_STATUS: &str = "order-status";
+
+#[derive(Args, Clone)]
+pub struct AgentArgs {
+    /// Tasks: MiniWoB++ task names and/or `order-status` (default: the 24 listed in the README
+    /// and order-status).
+    #[arg(long, value_delimiter = ',')]
+    pub tasks: Vec<String>,
+    /// Seeds per task (1..=N): the MiniWoB++ episode seed, or the local site's seed.
+    #[arg(long, default_value_t = 5)]
+    pub seeds: u64,
+    /// Most actions per MiniWoB++ episode.
+    #[arg(long, default_value_t = 6)]
+    pub max_steps: usize,
+    /// Most actions per order-status episode (it takes 5 with the script: orders, order,
+    /// shipment, status, done).
+    #[arg(long, default_value_t = 6)]
+    pub flow_steps: usize,
+    /// Models: built-in names, names added with `kamera models add` or .gguf paths.
+    #[arg(long, value_delimiter = ',', default_values_t = ["smollm2-135m".to_string(), "qwen2.5-0.5b".to_string(), "gemma3-270m".to_string()])]
+    pub models: Vec<String>,
+    /// How the model policy decodes its action: constrained, ranked, free.
+    #[arg(long, value_delimiter = ',', default_values_t = ["constrained".to_string(), "ranked".to_string()])]
+    pub decodings: Vec<String>,
+    /// MiniWoB++ episode time limit (its reward decays linearly over it).
+    #[arg(long, default_value_t = 120_000)]
+    pub episode_ms: u64,
+    /// Also write every episode and the table's rows as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+/// One episode's outcome.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Episode {
+    pub model: String,
+    pub decoding: String,
+    pub task: String,
+    pub seed: u64,
+    pub goal: String,
+    /// MiniWoB++: the reward is above 0; order-status: the answer holds the expected status.
+    pub success: bool,
+    /// MiniWoB++'s reward when the episode ended (None: still running after the last step);
+    /// order-status: 1 for the right answer, 0 otherwise.
+    pub reward: Option<f64>,
+    pub steps: usize,
+    pub wall_ms: f64,
+    pub actions: Vec<String>,
+    pub answer: Option<String>,
+    /// What ended the episode early (a fatal error), if anything.
+    pub error: Option<String>,
+}
+
+fn decoding(s: &str) -> Result<Decoding> {
+    serde_json::from_value(serde_json::Value::String(s.to_string()))
+        .with_context(|| format!("--decodings: {s:?} is not one of constrained, ranked, free"))
+}
+
+/// The local servers an episode may need: MiniWoB++'s pages and one local site per seed.
+pub struct Servers {
+    miniwob: Option<Server>,
+    sites: BTreeMap<u64, Server>,
+}
+
+impl Servers {
+    pub async fn start(tasks: &[String], seeds: &[u64]) -> Result<Servers> {
+        let miniwob = if tasks.iter().any(|t| t != ORDER_STATUS) {
+            let home = kamera_model::default_home();
+            let dir = tokio::task::spawn_blocking(move || miniwob::ensure(&home)).await??;
+            for t in tasks.iter().filter(|t| *t != ORDER_STATUS) {
+                if !dir.join(miniwob::task_path(t).trim_start_matches('/')).exists() {
+                    bail!(
+                        "--tasks: {t:?} is neither a MiniWoB++ task (no {}) nor {ORDER_STATUS}",
+                        miniwob::task_path(t)
+                    );
+                }
+            }
+            Some(Server::start(Content::Dir(dir)).await?)
+        } else {
+            None
+        };
+        let mut sites = BTreeMap::new();
+        if tasks.iter().any(|t| t == ORDER_STATUS) {
+            for &s in seeds {
+                sites.insert(s, Server::start(Content::Memory(site::generate(s))).await?);
+            }
+        }
+        Ok(Servers { miniwob, sites })
+    }
+
+    fn origins(&self) -> Result<Origins> {
+        let all: Vec<String> = self
+            .miniwob
+            .iter()
+            .chain(self.sites.values())
+            .map(|s| s.origin())
+            .collect();
+        Ok(Origins::new(&all)?)
+    }
+
+    pub async fn browser(&self) -> Result<ChromiumBrowser> {
+        Ok(ChromiumBrowser::launch(ChromiumConfig::new(self.origins()?)).await?)
+    }
+}
+
+/// The scenario of one episode (its goal filled in by [`Servers::prepare`]).
+fn scenario(task: &str, seed: u64, decoding: Decoding, max_steps: usize, episode_ms: u64) -> Scenario {
+    let order = task == ORDER_STATUS;
+    Scenario {
+        name: format!("{task}-{seed}"),
+        goal: String::new(),
+        start: "/".into(),
+        allowed_origins: Vec::new(),
+        policy: PolicyKind::Model,
+        decoding,
+        site: order.then_some(SiteSpec { seed }),
+        miniwob: (!order).then(|| MiniWobSpec {
+            task: task.to_string(),
+            seed,
+            episode_ms: Some(episode_ms),
+        }),
+        observe: Default::default(),
+        budget: Budget {
+            steps: max_steps,
+            ..Budget::default()
+        },
+        steps: Vec::new(),
+        success: Success {
+            answer: None,
+            js: None,
+            min_reward: (!order).then_some(0.0),
+        },
+    }
+}
+
+impl Servers {
+    /// Opens the episode's start page and fills in its goal: MiniWoB++'s utterance after the
+    /// seeded episode started, or the order whose status is asked for. Returns the environment
+    /// to run in (the page is already open).
+    async fn prepare(&self, browser: &mut dyn Browser, sc: &mut Scenario) -> Result<Env> {
+        if let Some(mw) = &sc.miniwob {
+            let server = self.miniwob.as_ref().context("MiniWoB++ server not started")?;
+            browser.navigate(&server.url(&miniwob::task_path(&mw.task))).await?;
+            browser.eval(&miniwob::start_js(mw.seed, mw.episode_ms)).await?;
+            let u = browser.eval("core.getUtterance()").await?;
+            sc.goal = u.as_str().unwrap_or_default().to_string();
+            if sc.goal.is_empty() {
+                bail!("{}: the page shows no task utterance", mw.task);
+            }
+            return Ok(Env {
+                origin: server.origin(),
+                start_url: String::new(),
+            });
+        }
+        let seed = sc.site.as_ref().map_or(0, |s| s.seed);
+        let server = self.sites.get(&seed).context("no local site for this seed")?;
+        let orders = site::data(seed).orders;
+        let o = &orders[seed as usize % orders.len()];
+        sc.goal = format!("Find the shipping status of order {}, then answer it with done.", o.id);
+        sc.success.answer = Some(o.status.clone());
+        browser.navigate(&server.url("/")).await?;
+        Ok(Env {
+            origin: server.origin(),
+            start_url: String::new(),
+        })
+    }
+}
+
+/// Runs one episode of `sc` with `policy` on `browser`, over a fresh session (in memory);
+/// `sc.goal` is filled in from the page first.
+pub async fn episode(
+    servers: &Servers,
+    browser: &mut dyn Browser,
+    model: &Arc<Model>,
+    sc: &mut Scenario,
+    policy: &mut dyn kamera_agent::Policy,
+) -> Result<RunSummary> {
+    let env = servers.prepare(browser, sc).await?;
+    let mut session = session_for(sc, model.clone(), None, None, None);
+    let parts = Parts {
+        browser,
+        policy,
+        session: &mut session,
+    };
+    Ok(run_episode(parts, sc, &env, RunOptions::default()).await?)
+}
+
+fn outcome(
+    model: &str,
+    dec: &str,
+    task: &str,
+    seed: u64,
+    goal: String,
+    r: Result<RunSummary>,
+    wall_ms: f64,
+) -> Episode {
+    match r {
+        Ok(s) => {
+            let success = s.end.success == Some(true);
+            let reward = if task == ORDER_STATUS {
+                Some(if success { 1.0 } else { 0.0 })
+            } else {
+                s.end.reward
+            };
+            Episode {
+                model: model.into(),
+                decoding: dec.into(),
+                task: task.into(),
+                seed,
+                goal,
+                success,
+                reward,
+                steps: s.steps.len(),
+                wall_ms,
+                actions: s.actions().iter().map(|a| a.label()).collect(),
+                answer: s.end.answer.clone(),
+                error: s.end.error.clone(),
+            }
+        }
+        Err(e) => Episode {
+            model: model.into(),
+            decoding: dec.into(),
+            task: task.into(),
+            seed,
+            goal,
+            success: false,
+            reward: if task == ORDER_STATUS { Some(0.0) } else { None },
+            steps: 0,
+            wall_ms,
+            actions: Vec::new(),
+            answer: None,
+            error: Some(format!("{e:#}")),
+        },
+    }
+}
+
+/// `/proc/loadavg`'s one-minute figure (None off Linux).
+pub fn load_avg() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+fn fmt_secs(s: f64) -> String {
+    if s >= 3600.0 {
+        format!("{}h{:02}m", (s / 3600.0) as u64, ((s % 3600.0) / 60.0) as u64)
+    } else if s >= 60.0 {
+        format!("{}m{:02}s", (s / 60.0) as u64, (s % 60.0) as u64)
+    } else {
+        format!("{s:.0}s")
+    }
+}
+
+/// Runs the whole grid; progress lines on stderr.
+pub async fn bench(a: &AgentArgs) -> Result<Report> {
+    let tasks: Vec<String> = if a.tasks.is_empty() {
+        TASKS
+            .iter()
+            .map(|t| t.to_string())
+            .chain([ORDER_STATUS.to_string()])
+            .collect()
+    } else {
+        a.tasks.clone()
+    };
+    if a.seeds == 0 || a.max_steps == 0 || a.flow_steps == 0 || a.models.is_empty() || a.decodings.is_empty() {
+        bail!("--seeds, --max-steps, --flow-steps, --models and --decodings must not be empty or 0");
+    }
+    let decodings: Vec<(String, Decoding)> = a
+        .decodings
+        .iter()
+        .map(|d| Ok((d.clone(), decoding(d)?)))
+        .collect::<Result<_>>()?;
+    let seeds: Vec<u64> = (1..=a.seeds).collect();
+    let servers = Servers::start(&tasks, &seeds).await?;
+    let total = a.models.len() * decodings.len() * tasks.len() * seeds.len();
+    let load_start = load_avg();
+    let t0 = Instant::now();
+    let pb = crate::progress::bar(total, "episodes");
+    let mut episodes = Vec::with_capacity(total);
+    for name in &a.models {
+        let m = name.clone();
+        let model = Arc::new(tokio::task::spawn_blocking(move || crate::models::load(&m)).await??);
+        for (dname, dec) in &decodings {
+            let mut browser = servers.browser().await?;
+            for task in &tasks {
+                for &seed in &seeds {
+                    let steps = if task == ORDER_STATUS {
+                        a.flow_steps
+                    } else {
+                        a.max_steps
+                    };
+                    let mut sc = scenario(task, seed, *dec, steps, a.episode_ms);
+                    let mut policy = ModelPolicy::new(*dec);
+                    let t = Instant::now();
+                    let r = episode(&servers, &mut browser, &model, &mut sc, &mut policy).await;
+                    let fatal = r.is_err();
+                    let wall = t.elapsed().as_secs_f64() * 1e3;
+                    episodes.push(outcome(name, dname, task, seed, sc.goal.clone(), r, wall));
+                    if fatal {
+                        // The browser may be gone: start a fresh one for the next episode.
+                        let _ = browser.close().await;
+                        browser = servers.browser().await?;
+                    }
+                    if let Some(p) = &a.json {
+                        // Kept up to date after every episode: a run cut short keeps what it did.
+                        let partial = Report::new(
+                            a,
+                            &tasks,
+                            episodes.clone(),
+                            load_start,
+                            load_avg(),
+                            t0.elapsed().as_secs_f64(),
+                        );
+                        write_json(p, &partial)?;
+                    }
+                    let done = episodes.len();
+                    let e = episodes.last().expect("pushed");
+                    let per = t0.elapsed().as_secs_f64() / done as f64;
+                    let line = format!(
+                        "[{done}/{total}] {name} {dname} {task} seed {seed}: {} reward {} in {} steps, {:.1} s; ETA {}",
+                        if e.success { "pass" } else { "fail" },
+                        e.reward.map_or("-".into(), |r| format!("{r:.2}")),
+                        e.steps,
+                        e.wall_ms / 1e3,
+                        fmt_secs(per * (total - done) as f64)
+                    );
+                    // A line per episode (kept in logs); on a terminal with a bar under them.
+                    if crate::progress::drawn() {
+                        pb.println(line);
+                        pb.inc(1);
+                    } else {
+                        eprintln!("{line}");
+                    }
+                }
+            }
+            let _ = browser.close().await;
+        }
+    }
+    pb.finish_and_clear();
+    Ok(Report::new(
+        a,
+        &tasks,
+        episodes,
+        load_start,
+        load_avg(),
+        t0.elapsed().as_secs_f64(),
+    ))
+}
+
+pub fn run(a: AgentArgs) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let report = rt.block_on(bench(&a))?;
+    print!("{}", markdown(&report));
+    if let Some(p) = &a.json {
+        write_json(p, &report)?;
+    }
+    Ok(())
+}
+
+fn write_json(p: &std::path::Path, r: &Report) -> Result<()> {
+    let tmp = p.with_extension("json.partial");
+    std::fs::write(&tmp, serde_json::to_string_pretty(r)? + "\n")
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, p).with_context(|| format!("writing {}", p.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kamera_agent::{ScriptedPolicy, Step};
+
+    /// The bench's episode and outcome on real Chromium with scripted paths: the known-good
+    /// click on click-test is a success with MiniWoB++'s time-decayed reward (near 1), and the
+    /// utterance became the goal; submitting enter-text empty is a failure with reward -1.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn scripted_paths_read_their_reward() -> Result<()> {
+        let tasks = vec!["click-test".to_string(), "enter-text".to_string()];
+        let servers = Servers::start(&tasks, &[1]).await?;
+        let mut browser = servers.browser().await?;
+        let model = Arc::new(crate::models::load("smollm2-135m")?);
+        let mut run = async |task: &str, click: &str| -> Result<Episode> {
+            let mut sc = scenario(task, 1, Decoding::Constrained, 2, 60_000);
+            let mut policy = ScriptedPolicy::new(vec![Step::Click { target: click.into() }], "");
+            let r = episode(&servers, &mut browser, &model, &mut sc, &mut policy).await;
+            Ok(outcome("smollm2-135m", "scripted", task, 1, sc.goal.clone(), r, 0.0))
+        };
+        let good = run("click-test", "#subbtn").await?;
+        assert_eq!(good.goal, "Click the button.");
+        assert!(good.success, "{good:?}");
+        let reward = good.reward.expect("the episode ended");
+        assert!(reward > 0.9 && reward <= 1.0, "{good:?}");
+        assert_eq!((good.steps, good.actions.len()), (1, 1), "{good:?}");
+
+        let bad = run("enter-text", "#subbtn").await?;
+        assert!(bad.goal.starts_with("Enter \""), "{bad:?}");
+        assert!(!bad.success, "{bad:?}");
+        assert_eq!(bad.reward, Some(-1.0), "{bad:?}");
+        browser.close().await?;
+
+        let row = crate::bench_agent_report::Row::of("m", "d", None, &[&good, &bad]);
+        assert_eq!((row.episodes, row.success, row.ended), (2, 1, 2));
+        assert!((row.rate - 0.5).abs() < 1e-12 && (row.mean_reward - (reward - 1.0) / 2.0).abs() < 1e-12);
+        Ok(())
+    }
+}

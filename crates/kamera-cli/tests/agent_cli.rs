@@ -1,0 +1,146 @@
+//! `kamera bench agent` end to end (real Chromium, SmolLM2-135M, one MiniWoB++ task, one seed):
+//! the table and the JSON have the structure the README shows and agree with each other; and
+//! `kamera doctor` names what is missing with the command that installs it, and fails for a
+//! required piece.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn kamera(env: &[(&str, &Path)], args: &[&str]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_kamera"));
+    c.args(args);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().expect("run kamera")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[test]
+fn bench_agent_table_and_json_agree() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("agent.json");
+    let out = kamera(
+        &[],
+        &[
+            "bench",
+            "agent",
+            "--models",
+            "smollm2-135m",
+            "--tasks",
+            "click-test",
+            "--seeds",
+            "1",
+            "--decodings",
+            "constrained",
+            "--max-steps",
+            "2",
+            "--json",
+            json.to_str().unwrap(),
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("[1/1] smollm2-135m constrained click-test seed 1:"),
+        "{stderr}"
+    );
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let eps = r["episodes"].as_array().unwrap();
+    assert_eq!(eps.len(), 1);
+    let e = &eps[0];
+    assert_eq!(e["task"], "click-test");
+    assert_eq!(e["goal"], "Click the button.", "the utterance is the goal");
+    let steps = e["steps"].as_u64().unwrap();
+    assert!((1..=2).contains(&steps), "{e}");
+    let success = e["success"].as_bool().unwrap();
+    assert_eq!(
+        success,
+        e["reward"].as_f64().is_some_and(|x| x > 0.0),
+        "success is reward > 0: {e}"
+    );
+    let t = &r["totals"][0];
+    assert_eq!(
+        (t["episodes"].as_u64(), t["success"].as_u64()),
+        (Some(1), Some(success as u64))
+    );
+    assert_eq!(r["rows"].as_array().unwrap().len(), 1);
+    let md = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        md.contains("| model | decoding | episodes | success | rate | mean reward |"),
+        "{md}"
+    );
+    let cell = format!("| click-test | {}/1 ", success as u8);
+    assert!(md.contains(&cell), "{cell} in {md}");
+    assert!(md.contains("| **total** |"), "{md}");
+    let bad = kamera(&[], &["bench", "agent", "--tasks", "no-such-task", "--seeds", "1"]);
+    assert!(
+        !bad.status.success() && text(&bad).contains("no-such-task"),
+        "{}",
+        text(&bad)
+    );
+}
+
+#[test]
+fn doctor_names_what_is_missing_and_fails_when_required() {
+    let home = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(home.path().join("models")).unwrap();
+    // A model file without its sha256 stamp is not taken as verified.
+    std::fs::write(home.path().join("models").join("smollm2-135m.gguf"), b"not a model").unwrap();
+    let none = Path::new("/nonexistent/chromium");
+    let out = kamera(&[("KAMERA_HOME", home.path()), ("KAMERA_CHROMIUM", none)], &["doctor"]);
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    assert!(
+        t.contains("MISSING  chromium") && t.contains("fix: scripts/install-chromium.sh"),
+        "{t}"
+    );
+    assert!(
+        t.contains("no matching .verified stamp") && t.contains("fix: kamera models fetch smollm2-135m"),
+        "{t}"
+    );
+    assert!(t.contains("required but missing: chromium, model smollm2-135m"), "{t}");
+    assert!(t.contains("ok       store"), "{t}");
+
+    // With a browser that runs and the default model verified (fetched once into the usual cache,
+    // linked here with its stamp), nothing required is missing.
+    let cache = kamera_model::default_home();
+    let gguf = kamera_model::fetch(kamera_model::ModelName::Smollm2_135m, &cache).unwrap();
+    let models = home.path().join("models");
+    std::fs::remove_file(models.join("smollm2-135m.gguf")).unwrap();
+    std::os::unix::fs::symlink(&gguf, models.join("smollm2-135m.gguf")).unwrap();
+    let stamp = gguf.with_extension("gguf.verified");
+    std::fs::copy(&stamp, models.join("smollm2-135m.gguf.verified")).unwrap();
+    let ok = kamera(
+        &[
+            ("KAMERA_HOME", home.path()),
+            ("KAMERA_CHROMIUM", Path::new("/bin/true")),
+        ],
+        &["doctor", "--json"],
+    );
+    assert!(ok.status.success(), "{}", text(&ok));
+    let checks: serde_json::Value = serde_json::from_slice(&ok.stdout).unwrap();
+    let by = |n: &str| {
+        checks
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == n)
+            .cloned()
+            .unwrap()
+    };
+    assert_eq!(by("model smollm2-135m")["ok"], true, "{checks}");
+    assert_eq!(
+        by("model qwen2.5-0.5b")["fix"],
+        "kamera models fetch qwen2.5-0.5b",
+        "{checks}"
+    );
+    assert_eq!(by("chromium")["required"], true);
+}
