@@ -20,7 +20,7 @@ pub use error::{Error, Result};
 pub use generate::{GenConfig, Rng, filler_text, generate};
 pub use method::{Method, OrbitKind, PatchSpec, parse_methods};
 pub use metrics::{Scores, gap_recovered, kl, log_softmax, score};
-pub use orbit::orbit_orderings;
+pub use kamera_ops::orbit_orderings;
 pub use report::{Diagnostics, LayerEnergy, MethodSummary, OraclePoint, OrbitLayer, Report, summarize};
 pub use run::{DEFAULT_SYSTEM, EvalConfig, Evaluator, TaskDiagnostics, TaskMethod, TaskResult};
 pub use task::{Task, load_tasks, parse_tasks, save_tasks, tasks_to_jsonl};

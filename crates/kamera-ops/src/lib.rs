@@ -34,7 +34,7 @@ pub use chunk::{ChunkKv, LayerKv};
 pub use deficit::{Deficit, deficit};
 pub use error::{Error, Result};
 pub use layout::{Attention, KvLayout};
-pub use orbit::{orbit_patch, slot_orbit_patches};
+pub use orbit::{orbit_orderings, orbit_patch, slot_orbit_patches};
 pub use patch::{
     LayerPatch, Patch, PatchConfig, RankPolicy, apply_patch, form_patch, patch_from_deficit, patch_from_svds,
 };
