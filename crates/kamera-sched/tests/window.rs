@@ -193,6 +193,52 @@ proptest! {
         }
     }
 
+    /// The cost model's patch is the most gap recovered within the byte budget (else the
+    /// smallest), and slot orbit patches are chosen exactly when they recover more and fit.
+    #[test]
+    fn the_cost_model_picks_the_best_patch_within_its_budgets(
+        points in proptest::collection::vec((0.0f64..1.0, 0.01f64..0.5), 1..8),
+        budget in 0.0f64..0.4,
+        orbit_budget in 0.0f64..1.5,
+        n in 1usize..8,
+        after in any::<bool>(),
+        shares in (0.0f64..1.0, 0.0f64..1.0),
+    ) {
+        let c = CostModel {
+            patch_points: points
+                .iter()
+                .enumerate()
+                .map(|(i, &(gap, bytes))| kamera_sched::PatchPoint {
+                    label: format!("p{i}"),
+                    config: PatchConfig::fixed(i + 1, DType::Bf16),
+                    gap,
+                    bytes,
+                })
+                .collect(),
+            patch_bytes_budget: budget,
+            orbit_bytes_budget: orbit_budget,
+            orbit_mean_share: shares.0,
+            orbit_slot_share: shares.1,
+            ..CostModel::default()
+        };
+        let p = c.patch_point().unwrap();
+        prop_assert_eq!(c.patch_config(), p.config.clone());
+        let fitting: Vec<_> = c.patch_points.iter().filter(|q| q.bytes <= budget).collect();
+        if fitting.is_empty() {
+            prop_assert!(c.patch_points.iter().all(|q| q.bytes >= p.bytes));
+        } else {
+            prop_assert!(p.bytes <= budget);
+            prop_assert!(fitting.iter().all(|q| q.gap <= p.gap));
+        }
+        let (variant, per_chunk) = c.orbit_variant(n, after);
+        let slots = if after { n } else { n - 1 };
+        let slot = shares.1 > shares.0 && slots as f64 * p.bytes <= orbit_budget;
+        prop_assert_eq!(variant, if slot { kamera_sched::OrbitVariant::Slot } else { kamera_sched::OrbitVariant::Mean });
+        prop_assert_eq!(per_chunk, if slot { slots } else { 1 });
+        let least = if slot { n } else { 1 };
+        prop_assert!(c.orderings_for(n, variant) >= least);
+    }
+
     /// On the exact path (every chunk placed where and after what it was prefilled) the
     /// executed window KV equals a full prefill of the same sequence.
     #[test]
@@ -449,6 +495,11 @@ fn cost_model_explains_each_choice() {
     let v = c.orbit_variant(3, true);
     assert_eq!(c.reorder(300, 3, 10, true, v).choice, Choice::CachedPatch);
     assert_eq!(never.reorder(300, 3, 10, false, v).choice, Choice::Reprefill);
+    // By default: slot orbit patches and the best measured patch within a tenth of the KV bytes.
+    assert_eq!(v.0, kamera_sched::OrbitVariant::Slot);
+    let p = c.patch_point().unwrap();
+    assert!(p.bytes <= c.patch_bytes_budget, "{p:?}");
+    assert!(c.reorder(300, 3, 10, false, v).to_string().contains("Slot orbit patches"));
 }
 
 #[test]
