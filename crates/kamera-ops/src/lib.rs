@@ -39,8 +39,8 @@ pub use patch::{
     LayerPatch, Patch, PatchConfig, RankPolicy, apply_patch, form_patch, patch_from_deficit, patch_from_svds,
 };
 pub use quant::{
-    Grain, INT4_GROUP, Quant, Scales, codes as quant_codes, dequantise, pack_nibbles, quantise_auto, quantise_grains,
-    unpack_nibbles,
+    Grain, Grains, INT4_GROUP, Quant, Scales, codes as quant_codes, dequantise, pack_nibbles, quantise_auto,
+    quantise_grains, unpack_nibbles,
 };
 pub use relocate::relocate;
 pub use reuse::{Placement, assemble, check_place, check_reuse, reuse, reuse_into, reuse_rows};

@@ -6,7 +6,7 @@ use crate::chunk::{ChunkKv, LayerKv};
 use crate::deficit::{Deficit, deficit};
 use crate::error::{Result, invalid, shape};
 use crate::layout::KvLayout;
-use crate::quant::{Grain, Quant, Scales, quantise, quantise_auto, quantise_grains};
+use crate::quant::{Grain, Grains, Quant, Scales, quantise, quantise_auto, quantise_grains};
 use crate::rope::RopeSpec;
 use crate::svd::{LowRank, Svd};
 use crate::tensor::{Buf, DType, Mat};
@@ -41,9 +41,9 @@ pub struct PatchConfig {
     /// Quantised storage of the factors (int8 codes with per-direction scales, 4-bit codes with
     /// per-group scales, or 4-bit codes with a scale layout per factor matrix).
     pub quant: Quant,
-    /// For [`Quant::Int4Mixed`]: the scale layout of every matrix, or `None` to choose it per
-    /// matrix by reconstruction error ([`crate::quantise_auto`]).
-    pub grain: Option<Grain>,
+    /// For [`Quant::Int4Mixed`]: the scale layouts of K's and V's factor matrices, or `None` to
+    /// choose each by reconstruction error ([`crate::quantise_auto`]).
+    pub grain: Option<Grains>,
     /// Layers whose K (V) deficit holds less than this share of the chunk's K (V) deficit energy
     /// over all layers get rank 0 (0 keeps every layer).
     pub drop_below: f64,
@@ -62,7 +62,11 @@ impl PatchConfig {
     /// Bytes a patch stores per layer besides its directions (the scale-layout flags of
     /// `Int4Mixed`), over all layers.
     fn layer_bytes(&self, layout: &KvLayout) -> usize {
-        if self.quant == Quant::Int4Mixed { layout.n_layers } else { 0 }
+        if self.quant == Quant::Int4Mixed {
+            layout.n_layers
+        } else {
+            0
+        }
     }
     /// Bytes one direction of a factor pair costs over `n` tokens and `features` (an upper bound
     /// for 4-bit codes, whose nibbles pack per matrix).
@@ -72,9 +76,10 @@ impl PatchConfig {
             Quant::Int8 => n + features + 8,
             Quant::Int4 | Quant::Int4Mixed => {
                 let scales = |g: Grain, len: usize| g.groups(len) * g.scale_bytes();
-                let grains = match self.grain.or(self.quant.grain()) {
-                    Some(g) => vec![g],
-                    None => vec![Grain::Direction, Grain::Group],
+                let grains = match (self.grain, self.quant.grain()) {
+                    (Some(g), _) => g.into_iter().flatten().collect(),
+                    (None, Some(g)) => vec![g],
+                    (None, None) => vec![Grain::Direction, Grain::Group],
                 };
                 let most = |len| grains.iter().map(|&g| scales(g, len)).max().unwrap_or(0);
                 n.div_ceil(2) + features.div_ceil(2) + most(n) + most(features)
@@ -181,22 +186,22 @@ impl Patch {
     pub fn quantise(&self, quant: Quant) -> Result<Patch> {
         self.quantise_with(quant, None)
     }
-    /// As [`Patch::quantise`]; for `Int4Mixed`, `grain` fixes every matrix's scale layout
-    /// (`None` chooses per matrix).
-    pub fn quantise_with(&self, quant: Quant, grain: Option<Grain>) -> Result<Patch> {
+    /// As [`Patch::quantise`]; for `Int4Mixed`, `grain` fixes the scale layouts of K's and V's
+    /// factor matrices (`None` chooses per matrix).
+    pub fn quantise_with(&self, quant: Quant, grain: Option<Grains>) -> Result<Patch> {
         if self.quant != Quant::None {
             return Err(invalid("Patch::quantise", "patch", "already quantised"));
         }
         let mut layers = Vec::with_capacity(self.layers.len());
         let mut scales = Vec::with_capacity(self.layers.len());
         for lp in &self.layers {
-            let q = |lr: &LowRank| match (quant, grain) {
+            let q = |lr: &LowRank, ch: usize| match (quant, grain) {
                 (Quant::Int4Mixed, None) => quantise_auto(lr),
-                (Quant::Int4Mixed, Some(g)) => quantise_grains(lr, quant, [g, g]),
+                (Quant::Int4Mixed, Some(g)) => quantise_grains(lr, quant, g[ch]),
                 _ => quantise(lr, quant),
             };
-            let (k, sk) = q(&lp.k)?;
-            let (v, sv) = q(&lp.v)?;
+            let (k, sk) = q(&lp.k, 0)?;
+            let (v, sv) = q(&lp.v, 1)?;
             layers.push(LayerPatch { k, v });
             scales.push((sk, sv));
         }
@@ -240,7 +245,11 @@ impl Patch {
             return self.layers.iter().map(|l| l.k.bytes() + l.v.bytes()).sum();
         }
         let q = |lr: &LowRank, s: &Scales| self.quant.factor_bytes(self.n_tokens, lr.rank(), lr.wt.cols(), s.grain);
-        let flags = if self.quant == Quant::Int4Mixed { self.layers.len() } else { 0 };
+        let flags = if self.quant == Quant::Int4Mixed {
+            self.layers.len()
+        } else {
+            0
+        };
         let factors: usize = self
             .layers
             .iter()
@@ -320,7 +329,8 @@ pub fn patch_from_svds(
         RankPolicy::BudgetKv { k, v } => {
             check_share(OP, "K budget fraction", *k)?;
             check_share(OP, "V budget fraction", *v)?;
-            let b = |f: f64| ((f * kv_bytes as f64).floor() as usize).saturating_sub(cfg.layer_bytes(layout).div_ceil(2));
+            let b =
+                |f: f64| ((f * kv_bytes as f64).floor() as usize).saturating_sub(cfg.layer_bytes(layout).div_ceil(2));
             let cost = [
                 cfg.direction_bytes(n, layout.k_features()),
                 cfg.direction_bytes(n, layout.v_features()),

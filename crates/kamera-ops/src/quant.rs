@@ -38,7 +38,15 @@ pub enum Grain {
     Group,
 }
 
+/// The scale layouts of a layer's four factor matrices: K's [P, Wᵀ], then V's [P, Wᵀ].
+pub type Grains = [[Grain; 2]; 2];
+
 impl Grain {
+    /// Every matrix with this layout.
+    pub fn everywhere(self) -> Grains {
+        [[self; 2]; 2]
+    }
+
     /// Scales per direction of a vector of `len` codes.
     pub fn groups(self, len: usize) -> usize {
         match self {
@@ -198,7 +206,12 @@ pub fn quantise_auto(lr: &LowRank) -> Result<(LowRank, Scales)> {
     for gp in [Grain::Direction, Grain::Group] {
         for gw in [Grain::Direction, Grain::Group] {
             let (q, s) = quantise_grains(lr, Quant::Int4Mixed, [gp, gw])?;
-            let err: f64 = q.dense().iter().zip(&dense).map(|(a, b)| ((a - b) as f64).powi(2)).sum();
+            let err: f64 = q
+                .dense()
+                .iter()
+                .zip(&dense)
+                .map(|(a, b)| ((a - b) as f64).powi(2))
+                .sum();
             if best.as_ref().is_none_or(|(e, _, _)| err < *e) {
                 best = Some((err, q, s));
             }
@@ -247,7 +260,15 @@ pub fn codes(lr: &LowRank, s: &Scales) -> Result<(Vec<i8>, Vec<i8>)> {
 
 /// The factor pair of `codes` (as [`codes`] returns them) and scales, over `rows` tokens and
 /// `cols` features, rank `m`.
-pub fn dequantise(rows: usize, m: usize, cols: usize, p: &[i8], wt: &[i8], s: &Scales, spectrum: Vec<f32>) -> Result<LowRank> {
+pub fn dequantise(
+    rows: usize,
+    m: usize,
+    cols: usize,
+    p: &[i8],
+    wt: &[i8],
+    s: &Scales,
+    spectrum: Vec<f32>,
+) -> Result<LowRank> {
     const OP: &str = "quant::dequantise";
     check_scales(OP, rows, m, cols, s)?;
     if p.len() != rows * m || wt.len() != m * cols {
@@ -373,7 +394,11 @@ mod tests {
     #[test]
     fn the_automatic_choice_never_loses_to_a_fixed_layout() {
         let err = |q: &LowRank, o: &LowRank| -> f64 {
-            q.dense().iter().zip(o.dense()).map(|(a, b)| ((a - b) as f64).powi(2)).sum()
+            q.dense()
+                .iter()
+                .zip(o.dense())
+                .map(|(a, b)| ((a - b) as f64).powi(2))
+                .sum()
         };
         let o = lr();
         let (a, _) = quantise_auto(&o).unwrap();

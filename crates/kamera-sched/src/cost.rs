@@ -86,8 +86,22 @@ pub fn default_patch_points() -> Vec<PatchPoint> {
         bytes,
     };
     vec![
-        point("kamera:16", RankPolicy::Fixed(16), DType::Bf16, Quant::None, 0.552, 0.135),
-        point("kamera:32/q8", RankPolicy::Fixed(32), DType::Bf16, Quant::Int8, 0.831, 0.137),
+        point(
+            "kamera:16",
+            RankPolicy::Fixed(16),
+            DType::Bf16,
+            Quant::None,
+            0.552,
+            0.135,
+        ),
+        point(
+            "kamera:32/q8",
+            RankPolicy::Fixed(32),
+            DType::Bf16,
+            Quant::Int8,
+            0.831,
+            0.137,
+        ),
         point(
             "kamera-budget:0.1/q8",
             RankPolicy::Budget { fraction: 0.1 },
@@ -209,7 +223,11 @@ impl CostModel {
     /// slot-conditioned when they recover more and their bytes fit
     /// [`CostModel::orbit_bytes_budget`], else the mean.
     pub fn orbit_variant(&self, n_chunks: usize, after_context: bool) -> (OrbitVariant, usize) {
-        let slots = if after_context { n_chunks } else { n_chunks.saturating_sub(1) };
+        let slots = if after_context {
+            n_chunks
+        } else {
+            n_chunks.saturating_sub(1)
+        };
         let bytes = self.patch_point().map_or(0.0, |p| p.bytes);
         if self.orbit_slot_share > self.orbit_mean_share && slots as f64 * bytes <= self.orbit_bytes_budget {
             (OrbitVariant::Slot, slots)

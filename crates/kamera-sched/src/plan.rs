@@ -144,8 +144,14 @@ impl fmt::Display for Step {
             Step::StorePatch { chunk, key } => {
                 write!(f, "store patch {key} of {} (in-place minus canonical KV)", short(chunk))
             }
-            Step::FormOrbit { set, keys, orderings, .. } => {
-                let slots = if keys.iter().any(|k| k.slot.is_some()) { " slot-conditioned" } else { "" };
+            Step::FormOrbit {
+                set, keys, orderings, ..
+            } => {
+                let slots = if keys.iter().any(|k| k.slot.is_some()) {
+                    " slot-conditioned"
+                } else {
+                    ""
+                };
                 write!(
                     f,
                     "form {}{slots} orbit patches for a set of {} chunks over {} orderings",

@@ -499,7 +499,11 @@ fn cost_model_explains_each_choice() {
     assert_eq!(v.0, kamera_sched::OrbitVariant::Slot);
     let p = c.patch_point().unwrap();
     assert!(p.bytes <= c.patch_bytes_budget, "{p:?}");
-    assert!(c.reorder(300, 3, 10, false, v).to_string().contains("Slot orbit patches"));
+    assert!(
+        c.reorder(300, 3, 10, false, v)
+            .to_string()
+            .contains("Slot orbit patches")
+    );
 }
 
 #[test]

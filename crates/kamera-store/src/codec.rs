@@ -433,7 +433,11 @@ fn grain_flags(g: [[Grain; 2]; 2]) -> u8 {
 
 fn grains_of(key: &Key, flags: u8) -> Result<[[Grain; 2]; 2]> {
     if flags & 0xf0 != 0 {
-        return Err(Error::corrupt("decode", key, format!("scale layout flags {flags:#04x}")));
+        return Err(Error::corrupt(
+            "decode",
+            key,
+            format!("scale layout flags {flags:#04x}"),
+        ));
     }
     let g = |at: u8| {
         if flags >> at & 1 == 1 {

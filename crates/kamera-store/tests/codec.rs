@@ -155,8 +155,8 @@ fn golden_record_v2_quantised() -> Result<()> {
             // Both layouts in one record: layer 0 per direction, layer 1 per group.
             Quant::Int4Mixed => {
                 let (d, g) = (
-                    float.quantise_with(quant, Some(Grain::Direction))?,
-                    float.quantise_with(quant, Some(Grain::Group))?,
+                    float.quantise_with(quant, Some(Grain::Direction.everywhere()))?,
+                    float.quantise_with(quant, Some(Grain::Group.everywhere()))?,
                 );
                 let layers = vec![d.layers()[0].clone(), g.layers()[1].clone()];
                 let scales = vec![d.scales()[0].clone(), g.scales()[1].clone()];
@@ -187,7 +187,11 @@ fn quantised_patches_round_trip_and_their_size_is_what_patch_bytes_says() -> Res
             (Quant::Int8, None),
             (Quant::Int4, None),
             (Quant::Int4Mixed, None),
-            (Quant::Int4Mixed, Some(Grain::Direction)),
+            (Quant::Int4Mixed, Some(Grain::Direction.everywhere())),
+            (
+                Quant::Int4Mixed,
+                Some([[Grain::Group, Grain::Direction], [Grain::Direction, Grain::Group]]),
+            ),
         ] {
             for n in [1, 4, 7, 40] {
                 let id = ChunkId::of(&[li as u8, n as u8], "enc", m);
@@ -218,7 +222,10 @@ fn every_byte_flip_of_a_quantised_record_is_detected() -> Result<()> {
         for pos in 0..bytes.len() {
             let mut bad = bytes.clone();
             bad[pos] ^= 0x10;
-            assert!(codec::decode(&key, &bad).is_err_and(|e| e.is_miss()), "{quant:?} flip at {pos}");
+            assert!(
+                codec::decode(&key, &bad).is_err_and(|e| e.is_miss()),
+                "{quant:?} flip at {pos}"
+            );
         }
     }
     Ok(())
