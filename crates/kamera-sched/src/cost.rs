@@ -72,8 +72,10 @@ pub enum OrbitVariant {
     Slot,
 }
 
-/// SmolLM2-135M's measured points (`kamera eval`, 3 pages of ~300 tokens, kamera-eval README,
-/// issue 16), for the default cost model.
+/// SmolLM2-135M's measured points (`kamera eval`, first 4 tasks of the default suite: 3 pages of
+/// ~300 tokens; kamera-eval README, issue 16), for the default cost model. 4-bit is grouped
+/// (`/q4`): per-direction scales (`/q4d`) lose on SmolLM2 and Gemma 3 and win on Qwen2.5, so a
+/// Qwen runtime should set its own points.
 pub fn default_patch_points() -> Vec<PatchPoint> {
     let point = |label: &str, rank: RankPolicy, dtype: DType, quant: Quant, gap: f64, bytes: f64| PatchPoint {
         label: label.into(),
@@ -117,6 +119,14 @@ pub fn default_patch_points() -> Vec<PatchPoint> {
             Quant::Int4,
             0.759,
             0.051,
+        ),
+        point(
+            "kamera-budget:0.095/q4",
+            RankPolicy::Budget { fraction: 0.095 },
+            DType::Bf16,
+            Quant::Int4,
+            0.904,
+            0.096,
         ),
         point(
             "kamera-budget:0.1/q4",
