@@ -23,7 +23,9 @@ pub struct EvalArgs {
     /// Comma-separated methods: full, prefix, blind, kamera:R, kamera-budget:B, kamera-share:B,
     /// kamera-kv:BK+BV, kamera-energy:E[+EV], orbit:R, orbit-later:R, orbit-slot:R,
     /// orbit-unseen:R, cacheblend:F, epic:K, oracle-tokens:F. Patch methods take modifiers:
-    /// /q8 or /q4 (quantised factors), /f32 /f16 /bf16 (float factors; bf16 by default),
+    /// /q8 or /q4 (quantised factors; /q4d, /q4g: 4-bit with per-direction or per-group scales,
+    /// /q4a: chosen per factor matrix, /q4=XXXX: d or g for K's P, K's Wᵀ, V's P, V's Wᵀ),
+    /// /f32 /f16 /bf16 (float factors; bf16 by default),
     /// /drop=S (drop layers holding under share S of the deficit energy).
     #[arg(long, default_value = DEFAULT_METHODS)]
     methods: String,

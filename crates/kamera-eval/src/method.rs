@@ -3,18 +3,20 @@
 use std::fmt;
 use std::str::FromStr;
 
-use kamera_ops::{DType, PatchConfig, Quant, RankPolicy};
+use kamera_ops::{DType, Grain, Grains, PatchConfig, Quant, RankPolicy};
 
 use crate::error::{Error, Result};
 
 /// How a patch method forms and stores its patches: the rank policy, the float dtype of the
 /// factors (bf16 by default, as kamera-store writes them), quantisation and dropped layers.
-/// Spelled `NAME:ARG[/q8|/q4][/f32|/f16|/bf16][/drop=S]`.
+/// Spelled `NAME:ARG[/q8|/q4|/q4d|/q4g|/q4a|/q4=XXXX][/f32|/f16|/bf16][/drop=S]`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PatchSpec {
     pub rank: RankPolicy,
     pub dtype: DType,
     pub quant: Quant,
+    /// The scale layouts of `Int4Mixed` factors (`None`: chosen per factor matrix).
+    pub grain: Option<Grains>,
     /// Layers whose K (V) deficit holds less than this share of the chunk's are dropped.
     pub drop_below: f64,
 }
@@ -25,6 +27,7 @@ impl PatchSpec {
             rank,
             dtype: DType::Bf16,
             quant: Quant::None,
+            grain: None,
             drop_below: 0.0,
         }
     }
@@ -34,6 +37,7 @@ impl PatchSpec {
             rank: self.rank.clone(),
             dtype: self.dtype,
             quant: self.quant,
+            grain: self.grain,
             drop_below: self.drop_below,
         }
     }
@@ -127,11 +131,50 @@ fn pair(spec: &str, arg: &str) -> Result<(f64, f64)> {
     }
 }
 
+/// Four letters `d` (per-direction scales) or `g` (per-group scales) for K's P, K's Wᵀ, V's P
+/// and V's Wᵀ.
+fn grains(spec: &str, s: &str) -> Result<Grains> {
+    let g: Vec<Grain> = s
+        .chars()
+        .map(|c| match c {
+            'd' => Ok(Grain::Direction),
+            'g' => Ok(Grain::Group),
+            _ => Err(()),
+        })
+        .collect::<std::result::Result<_, ()>>()
+        .ok()
+        .filter(|g: &Vec<Grain>| g.len() == 4)
+        .ok_or_else(|| Error::Method {
+            spec: spec.into(),
+            detail: format!("q4={s}: four letters d or g expected (K's P, K's Wᵀ, V's P, V's Wᵀ)"),
+        })?;
+    Ok([[g[0], g[1]], [g[2], g[3]]])
+}
+
+fn grain_letters(g: Grains) -> String {
+    g.iter()
+        .flatten()
+        .map(|g| if *g == Grain::Direction { 'd' } else { 'g' })
+        .collect()
+}
+
 fn modifiers(spec: &str, mut p: PatchSpec, mods: &[&str]) -> Result<PatchSpec> {
     for m in mods {
         match *m {
             "q8" => p.quant = Quant::Int8,
             "q4" => p.quant = Quant::Int4,
+            "q4d" | "q4g" | "q4a" => {
+                p.quant = Quant::Int4Mixed;
+                p.grain = match *m {
+                    "q4d" => Some(Grain::Direction.everywhere()),
+                    "q4g" => Some(Grain::Group.everywhere()),
+                    _ => None,
+                };
+            }
+            g if g.starts_with("q4=") => {
+                p.quant = Quant::Int4Mixed;
+                p.grain = Some(grains(spec, &g[3..])?);
+            }
             "f32" => p.dtype = DType::F32,
             "f16" => p.dtype = DType::F16,
             "bf16" => p.dtype = DType::Bf16,
@@ -139,7 +182,9 @@ fn modifiers(spec: &str, mut p: PatchSpec, mods: &[&str]) -> Result<PatchSpec> {
             other => {
                 return Err(Error::Method {
                     spec: spec.into(),
-                    detail: format!("unknown modifier {other:?} (q8, q4, f32, f16, bf16, drop=S)"),
+                    detail: format!(
+                        "unknown modifier {other:?} (q8, q4, q4d, q4g, q4a, q4=XXXX, f32, f16, bf16, drop=S)"
+                    ),
                 });
             }
         }
@@ -226,6 +271,12 @@ impl fmt::Display for PatchSpec {
         match self.quant {
             Quant::Int8 => write!(f, "/q8")?,
             Quant::Int4 => write!(f, "/q4")?,
+            Quant::Int4Mixed => match self.grain {
+                Some(g) if g == Grain::Direction.everywhere() => write!(f, "/q4d")?,
+                Some(g) if g == Grain::Group.everywhere() => write!(f, "/q4g")?,
+                Some(g) => write!(f, "/q4={}", grain_letters(g))?,
+                None => write!(f, "/q4a")?,
+            },
             Quant::None => match self.dtype {
                 DType::Bf16 => {}
                 DType::F32 => write!(f, "/f32")?,
@@ -297,10 +348,21 @@ mod tests {
     fn parses_every_method_and_rejects_bad_ones() {
         let ms = parse_methods(
             "full, prefix,blind,kamera:32,kamera-budget:0.1,orbit:16,cacheblend:0.15,epic:32,oracle-tokens:0.5,\
-             kamera:32/q4/drop=0.01,kamera-kv:0.02+0.06/q8,kamera-energy:0.9,orbit-slot:8/f32,kamera:4/f16",
+             kamera:32/q4/drop=0.01,kamera-kv:0.02+0.06/q8,kamera-energy:0.9,orbit-slot:8/f32,kamera:4/f16,\
+             kamera:32/q4d,kamera-budget:0.1/q4a,orbit-slot:16/q4g,kamera:8/q4=gddg",
         )
         .unwrap();
-        assert_eq!(ms.len(), 14);
+        assert_eq!(ms.len(), 18);
+        let Method::Kamera(d) = &ms[14].1 else { panic!() };
+        assert_eq!(
+            (d.quant, d.grain),
+            (Quant::Int4Mixed, Some(Grain::Direction.everywhere()))
+        );
+        let Method::Kamera(m) = &ms[17].1 else { panic!() };
+        let (dd, gg) = (Grain::Direction, Grain::Group);
+        assert_eq!(m.grain, Some([[gg, dd], [dd, gg]]));
+        let Method::Kamera(a) = &ms[15].1 else { panic!() };
+        assert_eq!((a.quant, a.grain), (Quant::Int4Mixed, None));
         assert_eq!(ms[3].1, Method::Kamera(PatchSpec::rank(RankPolicy::Fixed(32))));
         assert_eq!(ms[6].1, Method::CacheBlend { fraction: 0.15 });
         let Method::Kamera(q) = &ms[9].1 else {
@@ -332,6 +394,8 @@ mod tests {
             "kamera-kv:0.1+x",
             "epic:3/q8",
             "kamera:8/drop=2",
+            "kamera:8/q4=ddd",
+            "kamera:8/q4=ddgx",
         ] {
             assert!(parse_methods(bad).is_err(), "{bad}");
         }

@@ -4,52 +4,14 @@
 
 use std::time::Instant;
 
-use kamera_ops::{ChunkKv, Deficit, Patch, Svd};
+use kamera_ops::{ChunkKv, Deficit, Patch, Svd, orbit_orderings};
 
 use crate::error::{ModelCtx, OpsCtx, Result};
-use crate::generate::Rng;
 use crate::kv::slice;
 use crate::method::{OrbitKind, PatchSpec};
 use crate::metrics::{Scores, score};
 use crate::run::{Evaluator, Prepared, TaskMethod, finish, invalid, method_cost, ms, stored_bytes};
 use crate::task::Task;
-
-/// The orderings of `n` chunks an orbit is formed from: the identity first, then every other
-/// permutation (lexicographic) when there are at most `max`, else `max − 1` distinct sampled ones.
-pub fn orbit_orderings(n: usize, max: usize, seed: u64) -> Vec<Vec<usize>> {
-    let identity: Vec<usize> = (0..n).collect();
-    let max = max.max(1);
-    let total = (1..=n).try_fold(1usize, |a, k| a.checked_mul(k));
-    let mut out = vec![identity.clone()];
-    if total.is_some_and(|t| t <= max) {
-        let mut p = identity.clone();
-        while next_permutation(&mut p) {
-            out.push(p.clone());
-        }
-        return out;
-    }
-    let mut rng = Rng::new(seed);
-    let mut tries = 0;
-    while out.len() < max && tries < 100 * max {
-        tries += 1;
-        let mut o = identity.clone();
-        rng.shuffle(&mut o);
-        if !out.contains(&o) {
-            out.push(o);
-        }
-    }
-    out
-}
-
-fn next_permutation(p: &mut [usize]) -> bool {
-    let Some(i) = (1..p.len()).rev().find(|&i| p[i - 1] < p[i]) else {
-        return false;
-    };
-    let j = (i..p.len()).rev().find(|&j| p[j] > p[i - 1]).unwrap_or(i);
-    p.swap(i - 1, j);
-    p[i..].reverse();
-    true
-}
 
 /// Everything the orbit methods of one task share.
 pub(crate) struct OrbitState {
@@ -310,29 +272,5 @@ impl Evaluator<'_> {
             }
         }
         Ok(out)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn orderings_are_all_permutations_up_to_max_and_distinct_samples_beyond() {
-        let o = orbit_orderings(3, 24, 1);
-        assert_eq!(o.len(), 6);
-        assert_eq!(o[0], vec![0, 1, 2]);
-        let mut sorted = o.clone();
-        sorted.sort();
-        sorted.dedup();
-        assert_eq!(sorted.len(), 6);
-        assert_eq!(orbit_orderings(4, 24, 1).len(), 24);
-        let s = orbit_orderings(8, 6, 3);
-        assert_eq!((s.len(), &s[0]), (6, &(0..8).collect::<Vec<_>>()));
-        let mut d = s.clone();
-        d.sort();
-        d.dedup();
-        assert_eq!(d.len(), 6);
-        assert_eq!(orbit_orderings(3, 1, 0), vec![vec![0, 1, 2]]);
     }
 }

@@ -34,11 +34,14 @@ pub use chunk::{ChunkKv, LayerKv};
 pub use deficit::{Deficit, deficit};
 pub use error::{Error, Result};
 pub use layout::{Attention, KvLayout};
-pub use orbit::{orbit_patch, slot_orbit_patches};
+pub use orbit::{orbit_orderings, orbit_patch, slot_orbit_patches};
 pub use patch::{
     LayerPatch, Patch, PatchConfig, RankPolicy, apply_patch, form_patch, patch_from_deficit, patch_from_svds,
 };
-pub use quant::{INT4_GROUP, Quant, Scales, codes as quant_codes, dequantise, pack_nibbles, unpack_nibbles};
+pub use quant::{
+    Grain, Grains, INT4_GROUP, Quant, Scales, codes as quant_codes, dequantise, pack_nibbles, quantise_auto,
+    quantise_grains, unpack_nibbles,
+};
 pub use relocate::relocate;
 pub use reuse::{Placement, assemble, check_place, check_reuse, reuse, reuse_into, reuse_rows};
 pub use rope::{PairLayout, RopeScaling, RopeSpec, Rotation};

@@ -6,7 +6,7 @@ use crate::chunk::{ChunkKv, LayerKv};
 use crate::deficit::{Deficit, deficit};
 use crate::error::{Result, invalid, shape};
 use crate::layout::KvLayout;
-use crate::quant::{Quant, Scales, quantise};
+use crate::quant::{Grain, Grains, Quant, Scales, quantise, quantise_auto, quantise_grains};
 use crate::rope::RopeSpec;
 use crate::svd::{LowRank, Svd};
 use crate::tensor::{Buf, DType, Mat};
@@ -39,8 +39,11 @@ pub struct PatchConfig {
     /// Storage type of the factors (of the dense factors when `quant` is set).
     pub dtype: DType,
     /// Quantised storage of the factors (int8 codes with per-direction scales, 4-bit codes with
-    /// per-group scales).
+    /// per-group scales, or 4-bit codes with a scale layout per factor matrix).
     pub quant: Quant,
+    /// For [`Quant::Int4Mixed`]: the scale layouts of K's and V's factor matrices, or `None` to
+    /// choose each by reconstruction error ([`crate::quantise_auto`]).
+    pub grain: Option<Grains>,
     /// Layers whose K (V) deficit holds less than this share of the chunk's K (V) deficit energy
     /// over all layers get rank 0 (0 keeps every layer).
     pub drop_below: f64,
@@ -52,7 +55,17 @@ impl PatchConfig {
             rank: RankPolicy::Fixed(rank),
             dtype,
             quant: Quant::None,
+            grain: None,
             drop_below: 0.0,
+        }
+    }
+    /// Bytes a patch stores per layer besides its directions (the scale-layout flags of
+    /// `Int4Mixed`), over all layers.
+    fn layer_bytes(&self, layout: &KvLayout) -> usize {
+        if self.quant == Quant::Int4Mixed {
+            layout.n_layers
+        } else {
+            0
         }
     }
     /// Bytes one direction of a factor pair costs over `n` tokens and `features` (an upper bound
@@ -61,8 +74,15 @@ impl PatchConfig {
         match self.quant {
             Quant::None => (n + features) * self.dtype.size(),
             Quant::Int8 => n + features + 8,
-            Quant::Int4 => {
-                n.div_ceil(2) + features.div_ceil(2) + 2 * (Quant::Int4.groups(n) + Quant::Int4.groups(features))
+            Quant::Int4 | Quant::Int4Mixed => {
+                let scales = |g: Grain, len: usize| g.groups(len) * g.scale_bytes();
+                let grains = match (self.grain, self.quant.grain()) {
+                    (Some(g), _) => g.into_iter().flatten().collect(),
+                    (None, Some(g)) => vec![g],
+                    (None, None) => vec![Grain::Direction, Grain::Group],
+                };
+                let most = |len| grains.iter().map(|&g| scales(g, len)).max().unwrap_or(0);
+                n.div_ceil(2) + features.div_ceil(2) + most(n) + most(features)
             }
         }
     }
@@ -134,9 +154,17 @@ impl Patch {
         }
         for (l, (lp, (sk, sv))) in p.layers.iter().zip(&scales).enumerate() {
             for (lr, s, ch) in [(&lp.k, sk, "k"), (&lp.v, sv, "v")] {
+                if quant.grain().is_some_and(|g| s.grain != [g, g]) {
+                    return Err(shape(
+                        OP,
+                        format!("layer {l} {ch} scale layout"),
+                        format!("{:?}", quant.grain()),
+                        format!("{:?}", s.grain),
+                    ));
+                }
                 let want = (
-                    lr.rank() * quant.groups(n_tokens),
-                    lr.rank() * quant.groups(lr.wt.cols()),
+                    lr.rank() * s.grain[0].groups(n_tokens),
+                    lr.rank() * s.grain[1].groups(lr.wt.cols()),
                 );
                 if (s.p.len(), s.wt.len()) != want {
                     return Err(shape(
@@ -153,16 +181,27 @@ impl Patch {
         Ok(p)
     }
 
-    /// This patch with its factors quantised (a float patch only).
+    /// This patch with its factors quantised (a float patch only); `Int4Mixed` chooses each
+    /// matrix's scale layout by reconstruction error.
     pub fn quantise(&self, quant: Quant) -> Result<Patch> {
+        self.quantise_with(quant, None)
+    }
+    /// As [`Patch::quantise`]; for `Int4Mixed`, `grain` fixes the scale layouts of K's and V's
+    /// factor matrices (`None` chooses per matrix).
+    pub fn quantise_with(&self, quant: Quant, grain: Option<Grains>) -> Result<Patch> {
         if self.quant != Quant::None {
             return Err(invalid("Patch::quantise", "patch", "already quantised"));
         }
         let mut layers = Vec::with_capacity(self.layers.len());
         let mut scales = Vec::with_capacity(self.layers.len());
         for lp in &self.layers {
-            let (k, sk) = quantise(&lp.k, quant)?;
-            let (v, sv) = quantise(&lp.v, quant)?;
+            let q = |lr: &LowRank, ch: usize| match (quant, grain) {
+                (Quant::Int4Mixed, None) => quantise_auto(lr),
+                (Quant::Int4Mixed, Some(g)) => quantise_grains(lr, quant, g[ch]),
+                _ => quantise(lr, quant),
+            };
+            let (k, sk) = q(&lp.k, 0)?;
+            let (v, sv) = q(&lp.v, 1)?;
             layers.push(LayerPatch { k, v });
             scales.push((sk, sv));
         }
@@ -199,13 +238,25 @@ impl Patch {
     pub fn ranks(&self) -> Vec<(usize, usize)> {
         self.layers.iter().map(|l| (l.k.rank(), l.v.rank())).collect()
     }
-    /// Exact storage bytes of all factors (codes and scales when quantised).
+    /// Exact storage bytes of all factors (codes and scales when quantised, and for
+    /// `Int4Mixed` one byte per layer naming its matrices' scale layouts).
     pub fn bytes(&self) -> usize {
         if self.quant == Quant::None {
             return self.layers.iter().map(|l| l.k.bytes() + l.v.bytes()).sum();
         }
-        let q = |lr: &LowRank| self.quant.factor_bytes(self.n_tokens, lr.rank(), lr.wt.cols());
-        self.layers.iter().map(|l| q(&l.k) + q(&l.v)).sum()
+        let q = |lr: &LowRank, s: &Scales| self.quant.factor_bytes(self.n_tokens, lr.rank(), lr.wt.cols(), s.grain);
+        let flags = if self.quant == Quant::Int4Mixed {
+            self.layers.len()
+        } else {
+            0
+        };
+        let factors: usize = self
+            .layers
+            .iter()
+            .zip(&self.scales)
+            .map(|(l, (sk, sv))| q(&l.k, sk) + q(&l.v, sv))
+            .sum();
+        factors + flags
     }
     /// Patch bytes / the chunk's KV bytes.
     pub fn bytes_ratio(&self, chunk: &ChunkKv) -> f64 {
@@ -267,7 +318,7 @@ pub fn patch_from_svds(
         RankPolicy::PerLayer(rs) => return Err(shape(OP, "per-layer ranks", layout.n_layers, rs.len())),
         RankPolicy::Budget { fraction } | RankPolicy::BudgetShare { fraction } => {
             check_share(OP, "budget fraction", *fraction)?;
-            let budget = (*fraction * kv_bytes as f64).floor() as usize;
+            let budget = ((*fraction * kv_bytes as f64).floor() as usize).saturating_sub(cfg.layer_bytes(layout));
             let share = matches!(cfg.rank, RankPolicy::BudgetShare { .. });
             let cost = [
                 cfg.direction_bytes(n, layout.k_features()),
@@ -278,7 +329,8 @@ pub fn patch_from_svds(
         RankPolicy::BudgetKv { k, v } => {
             check_share(OP, "K budget fraction", *k)?;
             check_share(OP, "V budget fraction", *v)?;
-            let b = |f: f64| (f * kv_bytes as f64).floor() as usize;
+            let b =
+                |f: f64| ((f * kv_bytes as f64).floor() as usize).saturating_sub(cfg.layer_bytes(layout).div_ceil(2));
             let cost = [
                 cfg.direction_bytes(n, layout.k_features()),
                 cfg.direction_bytes(n, layout.v_features()),
@@ -308,7 +360,7 @@ pub fn patch_from_svds(
     let patch = Patch::new(*layout, n, layers)?;
     match cfg.quant {
         Quant::None => Ok(patch),
-        q => patch.quantise(q),
+        q => patch.quantise_with(q, cfg.grain),
     }
 }
 

@@ -1,6 +1,7 @@
 //! Quantised patch factors: int8 codes with one f32 scale per direction (per column of P, per
-//! row of Wᵀ), or 4-bit codes with one f16 scale per group of 32 codes of a direction. The dense
-//! factors of a quantised patch hold the exact values code · scale.
+//! row of Wᵀ), 4-bit codes with one f16 scale per group of 32 codes of a direction, or 4-bit codes
+//! whose scale layout (per direction or per group) is chosen per factor matrix. The dense factors
+//! of a quantised patch hold the exact values code · scale.
 
 use half::f16;
 
@@ -17,70 +18,61 @@ pub enum Quant {
     /// Signed 8-bit codes in −127..=127, one f32 scale per direction.
     Int8,
     /// Signed 4-bit codes in −7..=7, two per byte (low nibble first), one f16 scale per group of
-    /// [`INT4_GROUP`] consecutive codes of a direction.
+    /// [`INT4_GROUP`] consecutive codes of a direction ([`Grain::Group`] for every matrix).
     Int4,
+    /// 4-bit codes as `Int4`, each factor matrix (P, Wᵀ of K and of V, per layer) with its own
+    /// [`Grain`].
+    Int4Mixed,
 }
 
-/// Codes per scale of 4-bit factors.
+/// Codes per scale of 4-bit factors with [`Grain::Group`].
 pub const INT4_GROUP: usize = 32;
 
-impl Quant {
-    /// The largest code magnitude (0 for floats).
-    pub fn max_code(self) -> i32 {
-        match self {
-            Quant::None => 0,
-            Quant::Int8 => 127,
-            Quant::Int4 => 7,
-        }
+/// The scale layout of one quantised factor matrix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Grain {
+    /// One f32 scale per direction (a column of P, a row of Wᵀ).
+    #[default]
+    Direction,
+    /// One f16 scale per [`INT4_GROUP`] consecutive codes of a direction.
+    Group,
+}
+
+/// The scale layouts of a layer's four factor matrices: K's [P, Wᵀ], then V's [P, Wᵀ].
+pub type Grains = [[Grain; 2]; 2];
+
+impl Grain {
+    /// Every matrix with this layout.
+    pub fn everywhere(self) -> Grains {
+        [[self; 2]; 2]
     }
-    /// Bytes of `len` codes.
-    pub fn code_bytes(self, len: usize) -> usize {
-        match self {
-            Quant::None => 0,
-            Quant::Int8 => len,
-            Quant::Int4 => len.div_ceil(2),
-        }
-    }
+
     /// Scales per direction of a vector of `len` codes.
     pub fn groups(self, len: usize) -> usize {
         match self {
-            Quant::None => 0,
-            Quant::Int8 => 1,
-            Quant::Int4 => len.div_ceil(INT4_GROUP),
+            Grain::Direction => 1,
+            Grain::Group => len.div_ceil(INT4_GROUP),
         }
     }
     /// Bytes of one stored scale.
     pub fn scale_bytes(self) -> usize {
         match self {
-            Quant::None => 0,
-            Quant::Int8 => 4,
-            Quant::Int4 => 2,
+            Grain::Direction => 4,
+            Grain::Group => 2,
         }
     }
-    /// Stored bytes of a rank-`m` factor pair over `rows` tokens and `cols` features: the codes
-    /// of P and Wᵀ and their scales (0 for floats).
-    pub fn factor_bytes(self, rows: usize, m: usize, cols: usize) -> usize {
-        match self {
-            Quant::None => 0,
-            q => {
-                q.code_bytes(rows * m)
-                    + q.code_bytes(m * cols)
-                    + m * (q.groups(rows) + q.groups(cols)) * q.scale_bytes()
-            }
-        }
-    }
-    /// Group length of a vector of `len` codes.
+    /// Codes per scale in a vector of `len` codes.
     fn group_len(self, len: usize) -> usize {
         match self {
-            Quant::Int4 => INT4_GROUP,
-            _ => len.max(1),
+            Grain::Group => INT4_GROUP,
+            Grain::Direction => len.max(1),
         }
     }
-    /// A scale as stored (f16-rounded for 4-bit codes, rounded up so no code exceeds the range
-    /// by more than the clamp).
+    /// A scale as stored (f16 for groups, rounded up so no code exceeds the range by more than
+    /// the clamp).
     fn stored_scale(self, s: f32) -> f32 {
         match self {
-            Quant::Int4 => {
+            Grain::Group => {
                 let h = f16::from_f32(s).to_f32();
                 if h < s {
                     f16::from_bits(f16::from_f32(s).to_bits() + 1).to_f32()
@@ -88,75 +80,149 @@ impl Quant {
                     h
                 }
             }
-            _ => s,
+            Grain::Direction => s,
         }
     }
 }
 
-/// The scales of one quantised factor pair, direction-major: direction j's groups of P (of its
-/// column) at `p[j·groups(n)..]`, of Wᵀ (its row) at `wt[j·groups(f)..]`.
+impl Quant {
+    /// The largest code magnitude (0 for floats).
+    pub fn max_code(self) -> i32 {
+        match self {
+            Quant::None => 0,
+            Quant::Int8 => 127,
+            Quant::Int4 | Quant::Int4Mixed => 7,
+        }
+    }
+    /// Bytes of `len` codes.
+    pub fn code_bytes(self, len: usize) -> usize {
+        match self {
+            Quant::None => 0,
+            Quant::Int8 => len,
+            Quant::Int4 | Quant::Int4Mixed => len.div_ceil(2),
+        }
+    }
+    /// The scale layout of every matrix, where the type fixes it (`None` for `Int4Mixed`).
+    pub fn grain(self) -> Option<Grain> {
+        match self {
+            Quant::Int4 => Some(Grain::Group),
+            Quant::Int4Mixed => None,
+            _ => Some(Grain::Direction),
+        }
+    }
+    /// Stored bytes of a rank-`m` factor pair over `rows` tokens and `cols` features whose P and
+    /// Wᵀ scales have `grain`: the codes and their scales (0 for floats).
+    pub fn factor_bytes(self, rows: usize, m: usize, cols: usize, grain: [Grain; 2]) -> usize {
+        match self {
+            Quant::None => 0,
+            q => {
+                q.code_bytes(rows * m)
+                    + q.code_bytes(m * cols)
+                    + m * (grain[0].groups(rows) * grain[0].scale_bytes()
+                        + grain[1].groups(cols) * grain[1].scale_bytes())
+            }
+        }
+    }
+}
+
+/// The scales of one quantised factor pair, direction-major: direction j's scales of P (of its
+/// column) at `p[j·groups(n)..]`, of Wᵀ (its row) at `wt[j·groups(f)..]`; `grain` is the layout
+/// of P's and of Wᵀ's.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Scales {
     pub p: Vec<f32>,
     pub wt: Vec<f32>,
+    pub grain: [Grain; 2],
 }
 
 /// Index of the scale of P element (i, j) and of Wᵀ element (j, c).
-fn p_scale(q: Quant, n: usize, i: usize, j: usize) -> usize {
-    j * q.groups(n) + i / q.group_len(n)
+fn p_scale(g: Grain, n: usize, i: usize, j: usize) -> usize {
+    j * g.groups(n) + i / g.group_len(n)
 }
-fn w_scale(q: Quant, f: usize, j: usize, c: usize) -> usize {
-    j * q.groups(f) + c / q.group_len(f)
+fn w_scale(g: Grain, f: usize, j: usize, c: usize) -> usize {
+    j * g.groups(f) + c / g.group_len(f)
 }
 
-/// Quantises `lr`: returns the factors holding code · scale (f32) and their scales.
+/// Scales of one matrix (`rows` x `cols`; its directions are columns when `by_col`, else rows)
+/// with grain `g`, and its values as stored (code · scale).
+fn quantise_mat(v: &[f32], rows: usize, cols: usize, by_col: bool, g: Grain, max: f32) -> (Vec<f32>, Vec<f32>) {
+    // Directions are the columns of P (by_col) or the rows of Wᵀ; `len` entries each.
+    let (dirs, len) = if by_col { (cols, rows) } else { (rows, cols) };
+    let at = |d: usize, e: usize| if by_col { e * cols + d } else { d * cols + e };
+    let gl = g.group_len(len);
+    let mut s = vec![0.0f32; dirs * g.groups(len)];
+    for d in 0..dirs {
+        for e in 0..len {
+            let k = d * g.groups(len) + e / gl;
+            s[k] = s[k].max(v[at(d, e)].abs());
+        }
+    }
+    for x in s.iter_mut() {
+        *x = g.stored_scale(*x / max);
+    }
+    let mut out = vec![0.0f32; v.len()];
+    for d in 0..dirs {
+        for e in 0..len {
+            let sc = s[d * g.groups(len) + e / gl];
+            out[at(d, e)] = if sc > 0.0 {
+                (v[at(d, e)] / sc).round().clamp(-max, max) * sc
+            } else {
+                0.0
+            };
+        }
+    }
+    (s, out)
+}
+
+/// Quantises `lr` with the scale layout `quant` fixes (per direction for `Int4Mixed`): returns
+/// the factors holding code · scale (f32) and their scales.
 pub fn quantise(lr: &LowRank, q: Quant) -> Result<(LowRank, Scales)> {
+    let g = q.grain().unwrap_or_default();
+    quantise_grains(lr, q, [g, g])
+}
+
+/// Quantises `lr` with P's and Wᵀ's scale layouts given.
+pub fn quantise_grains(lr: &LowRank, q: Quant, grain: [Grain; 2]) -> Result<(LowRank, Scales)> {
     let (n, m, f) = (lr.p.rows(), lr.rank(), lr.wt.cols());
     let max = q.max_code() as f32;
     if max == 0.0 {
         return Ok((lr.clone(), Scales::default()));
     }
-    let (p, wt) = (lr.p.to_f32_vec(), lr.wt.to_f32_vec());
-    let mut sp = vec![0.0f32; m * q.groups(n)];
-    let mut sw = vec![0.0f32; m * q.groups(f)];
-    for i in 0..n {
-        for j in 0..m {
-            let k = p_scale(q, n, i, j);
-            sp[k] = sp[k].max(p[i * m + j].abs());
-        }
-    }
-    for j in 0..m {
-        for c in 0..f {
-            let k = w_scale(q, f, j, c);
-            sw[k] = sw[k].max(wt[j * f + c].abs());
-        }
-    }
-    for x in sp.iter_mut().chain(sw.iter_mut()) {
-        *x = q.stored_scale(*x / max);
-    }
-    let deq = |x: f32, s: f32| {
-        if s > 0.0 {
-            (x / s).round().clamp(-max, max) * s
-        } else {
-            0.0
-        }
-    };
-    let pq = (0..n * m)
-        .map(|i| deq(p[i], sp[p_scale(q, n, i / m.max(1), i % m.max(1))]))
-        .collect();
-    let wq = (0..m * f)
-        .map(|i| deq(wt[i], sw[w_scale(q, f, i / f.max(1), i % f.max(1))]))
-        .collect();
+    let (sp, pq) = quantise_mat(&lr.p.to_f32_vec(), n, m, true, grain[0], max);
+    let (sw, wq) = quantise_mat(&lr.wt.to_f32_vec(), m, f, false, grain[1], max);
     let out = LowRank {
         p: Mat::from_f32(n, m, pq)?,
         wt: Mat::from_f32(m, f, wq)?,
         spectrum: lr.spectrum.clone(),
     };
-    Ok((out, Scales { p: sp, wt: sw }))
+    Ok((out, Scales { p: sp, wt: sw, grain }))
 }
 
-fn check_scales(op: &'static str, q: Quant, n: usize, m: usize, f: usize, s: &Scales) -> Result<()> {
-    let (gp, gw) = (m * q.groups(n), m * q.groups(f));
+/// Quantises `lr` as 4-bit codes with the pair of scale layouts whose product P̂Ŵᵀ is closest
+/// to PWᵀ (squared error; ties to per-direction scales, which are fewer bytes).
+pub fn quantise_auto(lr: &LowRank) -> Result<(LowRank, Scales)> {
+    let dense = lr.dense();
+    let mut best: Option<(f64, LowRank, Scales)> = None;
+    for gp in [Grain::Direction, Grain::Group] {
+        for gw in [Grain::Direction, Grain::Group] {
+            let (q, s) = quantise_grains(lr, Quant::Int4Mixed, [gp, gw])?;
+            let err: f64 = q
+                .dense()
+                .iter()
+                .zip(&dense)
+                .map(|(a, b)| ((a - b) as f64).powi(2))
+                .sum();
+            if best.as_ref().is_none_or(|(e, _, _)| err < *e) {
+                best = Some((err, q, s));
+            }
+        }
+    }
+    let (_, q, s) = best.expect("four candidates");
+    Ok((q, s))
+}
+
+fn check_scales(op: &'static str, n: usize, m: usize, f: usize, s: &Scales) -> Result<()> {
+    let (gp, gw) = (m * s.grain[0].groups(n), m * s.grain[1].groups(f));
     if s.p.len() != gp || s.wt.len() != gw {
         return Err(shape(
             op,
@@ -168,11 +234,11 @@ fn check_scales(op: &'static str, q: Quant, n: usize, m: usize, f: usize, s: &Sc
     Ok(())
 }
 
-/// The codes of a factor pair quantised as `q` (P row-major, then Wᵀ row-major): x / scale,
-/// exact because every value is code · scale.
-pub fn codes(lr: &LowRank, s: &Scales, q: Quant) -> Result<(Vec<i8>, Vec<i8>)> {
+/// The codes of a quantised factor pair (P row-major, then Wᵀ row-major): x / scale, exact
+/// because every value is code · scale.
+pub fn codes(lr: &LowRank, s: &Scales) -> Result<(Vec<i8>, Vec<i8>)> {
     let (n, m, f) = (lr.p.rows(), lr.rank(), lr.wt.cols());
-    check_scales("quant::codes", q, n, m, f, s)?;
+    check_scales("quant::codes", n, m, f, s)?;
     let code = |x: f32, sc: f32| {
         if sc > 0.0 {
             (x / sc).round().clamp(-127.0, 127.0) as i8
@@ -180,22 +246,21 @@ pub fn codes(lr: &LowRank, s: &Scales, q: Quant) -> Result<(Vec<i8>, Vec<i8>)> {
             0
         }
     };
+    let [gp, gw] = s.grain;
     let pv = lr.p.to_f32_vec();
     let wv = lr.wt.to_f32_vec();
     let pc = (0..n * m)
-        .map(|i| code(pv[i], s.p[p_scale(q, n, i / m.max(1), i % m.max(1))]))
+        .map(|i| code(pv[i], s.p[p_scale(gp, n, i / m.max(1), i % m.max(1))]))
         .collect();
     let wc = (0..m * f)
-        .map(|i| code(wv[i], s.wt[w_scale(q, f, i / f.max(1), i % f.max(1))]))
+        .map(|i| code(wv[i], s.wt[w_scale(gw, f, i / f.max(1), i % f.max(1))]))
         .collect();
     Ok((pc, wc))
 }
 
 /// The factor pair of `codes` (as [`codes`] returns them) and scales, over `rows` tokens and
 /// `cols` features, rank `m`.
-#[allow(clippy::too_many_arguments)]
 pub fn dequantise(
-    q: Quant,
     rows: usize,
     m: usize,
     cols: usize,
@@ -205,7 +270,7 @@ pub fn dequantise(
     spectrum: Vec<f32>,
 ) -> Result<LowRank> {
     const OP: &str = "quant::dequantise";
-    check_scales(OP, q, rows, m, cols, s)?;
+    check_scales(OP, rows, m, cols, s)?;
     if p.len() != rows * m || wt.len() != m * cols {
         return Err(shape(
             OP,
@@ -214,11 +279,12 @@ pub fn dequantise(
             format!("{}, {}", p.len(), wt.len()),
         ));
     }
+    let [gp, gw] = s.grain;
     let pv = (0..rows * m)
-        .map(|i| p[i] as f32 * s.p[p_scale(q, rows, i / m.max(1), i % m.max(1))])
+        .map(|i| p[i] as f32 * s.p[p_scale(gp, rows, i / m.max(1), i % m.max(1))])
         .collect();
     let wv = (0..m * cols)
-        .map(|i| wt[i] as f32 * s.wt[w_scale(q, cols, i / cols.max(1), i % cols.max(1))])
+        .map(|i| wt[i] as f32 * s.wt[w_scale(gw, cols, i / cols.max(1), i % cols.max(1))])
         .collect();
     Ok(LowRank {
         p: Mat::from_f32(rows, m, pv)?,
@@ -267,28 +333,36 @@ mod tests {
 
     #[test]
     fn codes_round_trip_exactly_and_errors_are_bounded() {
-        for q in [Quant::Int8, Quant::Int4] {
+        let grains = [Grain::Direction, Grain::Group];
+        for (q, g) in [
+            (Quant::Int8, [Grain::Direction; 2]),
+            (Quant::Int4, [Grain::Group; 2]),
+            (Quant::Int4Mixed, [Grain::Direction, Grain::Group]),
+            (Quant::Int4Mixed, [Grain::Group, Grain::Direction]),
+        ] {
             let orig = lr();
-            let (deq, s) = quantise(&orig, q).unwrap();
-            let (pc, wc) = codes(&deq, &s, q).unwrap();
+            let (deq, s) = quantise_grains(&orig, q, g).unwrap();
+            assert!(grains.contains(&s.grain[0]));
+            let (pc, wc) = codes(&deq, &s).unwrap();
             assert!(pc.iter().chain(&wc).all(|c| c.unsigned_abs() as i32 <= q.max_code()));
-            let back = dequantise(q, 7, 3, 5, &pc, &wc, &s, deq.spectrum.clone()).unwrap();
+            let back = dequantise(7, 3, 5, &pc, &wc, &s, deq.spectrum.clone()).unwrap();
             assert_eq!(back, deq, "{q:?}");
             let (op, dp) = (orig.p.to_f32_vec(), deq.p.to_f32_vec());
             for (i, (a, b)) in op.iter().zip(dp).enumerate() {
                 assert!(
-                    (a - b).abs() <= s.p[p_scale(q, 7, i / 3, i % 3)] / 2.0 + 1e-6,
+                    (a - b).abs() <= s.p[p_scale(g[0], 7, i / 3, i % 3)] / 2.0 + 1e-6,
                     "{q:?} {a} {b}"
                 );
             }
             let packed = pack_nibbles(&pc);
             assert_eq!(packed.len(), Quant::Int4.code_bytes(pc.len()));
-            if q == Quant::Int4 {
+            if q != Quant::Int8 {
                 assert_eq!(unpack_nibbles(&packed, pc.len()), pc);
             }
         }
-        assert!(dequantise(Quant::Int8, 7, 3, 5, &[0; 3], &[0; 15], &Scales::default(), vec![]).is_err());
-        // 4-bit scales are per group of 32 codes and f16-exact.
+        assert_eq!(quantise(&lr(), Quant::Int4).unwrap().1.grain, [Grain::Group; 2]);
+        assert!(dequantise(7, 3, 5, &[0; 3], &[0; 15], &Scales::default(), vec![]).is_err());
+        // 4-bit group scales are per group of 32 codes and f16-exact.
         let long = LowRank {
             p: Mat::from_f32(
                 70,
@@ -307,6 +381,30 @@ mod tests {
         // The outlier in group 0 does not flatten groups 1 and 2.
         let v = deq.p.to_f32_vec();
         assert!(v[40..].iter().filter(|x| **x != 0.0).count() > 25);
-        assert_eq!(Quant::Int4.factor_bytes(70, 1, 2), 35 + 1 + 2 * (3 + 1));
+        let g = [Grain::Group; 2];
+        assert_eq!(Quant::Int4.factor_bytes(70, 1, 2, g), 35 + 1 + 2 * (3 + 1));
+        let d = [Grain::Direction, Grain::Group];
+        assert_eq!(Quant::Int4Mixed.factor_bytes(70, 1, 2, d), 35 + 1 + 4 + 2);
+        // Per direction, the outlier flattens the rest: the automatic choice takes the groups.
+        let (auto, s) = quantise_auto(&long).unwrap();
+        assert_eq!(s.grain[0], Grain::Group);
+        assert_eq!(auto.p, deq.p);
+    }
+
+    #[test]
+    fn the_automatic_choice_never_loses_to_a_fixed_layout() {
+        let err = |q: &LowRank, o: &LowRank| -> f64 {
+            q.dense()
+                .iter()
+                .zip(o.dense())
+                .map(|(a, b)| ((a - b) as f64).powi(2))
+                .sum()
+        };
+        let o = lr();
+        let (a, _) = quantise_auto(&o).unwrap();
+        for g in [[Grain::Direction; 2], [Grain::Group; 2]] {
+            let (q, _) = quantise_grains(&o, Quant::Int4Mixed, g).unwrap();
+            assert!(err(&a, &o) <= err(&q, &o));
+        }
     }
 }

@@ -310,7 +310,7 @@ fn compact_patch_policies_keep_their_promises() {
                 .iter()
                 .all(|r| *r == (0, 0))
         );
-        for quant in [Quant::Int8, Quant::Int4] {
+        for quant in [Quant::Int8, Quant::Int4, Quant::Int4Mixed] {
             let q = form(RankPolicy::Budget { fraction: 0.1 }, quant, 0.0);
             assert_eq!(q.quant(), quant);
             assert!(q.bytes() as f64 <= 0.1 * kv, "{name} {quant:?}");
@@ -321,8 +321,19 @@ fn compact_patch_policies_keep_their_promises() {
             // The quantised patch stays close to the float one of its ranks.
             let fixed = form(RankPolicy::Fixed(4), Quant::None, 0.0);
             let qf = fixed.quantise(quant).unwrap();
-            let want = quant.factor_bytes(24, 4, layout.k_features()) + quant.factor_bytes(24, 4, layout.v_features());
-            assert_eq!(qf.bytes(), 3 * want, "{name}");
+            let flags = if quant == Quant::Int4Mixed { 3 } else { 0 };
+            let want: usize = qf
+                .scales()
+                .iter()
+                .map(|(sk, sv)| {
+                    if let Some(g) = quant.grain() {
+                        assert_eq!((sk.grain, sv.grain), ([g, g], [g, g]), "{name}");
+                    }
+                    quant.factor_bytes(24, 4, layout.k_features(), sk.grain)
+                        + quant.factor_bytes(24, 4, layout.v_features(), sv.grain)
+                })
+                .sum();
+            assert_eq!(qf.bytes(), want + flags, "{name}");
             let (a, b) = (
                 reuse(&canonical, Some(&fixed), &rope, 5).unwrap(),
                 reuse(&canonical, Some(&qf), &rope, 5).unwrap(),

@@ -3,6 +3,7 @@
 
 use std::fmt;
 
+use kamera_ops::{DType, PatchConfig, Quant, RankPolicy};
 use kamera_store::ChunkId;
 use serde::{Deserialize, Serialize};
 
@@ -25,12 +26,117 @@ pub struct CostModel {
     pub svd_us_per_token: f64,
     /// How many more times a formed patch is expected to be used (its amortisation horizon).
     pub expected_reuses: f64,
-    /// Orderings sampled to form an orbit patch.
+    /// Orderings prefilled to form orbit patches (every ordering of a set up to this many, else
+    /// its rotations and sampled ones; 6: every ordering of 3 chunks, as the eval measured).
     pub orbit_orderings: usize,
     /// Prior share of new chunks that come back later after the same earlier context (a
     /// revisit, a recall, the same task run again): weighs keeping a first visit's difference
     /// patch.
     pub revisit_rate: f64,
+    /// Bytes a chunk's patch may add, as a fraction of its canonical KV bytes: the patch
+    /// configuration is the best measured point within it ([`CostModel::patch_point`]).
+    pub patch_bytes_budget: f64,
+    /// Bytes a chunk's orbit patches may add together (fraction of its KV bytes): slot-
+    /// conditioned orbit patches (one per slot) are chosen when they fit.
+    pub orbit_bytes_budget: f64,
+    /// Share of a per-placement patch's gap recovery that the plain orbit mean keeps on the
+    /// orderings of its set, and that slot-conditioned orbit patches keep (measured, kamera-eval
+    /// README, rank 32: 0.63–0.75 and 0.86–0.95 over three models).
+    pub orbit_mean_share: f64,
+    pub orbit_slot_share: f64,
+    /// The patch configurations to choose from, with their measured quality and size (not
+    /// serialised: [`default_patch_points`] unless set in code).
+    #[serde(skip, default = "default_patch_points")]
+    pub patch_points: Vec<PatchPoint>,
+}
+
+/// A patch configuration with its measured gap recovered (1 − KL/KL_blind against the full
+/// re-prefill) and added bytes (÷ the chunk's canonical KV bytes, as kamera-store encodes both).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PatchPoint {
+    /// The `kamera eval` method that measured it.
+    pub label: String,
+    pub config: PatchConfig,
+    pub gap: f64,
+    pub bytes: f64,
+}
+
+/// Which orbit patches a reorder forms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OrbitVariant {
+    /// One patch per chunk: the mean deficit over every ordering of the set.
+    Mean,
+    /// One patch per chunk and slot within the set: the mean over the orderings that put it
+    /// there (none for the first slot when nothing precedes the set).
+    Slot,
+}
+
+/// SmolLM2-135M's measured points (`kamera eval`, first 4 tasks of the default suite: 3 pages of
+/// ~300 tokens; kamera-eval README, issue 16), for the default cost model. 4-bit is grouped
+/// (`/q4`): per-direction scales (`/q4d`) lose on SmolLM2 and Gemma 3 and win on Qwen2.5, so a
+/// Qwen runtime should set its own points.
+pub fn default_patch_points() -> Vec<PatchPoint> {
+    let point = |label: &str, rank: RankPolicy, dtype: DType, quant: Quant, gap: f64, bytes: f64| PatchPoint {
+        label: label.into(),
+        config: PatchConfig {
+            rank,
+            quant,
+            ..PatchConfig::fixed(0, dtype)
+        },
+        gap,
+        bytes,
+    };
+    vec![
+        point(
+            "kamera:16",
+            RankPolicy::Fixed(16),
+            DType::Bf16,
+            Quant::None,
+            0.552,
+            0.135,
+        ),
+        point(
+            "kamera:32/q8",
+            RankPolicy::Fixed(32),
+            DType::Bf16,
+            Quant::Int8,
+            0.831,
+            0.137,
+        ),
+        point(
+            "kamera-budget:0.1/q8",
+            RankPolicy::Budget { fraction: 0.1 },
+            DType::Bf16,
+            Quant::Int8,
+            0.841,
+            0.101,
+        ),
+        point(
+            "kamera-budget:0.05/q4",
+            RankPolicy::Budget { fraction: 0.05 },
+            DType::Bf16,
+            Quant::Int4,
+            0.759,
+            0.051,
+        ),
+        point(
+            "kamera-budget:0.095/q4",
+            RankPolicy::Budget { fraction: 0.095 },
+            DType::Bf16,
+            Quant::Int4,
+            0.904,
+            0.096,
+        ),
+        point(
+            "kamera-budget:0.1/q4",
+            RankPolicy::Budget { fraction: 0.1 },
+            DType::Bf16,
+            Quant::Int4,
+            0.911,
+            0.101,
+        ),
+    ]
 }
 
 impl Default for CostModel {
@@ -42,8 +148,13 @@ impl Default for CostModel {
             read_us_per_token: 5.0,
             svd_us_per_token: 300.0,
             expected_reuses: 4.0,
-            orbit_orderings: 3,
+            orbit_orderings: 6,
             revisit_rate: 0.5,
+            patch_bytes_budget: 0.1,
+            orbit_bytes_budget: 0.5,
+            orbit_mean_share: 0.67,
+            orbit_slot_share: 0.91,
+            patch_points: default_patch_points(),
         }
     }
 }
@@ -105,6 +216,44 @@ impl fmt::Display for Decision {
 }
 
 impl CostModel {
+    /// The patch configuration to form: the point with the most gap recovered within
+    /// [`CostModel::patch_bytes_budget`] (ties: fewer bytes), else the smallest point.
+    pub fn patch_point(&self) -> Option<&PatchPoint> {
+        let fits = self.patch_points.iter().filter(|p| p.bytes <= self.patch_bytes_budget);
+        fits.max_by(|a, b| a.gap.total_cmp(&b.gap).then(b.bytes.total_cmp(&a.bytes)))
+            .or_else(|| self.patch_points.iter().min_by(|a, b| a.bytes.total_cmp(&b.bytes)))
+    }
+    /// [`CostModel::patch_point`]'s configuration (rank-16 bf16 factors without points).
+    pub fn patch_config(&self) -> PatchConfig {
+        self.patch_point()
+            .map_or_else(|| PatchConfig::fixed(16, DType::Bf16), |p| p.config.clone())
+    }
+    /// The orbit patches for a set of `n_chunks` chunks, `after_context` when chunks precede
+    /// the set (then its first slot needs a patch too), and the patches per chunk it stores:
+    /// slot-conditioned when they recover more and their bytes fit
+    /// [`CostModel::orbit_bytes_budget`], else the mean.
+    pub fn orbit_variant(&self, n_chunks: usize, after_context: bool) -> (OrbitVariant, usize) {
+        let slots = if after_context {
+            n_chunks
+        } else {
+            n_chunks.saturating_sub(1)
+        };
+        let bytes = self.patch_point().map_or(0.0, |p| p.bytes);
+        if self.orbit_slot_share > self.orbit_mean_share && slots as f64 * bytes <= self.orbit_bytes_budget {
+            (OrbitVariant::Slot, slots)
+        } else {
+            (OrbitVariant::Mean, 1)
+        }
+    }
+    /// Orderings prefilled to form `variant`'s orbit patches of `n_chunks` chunks:
+    /// [`CostModel::orbit_orderings`], and at least `n_chunks` for slot patches (the set's
+    /// rotations put every chunk at every slot, [`kamera_ops::orbit_orderings`]).
+    pub fn orderings_for(&self, n_chunks: usize, variant: OrbitVariant) -> usize {
+        match variant {
+            OrbitVariant::Mean => self.orbit_orderings.max(1),
+            OrbitVariant::Slot => self.orbit_orderings.max(n_chunks).max(1),
+        }
+    }
     /// Prefill of `n` tokens after `ctx` context tokens.
     pub fn prefill(&self, n: usize, ctx: usize) -> f64 {
         let n = n as f64;
@@ -216,8 +365,16 @@ impl CostModel {
         }
     }
 
-    /// Reordering a set of `n_chunks` chunks, `tokens` in all, after `ctx` fixed tokens.
-    pub fn reorder(&self, tokens: usize, n_chunks: usize, ctx: usize, orbit_cached: bool) -> Decision {
+    /// Reordering a set of `n_chunks` chunks, `tokens` in all, after `ctx` fixed tokens, with
+    /// `variant`'s orbit patches (`per_chunk` of them per chunk, [`CostModel::orbit_variant`]).
+    pub fn reorder(
+        &self,
+        tokens: usize,
+        n_chunks: usize,
+        ctx: usize,
+        orbit_cached: bool,
+        (variant, per_chunk): (OrbitVariant, usize),
+    ) -> Decision {
         let reuse = self.reuse(tokens);
         let prefill = self.prefill(tokens, ctx);
         if orbit_cached {
@@ -229,8 +386,8 @@ impl CostModel {
                 reason: "orbit patches for this set are in the store: any order is a relocation + patch".into(),
             };
         }
-        let k = self.orbit_orderings.max(1) as f64;
-        let form = k * prefill + self.svd(tokens) + reuse;
+        let k = self.orderings_for(n_chunks, variant) as f64;
+        let form = k * prefill + per_chunk.max(1) as f64 * self.svd(tokens) + reuse;
         let saved = self.expected_reuses * (prefill - reuse);
         let extra = form - prefill;
         let choice = if saved > extra && n_chunks > 1 {
@@ -248,7 +405,7 @@ impl CostModel {
                 (Choice::Blind, reuse),
             ],
             reason: format!(
-                "orbit patches cost {:.1} ms more than re-prefilling this order ({k} orderings) and save {:.1} ms over {} expected reorders",
+                "{variant:?} orbit patches ({per_chunk} per chunk) cost {:.1} ms more than re-prefilling this order ({k} orderings) and save {:.1} ms over {} expected reorders",
                 extra / 1000.0,
                 saved / 1000.0,
                 self.expected_reuses

@@ -9,6 +9,7 @@ use std::time::Instant;
 use kamera_ops::{ChunkKv, DType, KvLayout, PatchConfig, Placement, RopeSpec};
 use kamera_store::{ChunkId, ChunkStore, Key, ModelFp, Record};
 
+use crate::cost::CostModel;
 use crate::error::{Error, Result};
 use crate::plan::{Plan, Step};
 
@@ -32,6 +33,17 @@ pub struct ExecConfig {
     pub patch: PatchConfig,
     /// Storage dtype of the window's KV.
     pub dtype: DType,
+}
+
+impl ExecConfig {
+    /// Patches as the cost model chooses them ([`CostModel::patch_config`]).
+    pub fn new(model: ModelFp, cost: &CostModel, dtype: DType) -> ExecConfig {
+        ExecConfig {
+            model,
+            patch: cost.patch_config(),
+            dtype,
+        }
+    }
 }
 
 /// Work done, for reports and tests.
@@ -275,13 +287,22 @@ impl<E: Encoder, S: ChunkStore> Executor<E, S> {
                     }
                 }
                 let cost = t.elapsed().as_micros() as u64 / keys.len().max(1) as u64;
-                for (c, key) in keys {
-                    let canon = self.canonical("form-orbit", *c)?;
-                    let conds = cond.get(c).map(Vec::as_slice).unwrap_or_default();
-                    let patch = kamera_ops::orbit_patch(conds, &canon, &rope, &self.cfg.patch)
+                for k in keys {
+                    let canon = self.canonical("form-orbit", k.chunk)?;
+                    // cond[c][i] is c's KV under orderings[i].
+                    let conds: Vec<ChunkKv> = cond
+                        .get(&k.chunk)
+                        .map(Vec::as_slice)
+                        .unwrap_or_default()
+                        .iter()
+                        .zip(orderings)
+                        .filter(|(_, o)| k.covers(o))
+                        .map(|(kv, _)| kv.clone())
+                        .collect();
+                    let patch = kamera_ops::orbit_patch(&conds, &canon, &rope, &self.cfg.patch)
                         .map_err(ops_err("form-orbit"))?;
                     self.store
-                        .put(key, Record::patch(model, cost, patch))
+                        .put(&k.key, Record::patch(model, cost, patch))
                         .map_err(store_err("form-orbit"))?;
                     self.stats.orbit_patches_formed += 1;
                 }

@@ -30,8 +30,8 @@ mod exec;
 mod plan;
 mod window;
 
-pub use cost::{Choice, CostModel, Decision};
+pub use cost::{Choice, CostModel, Decision, OrbitVariant, PatchPoint, default_patch_points};
 pub use error::{Error, Result, short};
 pub use exec::{BoxError, Encoder, ExecConfig, ExecStats, Executor};
-pub use plan::{Plan, Step};
+pub use plan::{OrbitKey, Plan, Step};
 pub use window::{Order, Slot, SlotState, Visit, Window, WindowConfig, orbit_orderings};

@@ -29,11 +29,13 @@ pub enum Step {
     /// in-place KV and its staged canonical KV (a truncated SVD; no forward pass), and store it:
     /// a later recall after the same earlier context is then a relocation + this patch.
     StorePatch { chunk: ChunkId, key: Key },
-    /// Form one orbit patch per chunk of `set` (keys in `keys`) from prefills of the set under
-    /// each of `orderings`, all placed at `at` after the window's KV of positions `0..at`.
+    /// Form the orbit patches `keys` of the chunks of `set` from prefills of the set under each
+    /// of `orderings`, all placed at `at` after the window's KV of positions `0..at`: a key
+    /// without a slot averages the chunk's deficit over every ordering, a key with a slot over
+    /// the orderings that put the chunk at that slot of the set.
     FormOrbit {
         set: Vec<ChunkId>,
-        keys: Vec<(ChunkId, Key)>,
+        keys: Vec<OrbitKey>,
         orderings: Vec<Vec<ChunkId>>,
         at: i64,
     },
@@ -50,6 +52,23 @@ pub enum Step {
     EvictToStore { chunk: ChunkId },
     /// Drop the live tail's KV (`tokens` of them): what it attended to has changed.
     DropTail { tokens: usize },
+}
+
+/// One orbit patch to form: `chunk`'s, stored under `key`, for every ordering of its set
+/// (`slot` None) or for the orderings that put it at `slot` (0-based within the set).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OrbitKey {
+    pub chunk: ChunkId,
+    pub slot: Option<usize>,
+    pub key: Key,
+}
+
+impl OrbitKey {
+    /// Whether `ordering` is one this patch averages over.
+    pub fn covers(&self, ordering: &[ChunkId]) -> bool {
+        self.slot
+            .is_none_or(|s| ordering.iter().position(|c| *c == self.chunk) == Some(s))
+    }
 }
 
 /// What the runner must do for one operation, and why.
@@ -125,10 +144,18 @@ impl fmt::Display for Step {
             Step::StorePatch { chunk, key } => {
                 write!(f, "store patch {key} of {} (in-place minus canonical KV)", short(chunk))
             }
-            Step::FormOrbit { set, orderings, .. } => {
+            Step::FormOrbit {
+                set, keys, orderings, ..
+            } => {
+                let slots = if keys.iter().any(|k| k.slot.is_some()) {
+                    " slot-conditioned"
+                } else {
+                    ""
+                };
                 write!(
                     f,
-                    "form orbit patches for a set of {} chunks over {} orderings",
+                    "form {}{slots} orbit patches for a set of {} chunks over {} orderings",
+                    keys.len(),
                     set.len(),
                     orderings.len()
                 )

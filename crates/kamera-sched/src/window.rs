@@ -7,9 +7,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use kamera_store::{ChunkId, Key, ModelFp};
 
-use crate::cost::{Choice, CostModel};
+use crate::cost::{Choice, CostModel, OrbitVariant};
 use crate::error::{Error, Result};
-use crate::plan::{Plan, Step};
+use crate::plan::{OrbitKey, Plan, Step};
 
 mod visit;
 
@@ -598,25 +598,57 @@ impl Window {
             v.sort();
             v
         };
-        let keys: Vec<(ChunkId, Key)> = set.iter().map(|c| (*c, Key::orbit(self.cfg.model, *c, &set))).collect();
-        let cached = keys.iter().all(|(_, k)| self.patches.contains(k));
-        let tokens: usize = moved.iter().map(|s| s.n_tokens).sum();
+        // Orbit patches are formed for the whole placed set, after the pinned chunks; the first
+        // slot needs none when nothing precedes the set (its canonical KV is exact there).
+        let start = self.slots[..first_placed].last().map_or(0, Slot::end);
         let fixed = self.slots[..first_placed].iter().map(|s| s.n_tokens).sum::<usize>();
-        let d = self.cfg.cost.reorder(tokens, moved.len(), fixed, cached);
-        // Orbit patches are formed for the whole placed set, after the pinned chunks.
+        let variant = self.cfg.cost.orbit_variant(set.len(), start > 0);
+        let model = self.cfg.model;
+        let keys: Vec<OrbitKey> = match variant.0 {
+            OrbitVariant::Mean => set
+                .iter()
+                .map(|c| OrbitKey {
+                    chunk: *c,
+                    slot: None,
+                    key: Key::orbit(model, *c, &set),
+                })
+                .collect(),
+            OrbitVariant::Slot => set
+                .iter()
+                .flat_map(|c| {
+                    let set = &set;
+                    (usize::from(start == 0)..set.len()).map(move |s| OrbitKey {
+                        chunk: *c,
+                        slot: Some(s),
+                        key: Key::orbit_slot(model, *c, set, s),
+                    })
+                })
+                .collect(),
+        };
+        // The patch of `id` at `slot` of the new order (None: relocation alone is exact).
+        let key_at = |id: &ChunkId, slot: usize| {
+            keys.iter()
+                .find(|k| k.chunk == *id && k.slot.is_none_or(|s| s == slot))
+                .map(|k| k.key)
+        };
+        let cached = new_order[same..]
+            .iter()
+            .enumerate()
+            .all(|(i, id)| key_at(id, same + i).is_none_or(|k| self.patches.contains(&k)));
+        let tokens: usize = moved.iter().map(|s| s.n_tokens).sum();
+        let d = self.cfg.cost.reorder(tokens, set.len(), fixed, cached, variant);
         if d.choice == Choice::FormPatch {
-            let orderings = orbit_orderings(&set, self.cfg.cost.orbit_orderings);
-            let start = self.slots[..first_placed].last().map_or(0, Slot::end);
+            let orderings = orbit_orderings(&set, self.cfg.cost.orderings_for(set.len(), variant.0));
             plan.push(Step::FormOrbit {
                 set: set.clone(),
                 keys: keys.clone(),
                 orderings,
                 at: start,
             });
-            self.patches.extend(keys.iter().map(|(_, k)| *k));
+            self.patches.extend(keys.iter().map(|k| k.key));
         }
         let mut pos = at;
-        for id in &new_order[same..] {
+        for (i, id) in new_order[same..].iter().enumerate() {
             let old = moved
                 .iter()
                 .find(|s| s.chunk == *id)
@@ -632,7 +664,7 @@ impl Window {
                     SlotState::Exact
                 }
                 _ => {
-                    let key = keys.iter().find(|(c, _)| c == id).map(|(_, k)| *k);
+                    let key = key_at(id, same + i);
                     plan.push(Step::Recall { chunk: *id });
                     plan.push(Step::Place {
                         chunk: *id,
@@ -664,18 +696,14 @@ fn rank(s: &Slot, order: Order) -> f64 {
     }
 }
 
-/// Deterministic orderings of a set for orbit formation: rotations of the id-sorted set,
-/// alternately reversed, so the orbit patch depends on the set alone.
+/// Deterministic orderings of a set for orbit formation ([`kamera_ops::orbit_orderings`] of the
+/// id-sorted set: every permutation when at most `k`, else its rotations and sampled ones), so
+/// the orbit patches depend on the set alone.
 pub fn orbit_orderings(set: &[ChunkId], k: usize) -> Vec<Vec<ChunkId>> {
-    let n = set.len().max(1);
-    (0..k.clamp(1, 2 * n))
-        .map(|i| {
-            let mut v: Vec<ChunkId> = set.to_vec();
-            v.rotate_left((i / 2) % n);
-            if i % 2 == 1 {
-                v.reverse();
-            }
-            v
-        })
+    let mut sorted = set.to_vec();
+    sorted.sort();
+    kamera_ops::orbit_orderings(sorted.len(), k, 0)
+        .into_iter()
+        .map(|o| o.into_iter().map(|i| sorted[i]).collect())
         .collect()
 }

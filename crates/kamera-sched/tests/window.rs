@@ -128,6 +128,117 @@ proptest! {
         }
     }
 
+    /// Slot-conditioned orbit patches: one formation serves every later order of the same set
+    /// with no model call; each chunk is placed with the patch of its slot in the set (none at
+    /// the first slot when nothing precedes the set), and every key has orderings to average.
+    #[test]
+    fn slot_orbit_patches_serve_every_order_of_their_set(
+        n in 2usize..6,
+        pin in 0usize..3,
+        perms in proptest::collection::vec(any::<u64>(), 1..6),
+    ) {
+        let mut synth = Synth::new();
+        let ids: Vec<ChunkId> = (0..n).map(|i| synth.chunk(i as u64, 2 + i)).collect();
+        let mut ex = executor(synth);
+        let mut w = window(500, 1000.0);
+        if pin > 0 {
+            let sys = ex.encoder_mut().chunk(1000, pin);
+            ex.run(&w.pin(sys, pin).unwrap()).unwrap();
+        }
+        for (i, id) in ids.iter().enumerate() {
+            ex.run(&w.insert(*id, 2 + i).unwrap()).unwrap();
+        }
+        let mut set = ids.clone();
+        set.sort();
+        let mut formed = false;
+        for seed in perms {
+            let mut order = ids.clone();
+            let mut x = seed;
+            for i in (1..n).rev() {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                order.swap(i, (x >> 33) as usize % (i + 1));
+            }
+            let calls = ex.encoder().calls;
+            let plan = w.reorder_to(&order).unwrap();
+            for step in &plan.steps {
+                if let Step::FormOrbit { keys, orderings, .. } = step {
+                    prop_assert!(!formed, "formed twice: {plan}");
+                    formed = true;
+                    prop_assert_eq!(keys.len(), n * (n - usize::from(pin == 0)));
+                    for k in keys {
+                        prop_assert!(orderings.iter().any(|o| k.covers(o)), "{k:?} has no ordering");
+                    }
+                }
+            }
+            ex.run(&plan).unwrap();
+            if formed && plan.count("form-orbit") == 0 {
+                prop_assert_eq!(ex.encoder().calls, calls, "a cached reorder ran the model");
+            }
+            let placed: Vec<&kamera_sched::Slot> = w.slots().iter().filter(|s| !s.pinned).collect();
+            prop_assert_eq!(placed.iter().map(|s| s.chunk).collect::<Vec<_>>(), order.clone());
+            if !formed {
+                continue;
+            }
+            for (slot, s) in placed.iter().enumerate() {
+                let want = if slot == 0 && pin == 0 {
+                    kamera_sched::SlotState::Relocated
+                } else {
+                    kamera_sched::SlotState::Patched(kamera_store::Key::orbit_slot(model(), s.chunk, &set, slot))
+                };
+                // Chunks of an unchanged prefix keep what they had.
+                if s.state != kamera_sched::SlotState::Exact {
+                    prop_assert_eq!(s.state, want);
+                }
+            }
+        }
+    }
+
+    /// The cost model's patch is the most gap recovered within the byte budget (else the
+    /// smallest), and slot orbit patches are chosen exactly when they recover more and fit.
+    #[test]
+    fn the_cost_model_picks_the_best_patch_within_its_budgets(
+        points in proptest::collection::vec((0.0f64..1.0, 0.01f64..0.5), 1..8),
+        budget in 0.0f64..0.4,
+        orbit_budget in 0.0f64..1.5,
+        n in 1usize..8,
+        after in any::<bool>(),
+        shares in (0.0f64..1.0, 0.0f64..1.0),
+    ) {
+        let c = CostModel {
+            patch_points: points
+                .iter()
+                .enumerate()
+                .map(|(i, &(gap, bytes))| kamera_sched::PatchPoint {
+                    label: format!("p{i}"),
+                    config: PatchConfig::fixed(i + 1, DType::Bf16),
+                    gap,
+                    bytes,
+                })
+                .collect(),
+            patch_bytes_budget: budget,
+            orbit_bytes_budget: orbit_budget,
+            orbit_mean_share: shares.0,
+            orbit_slot_share: shares.1,
+            ..CostModel::default()
+        };
+        let p = c.patch_point().unwrap();
+        prop_assert_eq!(c.patch_config(), p.config.clone());
+        let fitting: Vec<_> = c.patch_points.iter().filter(|q| q.bytes <= budget).collect();
+        if fitting.is_empty() {
+            prop_assert!(c.patch_points.iter().all(|q| q.bytes >= p.bytes));
+        } else {
+            prop_assert!(p.bytes <= budget);
+            prop_assert!(fitting.iter().all(|q| q.gap <= p.gap));
+        }
+        let (variant, per_chunk) = c.orbit_variant(n, after);
+        let slots = if after { n } else { n - 1 };
+        let slot = shares.1 > shares.0 && slots as f64 * p.bytes <= orbit_budget;
+        prop_assert_eq!(variant, if slot { kamera_sched::OrbitVariant::Slot } else { kamera_sched::OrbitVariant::Mean });
+        prop_assert_eq!(per_chunk, if slot { slots } else { 1 });
+        let least = if slot { n } else { 1 };
+        prop_assert!(c.orderings_for(n, variant) >= least);
+    }
+
     /// On the exact path (every chunk placed where and after what it was prefilled) the
     /// executed window KV equals a full prefill of the same sequence.
     #[test]
@@ -258,7 +369,9 @@ fn orbit_patches_are_formed_once_per_set_and_serve_other_orders() {
     assert_eq!(plan.count("form-orbit"), 1, "{plan}");
     assert_eq!(plan.count("place"), 4);
     ex.run(&plan).unwrap();
-    assert_eq!(ex.stats.orbit_patches_formed, 4);
+    // Slot-conditioned by default: one patch per chunk and slot (the pinned prefix precedes
+    // the set, so its first slot has one too).
+    assert_eq!(ex.stats.orbit_patches_formed, 16);
     let calls = ex.encoder().calls;
     let order2 = vec![ids[1], ids[3], ids[0], ids[2]];
     let plan = w.reorder_to(&order2).unwrap();
@@ -286,6 +399,37 @@ fn orbit_patches_are_formed_once_per_set_and_serve_other_orders() {
     let (e_orbit, e_blind) = (max_diff(&got, &full), max_diff(&blind, &full));
     eprintln!("orbit-patched max |err| {e_orbit:.3e}, blind {e_blind:.3e}");
     assert!(e_orbit < e_blind, "orbit {e_orbit} not better than blind {e_blind}");
+}
+
+/// The same reorders with the plain orbit mean (no room for slot patches) and with slot
+/// patches: the slot-conditioned window is closer to the full prefill of each order.
+#[test]
+fn slot_orbit_patches_beat_the_mean() {
+    let run = |orbit_bytes_budget: f64| {
+        let mut synth = Synth::new();
+        let sys = synth.chunk(100, 3);
+        let ids: Vec<ChunkId> = (0..3).map(|i| synth.chunk(i, 5)).collect();
+        let mut ex = executor(synth);
+        let mut w = window(200, 50.0);
+        w.cost_model_mut().orbit_bytes_budget = orbit_bytes_budget;
+        ex.run(&w.pin(sys, 3).unwrap()).unwrap();
+        for id in &ids {
+            ex.run(&w.insert(*id, 5).unwrap()).unwrap();
+        }
+        let mut err = 0.0f32;
+        for order in [[2, 0, 1], [1, 2, 0], [0, 2, 1]] {
+            let order: Vec<ChunkId> = order.iter().map(|&i| ids[i]).collect();
+            ex.run(&w.reorder_to(&order).unwrap()).unwrap();
+            let seq: Vec<ChunkId> = w.slots().iter().map(|s| s.chunk).collect();
+            let got = ex.window_kv().unwrap().unwrap();
+            err = err.max(max_diff(&got, &ex.encoder().full(&seq)));
+        }
+        (err, ex.stats.orbit_patches_formed)
+    };
+    let ((slot, n_slot), (mean, n_mean)) = (run(0.5), run(0.0));
+    eprintln!("max |err| over three orders: slot {slot:.3e}, mean {mean:.3e}");
+    assert_eq!((n_slot, n_mean), (9, 3));
+    assert!(slot < mean, "slot {slot} vs mean {mean}");
 }
 
 #[test]
@@ -348,8 +492,18 @@ fn cost_model_explains_each_choice() {
     };
     assert_eq!(never.recall(id, 100, 500, false).choice, Choice::Reprefill);
     assert!(c.recall(id, 100, 500, true).chosen_cost() < c.prefill(100, 500) / 10.0);
-    assert_eq!(c.reorder(300, 3, 10, true).choice, Choice::CachedPatch);
-    assert_eq!(never.reorder(300, 3, 10, false).choice, Choice::Reprefill);
+    let v = c.orbit_variant(3, true);
+    assert_eq!(c.reorder(300, 3, 10, true, v).choice, Choice::CachedPatch);
+    assert_eq!(never.reorder(300, 3, 10, false, v).choice, Choice::Reprefill);
+    // By default: slot orbit patches and the best measured patch within a tenth of the KV bytes.
+    assert_eq!(v.0, kamera_sched::OrbitVariant::Slot);
+    let p = c.patch_point().unwrap();
+    assert!(p.bytes <= c.patch_bytes_budget, "{p:?}");
+    assert!(
+        c.reorder(300, 3, 10, false, v)
+            .to_string()
+            .contains("Slot orbit patches")
+    );
 }
 
 #[test]

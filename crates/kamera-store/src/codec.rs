@@ -1,12 +1,12 @@
 //! The record encoding, format versions 1 and 2 (documented byte for byte in the crate README): an
 //! 80-byte little-endian header, the payload, and a 16-byte blake3 checksum over the key, the
-//! header and the payload. Version 2 adds quantised patch factors; float records are still
-//! written as version 1. Decoding checks magic, version and checksum before it trusts a byte.
+//! header and the payload. Version 2 adds quantised patch factors (int8, 4-bit with group scales,
+//! 4-bit with a scale layout per factor matrix); float records are still written as version 1. Decoding checks magic, version and checksum before it trusts a byte.
 
 use half::{bf16, f16};
 use kamera_ops::{
-    Attention, Buf, ChunkKv, DType, KvLayout, LayerKv, LayerPatch, LowRank, Mat, Patch, Quant, Scales, dequantise,
-    pack_nibbles, quant_codes, unpack_nibbles,
+    Attention, Buf, ChunkKv, DType, Grain, KvLayout, LayerKv, LayerPatch, LowRank, Mat, Patch, Quant, Scales,
+    dequantise, pack_nibbles, quant_codes, unpack_nibbles,
 };
 
 use crate::error::{Error, Result};
@@ -22,8 +22,12 @@ pub const FORMAT_VERSION: u16 = 2;
 pub const FLOAT_VERSION: u16 = 1;
 /// Dtype byte of int8 factors with per-direction f32 scales (version 2, patches only).
 pub const DTYPE_INT8: u8 = 3;
-/// Dtype byte of 4-bit factors with per-direction f32 scales (version 2, patches only).
+/// Dtype byte of 4-bit factors with f16 scales per group of 32 codes (version 2, patches only).
 pub const DTYPE_INT4: u8 = 4;
+/// Dtype byte of 4-bit factors whose scale layout is chosen per factor matrix: a flags byte per
+/// layer after its ranks, bit 0 K's P, bit 1 K's Wᵀ, bit 2 V's P, bit 3 V's Wᵀ; a set bit is one
+/// f32 scale per direction, a clear bit f16 scales per group of 32 codes (version 2, patches only).
+pub const DTYPE_INT4_MIXED: u8 = 5;
 /// Header bytes before the payload.
 pub const HEADER_LEN: usize = 80;
 /// Checksum bytes after the payload.
@@ -48,6 +52,7 @@ pub fn encode(key: &Key, rec: &Record, dtype: Option<DType>) -> Result<Vec<u8>> 
         Quant::None => (FLOAT_VERSION, dtype_code(dtype)),
         Quant::Int8 => (FORMAT_VERSION, DTYPE_INT8),
         Quant::Int4 => (FORMAT_VERSION, DTYPE_INT4),
+        Quant::Int4Mixed => (FORMAT_VERSION, DTYPE_INT4_MIXED),
     };
     let mut out = Vec::with_capacity(HEADER_LEN + rec.bytes() * dtype.size() / 2 + CHECKSUM_LEN + 64);
     out.extend_from_slice(&MAGIC);
@@ -86,6 +91,9 @@ pub fn encode(key: &Key, rec: &Record, dtype: Option<DType>) -> Result<Vec<u8>> 
                 let (sk, sv) = p.scales().get(i).unwrap_or(&no_scales);
                 for x in [l.k.rank(), l.v.rank(), l.k.spectrum.len(), l.v.spectrum.len()] {
                     out.extend_from_slice(&u32_of(OP, "rank", x)?.to_le_bytes());
+                }
+                if quant == Quant::Int4Mixed {
+                    out.push(grain_flags([sk.grain, sv.grain]));
                 }
                 if quant == Quant::None {
                     for lr in [&l.k, &l.v] {
@@ -169,11 +177,11 @@ pub fn verify(key: &Key, bytes: &[u8]) -> Result<Header> {
     let kind =
         kind.ok_or_else(|| Error::corrupt(OP, key, format!("kind byte {} for a {} key", body[6], key.kind.name())))?;
     let (dtype, quant) = match body[7] {
-        DTYPE_INT8 | DTYPE_INT4 if version >= 2 && kind != Kind::Canonical => {
-            let q = if body[7] == DTYPE_INT8 {
-                Quant::Int8
-            } else {
-                Quant::Int4
+        DTYPE_INT8 | DTYPE_INT4 | DTYPE_INT4_MIXED if version >= 2 && kind != Kind::Canonical => {
+            let q = match body[7] {
+                DTYPE_INT8 => Quant::Int8,
+                DTYPE_INT4 => Quant::Int4,
+                _ => Quant::Int4Mixed,
             };
             (DType::F32, q)
         }
@@ -257,8 +265,12 @@ pub fn decode(key: &Key, bytes: &[u8]) -> Result<Record> {
             for _ in 0..h.layout.n_layers {
                 let (rk, rv, sk, sv) = (r.u32()?, r.u32()?, r.u32()?, r.u32()?);
                 if h.quant != Quant::None {
-                    let (k, sck) = r.quantised(n, rk, kf, h.quant)?;
-                    let (v, scv) = r.quantised(n, rv, vf, h.quant)?;
+                    let [gk, gv] = match h.quant.grain() {
+                        Some(g) => [[g, g]; 2],
+                        None => grains_of(key, r.take(1)?[0])?,
+                    };
+                    let (k, sck) = r.quantised(n, rk, kf, h.quant, gk)?;
+                    let (v, scv) = r.quantised(n, rv, vf, h.quant, gv)?;
                     let (spk, spv) = (r.f32s(sk)?, r.f32s(sv)?);
                     layers.push(LayerPatch {
                         k: LowRank { spectrum: spk, ..k },
@@ -413,20 +425,43 @@ fn put_mat(out: &mut Vec<u8>, m: &Mat, dtype: DType) {
     }
 }
 
+/// The flags byte of a mixed 4-bit layer: bit set = per-direction f32 scales.
+fn grain_flags(g: [[Grain; 2]; 2]) -> u8 {
+    let bit = |g: Grain, at: u8| u8::from(g == Grain::Direction) << at;
+    bit(g[0][0], 0) | bit(g[0][1], 1) | bit(g[1][0], 2) | bit(g[1][1], 3)
+}
+
+fn grains_of(key: &Key, flags: u8) -> Result<[[Grain; 2]; 2]> {
+    if flags & 0xf0 != 0 {
+        return Err(Error::corrupt(
+            "decode",
+            key,
+            format!("scale layout flags {flags:#04x}"),
+        ));
+    }
+    let g = |at: u8| {
+        if flags >> at & 1 == 1 {
+            Grain::Direction
+        } else {
+            Grain::Group
+        }
+    };
+    Ok([[g(0), g(1)], [g(2), g(3)]])
+}
+
 fn put_codes(out: &mut Vec<u8>, lr: &LowRank, s: &Scales, q: Quant) -> Result<()> {
-    let (p, wt) = quant_codes(lr, s, q).map_err(|source| Error::Ops { op: "encode", source })?;
-    for (codes, scales) in [(&p, &s.p), (&wt, &s.wt)] {
-        match q {
-            Quant::Int4 => {
-                out.extend_from_slice(&pack_nibbles(codes));
-                scales
-                    .iter()
-                    .for_each(|x| out.extend_from_slice(&f16::from_f32(*x).to_bits().to_le_bytes()));
-            }
-            _ => {
-                out.extend(codes.iter().map(|&c| c as u8));
-                scales.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes()));
-            }
+    let (p, wt) = quant_codes(lr, s).map_err(|source| Error::Ops { op: "encode", source })?;
+    for ((codes, scales), g) in [(&p, &s.p), (&wt, &s.wt)].into_iter().zip(s.grain) {
+        if q == Quant::Int8 {
+            out.extend(codes.iter().map(|&c| c as u8));
+        } else {
+            out.extend_from_slice(&pack_nibbles(codes));
+        }
+        match g {
+            Grain::Group => scales
+                .iter()
+                .for_each(|x| out.extend_from_slice(&f16::from_f32(*x).to_bits().to_le_bytes())),
+            Grain::Direction => scales.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
         }
     }
     Ok(())
@@ -463,13 +498,13 @@ impl<'a> Reader<'a> {
     fn codes(&mut self, len: usize, q: Quant) -> Result<Vec<i8>> {
         let b = self.take(q.code_bytes(len))?;
         Ok(match q {
-            Quant::Int4 => unpack_nibbles(b, len),
-            _ => b.iter().map(|&x| x as i8).collect(),
+            Quant::Int8 => b.iter().map(|&x| x as i8).collect(),
+            _ => unpack_nibbles(b, len),
         })
     }
-    fn scales(&mut self, len: usize, q: Quant) -> Result<Vec<f32>> {
-        match q {
-            Quant::Int4 => {
+    fn scales(&mut self, len: usize, g: Grain) -> Result<Vec<f32>> {
+        match g {
+            Grain::Group => {
                 let b = self.take(len.saturating_mul(2))?;
                 Ok(b.chunks_exact(2)
                     .map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
@@ -479,14 +514,13 @@ impl<'a> Reader<'a> {
         }
     }
     /// A quantised factor pair: P codes, P scales, Wᵀ codes, Wᵀ scales.
-    fn quantised(&mut self, n: usize, m: usize, f: usize, q: Quant) -> Result<(LowRank, Scales)> {
+    fn quantised(&mut self, n: usize, m: usize, f: usize, q: Quant, grain: [Grain; 2]) -> Result<(LowRank, Scales)> {
         let p = self.codes(n.saturating_mul(m), q)?;
-        let sp = self.scales(m.saturating_mul(q.groups(n)), q)?;
+        let sp = self.scales(m.saturating_mul(grain[0].groups(n)), grain[0])?;
         let wt = self.codes(m.saturating_mul(f), q)?;
-        let sw = self.scales(m.saturating_mul(q.groups(f)), q)?;
-        let s = Scales { p: sp, wt: sw };
-        let lr =
-            dequantise(q, n, m, f, &p, &wt, &s, Vec::new()).map_err(|source| Error::Ops { op: "decode", source })?;
+        let sw = self.scales(m.saturating_mul(grain[1].groups(f)), grain[1])?;
+        let s = Scales { p: sp, wt: sw, grain };
+        let lr = dequantise(n, m, f, &p, &wt, &s, Vec::new()).map_err(|source| Error::Ops { op: "decode", source })?;
         Ok((lr, s))
     }
     fn mat(&mut self, rows: usize, cols: usize, dtype: DType) -> Result<Mat> {

@@ -121,6 +121,27 @@ impl Key {
         }
     }
 
+    /// The slot-conditioned orbit patch of `chunk` over `set` (order and duplicates ignored) for
+    /// when `chunk` sits at `slot` (0-based) among the set's chunks: the mean deficit over the
+    /// orderings that put it there.
+    pub fn orbit_slot(model: ModelFp, chunk: ChunkId, set: &[ChunkId], slot: usize) -> Key {
+        let mut ids = set.to_vec();
+        ids.sort();
+        ids.dedup();
+        let mut h = blake3::Hasher::new_derive_key("kamera.orbit-slot.v1");
+        h.update(&(ids.len() as u64).to_le_bytes());
+        for id in &ids {
+            h.update(&id.0);
+        }
+        h.update(&(slot as u64).to_le_bytes());
+        Key {
+            model,
+            kind: Kind::Orbit,
+            chunk,
+            context: *h.finalize().as_bytes(),
+        }
+    }
+
     /// The 81 key bytes (model | kind | chunk | context).
     pub fn to_bytes(&self) -> [u8; KEY_LEN] {
         let mut b = [0u8; KEY_LEN];
@@ -268,5 +289,16 @@ mod tests {
         assert!("xyz".parse::<ChunkId>().is_err());
         assert!(Key::from_hex(&"0".repeat(162)).is_ok());
         assert!(Key::from_hex(&"g".repeat(162)).is_err());
+    }
+
+    #[test]
+    fn slot_orbit_keys_depend_on_the_set_and_the_slot_only() {
+        let m = ModelFp::of("m");
+        let (a, b) = (ChunkId::of(b"a", "text", m), ChunkId::of(b"b", "text", m));
+        let k = |set: &[ChunkId], slot| Key::orbit_slot(m, a, set, slot);
+        assert_eq!(k(&[a, b], 1), k(&[b, a, a], 1));
+        assert_ne!(k(&[a, b], 0), k(&[a, b], 1));
+        assert_ne!(k(&[a, b], 0), Key::orbit(m, a, &[a, b]));
+        assert_eq!(k(&[a, b], 0).kind, Kind::Orbit);
     }
 }

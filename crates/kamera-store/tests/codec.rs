@@ -3,7 +3,7 @@
 mod common;
 
 use anyhow::Result;
-use kamera_ops::{DType, Quant};
+use kamera_ops::{DType, Grain, Patch, Quant};
 use kamera_store::codec::{self, FORMAT_VERSION, HEADER_LEN};
 use kamera_store::{ChunkId, Error, Key, ModelFp, Record};
 
@@ -144,12 +144,26 @@ fn golden_record_v2_quantised() -> Result<()> {
     for (file, quant, code) in [
         ("patch_q8_v2.kmr", Quant::Int8, codec::DTYPE_INT8),
         ("orbit_q4_v2.kmr", Quant::Int4, codec::DTYPE_INT4),
+        ("patch_q4_mixed_v2.kmr", Quant::Int4Mixed, codec::DTYPE_INT4_MIXED),
     ] {
         let key = match quant {
-            Quant::Int8 => Key::patch(m, id, &[(ChunkId::of(b"antecedent", "golden-encoder", m), 0)], 7),
-            _ => Key::orbit(m, id, &[id, ChunkId::of(b"antecedent", "golden-encoder", m)]),
+            Quant::Int4 => Key::orbit(m, id, &[id, ChunkId::of(b"antecedent", "golden-encoder", m)]),
+            _ => Key::patch(m, id, &[(ChunkId::of(b"antecedent", "golden-encoder", m), 0)], 7),
         };
-        let p = common::patch(layout, 3, 2, 5, DType::F32).quantise(quant)?;
+        let float = common::patch(layout, 3, 2, 5, DType::F32);
+        let p = match quant {
+            // Both layouts in one record: layer 0 per direction, layer 1 per group.
+            Quant::Int4Mixed => {
+                let (d, g) = (
+                    float.quantise_with(quant, Some(Grain::Direction.everywhere()))?,
+                    float.quantise_with(quant, Some(Grain::Group.everywhere()))?,
+                );
+                let layers = vec![d.layers()[0].clone(), g.layers()[1].clone()];
+                let scales = vec![d.scales()[0].clone(), g.scales()[1].clone()];
+                Patch::with_quant(layout, 3, layers, quant, scales)?
+            }
+            _ => float.quantise(quant)?,
+        };
         let rec = Record::patch(m, 99, p);
         let path = dir.join(file);
         let bytes = codec::encode(&key, &rec, Some(DType::Bf16))?;
@@ -169,10 +183,19 @@ fn golden_record_v2_quantised() -> Result<()> {
 fn quantised_patches_round_trip_and_their_size_is_what_patch_bytes_says() -> Result<()> {
     let m = common::model();
     for (li, layout) in common::layouts().into_iter().enumerate() {
-        for quant in [Quant::Int8, Quant::Int4] {
-            for n in [1, 4, 7] {
+        for (quant, grain) in [
+            (Quant::Int8, None),
+            (Quant::Int4, None),
+            (Quant::Int4Mixed, None),
+            (Quant::Int4Mixed, Some(Grain::Direction.everywhere())),
+            (
+                Quant::Int4Mixed,
+                Some([[Grain::Group, Grain::Direction], [Grain::Direction, Grain::Group]]),
+            ),
+        ] {
+            for n in [1, 4, 7, 40] {
                 let id = ChunkId::of(&[li as u8, n as u8], "enc", m);
-                let p = common::patch(layout, n, 3, li as u64, DType::F32).quantise(quant)?;
+                let p = common::patch(layout, n, 3, li as u64, DType::F32).quantise_with(quant, grain)?;
                 let key = Key::patch(m, id, &[(ChunkId::of(b"x", "enc", m), 0)], 9);
                 let rec = Record::patch(m, 7, p.clone());
                 // The store's float dtype does not touch quantised factors.
@@ -193,12 +216,17 @@ fn every_byte_flip_of_a_quantised_record_is_detected() -> Result<()> {
     let m = common::model();
     let layout = common::layouts()[0];
     let key = Key::patch(m, ChunkId::of(b"q", "enc", m), &[(ChunkId::of(b"x", "enc", m), 0)], 1);
-    let rec = Record::patch(m, 3, common::patch(layout, 3, 2, 1, DType::F32).quantise(Quant::Int4)?);
-    let bytes = codec::encode(&key, &rec, None)?;
-    for pos in 0..bytes.len() {
-        let mut bad = bytes.clone();
-        bad[pos] ^= 0x10;
-        assert!(codec::decode(&key, &bad).is_err_and(|e| e.is_miss()), "flip at {pos}");
+    for quant in [Quant::Int4, Quant::Int4Mixed] {
+        let rec = Record::patch(m, 3, common::patch(layout, 3, 2, 1, DType::F32).quantise(quant)?);
+        let bytes = codec::encode(&key, &rec, None)?;
+        for pos in 0..bytes.len() {
+            let mut bad = bytes.clone();
+            bad[pos] ^= 0x10;
+            assert!(
+                codec::decode(&key, &bad).is_err_and(|e| e.is_miss()),
+                "{quant:?} flip at {pos}"
+            );
+        }
     }
     Ok(())
 }

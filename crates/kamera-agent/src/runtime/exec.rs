@@ -9,7 +9,7 @@ use std::time::Instant;
 use crate::ms;
 
 use kamera_ops::ChunkKv;
-use kamera_sched::{Plan, Step};
+use kamera_sched::{OrbitKey, Plan, Step};
 use kamera_store::{ChunkId, Key, Record};
 
 use crate::error::{Error, Result, model};
@@ -244,9 +244,10 @@ impl Session {
         Ok(())
     }
 
-    /// One orbit patch per chunk of a set: the set prefilled after the context `0..at` under each
-    /// ordering (appended to the live context, then truncated back), deficits averaged.
-    fn form_orbit(&mut self, keys: &[(ChunkId, Key)], orderings: &[Vec<ChunkId>], at: i64) -> Result<()> {
+    /// The orbit patches `keys` of a set: the set prefilled after the context `0..at` under each
+    /// ordering (appended to the live context, then truncated back), each key's deficits (every
+    /// ordering, or those putting its chunk at its slot) averaged.
+    fn form_orbit(&mut self, keys: &[OrbitKey], orderings: &[Vec<ChunkId>], at: i64) -> Result<()> {
         let t0 = Instant::now();
         self.sync_to(at)?;
         let base = self.ctx.len();
@@ -265,12 +266,21 @@ impl Session {
             self.ctx.truncate(base);
         }
         let cost = t0.elapsed().as_micros() as u64 / keys.len().max(1) as u64;
-        for (c, key) in keys {
-            let canon = self.canonical("form-orbit", *c)?;
+        for k in keys {
+            let canon = self.canonical("form-orbit", k.chunk)?;
             let kv = canon.as_kv().expect("canonical() checks the body");
-            let conds = cond.get(c).map(Vec::as_slice).unwrap_or_default();
-            let patch = kamera_ops::orbit_patch(conds, kv, self.model.rope(), &self.cfg.patch)?;
-            self.put_patch(key, patch, cost)?;
+            // cond[c][i] is c's KV under orderings[i].
+            let conds: Vec<ChunkKv> = cond
+                .get(&k.chunk)
+                .map(Vec::as_slice)
+                .unwrap_or_default()
+                .iter()
+                .zip(orderings)
+                .filter(|(_, o)| k.covers(o))
+                .map(|(kv, _)| kv.clone())
+                .collect();
+            let patch = kamera_ops::orbit_patch(&conds, kv, self.model.rope(), &self.cfg.patch)?;
+            self.put_patch(&k.key, patch, cost)?;
         }
         Ok(())
     }

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use kamera_gpu::Backend;
 use kamera_model::{Context, Model};
-use kamera_ops::{ChunkKv, DType, PatchConfig};
+use kamera_ops::{ChunkKv, PatchConfig};
 use kamera_sched::{CostModel, Order, Plan, Visit, Window, WindowConfig};
 use kamera_store::{ChunkId, ChunkStore, Key, ModelFp, Record};
 use serde::{Deserialize, Serialize};
@@ -25,7 +25,8 @@ pub(crate) const TEXT_ENCODER: &str = "page-text:v1";
 pub struct SessionConfig {
     /// Tokens of page chunks the window holds after the pinned prefix.
     pub window_tokens: usize,
-    /// Rank and factor dtype of the patches the session forms.
+    /// Rank policy, factor dtype and quantisation of the patches the session forms (by default
+    /// the cost model's choice, [`CostModel::patch_config`]).
     pub patch: PatchConfig,
     /// The scheduler's cost model (calibrated with `kamera calibrate`, else defaults).
     pub cost: CostModel,
@@ -48,7 +49,7 @@ impl Default for SessionConfig {
     fn default() -> Self {
         SessionConfig {
             window_tokens: 1536,
-            patch: PatchConfig::fixed(16, DType::F32),
+            patch: CostModel::default().patch_config(),
             cost: CostModel::default(),
             evict: Order::Recency,
             min_relevance: 1.0,
