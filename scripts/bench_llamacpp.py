@@ -6,7 +6,7 @@ an empty cache, logits at the last position; greedy decode of --decode tokens af
 Prints one JSON line with tokens/s and peak resident memory (VmHWM) of this process.
 
 Usage: python bench_llamacpp.py --gguf FILE [--prefill 512,2048] [--decode 64] [--decode-after 128]
-                                [--reps 2] [--threads 2]
+                                [--reps 2] [--threads 2] [--no-extra-bufts]
 """
 import argparse
 import json
@@ -32,9 +32,22 @@ def main() -> int:
     ap.add_argument("--decode-after", type=int, default=128)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--no-extra-bufts", action="store_true",
+                    help="load without ggml's extra CPU buffer types (AMX, REPACK)")
     args = ap.parse_args()
     import numpy as np
     import llama_cpp
+    import llama_cpp.llama
+
+    if args.no_extra_bufts:
+        default_params = llama_cpp.llama_model_default_params
+
+        def params():
+            p = default_params()
+            p.use_extra_bufts = False
+            return p
+
+        llama_cpp.llama.llama_cpp.llama_model_default_params = params
 
     lengths = [int(x) for x in args.prefill.split(",") if x]
     n_ctx = max(lengths + [args.decode_after + args.decode]) + 16
@@ -80,6 +93,7 @@ def main() -> int:
         "version": llama_cpp.__version__,
         "gguf": args.gguf,
         "threads": args.threads,
+        "extra_bufts": not args.no_extra_bufts,
         "results": results,
         "peak_rss_mb": status_mb("VmHWM"),
         "rss_mb": status_mb("VmRSS"),

@@ -57,6 +57,7 @@ fn run_llamacpp(
             &m.decode_after.first().copied().unwrap_or(128).to_string(),
         ])
         .args(["--reps", &m.reps.to_string(), "--threads", &threads().to_string()])
+        .args(std::env::var_os("KAMERA_LLAMACPP_NO_EXTRA_BUFTS").map(|_| "--no-extra-bufts"))
         .output()
         .context("running scripts/bench_llamacpp.py")?;
     if !out.status.success() {
