@@ -101,6 +101,7 @@ pub async fn run_episode(agent: Parts<'_>, scenario: &Scenario, env: &Env, opts:
         },
         answer: None,
         reward: None,
+        blocked_seen: 0,
         t0: Instant::now(),
     };
     let r = run.drive().await;
@@ -117,6 +118,8 @@ struct Run<'a, 's> {
     answer: Option<String>,
     reward: Option<f64>,
     replay: bool,
+    /// Blocked requests already written into a step.
+    blocked_seen: usize,
     stats0: SessionStats,
     t0: Instant,
 }
@@ -267,6 +270,7 @@ impl Run<'_, '_> {
             model: None,
             action: None,
             result: StepResult::Ok,
+            blocked: Vec::new(),
             reward: None,
             timings,
         };
@@ -292,6 +296,9 @@ impl Run<'_, '_> {
             Err(_) => {}
         }
         record.timings.total_ms = ms(t_step);
+        let blocked = self.agent.browser.blocked();
+        record.blocked = blocked.get(self.blocked_seen..).unwrap_or_default().to_vec();
+        self.blocked_seen = blocked.len();
         Ok((record, fatal))
     }
 

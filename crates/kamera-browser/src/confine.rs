@@ -15,7 +15,7 @@ use crate::error::{Result, cdp};
 use crate::origin::Origins;
 
 /// One request refused at the browser.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Blocked {
     pub url: String,
     /// The resource type Chromium gave it (`Document`, `Image`, `Fetch`, ...).

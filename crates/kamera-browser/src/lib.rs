@@ -20,6 +20,7 @@
 
 mod chromium;
 mod confine;
+mod dialogs;
 mod error;
 mod origin;
 mod replay;
@@ -50,6 +51,11 @@ pub trait Browser: Send {
     async fn eval(&mut self, js: &str) -> Result<serde_json::Value>;
     /// Shuts the browser down.
     async fn close(&mut self) -> Result<()>;
+    /// Requests the page made off the allowed origins, refused at the browser, in order (none
+    /// for a browser that does not confine them).
+    fn blocked(&self) -> Vec<Blocked> {
+        Vec::new()
+    }
     /// Whether this browser replays a recording (no page behind it).
     fn is_replay(&self) -> bool {
         false
