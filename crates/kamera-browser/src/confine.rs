@@ -1,14 +1,20 @@
 //! Navigation confinement at the browser: every request the page makes (documents, frames,
 //! redirects, forms, scripts, images, fetches) pauses in the DevTools Fetch domain and goes on
 //! only when its URL is on an allowed origin; the rest fail as blocked, counted and logged.
+//! WebSocket handshakes never pass through the Fetch domain: every document response is served
+//! with a `Content-Security-Policy: connect-src` of the allowed origins added, so Chromium refuses
+//! a connection anywhere else, from the page, its frames and its workers (CSP only adds
+//! restrictions to the page's own).
 
 use std::sync::{Arc, Mutex};
 
+use base64::Engine;
 use chromiumoxide::Page;
 use chromiumoxide::cdp::browser_protocol::fetch::{
-    ContinueRequestParams, EnableParams, EventRequestPaused, FailRequestParams, RequestPattern, RequestStage,
+    ContinueRequestParams, EnableParams, EventRequestPaused, FailRequestParams, FulfillRequestParams,
+    GetResponseBodyParams, HeaderEntry, RequestPattern, RequestStage,
 };
-use chromiumoxide::cdp::browser_protocol::network::ErrorReason;
+use chromiumoxide::cdp::browser_protocol::network::{ErrorReason, ResourceType};
 use futures::StreamExt;
 
 use crate::error::{Result, cdp};
@@ -41,15 +47,54 @@ impl Confinement {
             .url_pattern("*")
             .request_stage(RequestStage::Request)
             .build();
-        page.execute(EnableParams::builder().pattern(pattern).build())
+        let responses = [RequestPattern::builder()
+            .url_pattern("*")
+            .resource_type(ResourceType::Document)
+            .request_stage(RequestStage::Response)
+            .build()];
+        page.execute(EnableParams::builder().pattern(pattern).patterns(responses).build())
             .await
             .map_err(cdp("confine"))?;
+        let csp = connect_policy(&origins);
         let blocked = Arc::new(Mutex::new(Vec::new()));
         let log = blocked.clone();
         let page = page.clone();
         let task = tokio::spawn(async move {
             while let Some(ev) = paused.next().await {
                 let url = ev.request.url.clone();
+                if let Some(code) = ev.response_status_code.filter(|_| ev.response_error_reason.is_none()) {
+                    // A document's response (its request was allowed): served again with the
+                    // policy added (headers changed in place are not parsed again for CSP).
+                    let served = async {
+                        let body = page
+                            .execute(GetResponseBodyParams::new(ev.request_id.clone()))
+                            .await?
+                            .result;
+                        let body = if body.base64_encoded {
+                            body.body
+                        } else {
+                            base64::engine::general_purpose::STANDARD.encode(body.body.as_bytes())
+                        };
+                        let mut headers = ev.response_headers.clone().unwrap_or_default();
+                        headers.push(HeaderEntry::new("Content-Security-Policy", csp.clone()));
+                        let mut p = FulfillRequestParams::new(ev.request_id.clone(), code);
+                        p.response_phrase = ev.response_status_text.clone().filter(|t| !t.is_empty());
+                        p.response_headers = Some(headers);
+                        p.body = Some(body.into());
+                        page.execute(p).await.map(|_| ())
+                    };
+                    if let Err(e) = served.await {
+                        // Fail closed: a document without the policy could open WebSockets anywhere.
+                        tracing::warn!(%url, error = %e, "could not add the connect-src policy; refusing the response");
+                        let _ = page
+                            .execute(FailRequestParams::new(
+                                ev.request_id.clone(),
+                                ErrorReason::BlockedByClient,
+                            ))
+                            .await;
+                    }
+                    continue;
+                }
                 let sent = match origins.check(&url) {
                     Ok(()) => page
                         .execute(ContinueRequestParams::new(ev.request_id.clone()))
@@ -91,4 +136,19 @@ impl Drop for Confinement {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+/// `connect-src` of the allowed origins (each also as ws:/wss:), so that fetches, beacons,
+/// EventSource and WebSockets cannot leave them.
+fn connect_policy(origins: &Origins) -> String {
+    let mut srcs = vec!["'self'".to_string()];
+    for o in origins.list() {
+        srcs.push(o.clone());
+        if let Some(rest) = o.strip_prefix("http://") {
+            srcs.push(format!("ws://{rest}"));
+        } else if let Some(rest) = o.strip_prefix("https://") {
+            srcs.push(format!("wss://{rest}"));
+        }
+    }
+    format!("connect-src {}", srcs.join(" "))
 }
