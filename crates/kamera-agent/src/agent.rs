@@ -341,6 +341,28 @@ impl Run<'_, '_> {
             }
             return None;
         }
+        // A model's reply never names a field for a remembered value (only a scenario does).
+        if let Action::Type { text, .. } = &d.action
+            && record.model.is_some()
+            && let Some(v) = self
+                .agent
+                .policy
+                .memory()
+                .into_iter()
+                .find(|v| !v.is_empty() && text.contains(v))
+        {
+            tracing::warn!(
+                step = record.step,
+                "refused to type a remembered value the scenario named no field for"
+            );
+            self.summary.refused += 1;
+            record.result = StepResult::Refused {
+                detail: format!(
+                    "type: the text holds the remembered value {v:?}, and no scenario step names this field"
+                ),
+            };
+            return None;
+        }
         let t = Instant::now();
         let r = self.agent.browser.act(&d.action).await;
         record.timings.act_ms = ms(t);
