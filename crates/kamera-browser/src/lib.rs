@@ -6,6 +6,11 @@
 //! An observation is a PNG screenshot plus compact page text in which every interactive element
 //! carries an id (`[3] button "Track"`), the URL and the title.
 //!
+//! Faults are typed: a call past its limit is [`Error::Timeout`], a browser process that died
+//! under a call is [`Error::Crashed`] (at once, not after a timeout); a page's dialogs are
+//! answered as they open; closing or dropping a [`ChromiumBrowser`] leaves no process and no
+//! profile behind.
+//!
 //! ```
 //! use kamera_browser::{Browser, ReplayBrowser, Observation, Action};
 //! # tokio::runtime::Runtime::new().unwrap().block_on(async {
