@@ -4,17 +4,20 @@
 //! WebSocket handshakes never pass through the Fetch domain: every document response is served
 //! with a `Content-Security-Policy: connect-src` of the allowed origins added, so Chromium refuses
 //! a connection anywhere else, from the page, its frames and its workers (CSP only adds
-//! restrictions to the page's own).
+//! restrictions to the page's own). The policy refuses fetch, XHR, beacons and EventSource too,
+//! in the page, before a request exists: each document reports those refusals through a binding
+//! and they are counted with the rest (a worker's are refused, not counted).
 
 use std::sync::{Arc, Mutex};
 
 use base64::Engine;
 use chromiumoxide::Page;
 use chromiumoxide::cdp::browser_protocol::fetch::{
-    ContinueRequestParams, EnableParams, EventRequestPaused, FailRequestParams, FulfillRequestParams,
-    GetResponseBodyParams, HeaderEntry, RequestPattern, RequestStage,
+    ContinueRequestParams, ContinueResponseParams, EnableParams, EventRequestPaused, FailRequestParams,
+    FulfillRequestParams, GetResponseBodyParams, HeaderEntry, RequestPattern, RequestStage,
 };
 use chromiumoxide::cdp::browser_protocol::network::{ErrorReason, ResourceType};
+use chromiumoxide::cdp::js_protocol::runtime::{AddBindingParams, EventBindingCalled};
 use futures::StreamExt;
 
 use crate::error::{Result, cdp};
@@ -30,10 +33,21 @@ pub struct Blocked {
     pub reason: String,
 }
 
+/// The binding through which each document reports what its policy refused.
+const BINDING: &str = "__kameraRefused";
+
+/// Run before each document's scripts: the policy's refusals (fetch, XHR, beacon, EventSource,
+/// WebSocket: refused in the page, before any request exists) are reported to be counted.
+const REPORT_JS: &str = "(() => { if (window.__kameraReports) return; window.__kameraReports = 1; \
+  document.addEventListener('securitypolicyviolation', (e) => { \
+    try { window.__kameraRefused(JSON.stringify({ url: e.blockedURI, directive: e.effectiveDirective })); } \
+    catch (_) {} }, true); })()";
+
 /// Intercepts a page's requests until dropped.
 pub(crate) struct Confinement {
     blocked: Arc<Mutex<Vec<Blocked>>>,
     task: tokio::task::JoinHandle<()>,
+    reports: tokio::task::JoinHandle<()>,
 }
 
 impl Confinement {
@@ -56,12 +70,46 @@ impl Confinement {
             .await
             .map_err(cdp("confine"))?;
         let csp = connect_policy(&origins);
+        let mut refused = page
+            .event_listener::<EventBindingCalled>()
+            .await
+            .map_err(cdp("confine"))?;
+        page.execute(AddBindingParams::new(BINDING))
+            .await
+            .map_err(cdp("confine"))?;
+        page.evaluate_on_new_document(REPORT_JS).await.map_err(cdp("confine"))?;
         let blocked = Arc::new(Mutex::new(Vec::new()));
         let log = blocked.clone();
+        let log2 = blocked.clone();
+        let reports = tokio::spawn(async move {
+            while let Some(ev) = refused.next().await {
+                if ev.name != BINDING {
+                    continue;
+                }
+                let v: serde_json::Value = serde_json::from_str(&ev.payload).unwrap_or_default();
+                let url = v["url"].as_str().unwrap_or("").to_string();
+                let directive = v["directive"].as_str().unwrap_or("").to_string();
+                tracing::warn!(%url, %directive, "the page's policy refused a connection off the allowed origins");
+                if let Ok(mut b) = log2.lock() {
+                    b.push(Blocked {
+                        url,
+                        resource: format!("Policy({directive})"),
+                        reason: "refused in the page by the connect-src policy of the allowed origins".into(),
+                    });
+                }
+            }
+        });
         let page = page.clone();
         let task = tokio::spawn(async move {
             while let Some(ev) = paused.next().await {
                 let url = ev.request.url.clone();
+                if matches!(ev.response_status_code, Some(300..=399)) {
+                    // A redirect renders nothing: it goes on, and where it leads is checked as a request.
+                    if let Err(e) = page.execute(ContinueResponseParams::new(ev.request_id.clone())).await {
+                        tracing::debug!(error = %e, "response interception: the page is gone");
+                    }
+                    continue;
+                }
                 if let Some(code) = ev.response_status_code.filter(|_| ev.response_error_reason.is_none()) {
                     // A document's response (its request was allowed): served again with the
                     // policy added (headers changed in place are not parsed again for CSP).
@@ -123,7 +171,7 @@ impl Confinement {
                 }
             }
         });
-        Ok(Confinement { blocked, task })
+        Ok(Confinement { blocked, task, reports })
     }
 
     /// The requests blocked so far.
@@ -135,6 +183,7 @@ impl Confinement {
 impl Drop for Confinement {
     fn drop(&mut self) {
         self.task.abort();
+        self.reports.abort();
     }
 }
 
