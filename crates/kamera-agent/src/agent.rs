@@ -106,6 +106,7 @@ pub async fn run_episode(agent: Parts<'_>, scenario: &Scenario, env: &Env, opts:
         },
         answer: None,
         reward: None,
+        blocked_seen: 0,
         t0: Instant::now(),
     };
     let r = run.drive().await;
@@ -122,6 +123,8 @@ struct Run<'a, 's> {
     answer: Option<String>,
     reward: Option<f64>,
     replay: bool,
+    /// Blocked requests already written into a step.
+    blocked_seen: usize,
     stats0: SessionStats,
     t0: Instant,
 }
@@ -272,6 +275,7 @@ impl Run<'_, '_> {
             model: None,
             action: None,
             result: StepResult::Ok,
+            blocked: Vec::new(),
             reward: None,
             timings,
         };
@@ -297,6 +301,9 @@ impl Run<'_, '_> {
             Err(_) => {}
         }
         record.timings.total_ms = ms(t_step);
+        let blocked = self.agent.browser.blocked();
+        record.blocked = blocked.get(self.blocked_seen..).unwrap_or_default().to_vec();
+        self.blocked_seen = blocked.len();
         Ok((record, fatal))
     }
 
@@ -342,6 +349,28 @@ impl Run<'_, '_> {
                 }
                 record.timings.baseline_prefill_ms = Some(ms(t));
             }
+            return None;
+        }
+        // A model's reply never names a field for a remembered value (only a scenario does).
+        if let Action::Type { text, .. } = &d.action
+            && record.model.is_some()
+            && let Some(v) = self
+                .agent
+                .policy
+                .memory()
+                .into_iter()
+                .find(|v| !v.is_empty() && text.contains(v))
+        {
+            tracing::warn!(
+                step = record.step,
+                "refused to type a remembered value the scenario named no field for"
+            );
+            self.summary.refused += 1;
+            record.result = StepResult::Refused {
+                detail: format!(
+                    "type: the text holds the remembered value {v:?}, and no scenario step names this field"
+                ),
+            };
             return None;
         }
         let t = Instant::now();

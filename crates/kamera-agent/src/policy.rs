@@ -64,6 +64,14 @@ impl ScriptedPolicy {
         }
     }
 
+    /// The name of a remembered value that `text` contains, if any.
+    fn remembered_in(&self, text: &str) -> Option<&str> {
+        self.vars
+            .iter()
+            .find(|(_, v)| !v.is_empty() && text.contains(v.as_str()))
+            .map(|(k, _)| k.as_str())
+    }
+
     fn subst(&self, s: &str) -> String {
         let mut out = s.to_string();
         for (k, v) in &self.vars {
@@ -153,10 +161,17 @@ impl Policy for ScriptedPolicy {
                         Some(t) => Some(target(t)?),
                         None => None,
                     };
-                    Action::Type {
-                        id,
-                        text: self.subst(&text),
+                    let text = self.subst(&text);
+                    // A remembered value goes only into the field the scenario names, never into
+                    // whatever has the focus (a page can move it).
+                    if id.is_none()
+                        && let Some(name) = self.remembered_in(&text)
+                    {
+                        return Err(bad(format!(
+                            "typing remembered ${name} needs `into` naming the field it goes into"
+                        )));
                     }
+                    Action::Type { id, text }
                 }
                 Step::Select { target: t, option } => Action::Select {
                     id: target(&t)?,
@@ -414,6 +429,21 @@ mod tests {
         ] {
             assert!(!valid(&obs, &a), "{a:?}");
         }
+    }
+
+    /// A remembered value is typed only into a field the scenario names.
+    #[test]
+    fn remembered_values_need_a_named_field() {
+        let mut p = ScriptedPolicy::new(
+            vec![Step::Type {
+                text: "code $secret".into(),
+                into: None,
+            }],
+            "http://127.0.0.1:1",
+        );
+        p.vars.insert("secret".into(), "TRK-1".into());
+        assert_eq!(p.remembered_in("code TRK-1"), Some("secret"));
+        assert_eq!(p.remembered_in("nothing"), None);
     }
 
     /// Actions already taken on an unchanged page are not offered again; text actions are.

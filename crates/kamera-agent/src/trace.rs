@@ -88,6 +88,10 @@ pub struct StepRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub action: Option<Action>,
     pub result: StepResult,
+    /// Requests the page made off the allowed origins during this step, refused at the browser
+    /// (absent in traces written before they were recorded).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub blocked: Vec<kamera_browser::Blocked>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reward: Option<f64>,
     pub timings: StepTimings,

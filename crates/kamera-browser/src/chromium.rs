@@ -1,6 +1,6 @@
 //! [`ChromiumBrowser`]: Debian's chromium, headless, driven over the DevTools protocol.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -14,6 +14,7 @@ use serde::Deserialize;
 
 use crate::Browser;
 use crate::confine::{Blocked, Confinement};
+use crate::dialogs::Dialogs;
 use crate::error::{Error, Result, cdp};
 use crate::origin::Origins;
 use crate::types::{Action, Element, Observation};
@@ -87,8 +88,11 @@ pub struct ChromiumBrowser {
     browser: CdpBrowser,
     page: Page,
     handler: tokio::task::JoinHandle<()>,
-    _profile: tempfile::TempDir,
+    profile: tempfile::TempDir,
+    /// The browser process (its helpers are its children and exit with it).
+    pid: Option<u32>,
     confinement: Confinement,
+    dialogs: Dialogs,
     last: Option<Observation>,
     /// Tabs in order of first sight (the first is the launch page).
     tabs: Vec<TargetId>,
@@ -160,7 +164,7 @@ impl ChromiumBrowser {
         let config = builder
             .build()
             .map_err(|detail| Error::Chromium { op: "config", detail })?;
-        let (browser, mut handler) = with_timeout("launch", cfg.timeout, async {
+        let (mut browser, mut handler) = with_timeout("launch", cfg.timeout, async {
             CdpBrowser::launch(config).await.map_err(cdp("launch"))
         })
         .await?;
@@ -184,24 +188,110 @@ impl ChromiumBrowser {
         .await?;
         let tabs = vec![page.target_id().clone()];
         let confinement = Confinement::start(&page, cfg.origins.clone()).await?;
+        let dialogs = Dialogs::start(&page).await?;
+        let pid = browser.get_mut_child().and_then(|c| c.as_mut_inner().id());
         Ok(ChromiumBrowser {
             cfg,
             browser,
             page,
             handler,
-            _profile: profile,
+            profile,
+            pid,
             confinement,
+            dialogs,
             last: None,
             tabs,
         })
     }
 
-    /// Requests the page made off the allowed origins, blocked at the browser, in order.
-    pub fn blocked(&self) -> Vec<Blocked> {
-        self.confinement.blocked()
+    /// JavaScript dialogs that opened (a `beforeunload`, or one the page's hook did not catch),
+    /// each answered at once; the hook's are counted in the page's `window.__kameraDialogs`.
+    pub fn dialogs(&self) -> usize {
+        self.dialogs.count()
+    }
+
+    /// Tabs open now (Chromium's own helper pages aside).
+    pub async fn open_tabs(&self) -> Result<usize> {
+        let browser = &self.browser;
+        let pages = with_timeout("open_tabs", self.cfg.timeout, async {
+            browser.pages().await.map_err(cdp("open_tabs"))
+        })
+        .await?;
+        let mut n = 0;
+        for p in pages {
+            let url = with_timeout("open_tabs", self.cfg.timeout, async {
+                p.url().await.map_err(cdp("open_tabs"))
+            })
+            .await?
+            .unwrap_or_default();
+            if !url.starts_with("chrome") && !url.starts_with("devtools:") {
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    /// The browser process's id (its helper processes are its children).
+    pub fn pid(&self) -> Option<u32> {
+        self.pid
+    }
+
+    /// The temporary profile (user-data-dir); removed when this is dropped.
+    pub fn profile_dir(&self) -> &Path {
+        self.profile.path()
+    }
+
+    /// How the browser process ended, if it has.
+    fn exited(&mut self) -> Option<String> {
+        match self.browser.try_wait() {
+            Ok(Some(status)) => Some(status.to_string()),
+            _ => None,
+        }
+    }
+
+    /// Before a call: a browser that has exited is [`Error::Crashed`] at once.
+    fn alive(&mut self, op: &'static str) -> Result<()> {
+        match self.exited() {
+            Some(status) => Err(Error::Crashed { op, status }),
+            None => Ok(()),
+        }
+    }
+
+    /// After a call: a protocol error or a timeout because the browser exited is [`Error::Crashed`].
+    fn diagnose<T>(&mut self, r: Result<T>) -> Result<T> {
+        match r {
+            Err(Error::Chromium { op, detail }) => Err(match self.exited() {
+                Some(status) => Error::Crashed { op, status },
+                None => Error::Chromium { op, detail },
+            }),
+            Err(Error::Timeout { op, ms }) => Err(match self.exited() {
+                Some(status) => Error::Crashed { op, status },
+                None => Error::Timeout { op, ms },
+            }),
+            r => r,
+        }
+    }
+
+    /// Whether the browser process is gone (exited, or a zombie not reaped yet): cheaper than a
+    /// call that would wait for its timeout on a closed connection.
+    fn gone(&self) -> bool {
+        let Some(pid) = self.pid else { return false };
+        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            Ok(stat) => stat
+                .rsplit(')')
+                .next()
+                .is_some_and(|rest| rest.trim_start().starts_with(['Z', 'X'])),
+            Err(_) => cfg!(target_os = "linux"),
+        }
     }
 
     async fn eval_once(&self, op: &'static str, js: &str) -> Result<serde_json::Value> {
+        if self.gone() {
+            return Err(Error::Chromium {
+                op,
+                detail: "the browser process is gone".into(),
+            });
+        }
         let page = &self.page;
         with_timeout(op, self.cfg.timeout, async {
             let r = page.evaluate(js).await.map_err(cdp(op))?;
@@ -237,6 +327,7 @@ impl ChromiumBrowser {
             match &v {
                 Ok(serde_json::Value::String(s)) if s == "complete" => return,
                 Err(Error::Timeout { .. }) => return,
+                Err(_) if self.gone() => return,
                 _ => {}
             }
             tokio::time::sleep(Duration::from_millis(25)).await;
@@ -251,6 +342,7 @@ impl ChromiumBrowser {
             match self.eval_once("settle", "document.readyState").await {
                 Ok(serde_json::Value::String(s)) if s == "complete" => break,
                 Err(Error::Timeout { .. }) => break,
+                Err(_) if self.gone() => break,
                 _ => tokio::time::sleep(Duration::from_millis(40)).await,
             }
         }
@@ -282,10 +374,10 @@ impl ChromiumBrowser {
             );
             with_timeout("navigate", self.cfg.timeout, async {
                 loop {
-                    if let Ok(serde_json::Value::String(s)) = self.eval_once("navigate", &poll).await
-                        && s == "complete"
-                    {
-                        return Ok(());
+                    match self.eval_once("navigate", &poll).await {
+                        Ok(serde_json::Value::String(s)) if s == "complete" => return Ok(()),
+                        Err(e) if self.gone() => return Err(e),
+                        _ => {}
                     }
                     tokio::time::sleep(Duration::from_millis(40)).await;
                 }
@@ -348,10 +440,46 @@ async fn with_timeout<T>(op: &'static str, limit: Duration, f: impl Future<Outpu
 #[async_trait]
 impl Browser for ChromiumBrowser {
     async fn navigate(&mut self, url: &str) -> Result<()> {
-        self.goto(url).await
+        self.alive("navigate")?;
+        let r = self.goto(url).await;
+        self.diagnose(r)
     }
 
     async fn act(&mut self, action: &Action) -> Result<()> {
+        self.alive("act")?;
+        let r = self.act_once(action).await;
+        self.diagnose(r)
+    }
+
+    async fn observe(&mut self) -> Result<Observation> {
+        self.alive("observe")?;
+        let r = self.observe_once().await;
+        self.diagnose(r)
+    }
+
+    async fn eval(&mut self, js: &str) -> Result<serde_json::Value> {
+        self.alive("eval")?;
+        let r = self.eval_value("eval", js).await;
+        self.diagnose(r)
+    }
+
+    fn blocked(&self) -> Vec<Blocked> {
+        self.confinement.blocked()
+    }
+
+    async fn close(&mut self) -> Result<()> {
+        if self.exited().is_none() {
+            let _ = tokio::time::timeout(Duration::from_secs(5), self.browser.close()).await;
+            let _ = tokio::time::timeout(Duration::from_secs(5), self.browser.wait()).await;
+        }
+        let _ = self.browser.kill().await;
+        self.handler.abort();
+        Ok(())
+    }
+}
+
+impl ChromiumBrowser {
+    async fn act_once(&mut self, action: &Action) -> Result<()> {
         // Mark the current document so that a navigation the action causes can be waited for.
         let _ = self.eval_value("mark", "window.__kameraDoc = 1").await;
         let may_navigate = match action {
@@ -370,7 +498,7 @@ impl Browser for ChromiumBrowser {
         self.check_location().await
     }
 
-    async fn observe(&mut self) -> Result<Observation> {
+    async fn observe_once(&mut self) -> Result<Observation> {
         let raw = self.eval_value("observe", OBSERVE_JS).await?;
         let raw: RawObservation = serde_json::from_str(raw.as_str().unwrap_or("null")).map_err(|e| Error::Invalid {
             op: "observe",
@@ -392,18 +520,6 @@ impl Browser for ChromiumBrowser {
         };
         self.last = Some(obs.clone());
         Ok(obs)
-    }
-
-    async fn eval(&mut self, js: &str) -> Result<serde_json::Value> {
-        self.eval_value("eval", js).await
-    }
-
-    async fn close(&mut self) -> Result<()> {
-        let _ = tokio::time::timeout(Duration::from_secs(5), self.browser.close()).await;
-        let _ = tokio::time::timeout(Duration::from_secs(5), self.browser.wait()).await;
-        let _ = self.browser.kill().await;
-        self.handler.abort();
-        Ok(())
     }
 }
 

@@ -11,6 +11,9 @@ pub enum Error {
     /// Launching or talking to Chromium failed.
     #[error("chromium {op}: {detail}")]
     Chromium { op: &'static str, detail: String },
+    /// The browser process exited (killed, crashed) under a call: the run cannot go on.
+    #[error("chromium exited ({status}) during {op}")]
+    Crashed { op: &'static str, status: String },
     /// A browser call did not answer in time.
     #[error("{op} timed out after {ms} ms")]
     Timeout { op: &'static str, ms: u64 },

@@ -6,6 +6,11 @@
 //! An observation is a PNG screenshot plus compact page text in which every interactive element
 //! carries an id (`[3] button "Track"`), the URL and the title.
 //!
+//! Faults are typed: a call past its limit is [`Error::Timeout`], a browser process that died
+//! under a call is [`Error::Crashed`] (at once, not after a timeout); a page's dialogs are
+//! answered as they open; closing or dropping a [`ChromiumBrowser`] leaves no process and no
+//! profile behind.
+//!
 //! ```
 //! use kamera_browser::{Browser, ReplayBrowser, Observation, Action};
 //! # tokio::runtime::Runtime::new().unwrap().block_on(async {
@@ -20,6 +25,7 @@
 
 mod chromium;
 mod confine;
+mod dialogs;
 mod error;
 mod origin;
 mod replay;
@@ -50,6 +56,11 @@ pub trait Browser: Send {
     async fn eval(&mut self, js: &str) -> Result<serde_json::Value>;
     /// Shuts the browser down.
     async fn close(&mut self) -> Result<()>;
+    /// Requests the page made off the allowed origins, refused at the browser, in order (none
+    /// for a browser that does not confine them).
+    fn blocked(&self) -> Vec<Blocked> {
+        Vec::new()
+    }
     /// Whether this browser replays a recording (no page behind it).
     fn is_replay(&self) -> bool {
         false

@@ -176,10 +176,10 @@ async fn hostile_pages_cannot_reach_another_origin() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Not held yet: WebSocket handshakes do not pass through the Fetch domain, so a page's
-/// WebSocket reaches another origin (Network.setBlockedURLs did not stop it on Chromium 156).
+/// WebSocket handshakes do not pass through the Fetch domain (Network.setBlockedURLs did not
+/// stop them on Chromium 156 either): the `connect-src` policy added to every document response
+/// does, on the page, in a dedicated worker and in a same-origin frame.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known gap: WebSocket handshakes bypass request interception"]
 async fn a_websocket_cannot_reach_another_origin() -> anyhow::Result<()> {
     let (evil, evil_log) = serve(|_| (200, String::new(), Vec::new())).await?;
     let html = std::fs::read_to_string(
@@ -191,6 +191,20 @@ async fn a_websocket_cannot_reach_another_origin() -> anyhow::Result<()> {
     let mut b = ChromiumBrowser::launch(ChromiumConfig::new(Origins::new(&[&origin])?)).await?;
     b.navigate(&format!("{origin}/websocket")).await?;
     b.act(&Action::Wait { ms: 700 }).await?;
+    let probe = b
+        .eval(
+            "new Promise((ok) => { document.addEventListener('securitypolicyviolation', \
+               (e) => ok('violation ' + e.violatedDirective + ' ' + e.blockedURI)); \
+             try { new WebSocket('ws://127.0.0.1:9/x'); } catch (e) { ok('threw ' + e); } \
+             setTimeout(() => ok('nothing'), 500); })",
+        )
+        .await?;
+    eprintln!("probe: {probe}");
+    assert_eq!(
+        probe,
+        serde_json::json!("violation connect-src ws://127.0.0.1:9/x"),
+        "the page runs under the added connect-src policy"
+    );
     b.close().await?;
     let hits: Vec<String> = evil_log
         .lock()
@@ -200,5 +214,39 @@ async fn a_websocket_cannot_reach_another_origin() -> anyhow::Result<()> {
         .cloned()
         .collect();
     assert!(hits.is_empty(), "a WebSocket reached the other origin: {hits:?}");
+    Ok(())
+}
+
+/// A popup opened by a click (the popup blocker lets one through per click) is a new tab: its
+/// requests must not reach another origin either. Not held: request interception is enabled on
+/// the launch page only, so a clicked `window.open` to another origin loads there (found by this
+/// test; confining new tabs needs them attached paused, before their first request).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "known gap: tabs opened by the page (a click's window.open) are not intercepted"]
+async fn a_popup_opened_by_a_click_cannot_reach_another_origin() -> anyhow::Result<()> {
+    let (evil, evil_log) = serve(|_| (200, String::new(), b"<html><body>evil</body></html>".to_vec())).await?;
+    let html = format!(
+        "<html><body><button id=\"go\" onclick=\"window.open('http://127.0.0.1:{evil}/popup')\">Go</button>\
+         <a id=\"tab\" href=\"http://127.0.0.1:{evil}/tab\" target=\"_blank\">Tab</a></body></html>"
+    );
+    let (site, _) = serve(move |_| (200, String::new(), html.clone().into_bytes())).await?;
+    let origin = format!("http://127.0.0.1:{site}");
+    let mut b = ChromiumBrowser::launch(ChromiumConfig::new(Origins::new(&[&origin])?)).await?;
+    b.navigate(&format!("{origin}/")).await?;
+    let obs = b.observe().await?;
+    let go = obs.by_html_id("go").expect("button").id;
+    let click = b.act(&Action::Click { id: go }).await;
+    b.act(&Action::Wait { ms: 1000 }).await?;
+    let tabs = b.open_tabs().await?;
+    b.close().await?;
+    let hits: Vec<String> = evil_log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|l| !l.starts_with(" (Host"))
+        .cloned()
+        .collect();
+    eprintln!("click {click:?}; {tabs} tabs; evil saw {hits:?}");
+    assert!(hits.is_empty(), "a popup reached the other origin: {hits:?}");
     Ok(())
 }

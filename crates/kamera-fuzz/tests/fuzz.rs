@@ -30,6 +30,11 @@ fn gguf() -> Result<()> {
 }
 
 #[test]
+fn safetensors() -> Result<()> {
+    fuzz("safetensors", 2000)
+}
+
+#[test]
 fn record() -> Result<()> {
     fuzz("record", 4000)
 }
@@ -63,6 +68,22 @@ fn gguf_seeds() -> Result<()> {
     for m in ModelName::ALL {
         let seed = targets::gguf_seed_from_model(&model_path(m, &default_home()))?;
         let p = targets::gguf_seeds_dir().join(format!("{}.gguf", m.as_str()));
+        eprintln!("{}: {} bytes", p.display(), seed.len());
+        if std::env::var_os("KAMERA_BLESS").is_some() {
+            std::fs::write(&p, &seed)?;
+        }
+    }
+    Ok(())
+}
+
+/// Regenerates the safetensors seeds from the tiny Qwen2.5-VL's shards:
+/// `KAMERA_BLESS=1 cargo test --release -p kamera-fuzz --test fuzz -- --ignored safetensors_seeds`.
+#[test]
+#[ignore = "writes seeds/ from kamera-model's golden tiny model"]
+fn safetensors_seeds() -> Result<()> {
+    for (i, src) in targets::safetensors_seed_sources().iter().enumerate() {
+        let seed = targets::safetensors_seed_from_model(src)?;
+        let p = targets::safetensors_seed_path(i);
         eprintln!("{}: {} bytes", p.display(), seed.len());
         if std::env::var_os("KAMERA_BLESS").is_some() {
             std::fs::write(&p, &seed)?;

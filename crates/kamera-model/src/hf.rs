@@ -10,8 +10,9 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{CandleCtx, Error, Result};
 
-/// The safetensors weights of a model directory, memory-mapped.
-pub(crate) struct SafeDir {
+/// The safetensors weights of a model directory, memory-mapped (public for kamera-fuzz, which
+/// fuzzes this loader).
+pub struct SafeDir {
     dir: PathBuf,
     files: Vec<PathBuf>,
     st: MmapedSafetensors,
@@ -82,6 +83,18 @@ impl SafeDir {
             files,
             st,
         })
+    }
+
+    /// Every tensor's name and shape, in name order.
+    pub fn tensors(&self) -> Vec<(String, Vec<usize>)> {
+        let mut v: Vec<_> = self
+            .st
+            .tensors()
+            .into_iter()
+            .map(|(n, t)| (n, t.shape().to_vec()))
+            .collect();
+        v.sort();
+        v
     }
 
     pub fn has(&self, name: &str) -> bool {

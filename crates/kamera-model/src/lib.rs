@@ -39,6 +39,7 @@ pub use error::{Error, Result};
 pub use fetch::{CacheState, ModelName, cache_state, default_home, fetch, fetch_with, model_path, sha256_file};
 pub use generate::{Sampling, argmax};
 pub use gguf::Gguf;
+pub use hf::SafeDir;
 pub use kamera_ops::{ChunkKv, KvLayout, PairLayout, Patch, Placement, RopeSpec};
 pub use model::{Input, Model, Prefill, PrefillOptions};
 pub use selective::{Selection, Selective};

@@ -39,8 +39,16 @@
       const f = el.matches('input,textarea,[contenteditable]') ? el : (el.control || el.querySelector('input,textarea,[contenteditable]') || el);
       if (disabled(f)) return { err: 'disabled', detail: `element [${kid}] (${tag}) is disabled` };
       f.focus();
+      // A page may move the focus away (an onfocus handler) to catch what is typed: refuse.
+      if (document.activeElement !== f) {
+        const to = document.activeElement;
+        return { err: 'focus', detail: `element [${kid}] (${tag}) did not keep the focus: the page moved it to ${to ? to.tagName.toLowerCase() + (to.id ? '#' + to.id : '') : 'nothing'}` };
+      }
       if ('value' in f && f.tagName !== 'SELECT' && f.tagName !== 'BUTTON') f.value = '';
-      return { ok: true };
+      // Typed in this same turn of the page's event loop, so no page script runs between the
+      // check above and the text landing in the element.
+      if (arg !== null && !document.execCommand('insertText', false, String(arg))) return { ok: true, inserted: false };
+      return { ok: true, inserted: arg !== null };
     }
     case 'select': {
       const s = tag === 'select' ? el : (el.control && el.control.tagName === 'SELECT' ? el.control : el.querySelector('select'));

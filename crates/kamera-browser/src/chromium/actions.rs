@@ -40,6 +40,9 @@ struct Found {
     href: Option<String>,
     #[serde(default)]
     checked: Option<bool>,
+    /// `type`: whether the page script typed the text itself (else the protocol types it).
+    #[serde(default)]
+    inserted: Option<bool>,
 }
 
 impl ChromiumBrowser {
@@ -122,7 +125,11 @@ impl ChromiumBrowser {
             }
             Action::Type { id, text } => {
                 if let Some(id) = id {
-                    self.find("type", *id, serde_json::Value::Null).await?;
+                    // Focused, checked to keep the focus, and typed in one page script.
+                    let f = self.find("type", *id, serde_json::Value::String(text.clone())).await?;
+                    if f.inserted == Some(true) {
+                        return Ok(());
+                    }
                 }
                 let page = &self.page;
                 with_timeout("type", self.cfg.timeout, async {

@@ -3,12 +3,14 @@
 
 mod gguf;
 mod record;
+mod safetensors;
 mod text;
 mod tokenizer;
 
 use crate::error::{Error, Result};
 
 pub use gguf::{gguf_seed_from_model, gguf_seeds_dir};
+pub use safetensors::{safetensors_seed_from_model, safetensors_seed_path, safetensors_seed_sources};
 
 /// What a decoder made of one input.
 #[derive(Debug, Clone, PartialEq)]
@@ -49,12 +51,21 @@ impl std::fmt::Debug for Target {
 }
 
 /// Every target's name.
-pub const NAMES: [&str; 6] = ["gguf", "record", "trace", "recorder", "scenario", "tokenizer"];
+pub const NAMES: [&str; 7] = [
+    "gguf",
+    "safetensors",
+    "record",
+    "trace",
+    "recorder",
+    "scenario",
+    "tokenizer",
+];
 
 /// The target called `name`.
 pub fn by_name(name: &str) -> Result<Target> {
     match name {
         "gguf" => gguf::target(),
+        "safetensors" => safetensors::target(),
         "record" => record::target(),
         "trace" => text::trace(),
         "recorder" => text::recorder(),
