@@ -20,6 +20,6 @@ CPU_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=$(has avx) -DGGML_AVX2=$(has avx2) -DGGML
 CPU_ARGS+=" -DGGML_AVX_VNNI=$(has avx_vnni) -DGGML_AVX512=$(has avx512f) -DGGML_AVX512_VBMI=$(has avx512vbmi)"
 CPU_ARGS+=" -DGGML_AVX512_VNNI=$(has avx512_vnni) -DGGML_AVX512_BF16=$(has avx512_bf16) -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
 CMAKE_ARGS="$CPU_ARGS -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
-  "$VENV/bin/pip" install -q --no-binary llama-cpp-python "llama-cpp-python==$VERSION" >&2
+  "$VENV/bin/pip" install -q --no-cache-dir --no-binary llama-cpp-python "llama-cpp-python==$VERSION" >&2
 "$VENV/bin/python" -c "import llama_cpp; print('llamacpp-venv: llama-cpp-python', llama_cpp.__version__)" >&2
 echo "$VENV/bin/python"

@@ -137,6 +137,11 @@ pub(crate) fn attend(
     window: Option<usize>,
 ) -> Result<Tensor> {
     let (kvh, g, n, hd) = q.dims4().ctx(OP)?;
+    if n == 1
+        && let Some(out) = attend_one(q, k, v, q_pos[0], k_pos, scale as f32, window)?
+    {
+        return Ok(out);
+    }
     let mut outs = Vec::with_capacity(n.div_ceil(BLOCK));
     for b0 in (0..n).step_by(BLOCK) {
         let nb = BLOCK.min(n - b0);
@@ -186,6 +191,87 @@ pub(crate) fn attend(
             .ctx(OP);
     }
     Tensor::cat(&outs, 2).ctx(OP)
+}
+
+/// A context tensor's f32 values and its `[heads, rows, hd]` strides, read in place (rows
+/// contiguous); `None` for any other layout.
+fn rows_in_place(
+    t: &Tensor,
+    hd: usize,
+) -> Option<(impl std::ops::Deref<Target = candle_core::Storage> + '_, usize, usize)> {
+    let (guard, layout) = t.storage_and_layout();
+    let stride = layout.stride();
+    if !matches!(&*guard, candle_core::Storage::Cpu(CpuStorage::F32(_)))
+        || stride.len() != 3
+        || stride[2] != 1
+        || stride[1] != hd
+    {
+        return None;
+    }
+    Some((guard, layout.start_offset(), stride[0]))
+}
+
+/// One query (decode): `q: [kvh, g, 1, hd]` against the visible keys of `k, v` read in place
+/// from the context's buffers, one (kv head, group head) per task; the same arithmetic as the
+/// blocked path (scores, masked softmax, weighted values) without its tensor plumbing.
+/// `None` where the keys are not laid out as the context lays them out.
+fn attend_one(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    q_pos: i64,
+    k_pos: &[i64],
+    scale: f32,
+    window: Option<usize>,
+) -> Result<Option<Tensor>> {
+    let (kvh, g, _, hd) = q.dims4().ctx(OP)?;
+    let qv = q.flatten_all().ctx(OP)?.to_vec1::<f32>().ctx(OP)?;
+    let (Some((kg, k0, ks)), Some((vg, v0, vs))) = (rows_in_place(k, hd), rows_in_place(v, hd)) else {
+        return Ok(None);
+    };
+    let (candle_core::Storage::Cpu(CpuStorage::F32(kd)), candle_core::Storage::Cpu(CpuStorage::F32(vd))) = (&*kg, &*vg)
+    else {
+        return Ok(None);
+    };
+    let hi = k_pos.partition_point(|&p| p <= q_pos);
+    let lo = window.map_or(0, |w| k_pos.partition_point(|&p| p <= q_pos - w as i64));
+    let mut out = vec![0f32; kvh * g * hd];
+    let head = |(i, o): (usize, &mut [f32])| {
+        let h = i / g;
+        let qr = &qv[i * hd..(i + 1) * hd];
+        let keys = &kd[k0 + h * ks..];
+        let vals = &vd[v0 + h * vs..];
+        let s: Vec<f32> = (lo..hi).map(|j| dot(qr, &keys[j * hd..(j + 1) * hd])).collect();
+        let mut p = vec![0f32; s.len()];
+        softmax_row(&s, &mut p, scale);
+        for (j, &w) in (lo..hi).zip(&p) {
+            for (o, &x) in o.iter_mut().zip(&vals[j * hd..(j + 1) * hd]) {
+                *o += w * x;
+            }
+        }
+    };
+    if lo < hi {
+        if (hi - lo) * kvh * g >= 2048 {
+            out.par_chunks_mut(hd).enumerate().for_each(head);
+        } else {
+            out.chunks_mut(hd).enumerate().for_each(head);
+        }
+    }
+    Tensor::from_vec(out, (kvh, g, 1, hd), q.device()).ctx(OP).map(Some)
+}
+
+/// A dot product in 8 lanes (vectorisable).
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+    for (x, y) in ca.zip(cb) {
+        for t in 0..8 {
+            acc[t] += x[t] * y[t];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
 }
 
 #[cfg(test)]
@@ -280,6 +366,38 @@ mod tests {
             let want = reference(&q, &k, &v, (kvh, g, n, t, hd), q_pos, &k_pos, 0.35, window);
             let err = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
             assert!(err < 1e-4, "window {window:?}: max error {err}");
+            // One query (decode's path) on a strided view of a larger buffer, as the context holds it.
+            let cap = t + 40;
+            let mut kbuf = vec![9f32; kvh * cap * hd];
+            let mut vbuf = vec![9f32; kvh * cap * hd];
+            for h in 0..kvh {
+                kbuf[h * cap * hd..][..t * hd].copy_from_slice(&k[h * t * hd..][..t * hd]);
+                vbuf[h * cap * hd..][..t * hd].copy_from_slice(&v[h * t * hd..][..t * hd]);
+            }
+            let kv = Tensor::from_vec(kbuf, (kvh, cap, hd), &dev)
+                .unwrap()
+                .narrow(1, 0, t)
+                .unwrap();
+            let vv = Tensor::from_vec(vbuf, (kvh, cap, hd), &dev)
+                .unwrap()
+                .narrow(1, 0, t)
+                .unwrap();
+            let last = n - 1;
+            let q1: Vec<f32> = (0..kvh * g)
+                .flat_map(|hg| q[(hg * n + last) * hd..][..hd].to_vec())
+                .collect();
+            let q1t = Tensor::from_slice(&q1, (kvh, g, 1, hd), &dev).unwrap();
+            let got = attend(&q1t, &kv, &vv, &q_pos[last..], &k_pos, 0.35, window)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap();
+            let want1: Vec<f32> = (0..kvh * g)
+                .flat_map(|hg| want[(hg * n + last) * hd..][..hd].to_vec())
+                .collect();
+            let err = got.iter().zip(&want1).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            assert!(err < 1e-4, "one query, window {window:?}: max error {err}");
         }
     }
 }

@@ -41,6 +41,7 @@ pub(crate) fn row_codes(q: &QMatrix, r: usize) -> &[u8] {
     }
 }
 
+#[inline(always)]
 fn row_dot(q: &QMatrix, r: usize, x: &[f32], xsum: &[f32]) -> f32 {
     let gpr = q.cols / q.group;
     let scales = &q.scales[r * gpr..(r + 1) * gpr];
@@ -53,6 +54,7 @@ fn row_dot(q: &QMatrix, r: usize, x: &[f32], xsum: &[f32]) -> f32 {
 }
 
 /// A dot product in 8 independent lanes (vectorisable: no single serial add chain).
+#[inline(always)]
 fn lanes_dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
     let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
