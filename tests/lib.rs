@@ -32,19 +32,4 @@ pub fn require_chromium() {
     );
 }
 
-/// Processes whose command line names `profile` (a Chromium and all its helpers carry its
-/// `--user-data-dir`): how the fault tests count what a browser left behind.
-pub fn processes_of(profile: &Path) -> Vec<u32> {
-    let needle = profile.to_string_lossy().to_string();
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.filter_map(|e| e.ok())
-        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()))
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline"))
-                .map(|c| String::from_utf8_lossy(&c).contains(&needle))
-                .unwrap_or(false)
-        })
-        .collect()
-}
+pub use kamera_browser::processes_of;

@@ -16,22 +16,7 @@ static ONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 const TIMEOUT: Duration = Duration::from_secs(4);
 
-/// Processes whose command line names `profile` (the browser and all its helpers carry its
-/// `--user-data-dir`).
-fn processes_of(profile: &Path) -> Vec<u32> {
-    let needle = profile.to_string_lossy().to_string();
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.filter_map(|e| e.ok())
-        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()))
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline"))
-                .map(|c| String::from_utf8_lossy(&c).contains(&needle))
-                .unwrap_or(false)
-        })
-        .collect()
-}
+use kamera_browser::processes_of;
 
 /// Closes and drops `b`, then waits (up to 5 s) for its processes and its profile to be gone.
 async fn close_and_count(mut b: ChromiumBrowser) -> (Vec<u32>, bool, PathBuf) {

@@ -5,6 +5,7 @@ use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
 use crate::error::{CandleCtx, Result};
+use crate::lanes::dot;
 
 const OP: &str = "attention";
 /// Queries per block.
@@ -258,20 +259,6 @@ fn attend_one(
         }
     }
     Tensor::from_vec(out, (kvh, g, 1, hd), q.device()).ctx(OP).map(Some)
-}
-
-/// A dot product in 8 lanes (vectorisable).
-#[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
-    for (x, y) in ca.zip(cb) {
-        for t in 0..8 {
-            acc[t] += x[t] * y[t];
-        }
-    }
-    acc.iter().sum::<f32>() + tail
 }
 
 #[cfg(test)]

@@ -23,6 +23,7 @@ mod generate;
 mod gguf;
 mod hf;
 mod hf_tokenizer;
+mod lanes;
 mod merge;
 mod model;
 mod quant;

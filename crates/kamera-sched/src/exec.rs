@@ -290,15 +290,8 @@ impl<E: Encoder, S: ChunkStore> Executor<E, S> {
                 for k in keys {
                     let canon = self.canonical("form-orbit", k.chunk)?;
                     // cond[c][i] is c's KV under orderings[i].
-                    let conds: Vec<ChunkKv> = cond
-                        .get(&k.chunk)
-                        .map(Vec::as_slice)
-                        .unwrap_or_default()
-                        .iter()
-                        .zip(orderings)
-                        .filter(|(_, o)| k.covers(o))
-                        .map(|(kv, _)| kv.clone())
-                        .collect();
+                    let conds: Vec<ChunkKv> =
+                        k.covered(cond.get(&k.chunk).map(Vec::as_slice).unwrap_or_default(), orderings);
                     let patch = kamera_ops::orbit_patch(&conds, &canon, &rope, &self.cfg.patch)
                         .map_err(ops_err("form-orbit"))?;
                     self.store

@@ -69,6 +69,17 @@ impl OrbitKey {
         self.slot
             .is_none_or(|s| ordering.iter().position(|c| *c == self.chunk) == Some(s))
     }
+
+    /// Of `conds` (this chunk's KV under `orderings[i]`, one per ordering), the ones this
+    /// patch averages over: what an executor hands to `kamera_ops::orbit_patch`.
+    pub fn covered<T: Clone>(&self, conds: &[T], orderings: &[Vec<ChunkId>]) -> Vec<T> {
+        conds
+            .iter()
+            .zip(orderings)
+            .filter(|(_, o)| self.covers(o))
+            .map(|(kv, _)| kv.clone())
+            .collect()
+    }
 }
 
 /// What the runner must do for one operation, and why.

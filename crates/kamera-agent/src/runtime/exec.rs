@@ -270,15 +270,7 @@ impl Session {
             let canon = self.canonical("form-orbit", k.chunk)?;
             let kv = canon.as_kv().expect("canonical() checks the body");
             // cond[c][i] is c's KV under orderings[i].
-            let conds: Vec<ChunkKv> = cond
-                .get(&k.chunk)
-                .map(Vec::as_slice)
-                .unwrap_or_default()
-                .iter()
-                .zip(orderings)
-                .filter(|(_, o)| k.covers(o))
-                .map(|(kv, _)| kv.clone())
-                .collect();
+            let conds: Vec<ChunkKv> = k.covered(cond.get(&k.chunk).map(Vec::as_slice).unwrap_or_default(), orderings);
             let patch = kamera_ops::orbit_patch(&conds, kv, self.model.rope(), &self.cfg.patch)?;
             self.put_patch(&k.key, patch, cost)?;
         }

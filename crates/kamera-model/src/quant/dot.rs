@@ -5,6 +5,7 @@
 use rayon::prelude::*;
 
 use super::{Codes, Offsets, QMatrix};
+use crate::lanes::dot;
 
 /// Weights per parallel task (smaller matrices run on the calling thread).
 const TASK_WEIGHTS: usize = 1 << 18;
@@ -48,23 +49,9 @@ fn row_dot(q: &QMatrix, r: usize, x: &[f32], xsum: &[f32]) -> f32 {
     let main = scaled_code_dot(&q.codes, q.group, row_codes(q, r), scales, x);
     main + match &q.offsets {
         Offsets::None => 0.0,
-        Offsets::Zero(z) => -z * lanes_dot(scales, xsum),
-        Offsets::PerGroup(o) => lanes_dot(&o[r * gpr..(r + 1) * gpr], xsum),
+        Offsets::Zero(z) => -z * dot(scales, xsum),
+        Offsets::PerGroup(o) => dot(&o[r * gpr..(r + 1) * gpr], xsum),
     }
-}
-
-/// A dot product in 8 independent lanes (vectorisable: no single serial add chain).
-#[inline(always)]
-fn lanes_dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
-    for (x, y) in ca.zip(cb) {
-        for t in 0..8 {
-            acc[t] += x[t] * y[t];
-        }
-    }
-    acc.iter().sum::<f32>() + tail
 }
 
 /// `Σ_g scales[g] · Σ_{i∈g} code_i x_i` over one row.
