@@ -226,10 +226,10 @@ fn attend_one(
     window: Option<usize>,
 ) -> Result<Option<Tensor>> {
     let (kvh, g, _, hd) = q.dims4().ctx(OP)?;
-    let qv = q.flatten_all().ctx(OP)?.to_vec1::<f32>().ctx(OP)?;
     let (Some((kg, k0, ks)), Some((vg, v0, vs))) = (rows_in_place(k, hd), rows_in_place(v, hd)) else {
         return Ok(None);
     };
+    let qv = q.flatten_all().ctx(OP)?.to_vec1::<f32>().ctx(OP)?;
     let (candle_core::Storage::Cpu(CpuStorage::F32(kd)), candle_core::Storage::Cpu(CpuStorage::F32(vd))) = (&*kg, &*vg)
     else {
         return Ok(None);

@@ -8,10 +8,6 @@ use crate::error::{CandleCtx, Error, Result};
 use crate::model::Model;
 use crate::quant::Linear;
 
-fn host_linear(w: &Linear) -> Result<Vec<f32>> {
-    w.to_f32()
-}
-
 fn host(t: &candle_core::Tensor) -> Result<Vec<f32>> {
     t.flatten_all()
         .ctx("Model::host_weights")?
@@ -58,9 +54,9 @@ impl Model {
             .map(|l| {
                 Ok(HostLayer {
                     attn_norm: host(&l.attn_norm)?,
-                    wq: host_linear(&l.wq)?,
-                    wk: host_linear(&l.wk)?,
-                    wv: host_linear(&l.wv)?,
+                    wq: l.wq.to_f32()?,
+                    wk: l.wk.to_f32()?,
+                    wv: l.wv.to_f32()?,
                     bias: match (&l.bq, &l.bk, &l.bv) {
                         (Some(q), Some(k), Some(v)) => Some([host(q)?, host(k)?, host(v)?]),
                         _ => None,
@@ -69,21 +65,21 @@ impl Model {
                         (Some(q), Some(k)) => Some([host(q)?, host(k)?]),
                         _ => None,
                     },
-                    wo: host_linear(&l.wo)?,
+                    wo: l.wo.to_f32()?,
                     post_attn_norm: host_opt(l.post_attn_norm.as_ref())?,
                     ffn_norm: host(&l.ffn_norm)?,
-                    w_gate: host_linear(&l.w_gate)?,
-                    w_up: host_linear(&l.w_up)?,
-                    w_down: host_linear(&l.w_down)?,
+                    w_gate: l.w_gate.to_f32()?,
+                    w_up: l.w_up.to_f32()?,
+                    w_down: l.w_down.to_f32()?,
                     post_ffn_norm: host_opt(l.post_ffn_norm.as_ref())?,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(HostWeights {
-            embed: host_linear(&w.embed)?,
+            embed: w.embed.to_f32()?,
             layers,
             out_norm: host(&w.out_norm)?,
-            lm_head: w.lm_head.as_ref().map(host_linear).transpose()?,
+            lm_head: w.lm_head.as_ref().map(Linear::to_f32).transpose()?,
         })
     }
 

@@ -13,7 +13,11 @@ const TASK_WEIGHTS: usize = 1 << 18;
 /// `y = W x` for one input row `x` (`cols`), `y` (`rows`).
 pub(crate) fn matvec(q: &QMatrix, x: &[f32], y: &mut [f32]) {
     debug_assert_eq!((x.len(), y.len()), (q.cols, q.rows));
-    let xsum: Vec<f32> = x.chunks_exact(q.group).map(|g| g.iter().sum()).collect();
+    // Group sums of x, for the offsets; signed codes (most of the block types) have none.
+    let xsum: Vec<f32> = match q.offsets {
+        Offsets::None => Vec::new(),
+        _ => x.chunks_exact(q.group).map(|g| g.iter().sum()).collect(),
+    };
     let rows_per_task = (TASK_WEIGHTS / q.cols).max(8);
     let run = |r0: usize, out: &mut [f32]| {
         for (i, o) in out.iter_mut().enumerate() {
@@ -136,6 +140,18 @@ mod avx512 {
         }
     }
 
+    /// `Σ code·x` of one group of 32 byte codes, as 16 lanes.
+    #[inline(always)]
+    unsafe fn b8_group<const S: bool>(c: *const u8, xp: *const f32) -> __m512 {
+        unsafe {
+            _mm512_fmadd_ps(
+                b8x16::<S>(c.add(16)),
+                _mm512_loadu_ps(xp.add(16)),
+                _mm512_mul_ps(b8x16::<S>(c), _mm512_loadu_ps(xp)),
+            )
+        }
+    }
+
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn b8_g32<const S: bool>(codes: &[u8], scales: &[f32], x: &[f32]) -> f32 {
         unsafe {
@@ -144,29 +160,18 @@ mod avx512 {
             let n = scales.len();
             let mut g = 0;
             while g + 1 < n {
-                let (o0, o1) = (32 * g, 32 * g + 32);
-                let p0 = _mm512_fmadd_ps(
-                    b8x16::<S>(c.add(o0 + 16)),
-                    _mm512_loadu_ps(xp.add(o0 + 16)),
-                    _mm512_mul_ps(b8x16::<S>(c.add(o0)), _mm512_loadu_ps(xp.add(o0))),
-                );
-                let p1 = _mm512_fmadd_ps(
-                    b8x16::<S>(c.add(o1 + 16)),
-                    _mm512_loadu_ps(xp.add(o1 + 16)),
-                    _mm512_mul_ps(b8x16::<S>(c.add(o1)), _mm512_loadu_ps(xp.add(o1))),
-                );
+                let p0 = b8_group::<S>(c.add(32 * g), xp.add(32 * g));
+                let p1 = b8_group::<S>(c.add(32 * g + 32), xp.add(32 * g + 32));
                 a0 = _mm512_fmadd_ps(p0, _mm512_set1_ps(scales[g]), a0);
                 a1 = _mm512_fmadd_ps(p1, _mm512_set1_ps(scales[g + 1]), a1);
                 g += 2;
             }
             if g < n {
-                let o0 = 32 * g;
-                let p0 = _mm512_fmadd_ps(
-                    b8x16::<S>(c.add(o0 + 16)),
-                    _mm512_loadu_ps(xp.add(o0 + 16)),
-                    _mm512_mul_ps(b8x16::<S>(c.add(o0)), _mm512_loadu_ps(xp.add(o0))),
+                a0 = _mm512_fmadd_ps(
+                    b8_group::<S>(c.add(32 * g), xp.add(32 * g)),
+                    _mm512_set1_ps(scales[g]),
+                    a0,
                 );
-                a0 = _mm512_fmadd_ps(p0, _mm512_set1_ps(scales[g]), a0);
             }
             _mm512_reduce_add_ps(_mm512_add_ps(a0, a1))
         }
