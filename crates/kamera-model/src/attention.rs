@@ -61,7 +61,7 @@ impl CustomOp1 for MaskedSoftmax<'_> {
 }
 
 /// `o = softmax(scale · s)` over one row, vectorised (AVX2 + FMA where the CPU has them).
-fn softmax_row(s: &[f32], o: &mut [f32], scale: f32) {
+pub(crate) fn softmax_row(s: &[f32], o: &mut [f32], scale: f32) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
         // SAFETY: the CPU supports the features the function is compiled for.
@@ -213,9 +213,8 @@ fn rows_in_place(
 }
 
 /// One query (decode): `q: [kvh, g, 1, hd]` against the visible keys of `k, v` read in place
-/// from the context's buffers, one (kv head, group head) per task; the same arithmetic as the
-/// blocked path (scores, masked softmax, weighted values) without its tensor plumbing.
-/// `None` where the keys are not laid out as the context lays them out.
+/// from the context's buffers (see [`attend_one_rows`]). `None` where the keys are not laid out
+/// as the context lays them out.
 fn attend_one(
     q: &Tensor,
     k: &Tensor,
@@ -237,28 +236,60 @@ fn attend_one(
     let hi = k_pos.partition_point(|&p| p <= q_pos);
     let lo = window.map_or(0, |w| k_pos.partition_point(|&p| p <= q_pos - w as i64));
     let mut out = vec![0f32; kvh * g * hd];
-    let head = |(i, o): (usize, &mut [f32])| {
-        let h = i / g;
-        let qr = &qv[i * hd..(i + 1) * hd];
-        let keys = &kd[k0 + h * ks..];
-        let vals = &vd[v0 + h * vs..];
-        let s: Vec<f32> = (lo..hi).map(|j| dot(qr, &keys[j * hd..(j + 1) * hd])).collect();
-        let mut p = vec![0f32; s.len()];
-        softmax_row(&s, &mut p, scale);
-        for (j, &w) in (lo..hi).zip(&p) {
-            for (o, &x) in o.iter_mut().zip(&vals[j * hd..(j + 1) * hd]) {
-                *o += w * x;
-            }
-        }
+    let rows = OneQuery {
+        keys: (&kd[k0..], ks),
+        values: (&vd[v0..], vs),
+        hd,
+        group: g,
+        visible: lo..hi,
+        scale,
     };
-    if lo < hi {
-        if (hi - lo) * kvh * g >= 2048 {
+    rows.attend(&qv, &mut out);
+    Tensor::from_vec(out, (kvh, g, 1, hd), q.device()).ctx(OP).map(Some)
+}
+
+/// One query's attention over K/V rows read in place: head `h`'s row `j` of `keys.0` starts at
+/// `h · keys.1 + j · hd` (the same for values); query head `i` reads kv head `i / group`.
+pub(crate) struct OneQuery<'a> {
+    pub keys: (&'a [f32], usize),
+    pub values: (&'a [f32], usize),
+    pub hd: usize,
+    pub group: usize,
+    /// The visible rows.
+    pub visible: std::ops::Range<usize>,
+    pub scale: f32,
+}
+
+impl OneQuery<'_> {
+    /// `out[i] = Σ_j softmax(scale · q_i·k_j) v_j` for every query head `i` of `q`
+    /// (`heads · hd`); the same arithmetic as the blocked path without its tensor plumbing.
+    pub(crate) fn attend(&self, q: &[f32], out: &mut [f32]) {
+        let (hd, g) = (self.hd, self.group);
+        let (lo, hi) = (self.visible.start, self.visible.end);
+        out.fill(0.0);
+        if lo >= hi {
+            return;
+        }
+        let head = |(i, o): (usize, &mut [f32])| {
+            let h = i / g;
+            let qr = &q[i * hd..(i + 1) * hd];
+            let keys = &self.keys.0[h * self.keys.1..];
+            let vals = &self.values.0[h * self.values.1..];
+            let s: Vec<f32> = (lo..hi).map(|j| dot(qr, &keys[j * hd..(j + 1) * hd])).collect();
+            let mut p = vec![0f32; s.len()];
+            softmax_row(&s, &mut p, self.scale);
+            for (j, &w) in (lo..hi).zip(&p) {
+                for (o, &x) in o.iter_mut().zip(&vals[j * hd..(j + 1) * hd]) {
+                    *o += w * x;
+                }
+            }
+        };
+        if (hi - lo) * (out.len() / hd) >= 2048 {
             out.par_chunks_mut(hd).enumerate().for_each(head);
         } else {
             out.chunks_mut(hd).enumerate().for_each(head);
         }
     }
-    Tensor::from_vec(out, (kvh, g, 1, hd), q.device()).ctx(OP).map(Some)
 }
 
 #[cfg(test)]

@@ -275,6 +275,64 @@ impl Context {
         ))
     }
 
+    /// [`Context::write`] of one new row given as plain values (`k_features` and `v_features`),
+    /// written head by head into the buffers without a tensor (decode).
+    pub(crate) fn write_row(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<()> {
+        const W: &str = "Context::write_row";
+        if self.len >= self.capacity {
+            return Err(Error::Invalid {
+                op: W,
+                detail: format!("a row after {} exceeds the reserved {}", self.len, self.capacity),
+            });
+        }
+        let (bk, bv) = self.layers.get(layer).ok_or_else(|| Error::Shape {
+            op: W,
+            detail: format!("layer {layer} of {}", self.layout.n_layers),
+        })?;
+        let (groups, cap, row) = (self.layout.kv_heads(), self.capacity, self.len);
+        for (t, src) in [(bk, k), (bv, v)] {
+            t.inplace_op1(&PutRow { src, groups, cap, row }).ctx(W)?;
+        }
+        Ok(())
+    }
+
+    /// Calls `f` with every layer's whole K and V buffers (`[kv_heads, capacity, width]` each,
+    /// the first [`Context::len`] rows valid) and the capacity, read in place.
+    pub(crate) fn with_buffers<R>(&self, f: impl FnOnce(&[(&[f32], &[f32])], usize) -> R) -> Result<R> {
+        const W: &str = "Context::with_buffers";
+        let guards: Vec<_> = self
+            .layers
+            .iter()
+            .map(|(k, v)| (k.storage_and_layout().0, v.storage_and_layout().0))
+            .collect();
+        let mut bufs = Vec::with_capacity(guards.len());
+        for (gk, gv) in &guards {
+            match (&**gk, &**gv) {
+                (
+                    candle_core::Storage::Cpu(candle_core::CpuStorage::F32(k)),
+                    candle_core::Storage::Cpu(candle_core::CpuStorage::F32(v)),
+                ) => bufs.push((k.as_slice(), v.as_slice())),
+                _ => {
+                    return Err(Error::Invalid {
+                        op: W,
+                        detail: "the context's buffers are not f32 on the CPU".into(),
+                    });
+                }
+            }
+        }
+        if bufs.len() != self.layout.n_layers {
+            return Err(Error::Shape {
+                op: W,
+                detail: format!(
+                    "{} layers of buffers, the layout has {}",
+                    bufs.len(),
+                    self.layout.n_layers
+                ),
+            });
+        }
+        Ok(f(&bufs, self.capacity))
+    }
+
     /// Counts `n` rows written to every layer by [`Context::write`].
     pub(crate) fn commit(&mut self, n: usize) {
         self.len += n;
@@ -413,6 +471,36 @@ impl candle_core::InplaceOp1 for PlaceRows<'_> {
                 }
                 None => candle_core::bail!("place-rows: a shifted or patched part needs the RoPE spec"),
             }
+        }
+        Ok(())
+    }
+}
+
+/// Writes one row (`groups · width` values) at `row` of a head-first `[groups, cap, width]`
+/// context buffer.
+struct PutRow<'a> {
+    src: &'a [f32],
+    groups: usize,
+    cap: usize,
+    row: usize,
+}
+
+impl candle_core::InplaceOp1 for PutRow<'_> {
+    fn name(&self) -> &'static str {
+        "put-row"
+    }
+
+    fn cpu_fwd(&self, storage: &mut candle_core::CpuStorage, layout: &candle_core::Layout) -> candle_core::Result<()> {
+        let candle_core::CpuStorage::F32(buf) = storage else {
+            candle_core::bail!("put-row: the context buffer is not f32");
+        };
+        let width = self.src.len() / self.groups.max(1);
+        if layout.start_offset() != 0 || buf.len() < self.groups * self.cap * width || self.row >= self.cap {
+            candle_core::bail!("put-row: row {} does not fit the context buffer", self.row);
+        }
+        for (h, src) in self.src.chunks_exact(width.max(1)).enumerate() {
+            let at = (h * self.cap + self.row) * width;
+            buf[at..at + width].copy_from_slice(src);
         }
         Ok(())
     }

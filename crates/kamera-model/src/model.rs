@@ -10,6 +10,7 @@ use sha2::{Digest, Sha256};
 use crate::block::{attend_and_mlp, head, layer_forward, project_qkv};
 use crate::config::Config;
 use crate::context::{Context, tensor_to_mat};
+use crate::decode::{Step, Vectors};
 use crate::error::{CandleCtx, Error, OpsCtx, Result};
 use crate::gguf::Gguf;
 use crate::hf::SafeDir;
@@ -51,6 +52,8 @@ pub struct Prefill {
 pub struct Model {
     cfg: Config,
     weights: Weights,
+    /// Norm weights and biases as plain values, for decode.
+    vectors: Vectors,
     rope: RopeSpec,
     layout: KvLayout,
     tokenizer: Tokenizer,
@@ -97,9 +100,11 @@ impl Model {
         let rope = cfg.rope();
         rope.validate().ops("Model::load rope")?;
         let layout = cfg.kv_layout();
+        let vectors = Vectors::of(&weights)?;
         Ok(Model {
             cfg,
             weights,
+            vectors,
             rope,
             layout,
             tokenizer,
@@ -318,6 +323,11 @@ impl Model {
     fn extend_with(&self, input: Input<'_>, rotary: Option<&[[i64; 3]]>, context: &mut Context) -> Result<Prefill> {
         const OP: &str = "Model::extend";
         self.check_layout(OP, context)?;
+        if rotary.is_none()
+            && let Some(row) = self.single_row(input)?
+        {
+            return self.decode_one(row, context);
+        }
         let mut x = self.embed(input)?;
         let n = x.dim(0).ctx(OP)?;
         if n == 0 {
@@ -364,6 +374,49 @@ impl Model {
         Ok(Prefill {
             logits,
             all_logits,
+            chunk,
+        })
+    }
+
+    /// The input row of a one-token input (decode), `None` for more tokens.
+    fn single_row(&self, input: Input<'_>) -> Result<Option<Vec<f32>>> {
+        const OP: &str = "Model::extend";
+        let hidden = self.cfg.hidden;
+        match input {
+            Input::Tokens(&[id]) => {
+                let vocab = self.cfg.vocab;
+                if id as usize >= vocab {
+                    return Err(Error::TokenOutOfRange { op: OP, id, vocab });
+                }
+                let mut x = vec![0f32; hidden];
+                self.weights.embed.row_into(id as usize, &mut x)?;
+                if let Some(s) = self.cfg.embed_scale {
+                    x.iter_mut().for_each(|v| *v *= s);
+                }
+                Ok(Some(x))
+            }
+            Input::Embeddings { data, n: 1 } if data.len() == hidden => Ok(Some(data.to_vec())),
+            _ => Ok(None),
+        }
+    }
+
+    /// [`Model::extend`] by one token on plain buffers (`decode.rs`).
+    fn decode_one(&self, x: Vec<f32>, context: &mut Context) -> Result<Prefill> {
+        const OP: &str = "Model::extend";
+        let (start, rotary) = (context.end(), context.rotary_end());
+        context.reserve(1)?;
+        let step = Step {
+            cfg: &self.cfg,
+            weights: &self.weights,
+            vectors: &self.vectors,
+            rope: &self.rope,
+        };
+        let (logits, layers) = step.run(x, context, rotary, rotary != start)?;
+        let chunk = ChunkKv::new(self.layout, rotary, layers).ops(OP)?;
+        context.commit(1);
+        Ok(Prefill {
+            logits,
+            all_logits: None,
             chunk,
         })
     }

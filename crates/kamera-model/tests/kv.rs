@@ -286,3 +286,32 @@ fn extend_in_place_matches_prefill_and_clones_grow_apart_smollm2() -> Result<()>
     anyhow::ensure!(kl < 1e-6, "context after its clone grew: KL {kl}");
     Ok(())
 }
+
+/// Decode on Gemma 3 past its sliding window (512 keys on its local layers; the first ~100
+/// keys, a distinct question among repeated sentences, fall out of it) and after a short
+/// prefill of several tokens (the row-block products) gives the logits of one full prefill.
+#[test]
+fn decode_past_the_sliding_window_matches_prefill_gemma3() -> Result<()> {
+    let m = common::load(ModelName::Gemma3_270m)?;
+    let mut seq = toks(&m, Q)?;
+    while seq.len() < 640 {
+        seq.extend(toks(&m, A)?);
+        seq.extend(toks(&m, B)?);
+    }
+    seq.truncate(600);
+    let mut ctx = m.empty_context();
+    m.extend(&seq, &mut ctx)?;
+    let tail = toks(&m, C)?;
+    // 9 tokens at once (a short prefill on the codes), then one at a time across row 512.
+    m.extend(&tail[..9], &mut ctx)?;
+    seq.extend_from_slice(&tail[..9]);
+    for &t in &tail[9..14] {
+        let step = m.extend(&[t], &mut ctx)?;
+        seq.push(t);
+        let full = m.prefill(&seq, 0, &m.empty_context())?;
+        let kl = common::kl(&full.logits, &step.logits);
+        anyhow::ensure!(kl < 1e-6, "decode vs prefill at {}: KL {kl}", seq.len());
+    }
+    anyhow::ensure!(seq.len() > 600, "the test must cross the window: {} tokens", seq.len());
+    Ok(())
+}

@@ -12,24 +12,52 @@ const TASK_WEIGHTS: usize = 1 << 18;
 
 /// `y = W x` for one input row `x` (`cols`), `y` (`rows`).
 pub(crate) fn matvec(q: &QMatrix, x: &[f32], y: &mut [f32]) {
-    debug_assert_eq!((x.len(), y.len()), (q.cols, q.rows));
-    // Group sums of x, for the offsets; signed codes (most of the block types) have none.
-    let xsum: Vec<f32> = match q.offsets {
+    matvecs(&mut [(q, y)], x);
+}
+
+/// `y_j = W_j x` for several matrices sharing one input `x` (Q, K and V; gate and up): one
+/// parallel region over blocks of rows of all of them, balanced by weights, so a decode step
+/// wakes the pool once per input instead of once per matrix.
+pub(crate) fn matvecs(jobs: &mut [(&QMatrix, &mut [f32])], x: &[f32]) {
+    for (q, y) in jobs.iter() {
+        debug_assert_eq!((x.len(), y.len()), (q.cols, q.rows));
+    }
+    let xsums: Vec<Vec<f32>> = jobs.iter().map(|(q, _)| group_sums(q, x)).collect();
+    let total: usize = jobs.iter().map(|(q, _)| q.rows * q.cols).sum();
+    let parts = if total < TASK_WEIGHTS {
+        1
+    } else {
+        4 * rayon::current_num_threads()
+    };
+    let target = total.div_ceil(parts).max(1);
+    let mut tasks: Vec<(&QMatrix, &[f32], usize, &mut [f32])> = Vec::new();
+    for ((q, y), xsum) in jobs.iter_mut().zip(&xsums) {
+        let rows_per_task = (target / q.cols).max(8);
+        for (t, out) in y.chunks_mut(rows_per_task).enumerate() {
+            tasks.push((q, xsum, t * rows_per_task, out));
+        }
+    }
+    let run = |(q, xsum, r0, out): (&QMatrix, &[f32], usize, &mut [f32])| rows_into(q, x, xsum, r0, out);
+    if parts == 1 {
+        tasks.into_iter().for_each(run);
+    } else {
+        tasks.into_par_iter().for_each(run);
+    }
+}
+
+/// Group sums of `x` for `q`'s offsets (empty for signed codes, which have none).
+pub(crate) fn group_sums(q: &QMatrix, x: &[f32]) -> Vec<f32> {
+    match q.offsets {
         Offsets::None => Vec::new(),
         _ => x.chunks_exact(q.group).map(|g| g.iter().sum()).collect(),
-    };
-    let rows_per_task = (TASK_WEIGHTS / q.cols).max(8);
-    let run = |r0: usize, out: &mut [f32]| {
-        for (i, o) in out.iter_mut().enumerate() {
-            *o = row_dot(q, r0 + i, x, &xsum);
-        }
-    };
-    if q.rows <= rows_per_task {
-        run(0, y);
-    } else {
-        y.par_chunks_mut(rows_per_task)
-            .enumerate()
-            .for_each(|(t, out)| run(t * rows_per_task, out));
+    }
+}
+
+/// Rows `r0..r0 + out.len()` of `W x` into `out`, on the calling thread; `xsum` from
+/// [`group_sums`].
+pub(crate) fn rows_into(q: &QMatrix, x: &[f32], xsum: &[f32], r0: usize, out: &mut [f32]) {
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = row_dot(q, r0 + i, x, xsum);
     }
 }
 

@@ -5,8 +5,6 @@ use rayon::prelude::*;
 
 use super::QMatrix;
 
-/// Input rows up to which a product runs as matrix-vector products on the codes.
-pub(crate) const MATVEC_ROWS: usize = 4;
 /// f32 values per dequantized panel (1 MiB: it stays in L2 while the GEMM reads it).
 const PANEL_VALUES: usize = 1 << 18;
 

@@ -1,10 +1,12 @@
 //! Weights kept in their GGUF quantisation: every block format is repacked once, exactly, into
 //! codes with a scale (and offset) per group of 16 or 32 weights, `w = scale · code + offset`.
-//! Decode multiplies on the codes (`dot.rs`); prefill dequantizes cache-sized panels into a GEMM.
+//! Decode multiplies on the codes (`dot.rs`), short prefills too (`rows.rs`); long prefills
+//! dequantize cache-sized panels into a GEMM (`matmul.rs`).
 
 mod dot;
 mod matmul;
 mod repack;
+mod rows;
 #[cfg(test)]
 mod tests;
 
@@ -148,8 +150,8 @@ impl Linear {
         }
     }
 
-    /// `x @ wᵀ` for `x: [n, in]`: decode-sized `n` on the codes, larger `n` by a GEMM over
-    /// dequantized panels.
+    /// `x @ wᵀ` for `x: [n, in]`: one row on the codes, up to [`rows::MAX_ROWS`] rows by
+    /// blocks of rows on the codes, more by a GEMM over dequantized panels.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         const OP: &str = "linear";
         match self {
@@ -164,16 +166,41 @@ impl Linear {
                 }
                 let xs = x.flatten_all().ctx(OP)?.to_vec1::<f32>().ctx(OP)?;
                 let mut y = vec![0f32; n * q.rows];
-                if n <= matmul::MATVEC_ROWS {
-                    for (xr, yr) in xs.chunks_exact(k).zip(y.chunks_exact_mut(q.rows)) {
-                        dot::matvec(q, xr, yr);
-                    }
+                if n == 1 {
+                    dot::matvec(q, &xs, &mut y);
+                } else if n <= rows::MAX_ROWS {
+                    rows::product(q, &xs, n, &mut y);
                 } else {
                     matmul::matmul(q, &xs, n, &mut y);
                 }
                 Tensor::from_vec(y, (n, q.rows), x.device()).ctx(OP)
             }
         }
+    }
+
+    /// `[out, in]`.
+    pub fn dims(&self) -> Result<(usize, usize)> {
+        match self {
+            Linear::Dense(w) => w.dims2().ctx("Linear::dims"),
+            Linear::Quant(q) => Ok((q.rows, q.cols)),
+        }
+    }
+
+    /// Row `r` (an embedding lookup) into `out` (`in` values).
+    pub fn row_into(&self, r: usize, out: &mut [f32]) -> Result<()> {
+        const OP: &str = "Linear::row_into";
+        let (rows, cols) = self.dims()?;
+        if r >= rows || out.len() != cols {
+            return Err(crate::error::Error::Shape {
+                op: OP,
+                detail: format!("row {r} into {} values of a weight [{rows}, {cols}]", out.len()),
+            });
+        }
+        match self {
+            Linear::Quant(q) => q.dequantize_row(r, out),
+            Linear::Dense(w) => with_f32(w, OP, |d| out.copy_from_slice(&d[r * cols..(r + 1) * cols]))?,
+        }
+        Ok(())
     }
 
     /// Rows `ids` (an embedding lookup), `[ids.len(), in]`.
@@ -204,5 +231,98 @@ impl Linear {
                 .ctx("Linear::to_f32"),
             Linear::Quant(q) => Ok(q.dequantize()),
         }
+    }
+}
+
+/// A weight read in place for a decode step (see [`Linear::with_views`]): codes, or dense rows.
+#[derive(Clone, Copy)]
+pub(crate) enum View<'a> {
+    Codes(&'a QMatrix),
+    Dense { w: &'a [f32], cols: usize },
+}
+
+impl View<'_> {
+    pub fn rows(&self) -> usize {
+        match self {
+            View::Codes(q) => q.rows,
+            View::Dense { w, cols } => w.len() / cols.max(&1),
+        }
+    }
+
+    pub fn cols(&self) -> usize {
+        match self {
+            View::Codes(q) => q.cols,
+            View::Dense { cols, .. } => *cols,
+        }
+    }
+
+    /// What the products of one input `x` share (group sums for the offsets).
+    pub fn prepare(&self, x: &[f32]) -> Vec<f32> {
+        match self {
+            View::Codes(q) => dot::group_sums(q, x),
+            View::Dense { .. } => Vec::new(),
+        }
+    }
+
+    /// Rows `r0..r0 + out.len()` of `W x`, on the calling thread; `sums` from [`View::prepare`].
+    pub fn rows_into(&self, x: &[f32], sums: &[f32], r0: usize, out: &mut [f32]) {
+        match self {
+            View::Codes(q) => dot::rows_into(q, x, sums, r0, out),
+            View::Dense { w, cols } => {
+                for (i, o) in out.iter_mut().enumerate() {
+                    *o = crate::lanes::dot(&w[(r0 + i) * cols..(r0 + i + 1) * cols], x);
+                }
+            }
+        }
+    }
+}
+
+impl Linear {
+    /// Calls `f` with every weight of `ws` read in place (dense ones under their storage's
+    /// read guard for the call).
+    pub(crate) fn with_views<R>(ws: &[&Linear], f: impl FnOnce(&[View<'_>]) -> R) -> Result<R> {
+        const OP: &str = "Linear::with_views";
+        let guards: Vec<_> = ws
+            .iter()
+            .filter_map(|w| match w {
+                Linear::Dense(t) => Some(t.storage_and_layout()),
+                Linear::Quant(_) => None,
+            })
+            .collect();
+        let mut dense = guards.iter();
+        let mut views = Vec::with_capacity(ws.len());
+        for w in ws {
+            views.push(match w {
+                Linear::Quant(q) => View::Codes(q),
+                Linear::Dense(t) => {
+                    let (guard, layout) = dense.next().expect("one guard per dense weight");
+                    let (_, cols) = t.dims2().ctx(OP)?;
+                    match (&**guard, layout.contiguous_offsets()) {
+                        (candle_core::Storage::Cpu(candle_core::CpuStorage::F32(d)), Some((a, b))) => {
+                            View::Dense { w: &d[a..b], cols }
+                        }
+                        _ => {
+                            return Err(crate::error::Error::Invalid {
+                                op: OP,
+                                detail: "expected a contiguous f32 weight on the CPU".into(),
+                            });
+                        }
+                    }
+                }
+            });
+        }
+        Ok(f(&views))
+    }
+}
+
+/// Calls `f` with a contiguous f32 tensor's values, read in place.
+pub(crate) fn with_f32<R>(t: &Tensor, op: &'static str, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
+    let (guard, layout) = t.storage_and_layout();
+    match (&*guard, layout.contiguous_offsets()) {
+        (candle_core::Storage::Cpu(candle_core::CpuStorage::F32(d)), Some((a, b))) => Ok(f(&d[a..b])),
+        _ => Err(crate::error::Error::Invalid {
+            op,
+            detail: "expected a contiguous f32 tensor on the CPU".into(),
+        }),
     }
 }

@@ -5,7 +5,7 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
-use super::{Codes, Linear, QMatrix, dot, matmul, repack};
+use super::{Codes, Linear, QMatrix, dot, matmul, repack, rows};
 
 const TYPES: [GgmlDType; 8] = [
     GgmlDType::Q4_0,
@@ -143,7 +143,7 @@ fn panel_gemm_matches_matvec_and_linear_picks_either() {
         // More rows than one panel holds, so the panel loop and its tail run.
         let (rows, cols) = (1100, 512);
         let (q, _) = quantized(dtype, rows, cols, 21);
-        let n = 9;
+        let n = rows::MAX_ROWS + 3;
         let x: Vec<f32> = (0..n * cols).map(|_| rng.random_range(-1.0..1.0)).collect();
         let mut by_gemm = vec![0f32; n * rows];
         matmul::matmul(&q, &x, n, &mut by_gemm);
@@ -154,7 +154,7 @@ fn panel_gemm_matches_matvec_and_linear_picks_either() {
         let err = max_rel(&by_gemm, &by_matvec);
         assert!(err < 1e-5, "{dtype:?}: panel GEMM vs matvec {err:e}");
         let lin = Linear::Quant(q);
-        for m in [1, matmul::MATVEC_ROWS, n] {
+        for m in [1, 2, rows::MAX_ROWS, n] {
             let xt = Tensor::from_slice(&x[..m * cols], (m, cols), &Device::Cpu).unwrap();
             let y = lin
                 .forward(&xt)
@@ -169,6 +169,38 @@ fn panel_gemm_matches_matvec_and_linear_picks_either() {
         let bad = Tensor::zeros((2, cols + 32), candle_core::DType::F32, &Device::Cpu).unwrap();
         let e = lin.forward(&bad).unwrap_err().to_string();
         assert!(e.contains("columns"), "{e}");
+    }
+}
+
+#[test]
+fn row_block_product_matches_matvec_for_every_block_type_and_block_size() {
+    let mut rng = StdRng::seed_from_u64(17);
+    for (i, dtype) in TYPES.into_iter().enumerate() {
+        let (r, cols) = (70, 512);
+        let (q, _) = quantized(dtype, r, cols, 40 + i as u64);
+        // 1..8 rows (every kernel width) and 19 (two full blocks and a tail).
+        for n in [1, 2, 3, 4, 5, 6, 7, 8, 19] {
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let mut want = vec![0f32; n * r];
+            for (xr, yr) in x.chunks_exact(cols).zip(want.chunks_exact_mut(r)) {
+                dot::matvec(&q, xr, yr);
+            }
+            let mut got = vec![0f32; n * r];
+            rows::product(&q, &x, n, &mut got);
+            let err = max_rel(&got, &want);
+            assert!(err < 1e-5, "{dtype:?}, {n} rows: row-block product vs matvec {err:e}");
+            // The portable kernel (CPUs without AVX-512) agrees too.
+            let mut acc = [0f32; rows::BLOCK];
+            let nb = n.min(rows::BLOCK);
+            rows::portable(&q, 3, &x[..nb * cols], nb, &mut acc);
+            for (k, a) in acc[..nb].iter().enumerate() {
+                let w = want[k * r + 3];
+                assert!(
+                    (a - w).abs() <= 1e-5 * w.abs().max(1.0),
+                    "{dtype:?} portable row {k}: {a} vs {w}"
+                );
+            }
+        }
     }
 }
 
@@ -227,6 +259,22 @@ fn matvec_speed() {
             q.dequantize_row(r, &mut row);
         }
         let d = t.elapsed().as_secs_f64();
+        for n in [8, 32, 128, 512, 2048] {
+            let xs: Vec<f32> = (0..n * cols).map(|i| (i as f32).cos()).collect();
+            let mut ys = vec![0f32; n * rows];
+            let t = std::time::Instant::now();
+            matmul::matmul(&q, &xs, n, &mut ys);
+            let g = t.elapsed().as_secs_f64();
+            let t = std::time::Instant::now();
+            rows::product(&q, &xs, n, &mut ys);
+            let r = t.elapsed().as_secs_f64();
+            let gf = |s: f64| 2.0 * (n * rows * cols) as f64 / s / 1e9;
+            println!(
+                "    {n} rows: panels {:.1} GFLOP/s, row blocks {:.1} GFLOP/s",
+                gf(g),
+                gf(r)
+            );
+        }
         let n = 32;
         let xs: Vec<f32> = (0..n * cols).map(|i| (i as f32).cos()).collect();
         let mut ys = vec![0f32; n * rows];

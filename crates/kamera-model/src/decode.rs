@@ -1,0 +1,387 @@
+//! One-token decode on plain buffers: each layer's norms, products on the quantized codes, RoPE,
+//! attention and the K/V append without a tensor per op, run by a [`team`](crate::team) of
+//! threads that split every product's rows. The same arithmetic as the tensor path of
+//! [`crate::Model::extend`] (checked against prefill: KL < 1e-6).
+
+use std::sync::Mutex;
+
+use kamera_ops::{LayerKv, Mat, RopeSpec};
+
+use crate::attention::softmax_row;
+use crate::config::{Activation, Config};
+use crate::context::Context;
+use crate::error::{CandleCtx, Error, OpsCtx, Result};
+use crate::lanes::dot;
+use crate::quant::{Linear, View};
+use crate::team::{Shared, SpinBarrier, share};
+use crate::weights::{LayerWeights, Weights};
+
+const OP: &str = "decode";
+
+/// A layer's vectors (norm weights, biases) as plain values, read once at load.
+#[derive(Debug)]
+struct LayerVectors {
+    attn_norm: Vec<f32>,
+    bq: Option<Vec<f32>>,
+    bk: Option<Vec<f32>>,
+    bv: Option<Vec<f32>>,
+    q_norm: Option<Vec<f32>>,
+    k_norm: Option<Vec<f32>>,
+    post_attn_norm: Option<Vec<f32>>,
+    ffn_norm: Vec<f32>,
+    post_ffn_norm: Option<Vec<f32>>,
+}
+
+/// Every vector weight of a model as plain values (a few KB per layer).
+#[derive(Debug)]
+pub(crate) struct Vectors {
+    layers: Vec<LayerVectors>,
+    out_norm: Vec<f32>,
+}
+
+fn values(t: &candle_core::Tensor) -> Result<Vec<f32>> {
+    t.flatten_all().ctx(OP)?.to_vec1::<f32>().ctx(OP)
+}
+
+fn maybe(t: &Option<candle_core::Tensor>) -> Result<Option<Vec<f32>>> {
+    t.as_ref().map(values).transpose()
+}
+
+impl Vectors {
+    pub(crate) fn of(w: &Weights) -> Result<Vectors> {
+        let layer = |l: &LayerWeights| -> Result<LayerVectors> {
+            Ok(LayerVectors {
+                attn_norm: values(&l.attn_norm)?,
+                bq: maybe(&l.bq)?,
+                bk: maybe(&l.bk)?,
+                bv: maybe(&l.bv)?,
+                q_norm: maybe(&l.q_norm)?,
+                k_norm: maybe(&l.k_norm)?,
+                post_attn_norm: maybe(&l.post_attn_norm)?,
+                ffn_norm: values(&l.ffn_norm)?,
+                post_ffn_norm: maybe(&l.post_ffn_norm)?,
+            })
+        };
+        Ok(Vectors {
+            layers: w.layers.iter().map(layer).collect::<Result<_>>()?,
+            out_norm: values(&w.out_norm)?,
+        })
+    }
+}
+
+/// `out = x / sqrt(mean(x²) + eps) · w` (candle's `rms_norm`), row by row of `w.len()` values.
+fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    for (xr, or) in x.chunks_exact(w.len()).zip(out.chunks_exact_mut(w.len())) {
+        let ss = crate::lanes::dot(xr, xr);
+        let r = 1.0 / (ss / w.len() as f32 + eps).sqrt();
+        for ((o, &x), &w) in or.iter_mut().zip(xr).zip(w) {
+            *o = x * r * w;
+        }
+    }
+}
+
+/// [`rms_norm`] in place.
+fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
+    for xr in x.chunks_exact_mut(w.len()) {
+        let ss = crate::lanes::dot(xr, xr);
+        let r = 1.0 / (ss / w.len() as f32 + eps).sqrt();
+        for (x, &w) in xr.iter_mut().zip(w) {
+            *x = *x * r * w;
+        }
+    }
+}
+
+fn add(y: &mut [f32], b: &Option<Vec<f32>>) {
+    if let Some(b) = b {
+        y.iter_mut().zip(b).for_each(|(y, b)| *y += b);
+    }
+}
+
+/// candle's activations: SiLU `x / (1 + e^{-x})`, GELU with the tanh approximation.
+fn activate(kind: Activation, x: f32) -> f32 {
+    match kind {
+        Activation::Silu => x / (1.0 + (-x).exp()),
+        Activation::GeluTanh => {
+            const C: f32 = 0.797_884_6; // sqrt(2/π)
+            0.5 * x * (1.0 + (C * x * (1.0 + 0.044715 * x * x)).tanh())
+        }
+    }
+}
+
+/// Weights below which a step runs on one thread (a thread start costs more than it saves).
+const TEAM_WEIGHTS: usize = 1 << 20;
+
+/// Each layer's new K and V row.
+type NewRows = Vec<(Vec<f32>, Vec<f32>)>;
+
+/// The model pieces one step reads.
+pub(crate) struct Step<'a> {
+    pub cfg: &'a Config,
+    pub weights: &'a Weights,
+    pub vectors: &'a Vectors,
+    pub rope: &'a RopeSpec,
+}
+
+/// The buffers the team shares during a step (phases separated by the barrier).
+struct Buffers {
+    q: Shared,
+    k: Shared,
+    v: Shared,
+    att: Shared,
+    o: Shared,
+    gate: Shared,
+    up: Shared,
+    logits: Shared,
+}
+
+/// What one step reads in place: the weights (7 per layer, then the LM head) and the
+/// context's K/V buffers.
+struct Frame<'a> {
+    views: &'a [View<'a>],
+    kv: &'a [(&'a [f32], &'a [f32])],
+    cap: usize,
+    /// The new token's row in the context.
+    row: usize,
+    rotary: i64,
+    mrope: bool,
+}
+
+/// `[ys_j] = W_j x` for worker `w` of `n`: its share of the rows of the matrices together.
+fn products(jobs: &[(View<'_>, &Shared)], x: &[f32], w: usize, n: usize) {
+    let total: usize = jobs.iter().map(|(v, _)| v.rows()).sum();
+    let mine = share(total, w, n);
+    let mut base = 0;
+    for (view, out) in jobs {
+        let rows = view.rows();
+        let (lo, hi) = (mine.start.max(base), mine.end.min(base + rows));
+        if lo < hi {
+            let sums = view.prepare(x);
+            // SAFETY: worker w alone writes its share of the rows in this phase.
+            view.rows_into(x, &sums, lo - base, unsafe { out.part(lo - base..hi - base) });
+        }
+        base += rows;
+    }
+}
+
+impl Step<'_> {
+    /// Appends the token whose input row is `x` (`hidden`) to `context` at its next row (rotary
+    /// position `rotary`, or `[p; 3]` ids for M-RoPE models when `mrope`), written into the
+    /// buffers [`Context::reserve`]d by the caller and not committed. Returns the logits and
+    /// the token's K/V per layer.
+    pub(crate) fn run(
+        &self,
+        x: Vec<f32>,
+        context: &mut Context,
+        rotary: i64,
+        mrope: bool,
+    ) -> Result<(Vec<f32>, Vec<LayerKv>)> {
+        let cfg = self.cfg;
+        let (hd, heads, kvh, hidden) = (cfg.head_dim, cfg.heads, cfg.kv_heads, cfg.hidden);
+        if x.len() != hidden {
+            return Err(Error::Shape {
+                op: OP,
+                detail: format!("input row has {} values, hidden size is {hidden}", x.len()),
+            });
+        }
+        let kv_dim = kvh * hd;
+        let lm: &Linear = self.weights.lm_head.as_ref().unwrap_or(&self.weights.embed);
+        let mut ws: Vec<&Linear> = Vec::with_capacity(7 * cfg.n_layers + 1);
+        for l in &self.weights.layers {
+            ws.extend([&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
+        }
+        ws.push(lm);
+        let weights: usize = ws.iter().map(|w| w.dims().map_or(0, |(r, c)| r * c)).sum();
+        let n = if weights < TEAM_WEIGHTS {
+            1
+        } else {
+            rayon::current_num_threads().clamp(1, heads)
+        };
+        let b = Buffers {
+            q: Shared::zeros(heads * hd),
+            k: Shared::zeros(kv_dim),
+            v: Shared::zeros(kv_dim),
+            att: Shared::zeros(heads * hd),
+            o: Shared::zeros(hidden),
+            gate: Shared::zeros(cfg.ffn),
+            up: Shared::zeros(cfg.ffn),
+            logits: Shared::zeros(cfg.vocab),
+        };
+        let row = context.len();
+        let failure: Mutex<Option<Error>> = Mutex::new(None);
+        let barrier = SpinBarrier::new(n);
+        let new_rows = Linear::with_views(&ws, |views| {
+            for (i, v) in views.iter().enumerate() {
+                let want = if i + 1 == views.len() {
+                    hidden
+                } else {
+                    [hidden, hidden, hidden, heads * hd, hidden, hidden, cfg.ffn][i % 7]
+                };
+                if v.cols() != want {
+                    return Err(Error::Shape {
+                        op: OP,
+                        detail: format!("weight {i} has {} columns, expected {want}", v.cols()),
+                    });
+                }
+            }
+            context.with_buffers(|kv, cap| {
+                let frame = Frame {
+                    views,
+                    kv,
+                    cap,
+                    row,
+                    rotary,
+                    mrope,
+                };
+                crate::team::run(n, |w, n| self.worker(&frame, &b, &barrier, &failure, x.clone(), w, n))
+            })
+        })??;
+        if let Some(e) = failure.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            return Err(e);
+        }
+        let mut outs = new_rows.into_iter();
+        let (logits, rows) = outs.next().expect("worker 0's result");
+        let mut kv = Vec::with_capacity(cfg.n_layers);
+        for (l, (k, v)) in rows.into_iter().enumerate() {
+            context.write_row(l, &k, &v)?;
+            kv.push(LayerKv {
+                k: Mat::from_f32(1, kv_dim, k).ops(OP)?,
+                v: Mat::from_f32(1, kv_dim, v).ops(OP)?,
+            });
+        }
+        Ok((logits, kv))
+    }
+
+    /// Worker `w` of `n`: the whole step on its share of every product and of the query heads.
+    /// Never returns early (the others would wait at the barrier): a failure is recorded and the
+    /// step runs on. Worker 0 returns the logits and each layer's new K/V row.
+    #[allow(clippy::too_many_arguments)]
+    fn worker(
+        &self,
+        f: &Frame<'_>,
+        b: &Buffers,
+        barrier: &SpinBarrier,
+        failure: &Mutex<Option<Error>>,
+        mut x: Vec<f32>,
+        w: usize,
+        n: usize,
+    ) -> (Vec<f32>, NewRows) {
+        let cfg = self.cfg;
+        let (hd, heads, kvh, eps) = (cfg.head_dim, cfg.heads, cfg.kv_heads, cfg.rms_eps as f32);
+        let fail = |e: Error| {
+            let mut slot = failure.lock().unwrap_or_else(|p| p.into_inner());
+            slot.get_or_insert(e);
+        };
+        let mut h = vec![0f32; cfg.hidden];
+        let mut o = vec![0f32; cfg.hidden];
+        let mut scores = Vec::with_capacity(f.row + 1);
+        let mut probs = Vec::with_capacity(f.row + 1);
+        let mut rows = Vec::new();
+        let my_heads = share(heads, w, n);
+        for (l, vecs) in self.vectors.layers.iter().enumerate() {
+            let wv = &f.views[7 * l..7 * l + 7];
+            rms_norm(&x, &vecs.attn_norm, eps, &mut h);
+            products(&[(wv[0], &b.q), (wv[1], &b.k), (wv[2], &b.v)], &h, w, n);
+            barrier.wait();
+            // Every worker finishes Q, K and V itself (biases, QK-norm, RoPE: a few thousand
+            // values), then attends with its own query heads.
+            // SAFETY: q, k and v are written only in the phase before the barrier.
+            let (mut q, mut k, mut v) = unsafe { (b.q.all().to_vec(), b.k.all().to_vec(), b.v.all().to_vec()) };
+            add(&mut q, &vecs.bq);
+            add(&mut k, &vecs.bk);
+            add(&mut v, &vecs.bv);
+            if let (Some(qn), Some(kn)) = (&vecs.q_norm, &vecs.k_norm) {
+                rms_norm_in_place(&mut q, qn, eps);
+                rms_norm_in_place(&mut k, kn, eps);
+            }
+            let rotated = if f.mrope {
+                let p = [[f.rotary; 3]];
+                self.rope
+                    .apply_mrope(l, &mut q, heads, &p)
+                    .and_then(|_| self.rope.apply_mrope(l, &mut k, kvh, &p))
+            } else {
+                self.rope
+                    .apply(l, &mut q, heads, &[f.rotary])
+                    .and_then(|_| self.rope.apply(l, &mut k, kvh, &[f.rotary]))
+            };
+            if let Err(e) = rotated.ops(OP) {
+                fail(e);
+            }
+            // Keys sit at consecutive positions from the context's offset; the new one is last.
+            let lo = match cfg.sliding_window.filter(|_| cfg.local_layers[l]) {
+                Some(win) => (f.row + 1).saturating_sub(win),
+                None => 0,
+            };
+            let (kb, vb) = f.kv[l];
+            // SAFETY: worker w alone writes its heads' rows of att in this phase.
+            let att = unsafe { b.att.part(my_heads.start * hd..my_heads.end * hd) };
+            let group = heads / kvh;
+            for (i, out) in my_heads.clone().zip(att.chunks_exact_mut(hd)) {
+                let g = i / group;
+                let qi = &q[i * hd..(i + 1) * hd];
+                let (keys, vals) = (&kb[g * f.cap * hd..], &vb[g * f.cap * hd..]);
+                let (k_new, v_new) = (&k[g * hd..(g + 1) * hd], &v[g * hd..(g + 1) * hd]);
+                scores.clear();
+                scores.extend((lo..f.row).map(|j| dot(qi, &keys[j * hd..(j + 1) * hd])));
+                scores.push(dot(qi, k_new));
+                probs.resize(scores.len(), 0.0);
+                softmax_row(&scores, &mut probs, cfg.attn_scale as f32);
+                out.fill(0.0);
+                for (j, &p) in (lo..f.row).zip(&probs) {
+                    for (o, &x) in out.iter_mut().zip(&vals[j * hd..(j + 1) * hd]) {
+                        *o += p * x;
+                    }
+                }
+                let p = probs[probs.len() - 1];
+                for (o, &x) in out.iter_mut().zip(v_new) {
+                    *o += p * x;
+                }
+            }
+            if w == 0 {
+                rows.push((k, v));
+            }
+            barrier.wait();
+            // SAFETY: att was written only in the phase before the barrier.
+            products(&[(wv[3], &b.o)], unsafe { b.att.all() }, w, n);
+            barrier.wait();
+            // SAFETY: o was written only in the phase before the barrier.
+            o.copy_from_slice(unsafe { b.o.all() });
+            if let Some(pn) = &vecs.post_attn_norm {
+                rms_norm_in_place(&mut o, pn, eps);
+            }
+            x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
+            rms_norm(&x, &vecs.ffn_norm, eps, &mut h);
+            // Gate and up split alike, so each worker activates the rows it computed.
+            let mine = share(cfg.ffn, w, n);
+            for (view, out) in [(wv[4], &b.gate), (wv[5], &b.up)] {
+                let sums = view.prepare(&h);
+                // SAFETY: worker w alone writes its share of the rows in this phase.
+                view.rows_into(&h, &sums, mine.start, unsafe { out.part(mine.clone()) });
+            }
+            // SAFETY: as above, the same rows.
+            let (gate, up) = unsafe { (b.gate.part(mine.clone()), b.up.part(mine.clone())) };
+            for (g, u) in gate.iter_mut().zip(up.iter()) {
+                *g = activate(cfg.activation, *g) * u;
+            }
+            barrier.wait();
+            // SAFETY: gate was written only in the phase before the barrier.
+            products(&[(wv[6], &b.o)], unsafe { b.gate.all() }, w, n);
+            barrier.wait();
+            // SAFETY: o was written only in the phase before the barrier.
+            o.copy_from_slice(unsafe { b.o.all() });
+            if let Some(pn) = &vecs.post_ffn_norm {
+                rms_norm_in_place(&mut o, pn, eps);
+            }
+            x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
+        }
+        rms_norm(&x, &self.vectors.out_norm, eps, &mut h);
+        products(&[(f.views[f.views.len() - 1], &b.logits)], &h, w, n);
+        barrier.wait();
+        // SAFETY: the logits were written only in the phase before the barrier.
+        let logits = if w == 0 {
+            unsafe { b.logits.all() }.to_vec()
+        } else {
+            Vec::new()
+        };
+        (logits, rows)
+    }
+}

@@ -1,0 +1,157 @@
+//! A team of threads for one decode step: every worker runs the whole step on its share of
+//! each product's rows and meets the others at a spinning barrier between dependent phases,
+//! so a token costs one thread start per worker instead of a pool wake-up per product.
+
+use std::cell::UnsafeCell;
+use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// A barrier that spins (then yields) instead of sleeping: a phase of a decode step lasts
+/// microseconds, less than a futex wake-up.
+pub(crate) struct SpinBarrier {
+    n: usize,
+    arrived: AtomicUsize,
+    generation: AtomicUsize,
+}
+
+impl SpinBarrier {
+    pub(crate) fn new(n: usize) -> SpinBarrier {
+        SpinBarrier {
+            n,
+            arrived: AtomicUsize::new(0),
+            generation: AtomicUsize::new(0),
+        }
+    }
+
+    /// Returns once all `n` workers have called it (for this generation).
+    pub(crate) fn wait(&self) {
+        if self.n <= 1 {
+            return;
+        }
+        let generation = self.generation.load(Ordering::Acquire);
+        if self.arrived.fetch_add(1, Ordering::AcqRel) + 1 == self.n {
+            self.arrived.store(0, Ordering::Relaxed);
+            self.generation.fetch_add(1, Ordering::Release);
+            return;
+        }
+        let mut spins = 0u32;
+        while self.generation.load(Ordering::Acquire) == generation {
+            spins += 1;
+            if spins < 1 << 14 {
+                std::hint::spin_loop();
+            } else {
+                // A worker was descheduled (another process has the core): let it run.
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+/// A buffer the team shares: workers write disjoint parts in one phase and read all of it in
+/// a later one, the phases separated by [`SpinBarrier::wait`].
+pub(crate) struct Shared {
+    ptr: *mut f32,
+    len: usize,
+    _own: Box<[UnsafeCell<f32>]>,
+}
+
+// SAFETY: access follows the phase discipline above (disjoint writes, reads after a barrier).
+unsafe impl Sync for Shared {}
+unsafe impl Send for Shared {}
+
+impl Shared {
+    pub(crate) fn zeros(len: usize) -> Shared {
+        let own: Box<[UnsafeCell<f32>]> = (0..len).map(|_| UnsafeCell::new(0.0)).collect();
+        // UnsafeCell<f32> has the layout of f32.
+        let ptr = UnsafeCell::raw_get(own.as_ptr());
+        Shared { ptr, len, _own: own }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The whole buffer, to read.
+    ///
+    /// # Safety
+    /// No worker writes to it in the current phase.
+    pub(crate) unsafe fn all(&self) -> &[f32] {
+        // SAFETY: in bounds; the caller guarantees no concurrent writer.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    /// `range` of the buffer, to write.
+    ///
+    /// # Safety
+    /// No other worker reads or writes `range` in the current phase.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn part(&self, range: Range<usize>) -> &mut [f32] {
+        assert!(
+            range.start <= range.end && range.end <= self.len,
+            "Shared::part out of bounds"
+        );
+        // SAFETY: in bounds; the caller guarantees exclusive access to the range.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(range.start), range.len()) }
+    }
+}
+
+/// Worker `w` of `n`'s share of `0..total`.
+pub(crate) fn share(total: usize, w: usize, n: usize) -> Range<usize> {
+    total * w / n..total * (w + 1) / n
+}
+
+/// Runs `work(w, n)` on `n` workers: the calling thread is worker 0, the others are scoped
+/// threads started for this call.
+pub(crate) fn run<R: Send>(n: usize, work: impl Fn(usize, usize) -> R + Sync) -> Vec<R> {
+    if n <= 1 {
+        return vec![work(0, 1)];
+    }
+    std::thread::scope(|s| {
+        let work = &work;
+        let others: Vec<_> = (1..n).map(|w| s.spawn(move || work(w, n))).collect();
+        let mut out = vec![work(0, n)];
+        for h in others {
+            match h.join() {
+                Ok(r) => out.push(r),
+                Err(p) => std::panic::resume_unwind(p),
+            }
+        }
+        out
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workers_see_each_others_writes_after_the_barrier() {
+        let n = 3;
+        let buf = Shared::zeros(30);
+        let barrier = SpinBarrier::new(n);
+        let sums = run(n, |w, n| {
+            let mut seen = Vec::new();
+            for round in 0..200 {
+                // SAFETY: each worker writes its own share; reads follow the barrier.
+                unsafe {
+                    buf.part(share(buf.len(), w, n))
+                        .iter_mut()
+                        .for_each(|v| *v = (round * 10 + w) as f32);
+                }
+                barrier.wait();
+                let total: f32 = unsafe { buf.all() }.iter().sum();
+                seen.push(total);
+                barrier.wait();
+            }
+            seen
+        });
+        for (round, t) in sums[0].iter().enumerate() {
+            let want: f32 = (0..n).map(|w| 10.0 * (round * 10 + w) as f32).sum();
+            assert_eq!(*t, want, "round {round}");
+        }
+        assert!(sums.iter().all(|s| *s == sums[0]));
+        assert_eq!(share(10, 0, 3), 0..3);
+        assert_eq!(share(10, 2, 3), 6..10);
+    }
+}
