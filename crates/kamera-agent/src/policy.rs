@@ -501,7 +501,10 @@ mod tests {
         p.seen(&page(9, "Go"));
         p.tried.push(Action::Click { id: 1 });
         p.seen(&page(8, "Go"));
-        assert!(p.stale(&Action::Click { id: 1 }), "the timer ticked; the page did not change");
+        assert!(
+            p.stale(&Action::Click { id: 1 }),
+            "the timer ticked; the page did not change"
+        );
         p.seen(&page(7, "Gone"));
         assert!(!p.stale(&Action::Click { id: 1 }), "the button changed: a new page");
     }
