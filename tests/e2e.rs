@@ -6,8 +6,8 @@
 use std::path::Path;
 
 use anyhow::Result;
-use kamera_agent::harness::RunConfig;
 use kamera_agent::{Scenario, StepResult};
+use kamera_harness::RunConfig;
 use kamera_sched::{Step, Visit};
 use kamera_tests::{model, require_chromium, root};
 
@@ -19,8 +19,7 @@ fn scenario(name: &str) -> Scenario {
 async fn order_status_answers_through_recalled_chunks() -> Result<()> {
     require_chromium();
     let s = scenario("order-status");
-    let r =
-        kamera_agent::harness::run_scenario(&s, model(), &kamera_model::default_home(), RunConfig::default()).await?;
+    let r = kamera_harness::run_scenario(&s, model(), &kamera_model::default_home(), RunConfig::default()).await?;
     assert_eq!(r.end.error, None);
     assert_eq!(r.end.answer.as_deref(), Some("Awaiting pickup"), "{:?}", r.end);
     assert_eq!(r.end.success, Some(true));
@@ -65,8 +64,7 @@ async fn miniwob_new_actions_scripted_reward() -> Result<()> {
         ("miniwob-drag-items", "drag", 0.0),
     ] {
         let s = scenario(name);
-        let r = kamera_agent::harness::run_scenario(&s, model(), &kamera_model::default_home(), RunConfig::default())
-            .await?;
+        let r = kamera_harness::run_scenario(&s, model(), &kamera_model::default_home(), RunConfig::default()).await?;
         assert_eq!(r.end.error, None, "{name}: {:?}", r.end);
         for st in &r.steps {
             assert_eq!(st.result, StepResult::Ok, "{name} step {}: {}", st.step, st.result);
@@ -87,8 +85,7 @@ async fn miniwob_new_actions_scripted_reward() -> Result<()> {
 async fn miniwob_enter_text_scripted_reward() -> Result<()> {
     require_chromium();
     let s = scenario("miniwob-enter-text");
-    let r =
-        kamera_agent::harness::run_scenario(&s, model(), &kamera_model::default_home(), RunConfig::default()).await?;
+    let r = kamera_harness::run_scenario(&s, model(), &kamera_model::default_home(), RunConfig::default()).await?;
     let reward = r.end.reward.expect("episode ended with a reward");
     assert!(reward > 0.0, "reward {reward}: {:?}", r.end);
     assert_eq!(r.end.success, Some(true));
@@ -105,7 +102,7 @@ async fn record_then_replay_without_browser() -> Result<()> {
         trace_dir: Some(dir.path().to_path_buf()),
         ..Default::default()
     };
-    let rec = kamera_agent::harness::run_scenario(&s, model.clone(), &kamera_model::default_home(), cfg).await?;
+    let rec = kamera_harness::run_scenario(&s, model.clone(), &kamera_model::default_home(), cfg).await?;
     assert!(dir.path().join("trace.ndjson").exists());
     let shots = std::fs::read_dir(dir.path().join("resources"))?.count();
     assert!(shots >= 5, "{shots} screenshots stored");
@@ -131,7 +128,7 @@ async fn record_then_replay_without_browser() -> Result<()> {
             "navigate"
         ]
     );
-    let rep = kamera_agent::harness::replay(dir.path(), model).await?;
+    let rep = kamera_harness::replay(dir.path(), model).await?;
     assert!(rep.matches(), "first mismatch at {:?}", rep.first_mismatch);
     assert_eq!(rep.replayed, rec.actions());
     assert_eq!(rep.summary.end.answer, rec.end.answer);
@@ -166,8 +163,7 @@ async fn navigation_off_allowed_origins_is_refused() -> Result<()> {
         "##,
         Path::new("escape.toml"),
     )?;
-    let r =
-        kamera_agent::harness::run_scenario(&s, model(), &kamera_model::default_home(), RunConfig::default()).await?;
+    let r = kamera_harness::run_scenario(&s, model(), &kamera_model::default_home(), RunConfig::default()).await?;
     assert_eq!(r.end.error, None, "a refusal does not end the run");
     assert_eq!(
         r.refused,
@@ -196,8 +192,7 @@ async fn navigation_off_allowed_origins_is_refused() -> Result<()> {
 async fn model_policy_acts_validly_on_miniwob_click_test() -> Result<()> {
     require_chromium();
     let s = scenario("miniwob-click-test-model");
-    let r =
-        kamera_agent::harness::run_scenario(&s, model(), &kamera_model::default_home(), RunConfig::default()).await?;
+    let r = kamera_harness::run_scenario(&s, model(), &kamera_model::default_home(), RunConfig::default()).await?;
     assert_eq!(r.end.error, None, "{:?}", r.end);
     for st in &r.steps {
         assert_eq!(st.result, StepResult::Ok, "step {}: {}", st.step, st.result);
@@ -217,10 +212,7 @@ async fn builder_api_runs_tasks_in_one_session() -> Result<()> {
     use kamera_agent::{Agent, Error, ScriptedPolicy};
     require_chromium();
     let s = scenario("order-status");
-    let server = kamera_browser::Server::start(kamera_browser::Content::Memory(kamera_agent::harness::site::generate(
-        7,
-    )))
-    .await?;
+    let server = kamera_browser::Server::start(kamera_browser::Content::Memory(kamera_site::generate(7))).await?;
     let mut agent = Agent::builder()
         .task(&s.goal)
         .start_url(server.url("/"))
@@ -316,10 +308,7 @@ async fn plugged_language_model_drives_the_agent() -> Result<()> {
         }
     }
     require_chromium();
-    let server = kamera_browser::Server::start(kamera_browser::Content::Memory(kamera_agent::harness::site::generate(
-        7,
-    )))
-    .await?;
+    let server = kamera_browser::Server::start(kamera_browser::Content::Memory(kamera_site::generate(7))).await?;
     let seen = Arc::new(Mutex::new(Vec::new()));
     let mut agent = Agent::builder()
         .task("Open the orders list")

@@ -31,16 +31,15 @@ async fn constrained_decoding_makes_every_reply_a_valid_action() -> Result<()> {
     let (mut free_valid, mut lines) = (0, Vec::new());
     for name in PAGES {
         let s = Scenario::load(&root().join("scenarios").join(format!("{name}.toml")))?;
-        let served = kamera_agent::harness::serve(&s, &home).await?;
+        let served = kamera_harness::serve(&s, &home).await?;
         let mut b = ChromiumBrowser::launch(ChromiumConfig::new(served.origins.clone())).await?;
         b.navigate(&served.env.start_url).await?;
         if let Some(mw) = &s.miniwob {
-            b.eval(&kamera_agent::harness::miniwob::start_js(mw.seed, mw.episode_ms))
-                .await?;
+            b.eval(&mw.start_js()).await?;
         }
         let obs = b.observe().await?;
         b.close().await?;
-        let mut session = kamera_agent::harness::session_for(&s, model(), None, None, None);
+        let mut session = kamera_harness::session_for(&s, model(), None, None, None);
         session.pin(&llm.prefix_text(&s.goal))?;
         session.observe(&chunk_text(&obs, &served.env.origin))?;
         let ctx = session.context()?;

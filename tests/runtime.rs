@@ -9,8 +9,8 @@ mod redis_server;
 use std::sync::Arc;
 
 use anyhow::Result;
-use kamera_agent::harness::RunConfig;
 use kamera_agent::{RunSummary, Scenario};
+use kamera_harness::RunConfig;
 use kamera_sched::{Step, Visit};
 use kamera_store::ChunkStore;
 use kamera_tests::{model, require_chromium, root};
@@ -24,7 +24,7 @@ async fn run(s: &Scenario, store: Option<Arc<dyn ChunkStore>>) -> Result<RunSumm
         store,
         ..RunConfig::default()
     };
-    Ok(kamera_agent::harness::run_scenario(s, model(), &kamera_model::default_home(), cfg).await?)
+    Ok(kamera_harness::run_scenario(s, model(), &kamera_model::default_home(), cfg).await?)
 }
 
 fn page_prefill_tokens(r: &RunSummary) -> usize {

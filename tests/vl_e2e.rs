@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use anyhow::Result;
 use kamera_agent::Scenario;
-use kamera_agent::harness::RunConfig;
+use kamera_harness::RunConfig;
 use kamera_model::Model;
 use kamera_sched::Visit;
 use kamera_tests::{require_chromium, root};
@@ -24,7 +24,7 @@ async fn screenshots_become_image_chunks_relocated_and_replayed() -> Result<()> 
         trace_dir: Some(dir.path().to_path_buf()),
         ..Default::default()
     };
-    let r = kamera_agent::harness::run_scenario(&s, model.clone(), &kamera_model::default_home(), cfg).await?;
+    let r = kamera_harness::run_scenario(&s, model.clone(), &kamera_model::default_home(), cfg).await?;
     let visits: Vec<Visit> = r.steps.iter().map(|st| st.visit).collect();
     println!("visits {visits:?}\nsession {:?}", r.session);
     assert_eq!(r.end.error, None, "{:?}", r.end);
@@ -47,7 +47,7 @@ async fn screenshots_become_image_chunks_relocated_and_replayed() -> Result<()> 
         "home, orders, order: evicted and recalled when revisited (the same pixels, the same chunk)"
     );
     assert!(r.session.evictions > 0 && r.session.relocations > 0, "{:?}", r.session);
-    let rep = kamera_agent::harness::replay(dir.path(), model).await?;
+    let rep = kamera_harness::replay(dir.path(), model).await?;
     assert_eq!(rep.first_mismatch, None, "replay actions differ");
     let replayed: Vec<Visit> = rep.summary.steps.iter().map(|st| st.visit).collect();
     assert_eq!(replayed, visits, "replay meets the same chunks the same way");

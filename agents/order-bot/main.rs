@@ -1,5 +1,5 @@
-//! order-bot: an app on the builder API with its own policy. It serves the local test site and
-//! builds an `Agent` (Chromium launched by the agent, the embedded model, a deadline): open the
+//! order-bot: an app on the builder API with its own policy. It serves the demo shop (the
+//! kamera-site crate, on kamera-browser's loopback `Server`) and builds an `Agent` (Chromium launched by the agent, the embedded model, a deadline): open the
 //! order, read the tracking number, track it, come back, and ask the model for the status over
 //! the cached page chunks.
 //!
@@ -50,10 +50,7 @@ impl Policy for OrderBot {
             }),
             4 if self.tracking.is_none() => act(click("text:Shipping status")?),
             _ => {
-                let choices: Vec<String> = kamera_agent::harness::site::STATUSES
-                    .iter()
-                    .map(|s| s.to_string())
-                    .collect();
+                let choices: Vec<String> = kamera_site::STATUSES.iter().map(|s| s.to_string()).collect();
                 let q = format!("What is the shipping status of order {}?", self.order);
                 let call = mind.llm.choose(&mut mind.view, &q, &choices)?;
                 Ok(Decision {
@@ -71,8 +68,8 @@ impl Policy for OrderBot {
 async fn main() -> Result<()> {
     let order = std::env::args().nth(1).unwrap_or_else(|| "A-1043".into());
     let seed = 7;
-    // The shop: the local test site, served on loopback.
-    let server = Server::start(Content::Memory(kamera_agent::harness::site::generate(seed))).await?;
+    // The shop: the demo site, served on loopback.
+    let server = Server::start(Content::Memory(kamera_site::generate(seed))).await?;
     let mut agent = Agent::builder()
         .task(format!("Find the shipping status of order {order}."))
         .start_url(server.url("/"))
@@ -98,10 +95,7 @@ async fn main() -> Result<()> {
     let session = agent.session().stats().clone();
     agent.close().await?;
     let history = history?;
-    let truth = kamera_agent::harness::site::data(seed)
-        .orders
-        .into_iter()
-        .find(|o| o.id == order);
+    let truth = kamera_site::data(seed).orders.into_iter().find(|o| o.id == order);
     println!(
         "order {order}: model says {:?}, site says {:?}; session {session:?}",
         history.end.answer,

@@ -1,8 +1,9 @@
-//! shop-reader: the builder API with the model policy, one step at a time. It serves the local
-//! test shop, `observe`s the home page, `act`s toward the catalogue (constrained decoding: the
-//! model's reply is always an action the page can take), `extract`s a typed value off the page
-//! (the reply must deserialise as the type, or a typed error says what the model wrote), then
-//! works a second task in the same session (browser, window and chunk store kept).
+//! shop-reader: the builder API with the model policy, one step at a time. It serves the demo
+//! shop (the kamera-site crate, on kamera-browser's loopback `Server`), `observe`s the home
+//! page, `act`s toward the catalogue (constrained decoding: the model's reply is always an action
+//! the page can take), `extract`s a typed value off the page (the reply must deserialise as the
+//! type, or a typed error says what the model wrote), then works a second task in the same
+//! session (browser, window and chunk store kept).
 //!
 //! `cargo run --release -p kamera-agent --example shop-reader`
 
@@ -21,7 +22,7 @@ struct PageTitle {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<()> {
-    let server = Server::start(Content::Memory(kamera_agent::harness::site::generate(7))).await?;
+    let server = Server::start(Content::Memory(kamera_site::generate(7))).await?;
     let mut agent = Agent::builder()
         .start_url(server.url("/"))
         .max_steps(4)

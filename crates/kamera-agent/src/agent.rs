@@ -13,12 +13,11 @@ use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
-use crate::harness::miniwob;
 use crate::llm::Llm;
 use crate::lm::{LanguageModel, View};
 use crate::policy::{Decision, Mind, Policy};
 use crate::runtime::{Applied, Session, SessionStats};
-use crate::scenario::Scenario;
+use crate::scenario::{MiniWobSpec, Scenario};
 use crate::trace::{
     EndRecord, Header, Line, ObsRecord, StepRecord, StepResult, StepTimings, TRACE_VERSION, TraceWriter, sha256_hex,
 };
@@ -191,10 +190,7 @@ impl Run<'_, '_> {
         if !self.replay && !self.env.start_url.is_empty() {
             self.agent.browser.navigate(&self.env.start_url).await?;
             if let Some(mw) = &self.scenario.miniwob {
-                self.agent
-                    .browser
-                    .eval(&miniwob::start_js(mw.seed, mw.episode_ms))
-                    .await?;
+                self.agent.browser.eval(&mw.start_js()).await?;
             }
         }
         Ok(())
@@ -396,7 +392,7 @@ impl Run<'_, '_> {
             }
         }
         if self.scenario.miniwob.is_some() && !self.replay {
-            match self.agent.browser.eval(miniwob::REWARD_JS).await {
+            match self.agent.browser.eval(MiniWobSpec::REWARD_JS).await {
                 Ok(v) if v[0].as_bool() == Some(true) => {
                     self.reward = v[1].as_f64();
                     record.reward = self.reward;

@@ -7,8 +7,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kamera_browser::{Action, Browser, ChromiumBrowser, ChromiumConfig, Observation, Origins};
-use kamera_model::Model;
-use kamera_store::ChunkStore;
+use kamera_gpu::CpuBackend;
+use kamera_model::{Model, ModelName};
+use kamera_store::{ChunkStore, MemStore};
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
@@ -17,7 +18,7 @@ use crate::error::{Error, Result, model};
 use crate::llm::Llm;
 use crate::lm::{LanguageModel, View};
 use crate::policy::{Decoding, ModelPolicy, Policy};
-use crate::runtime::Session;
+use crate::runtime::{Session, SessionConfig};
 use crate::scenario::{Budget, Observe, PolicyKind, Scenario, Success};
 use crate::trace::StepRecord;
 
@@ -155,7 +156,7 @@ impl AgentBuilder {
         let model = match (self.model, self.model_path) {
             (Some(m), _) => m,
             (None, Some(p)) => Arc::new(Model::load(&p).map_err(model("load"))?),
-            (None, None) => crate::harness::default_model(&kamera_model::default_home())?,
+            (None, None) => default_model(&kamera_model::default_home())?,
         };
         let task = self.task.unwrap_or_default();
         let origin = self.start_url.as_deref().map(origin_of).unwrap_or_default();
@@ -173,7 +174,12 @@ impl AgentBuilder {
             steps: Vec::new(),
             success: Success::default(),
         };
-        let session = crate::harness::session_for(&scenario, model.clone(), self.store, None, None);
+        let session = Session::new(
+            model.clone(),
+            self.store.unwrap_or_else(|| Arc::new(MemStore::new())),
+            Box::new(CpuBackend),
+            SessionConfig::for_scenario(&scenario),
+        );
         let agent = Agent {
             llm: Llm::new(model),
             lm: self.language_model,
@@ -192,6 +198,13 @@ impl AgentBuilder {
         };
         Ok(agent)
     }
+}
+
+/// Fetches (once, cached under `home`) and loads the embedded default model,
+/// SmolLM2-135M-Instruct: what [`AgentBuilder::build`] loads when given no model.
+pub fn default_model(home: &std::path::Path) -> Result<Arc<Model>> {
+    let path = kamera_model::fetch(ModelName::Smollm2_135m, home).map_err(model("fetch"))?;
+    Ok(Arc::new(Model::load(&path).map_err(model("load"))?))
 }
 
 fn origin_of(url: &str) -> String {

@@ -8,8 +8,9 @@
 //! the policy acts over the live context. The model policy decodes under the page's
 //! [`ActionSchema`], so its reply is always an action the page can take; it asks its model
 //! through [`LanguageModel`] ([`Llm`], the local model, by default; another can be plugged with
-//! [`AgentBuilder::language_model`]). The test and benchmark harness (local site, MiniWoB++,
-//! scenario runner, report) is `harness`, hidden: not part of the supported API.
+//! [`AgentBuilder::language_model`]). The test and benchmark harness (serving a scenario's site
+//! or MiniWoB++, the scenario runner, the report) is the kamera-harness crate and the demo site
+//! is kamera-site, both `publish = false`: neither is part of this crate's API.
 //!
 //! ```
 //! use kamera_agent::{ActionSchema, Fit, LEAD, Scenario, Step};
@@ -46,8 +47,6 @@
 mod agent;
 mod app;
 mod error;
-#[doc(hidden)]
-pub mod harness;
 mod llm;
 mod lm;
 mod policy;
@@ -62,9 +61,8 @@ pub(crate) fn ms(t: std::time::Instant) -> f64 {
 }
 
 pub use agent::{Env, OnStep, Parts, RunOptions, RunSummary, chunk_text, run_episode};
-pub use app::{Agent, AgentBuilder, History};
+pub use app::{Agent, AgentBuilder, History, default_model};
 pub use error::{Error, Result};
-pub use harness::default_model;
 pub use llm::{CallTimings, Llm, ModelCall, parse_action};
 pub use lm::{LanguageModel, View};
 pub use policy::{

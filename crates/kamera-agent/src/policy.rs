@@ -3,7 +3,7 @@
 //! and takes its JSON when it names a valid action, else ranks the page's valid actions by the
 //! model's likelihood, so every step ends with an action the page can take.
 
-use kamera_browser::{Action, Observation};
+use kamera_browser::{Action, Element, Observation};
 use std::collections::HashMap;
 
 use crate::error::{Error, Result};
@@ -232,12 +232,30 @@ pub struct ModelPolicy {
     pub decoding: Decoding,
     /// With [`Decoding::Free`]: extra attempts after the first (greedy) one, sampled with fixed seeds.
     pub retries: usize,
-    /// The page (url, text) of the last step and the actions taken on it since it last changed.
-    page: Option<(String, String)>,
+    /// The page of the last step ([`PageKey`]) and the actions taken on it since it last changed.
+    page: Option<PageKey>,
     tried: Vec<Action>,
 }
 
 pub use crate::schema::ACTION_GRAMMAR;
+
+/// What makes two observations the same page for "this action did nothing": the URL and the
+/// interactive elements (ids, text, state, position). Not the page text: a countdown line
+/// (MiniWoB++'s timer) changes it every second while the page the actions act on stays the same.
+#[derive(Debug, Clone, PartialEq)]
+struct PageKey {
+    url: String,
+    elements: Vec<Element>,
+}
+
+impl PageKey {
+    fn of(obs: &Observation) -> PageKey {
+        PageKey {
+            url: obs.url.clone(),
+            elements: obs.interactive().cloned().collect(),
+        }
+    }
+}
 
 /// Whether `action` is one the page can take: a complete action of the page's schema.
 pub fn valid(obs: &Observation, action: &Action) -> bool {
@@ -277,6 +295,15 @@ impl ModelPolicy {
             .templates
             .retain(|t| t.tail.is_some() || crate::llm::parse_action(&t.head).map_or(true, |a| !self.stale(&a)));
         schema
+    }
+
+    /// Notes the page of this step; a changed page forgets the actions taken on the last one.
+    fn seen(&mut self, obs: &Observation) {
+        let page = PageKey::of(obs);
+        if self.page.as_ref() != Some(&page) {
+            self.page = Some(page);
+            self.tried.clear();
+        }
     }
 
     /// Whether `action` was already taken on this unchanged page (text actions may be retried).
@@ -335,11 +362,7 @@ impl ModelPolicy {
 impl Policy for ModelPolicy {
     fn next(&mut self, _step: usize, obs: &Observation, mind: &mut Mind<'_>) -> Result<Decision> {
         let instruction = ModelPolicy::instruction(obs, mind.goal);
-        let page = (obs.url.clone(), obs.text.clone());
-        if self.page.as_ref() != Some(&page) {
-            self.page = Some(page);
-            self.tried.clear();
-        }
+        self.seen(obs);
         let decision = match self.decoding {
             Decoding::Constrained => self.constrained(obs, mind, &instruction)?,
             Decoding::Ranked => self.ranked(obs, mind, &instruction)?,
@@ -456,5 +479,33 @@ mod tests {
         assert!(!p.stale(&Action::Click { id: 3 }));
         p.tried.push(Action::Done { answer: "x".into() });
         assert!(!p.stale(&Action::Done { answer: "x".into() }));
+    }
+
+    /// A page whose text changes only in a countdown line (MiniWoB++'s timer) is the same page:
+    /// a click that did nothing stays stale. A changed element makes it a new page.
+    #[test]
+    fn a_ticking_timer_does_not_make_a_new_page() {
+        let page = |timer: u32, button: &str| -> Observation {
+            serde_json::from_value(serde_json::json!({
+                "url": "http://127.0.0.1/miniwob/click-test.html", "title": "t",
+                "text": format!("Click the button.\n[1] button \"{button}\"\nTime left: {timer} / 10sec"),
+                "elements": [
+                    {"id": 1, "tag": "button", "text": button, "x": 5.0, "y": 5.0},
+                    {"id": 2, "tag": "div", "text": format!("Time left: {timer} / 10sec"),
+                     "interactive": false, "x": 5.0, "y": 90.0}
+                ]
+            }))
+            .expect("observation")
+        };
+        let mut p = ModelPolicy::default();
+        p.seen(&page(9, "Go"));
+        p.tried.push(Action::Click { id: 1 });
+        p.seen(&page(8, "Go"));
+        assert!(
+            p.stale(&Action::Click { id: 1 }),
+            "the timer ticked; the page did not change"
+        );
+        p.seen(&page(7, "Gone"));
+        assert!(!p.stale(&Action::Click { id: 1 }), "the button changed: a new page");
     }
 }

@@ -94,6 +94,22 @@ pub struct MiniWobSpec {
     pub episode_ms: Option<u64>,
 }
 
+impl MiniWobSpec {
+    /// JavaScript that reads MiniWoB++'s `[done, reward, raw_reward, reason]` globals.
+    pub const REWARD_JS: &str = "[WOB_DONE_GLOBAL, WOB_REWARD_GLOBAL, WOB_RAW_REWARD_GLOBAL, WOB_REWARD_REASON]";
+
+    /// JavaScript that seeds and starts this task's episode (after the page loaded), as the
+    /// package's episode protocol says: `Math.seedrandom(seed)`, `core.startEpisodeReal()`.
+    pub fn start_js(&self) -> String {
+        let limit = self
+            .episode_ms
+            .map(|ms| format!("core.EPISODE_MAX_TIME = {ms};"))
+            .unwrap_or_default();
+        let seed = self.seed;
+        format!("(() => {{ Math.seedrandom('{seed}'); {limit} core.startEpisodeReal(); return WOB_TASK_READY; }})()")
+    }
+}
+
 /// Step and context budgets.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

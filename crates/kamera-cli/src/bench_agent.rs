@@ -9,12 +9,12 @@ use std::time::Instant;
 
 use anyhow::{Context as _, Result, bail};
 use clap::Args;
-use kamera_agent::harness::{miniwob, session_for, site};
 use kamera_agent::{
     Budget, Decoding, Env, MiniWobSpec, ModelPolicy, Parts, PolicyKind, RunOptions, RunSummary, Scenario, SiteSpec,
     Success, run_episode,
 };
 use kamera_browser::{Browser, ChromiumBrowser, ChromiumConfig, Content, Origins, Server};
+use kamera_harness::{miniwob, session_for};
 use kamera_model::Model;
 use serde::{Deserialize, Serialize};
 
@@ -134,7 +134,7 @@ impl Servers {
         let mut sites = BTreeMap::new();
         if tasks.iter().any(|t| t == ORDER_STATUS) {
             for &s in seeds {
-                sites.insert(s, Server::start(Content::Memory(site::generate(s))).await?);
+                sites.insert(s, Server::start(Content::Memory(kamera_site::generate(s))).await?);
             }
         }
         Ok(Servers { miniwob, sites })
@@ -193,7 +193,7 @@ impl Servers {
         if let Some(mw) = &sc.miniwob {
             let server = self.miniwob.as_ref().context("MiniWoB++ server not started")?;
             browser.navigate(&server.url(&miniwob::task_path(&mw.task))).await?;
-            browser.eval(&miniwob::start_js(mw.seed, mw.episode_ms)).await?;
+            browser.eval(&mw.start_js()).await?;
             let u = browser.eval("core.getUtterance()").await?;
             sc.goal = u.as_str().unwrap_or_default().to_string();
             if sc.goal.is_empty() {
@@ -206,7 +206,7 @@ impl Servers {
         }
         let seed = sc.site.as_ref().map_or(0, |s| s.seed);
         let server = self.sites.get(&seed).context("no local site for this seed")?;
-        let orders = site::data(seed).orders;
+        let orders = kamera_site::data(seed).orders;
         let o = &orders[seed as usize % orders.len()];
         sc.goal = format!("Find the shipping status of order {}, then answer it with done.", o.id);
         sc.success.answer = Some(o.status.clone());

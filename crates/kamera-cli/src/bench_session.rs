@@ -8,7 +8,6 @@ use std::time::Instant;
 
 use anyhow::{Context as _, Result};
 use clap::Args;
-use kamera_agent::harness::site;
 use kamera_agent::{Llm, Session, SessionConfig};
 use kamera_browser::{Browser, ChromiumBrowser, ChromiumConfig, Content, Origins, Server};
 use kamera_gpu::CpuBackend;
@@ -103,14 +102,14 @@ pub struct StepRow {
 /// catalogue now and then. The window holds about half of the working set, so revisits evict,
 /// relocate and recall pages instead of hitting them.
 fn walk(seed: u64, n: usize, orders: usize) -> Vec<WalkStep> {
-    let data = site::data(seed);
+    let data = kamera_site::data(seed);
     let orders = &data.orders[..orders.clamp(1, data.orders.len())];
     let visit = |p: &str| WalkStep {
         path: p.to_string(),
         question: None,
         answer: None,
     };
-    let ask = |p: &str, order: &site::Order| WalkStep {
+    let ask = |p: &str, order: &kamera_site::Order| WalkStep {
         path: p.to_string(),
         question: Some(format!("What is the shipping status of order {}?", order.id)),
         answer: Some(order.status.clone()),
@@ -172,7 +171,7 @@ impl PrefixCache {
 
 /// Observes every page of the walk once on real Chromium: the chunk text of each.
 async fn observe_pages(seed: u64, walk: &[WalkStep]) -> Result<Vec<String>> {
-    let server = Server::start(Content::Memory(site::generate(seed))).await?;
+    let server = Server::start(Content::Memory(kamera_site::generate(seed))).await?;
     let origin = server.origin();
     let mut browser =
         ChromiumBrowser::launch(ChromiumConfig::new(Origins::new(std::slice::from_ref(&origin))?)).await?;
@@ -208,7 +207,7 @@ pub fn run(a: SessionArgs) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let pages = rt.block_on(observe_pages(a.seed, &walk))?;
     let goal = "Answer questions about orders and their shipments.";
-    let choices: Vec<String> = site::STATUSES.iter().map(|s| s.to_string()).collect();
+    let choices: Vec<String> = kamera_site::STATUSES.iter().map(|s| s.to_string()).collect();
     let cfg = SessionConfig {
         window_tokens: a.window,
         patch: PatchConfig::fixed(a.rank, DType::F32),

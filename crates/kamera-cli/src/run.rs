@@ -7,8 +7,8 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use std::sync::Arc;
 
-use kamera_agent::harness::RunConfig;
 use kamera_agent::{RunSummary, Scenario, StepRecord};
+use kamera_harness::RunConfig;
 use kamera_model::Model;
 use kamera_store::ChunkStore;
 use tokio_util::sync::CancellationToken;
@@ -209,7 +209,7 @@ fn execute(
         tracing::info!(step = s.step, url = %s.observation.url, action = ?s.action, result = %s.result, ms = s.timings.total_ms, "step");
     });
     let home = kamera_model::default_home();
-    let summary = rt.block_on(kamera_agent::harness::run_scenario(
+    let summary = rt.block_on(kamera_harness::run_scenario(
         &scenario,
         model,
         &home,
@@ -225,7 +225,7 @@ fn execute(
     ))?;
     pb.finish_and_clear();
     if let Some(r) = report {
-        kamera_agent::harness::report::write_html(&summary, Some(&trace_dir.join("resources")), r)?;
+        kamera_harness::report::write_html(&summary, Some(&trace_dir.join("resources")), r)?;
     }
     Ok(summary)
 }
@@ -377,7 +377,7 @@ pub fn replay(a: ReplayArgs) -> Result<()> {
     }
     let model = load_model(&a.model)?;
     let rt = runtime()?;
-    let report = rt.block_on(kamera_agent::harness::replay(&a.dir, model))?;
+    let report = rt.block_on(kamera_harness::replay(&a.dir, model))?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use kamera_gpu::Backend;
 use kamera_model::{Context, Model};
-use kamera_ops::{ChunkKv, PatchConfig};
+use kamera_ops::{ChunkKv, DType, PatchConfig};
 use kamera_sched::{CostModel, Order, Plan, Visit, Window, WindowConfig};
 use kamera_store::{ChunkId, ChunkStore, Key, ModelFp, Record};
 use serde::{Deserialize, Serialize};
@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::Result;
 use crate::runtime::image::ImageContent;
 use crate::runtime::relevance::Relevance;
+use crate::scenario::Scenario;
 
 /// Encoder name hashed into page chunk ids (the compact page text, tokenized).
 pub(crate) const TEXT_ENCODER: &str = "page-text:v1";
@@ -56,6 +57,19 @@ impl Default for SessionConfig {
             defer: true,
             repair: true,
             image_max_pixels: 28 * 28 * 256,
+        }
+    }
+}
+
+impl SessionConfig {
+    /// The session a scenario's `[budget]` asks for (window, patch rank, repair, image size).
+    pub fn for_scenario(scenario: &Scenario) -> SessionConfig {
+        SessionConfig {
+            window_tokens: scenario.budget.window_tokens,
+            patch: PatchConfig::fixed(scenario.budget.patch_rank, DType::F32),
+            repair: scenario.budget.repair,
+            image_max_pixels: scenario.budget.screenshot_pixels,
+            ..SessionConfig::default()
         }
     }
 }

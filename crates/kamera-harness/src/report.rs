@@ -6,8 +6,9 @@ use std::path::Path;
 
 use base64::Engine;
 
-use crate::agent::RunSummary;
-use crate::error::{Result, io};
+use kamera_agent::{Result, RunSummary};
+
+use crate::io;
 
 fn esc(s: &str) -> String {
     s.replace('&', "&amp;")

@@ -1,11 +1,14 @@
 //! MiniWoB++ from the `miniwob` pip package (fetched with `pip download --no-deps`, checked by
-//! sha256, unpacked under `$KAMERA_HOME/miniwob-1.1.0/`), served on loopback, driven with its
-//! episode protocol: `Math.seedrandom(seed)`, `core.startEpisodeReal()`, then the reward globals.
+//! sha256, unpacked under `$KAMERA_HOME/miniwob-1.1.0/`) and served on loopback. The episode
+//! protocol the agent loop drives (seed, start, reward globals) is kamera-agent's
+//! `MiniWobSpec::start_js` and `MiniWobSpec::REWARD_JS`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::error::{Error, Result, io};
+use kamera_agent::{Error, Result, sha256_hex};
+
+use crate::io;
 
 pub const VERSION: &str = "1.1.0";
 const WHEEL: &str = "miniwob-1.1.0-py3-none-any.whl";
@@ -45,7 +48,7 @@ pub fn ensure(home: &Path) -> Result<PathBuf> {
         }
     }
     let bytes = std::fs::read(&wheel).map_err(io("read", &wheel))?;
-    let got = crate::trace::sha256_hex(&bytes);
+    let got = sha256_hex(&bytes);
     if got != WHEEL_SHA256 {
         return Err(Error::MiniWob(format!(
             "{} has sha256 {got}, expected {WHEEL_SHA256}",
@@ -80,14 +83,3 @@ pub fn ensure(home: &Path) -> Result<PathBuf> {
 pub fn task_path(task: &str) -> String {
     format!("/miniwob/{task}.html")
 }
-
-/// JavaScript that seeds and starts an episode (after the page loaded).
-pub fn start_js(seed: u64, episode_ms: Option<u64>) -> String {
-    let limit = episode_ms
-        .map(|ms| format!("core.EPISODE_MAX_TIME = {ms};"))
-        .unwrap_or_default();
-    format!("(() => {{ Math.seedrandom('{seed}'); {limit} core.startEpisodeReal(); return WOB_TASK_READY; }})()")
-}
-
-/// JavaScript that reads `[done, reward, raw_reward, reason]`.
-pub const REWARD_JS: &str = "[WOB_DONE_GLOBAL, WOB_REWARD_GLOBAL, WOB_RAW_REWARD_GLOBAL, WOB_REWARD_REASON]";

@@ -5,22 +5,19 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use kamera_agent::{
+    Env, Error, ModelPolicy, OnStep, Parts, Policy, PolicyKind, Result, RunOptions, RunSummary, Scenario,
+    ScriptedPolicy, Session, SessionConfig, Trace, TraceWriter, run_episode,
+};
 use kamera_browser::{Action, ChromiumBrowser, ChromiumConfig, Content, Origins, ReplayBrowser, Server};
 use kamera_gpu::{Backend, CpuBackend};
-use kamera_model::{Model, ModelName};
-use kamera_ops::{DType, PatchConfig};
+use kamera_model::Model;
 use kamera_sched::CostModel;
 use kamera_store::{ChunkStore, MemStore};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use super::{miniwob, site};
-use crate::agent::{Env, Parts, RunOptions, RunSummary, run_episode};
-use crate::error::{Error, Result, model};
-use crate::policy::{ModelPolicy, Policy, ScriptedPolicy};
-use crate::runtime::{Session, SessionConfig};
-use crate::scenario::{PolicyKind, Scenario};
-use crate::trace::{Trace, TraceWriter};
+use crate::miniwob;
 
 /// A scenario's site, served on loopback for as long as this lives.
 pub struct Served {
@@ -32,7 +29,7 @@ pub struct Served {
 /// Starts the local site or MiniWoB++ server a scenario names (MiniWoB++ fetched into `home`).
 pub async fn serve(scenario: &Scenario, home: &Path) -> Result<Served> {
     let server = if let Some(s) = &scenario.site {
-        Some(Server::start(Content::Memory(site::generate(s.seed))).await?)
+        Some(Server::start(Content::Memory(kamera_site::generate(s.seed))).await?)
     } else if scenario.miniwob.is_some() {
         let home = home.to_path_buf();
         let dir = tokio::task::spawn_blocking(move || miniwob::ensure(&home))
@@ -68,12 +65,6 @@ pub async fn serve(scenario: &Scenario, home: &Path) -> Result<Served> {
     })
 }
 
-/// Fetches (once, cached under `home`) and loads the embedded default model, SmolLM2-135M-Instruct.
-pub fn default_model(home: &Path) -> Result<Arc<Model>> {
-    let path = kamera_model::fetch(ModelName::Smollm2_135m, home).map_err(model("fetch"))?;
-    Ok(Arc::new(Model::load(&path).map_err(model("load"))?))
-}
-
 /// The policy a scenario asks for.
 pub fn policy_for(scenario: &Scenario, origin: &str) -> Box<dyn Policy> {
     match scenario.policy {
@@ -88,7 +79,7 @@ pub struct RunConfig {
     /// Record a trace here.
     pub trace_dir: Option<std::path::PathBuf>,
     pub cancel: CancellationToken,
-    pub on_step: Option<crate::agent::OnStep>,
+    pub on_step: Option<OnStep>,
     /// The chunk store (canonical KV, patches); `None` is a fresh in-memory store for this run.
     pub store: Option<Arc<dyn ChunkStore>>,
     /// Relocation and patching; `None` is the CPU reference backend.
@@ -97,19 +88,6 @@ pub struct RunConfig {
     pub cost: Option<CostModel>,
     /// Time a full re-prefill of the answering window too ([`RunOptions::baseline`]).
     pub baseline: bool,
-}
-
-impl SessionConfig {
-    /// The session a scenario's budget asks for.
-    pub fn for_scenario(scenario: &Scenario) -> SessionConfig {
-        SessionConfig {
-            window_tokens: scenario.budget.window_tokens,
-            patch: PatchConfig::fixed(scenario.budget.patch_rank, DType::F32),
-            repair: scenario.budget.repair,
-            image_max_pixels: scenario.budget.screenshot_pixels,
-            ..SessionConfig::default()
-        }
-    }
 }
 
 /// Serves, launches Chromium, opens a session over `cfg.store`, runs, closes.

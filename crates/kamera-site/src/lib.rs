@@ -1,10 +1,24 @@
-//! The deterministic local test site (scenarios/site/): pages generated from a seed, served on
-//! loopback by [`kamera_browser::Server`].
+//! kamera-site: the deterministic demo site (scenarios/site/) that Kamera's tests, the `kamera`
+//! binary and the example apps in agents/ run against. Pages are generated from a seed (an order
+//! portal with shipping status, a catalogue and cart, a directory); [`data`] is what they show,
+//! so a test or an app can state the expected answer. Serve the pages on loopback with
+//! `kamera_browser::Server::start(Content::Memory(kamera_site::generate(seed)))`.
+//!
+//! A test fixture (`publish = false`), kept out of kamera-agent's public surface.
+//!
+//! ```
+//! let pages = kamera_site::generate(7);
+//! let order = &kamera_site::data(7).orders[3];
+//! assert_eq!(order.id, "A-1043");
+//! let shipment = String::from_utf8(pages[&format!("/shipping/{}", order.tracking)].clone()).unwrap();
+//! assert!(shipment.contains(&format!("Status: {}", order.status)));
+//! assert!(kamera_site::STATUSES.contains(&order.status.as_str()));
+//! ```
 
 use std::collections::BTreeMap;
 
-const LAYOUT: &str = include_str!("../../../../scenarios/site/layout.html");
-const STYLE: &str = include_str!("../../../../scenarios/site/style.css");
+const LAYOUT: &str = include_str!("../../../scenarios/site/layout.html");
+const STYLE: &str = include_str!("../../../scenarios/site/style.css");
 
 /// splitmix64: small, fast, and the same on every machine.
 struct Rng(u64);
