@@ -5,7 +5,7 @@ use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
 use crate::error::{CandleCtx, Result};
-use crate::lanes::dot;
+use crate::lanes::{dot, exp_nonpositive};
 
 const OP: &str = "attention";
 /// Queries per block.
@@ -105,25 +105,6 @@ fn softmax_row_generic(s: &[f32], o: &mut [f32], scale: f32) {
     let sum: f32 = acc.iter().sum::<f32>() + chunks.remainder().iter().sum::<f32>();
     let inv = 1.0 / sum;
     o.iter_mut().for_each(|y| *y *= inv);
-}
-
-/// eˣ for x ≤ 0 (softmax arguments after subtracting the max), branch-free so it vectorises:
-/// x = n·ln2 + r with n = round(x·log₂e) and r reduced in two steps (Cody-Waite, |r| ≤ ln2/2),
-/// eʳ by a degree-7 Taylor polynomial, 2ⁿ from exponent bits; relative error a few ulps
-/// (tested); 0 below −87 (under f32's normal range).
-#[inline(always)]
-fn exp_nonpositive(x: f32) -> f32 {
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    let xc = x.max(-87.0);
-    let n = (xc * std::f32::consts::LOG2_E).round();
-    let r = (-n).mul_add(LN2_LO, (-n).mul_add(LN2_HI, xc));
-    let p = 1.0
-        + r * (1.0
-            + r * (0.5
-                + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
-    let v = p * f32::from_bits(((n as i32 + 127) as u32) << 23);
-    if x < -87.0 { 0.0 } else { v }
 }
 
 /// `q: [kvh, g, n, hd]` (contiguous) against `k, v: [kvh, t, hd]` (rows contiguous) ->

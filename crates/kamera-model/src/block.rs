@@ -5,8 +5,9 @@ use candle_core::{D, Tensor};
 use candle_nn::ops::rms_norm;
 use kamera_ops::RopeSpec;
 
+use crate::activation::gated;
 use crate::attention::attend;
-use crate::config::{Activation, Config};
+use crate::config::Config;
 use crate::context::heads_first;
 use crate::error::{CandleCtx, OpsCtx, Result};
 use crate::quant::Linear;
@@ -118,14 +119,11 @@ pub(crate) fn attend_and_mlp(
     }
     let x = (x + a).ctx(OP)?;
     let h = norm(&x, &w.ffn_norm, cfg.rms_eps)?;
-    let gate = linear(&h, &w.w_gate, None)?;
-    let gate = match cfg.activation {
-        Activation::Silu => gate.silu(),
-        Activation::GeluTanh => gate.gelu(),
-    }
-    .ctx("activation")?;
-    let up = linear(&h, &w.w_up, None)?;
-    let mut m = linear(&(gate * up).ctx(OP)?, &w.w_down, None)?;
+    let mut gate = w.w_gate.forward_vec(&h)?;
+    let up = w.w_up.forward_vec(&h)?;
+    gated(cfg.activation, &mut gate, &up);
+    let gate = Tensor::from_vec(gate, (n, cfg.ffn), h.device()).ctx(OP)?;
+    let mut m = linear(&gate, &w.w_down, None)?;
     if let Some(pn) = &w.post_ffn_norm {
         m = norm(&m, pn, cfg.rms_eps)?;
     }

@@ -8,7 +8,8 @@ use std::sync::Mutex;
 use kamera_ops::{LayerKv, Mat, RopeSpec};
 
 use crate::attention::softmax_row;
-use crate::config::{Activation, Config};
+use crate::activation::gated;
+use crate::config::Config;
 use crate::context::Context;
 use crate::error::{CandleCtx, Error, OpsCtx, Result};
 use crate::lanes::dot;
@@ -94,17 +95,6 @@ fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
 fn add(y: &mut [f32], b: &Option<Vec<f32>>) {
     if let Some(b) = b {
         y.iter_mut().zip(b).for_each(|(y, b)| *y += b);
-    }
-}
-
-/// candle's activations: SiLU `x / (1 + e^{-x})`, GELU with the tanh approximation.
-fn activate(kind: Activation, x: f32) -> f32 {
-    match kind {
-        Activation::Silu => x / (1.0 + (-x).exp()),
-        Activation::GeluTanh => {
-            const C: f32 = 0.797_884_6; // sqrt(2/π)
-            0.5 * x * (1.0 + (C * x * (1.0 + 0.044715 * x * x)).tanh())
-        }
     }
 }
 
@@ -359,9 +349,7 @@ impl Step<'_> {
             }
             // SAFETY: as above, the same rows.
             let (gate, up) = unsafe { (b.gate.part(mine.clone()), b.up.part(mine.clone())) };
-            for (g, u) in gate.iter_mut().zip(up.iter()) {
-                *g = activate(cfg.activation, *g) * u;
-            }
+            gated(cfg.activation, gate, up);
             barrier.wait();
             // SAFETY: gate was written only in the phase before the barrier.
             products(&[(wv[6], &b.o)], unsafe { b.gate.all() }, w, n);

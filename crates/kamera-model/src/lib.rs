@@ -11,6 +11,7 @@
 //! # Ok::<(), kamera_model::Error>(())
 //! ```
 
+mod activation;
 mod attention;
 mod block;
 mod bpe;

@@ -1,5 +1,6 @@
 //! Prefill products on quantized weights: panels of rows dequantized into a cache-sized f32
-//! buffer (both cores), each multiplied by the `gemm` crate's f32 kernels straight into the output.
+//! buffer, each multiplied by the `gemm` crate's f32 kernels straight into the output, panels
+//! over the rayon pool.
 
 use rayon::prelude::*;
 
@@ -8,43 +9,65 @@ use super::QMatrix;
 /// f32 values per dequantized panel (1 MiB: it stays in L2 while the GEMM reads it).
 const PANEL_VALUES: usize = 1 << 18;
 
-/// `y = x Wᵀ` for `x: [n, cols]`, `y: [n, rows]`, row-major.
+/// A raw output pointer shared by tasks that write disjoint column blocks.
+#[derive(Clone, Copy)]
+struct Out(*mut f32);
+// SAFETY: each task writes only its own panel's columns of `y`.
+unsafe impl Send for Out {}
+unsafe impl Sync for Out {}
+
+impl Out {
+    /// Element `i` (a method, so closures capture the whole `Out`, not its raw pointer).
+    fn at(self, i: usize) -> *mut f32 {
+        self.0.wrapping_add(i)
+    }
+}
+
+/// `y = x Wᵀ` for `x: [n, cols]`, `y: [n, rows]`, row-major. Panels are the parallel tasks:
+/// each thread dequantizes its own panel and multiplies it on its own, so no GEMM waits for
+/// the other core.
 pub(crate) fn matmul(q: &QMatrix, x: &[f32], n: usize, y: &mut [f32]) {
     let (rows, cols) = (q.rows, q.cols);
-    debug_assert_eq!((x.len(), y.len()), (n * cols, n * rows));
-    let panel_rows = (PANEL_VALUES / cols).clamp(16, rows);
-    let mut panel = vec![0f32; panel_rows * cols];
-    let threads = rayon::current_num_threads();
-    for r0 in (0..rows).step_by(panel_rows) {
-        let pr = panel_rows.min(rows - r0);
-        panel[..pr * cols]
-            .par_chunks_mut(cols)
-            .enumerate()
-            .for_each(|(i, row)| q.dequantize_row(r0 + i, row));
-        // SAFETY: dst is the n x pr block of y at column r0 (row stride `rows`), lhs is x
-        // (n x cols), rhs is the panel read as its transpose (cols x pr); all in bounds.
-        unsafe {
-            gemm::gemm(
-                n,
-                pr,
-                cols,
-                y.as_mut_ptr().add(r0),
-                1,
-                rows as isize,
-                false,
-                x.as_ptr(),
-                1,
-                cols as isize,
-                panel.as_ptr(),
-                cols as isize,
-                1,
-                0.0,
-                1.0,
-                false,
-                false,
-                false,
-                gemm::Parallelism::Rayon(threads),
-            );
-        }
-    }
+    assert_eq!((x.len(), y.len()), (n * cols, n * rows), "matmul shapes");
+    let threads = rayon::current_num_threads().max(1);
+    // Enough panels for every thread, each small enough to stay in L2 while the GEMM reads it.
+    let panel_rows = (PANEL_VALUES / cols).clamp(16, rows.div_ceil(threads).max(16));
+    let out = Out(y.as_mut_ptr());
+    let panels = rows.div_ceil(panel_rows);
+    (0..panels).into_par_iter().for_each_init(
+        || vec![0f32; panel_rows * cols],
+        |panel, p| {
+            let r0 = p * panel_rows;
+            let pr = panel_rows.min(rows - r0);
+            for (i, row) in panel[..pr * cols].chunks_exact_mut(cols).enumerate() {
+                q.dequantize_row(r0 + i, row);
+            }
+            // SAFETY: dst is the n x pr block of y at column r0 (row stride `rows`), written by
+            // this task alone; lhs is x (n x cols), rhs is the panel read as its transpose
+            // (cols x pr); all in bounds.
+            unsafe {
+                gemm::gemm(
+                    n,
+                    pr,
+                    cols,
+                    out.at(r0),
+                    1,
+                    rows as isize,
+                    false,
+                    x.as_ptr(),
+                    1,
+                    cols as isize,
+                    panel.as_ptr(),
+                    cols as isize,
+                    1,
+                    0.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
+                );
+            }
+        },
+    );
 }

@@ -157,6 +157,18 @@ impl Linear {
         match self {
             Linear::Dense(w) => x.matmul(&w.t().ctx(OP)?).ctx(OP),
             Linear::Quant(q) => {
+                let n = x.dim(0).ctx(OP)?;
+                Tensor::from_vec(self.forward_vec(x)?, (n, q.rows), x.device()).ctx(OP)
+            }
+        }
+    }
+
+    /// [`Linear::forward`]'s values, row-major `[n, out]`.
+    pub fn forward_vec(&self, x: &Tensor) -> Result<Vec<f32>> {
+        const OP: &str = "linear";
+        match self {
+            Linear::Dense(w) => x.matmul(&w.t().ctx(OP)?).ctx(OP)?.flatten_all().ctx(OP)?.to_vec1().ctx(OP),
+            Linear::Quant(q) => {
                 let (n, k) = x.dims2().ctx(OP)?;
                 if k != q.cols {
                     return Err(crate::error::Error::Shape {
@@ -173,7 +185,7 @@ impl Linear {
                 } else {
                     matmul::matmul(q, &xs, n, &mut y);
                 }
-                Tensor::from_vec(y, (n, q.rows), x.device()).ctx(OP)
+                Ok(y)
             }
         }
     }
