@@ -44,7 +44,10 @@ unsafe fn gated_avx2(kind: Activation, gate: &mut [f32], up: &[f32]) {
 #[inline(always)]
 fn gated_generic(kind: Activation, gate: &mut [f32], up: &[f32]) {
     match kind {
-        Activation::Silu => gate.iter_mut().zip(up).for_each(|(g, u)| *g = activate(Activation::Silu, *g) * u),
+        Activation::Silu => gate
+            .iter_mut()
+            .zip(up)
+            .for_each(|(g, u)| *g = activate(Activation::Silu, *g) * u),
         Activation::GeluTanh => gate
             .iter_mut()
             .zip(up)
@@ -75,6 +78,9 @@ mod tests {
         assert!(worst_gelu < 2e-6, "GELU relative error {worst_gelu:e}");
         let mut g = vec![1.0, -2.0, 100.0, -100.0];
         gated(Activation::Silu, &mut g, &[2.0, 1.0, 1.0, 1.0]);
-        assert!((g[0] - 2.0 * 0.731_058_6).abs() < 1e-6 && g[2] == 100.0 && g[3].abs() < 1e-30, "{g:?}");
+        assert!(
+            (g[0] - 2.0 * 0.731_058_6).abs() < 1e-6 && g[2] == 100.0 && g[3].abs() < 1e-30,
+            "{g:?}"
+        );
     }
 }

@@ -7,8 +7,8 @@ use std::sync::Mutex;
 
 use kamera_ops::{LayerKv, Mat, RopeSpec};
 
-use crate::attention::softmax_row;
 use crate::activation::gated;
+use crate::attention::softmax_row;
 use crate::config::Config;
 use crate::context::Context;
 use crate::error::{CandleCtx, Error, OpsCtx, Result};

@@ -34,4 +34,3 @@ pub(crate) fn exp_nonpositive(x: f32) -> f32 {
     let v = p * f32::from_bits(((n as i32 + 127) as u32) << 23);
     if x < -87.0 { 0.0 } else { v }
 }
-

@@ -167,7 +167,13 @@ impl Linear {
     pub fn forward_vec(&self, x: &Tensor) -> Result<Vec<f32>> {
         const OP: &str = "linear";
         match self {
-            Linear::Dense(w) => x.matmul(&w.t().ctx(OP)?).ctx(OP)?.flatten_all().ctx(OP)?.to_vec1().ctx(OP),
+            Linear::Dense(w) => x
+                .matmul(&w.t().ctx(OP)?)
+                .ctx(OP)?
+                .flatten_all()
+                .ctx(OP)?
+                .to_vec1()
+                .ctx(OP),
             Linear::Quant(q) => {
                 let (n, k) = x.dims2().ctx(OP)?;
                 if k != q.cols {
