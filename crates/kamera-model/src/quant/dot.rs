@@ -152,12 +152,12 @@ pub(crate) fn portable(kind: &Codes, group: usize, codes: &[u8], scales: &[f32],
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
+pub(super) mod avx512 {
     use std::arch::x86_64::*;
 
     /// 16 byte codes as f32, sign-extended when `S`.
     #[inline(always)]
-    unsafe fn b8x16<const S: bool>(p: *const u8) -> __m512 {
+    pub(in crate::quant) unsafe fn b8x16<const S: bool>(p: *const u8) -> __m512 {
         unsafe {
             let v = _mm_loadu_si128(p as *const __m128i);
             _mm512_cvtepi32_ps(if S {

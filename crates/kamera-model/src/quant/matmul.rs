@@ -4,24 +4,10 @@
 
 use rayon::prelude::*;
 
-use super::QMatrix;
+use super::{Out, QMatrix};
 
 /// f32 values per dequantized panel (1 MiB: it stays in L2 while the GEMM reads it).
 const PANEL_VALUES: usize = 1 << 18;
-
-/// A raw output pointer shared by tasks that write disjoint column blocks.
-#[derive(Clone, Copy)]
-struct Out(*mut f32);
-// SAFETY: each task writes only its own panel's columns of `y`.
-unsafe impl Send for Out {}
-unsafe impl Sync for Out {}
-
-impl Out {
-    /// Element `i` (a method, so closures capture the whole `Out`, not its raw pointer).
-    fn at(self, i: usize) -> *mut f32 {
-        self.0.wrapping_add(i)
-    }
-}
 
 /// `y = x Wᵀ` for `x: [n, cols]`, `y: [n, rows]`, row-major. Panels are the parallel tasks:
 /// each thread dequantizes its own panel and multiplies it on its own, so no GEMM waits for

@@ -16,6 +16,21 @@ use crate::error::{CandleCtx, Result};
 
 pub(crate) use repack::repack;
 
+/// A product's output shared by parallel tasks that each write their own elements (row blocks:
+/// a weight row's column; panels: a block of columns).
+#[derive(Clone, Copy)]
+struct Out(*mut f32);
+// SAFETY: every task writes only its own elements of the output, which outlives the tasks.
+unsafe impl Send for Out {}
+unsafe impl Sync for Out {}
+
+impl Out {
+    /// Element `i` (a method, so closures capture the whole `Out`, not its raw pointer).
+    fn at(self, i: usize) -> *mut f32 {
+        self.0.wrapping_add(i)
+    }
+}
+
 /// The codes of a [`QMatrix`], row-major, groups contiguous.
 #[derive(Debug)]
 pub(crate) enum Codes {

@@ -4,7 +4,7 @@
 
 use rayon::prelude::*;
 
-use super::{Codes, Offsets, QMatrix};
+use super::{Codes, Offsets, Out, QMatrix};
 
 /// Input rows sharing one pass over a weight row's codes.
 pub(crate) const BLOCK: usize = 8;
@@ -14,20 +14,6 @@ pub(crate) const BLOCK: usize = 8;
 pub(crate) const MAX_ROWS: usize = 256;
 /// Weight rows per parallel task.
 const TASK_ROWS: usize = 32;
-
-/// A raw output pointer shared by tasks that write disjoint columns.
-#[derive(Clone, Copy)]
-struct Out(*mut f32);
-// SAFETY: tasks write disjoint elements (their own weight rows' columns of `y`).
-unsafe impl Send for Out {}
-unsafe impl Sync for Out {}
-
-impl Out {
-    /// Element `i` (a method, so closures capture the whole `Out`, not its raw pointer).
-    fn at(self, i: usize) -> *mut f32 {
-        self.0.wrapping_add(i)
-    }
-}
 
 /// `y = x Wᵀ` for `x: [n, cols]`, `y: [n, rows]`, row-major.
 pub(crate) fn product(q: &QMatrix, x: &[f32], n: usize, y: &mut [f32]) {
@@ -136,20 +122,8 @@ pub(crate) fn portable(q: &QMatrix, r: usize, xb: &[f32], nb: usize, acc: &mut [
 mod avx512 {
     use std::arch::x86_64::*;
 
+    use super::super::dot::avx512::b8x16;
     use super::{BLOCK, Codes, QMatrix, scale_offset};
-
-    /// 16 byte codes as f32, sign-extended when `S`.
-    #[inline(always)]
-    unsafe fn b8x16<const S: bool>(p: *const u8) -> __m512 {
-        unsafe {
-            let v = _mm_loadu_si128(p as *const __m128i);
-            _mm512_cvtepi32_ps(if S {
-                _mm512_cvtepi8_epi32(v)
-            } else {
-                _mm512_cvtepu8_epi32(v)
-            })
-        }
-    }
 
     /// `acc[i] += w16 · x[i, at..at + 16]` for the block's `R` rows.
     #[inline(always)]
