@@ -36,21 +36,12 @@ pub(crate) fn norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
     rms_norm(&x.contiguous().ctx(OP)?, w, eps as f32).ctx("rms_norm")
 }
 
-fn rope(
-    spec: &RopeSpec,
-    layer: usize,
-    x: &Tensor,
-    heads: usize,
-    positions: &[i64],
-    mrope: Option<&[[i64; 3]]>,
-) -> Result<Tensor> {
+/// `x` (`[n, heads·hd]`) rotated by the angle tables `cs` in place of a copy.
+fn rope(spec: &RopeSpec, x: &Tensor, heads: usize, cs: &(Vec<f32>, Vec<f32>)) -> Result<Tensor> {
     let dims = x.dims2().ctx(OP)?;
     let mut v = x.flatten_all().ctx(OP)?.to_vec1::<f32>().ctx(OP)?;
-    match mrope {
-        Some(p3) => spec.apply_mrope(layer, &mut v, heads, p3),
-        None => spec.apply(layer, &mut v, heads, positions),
-    }
-    .ops("block rope")?;
+    spec.apply_cos_sin(&mut v, heads, dims.0, &cs.0, &cs.1)
+        .ops("block rope")?;
     Tensor::from_vec(v, dims, x.device()).ctx(OP)
 }
 
@@ -86,8 +77,14 @@ pub(crate) fn project_qkv(
             .reshape((n, kvh * hd))
             .ctx(OP)?;
     }
-    let q = rope(spec, layer, &q, heads, positions, mrope)?;
-    let k = rope(spec, layer, &k, kvh, positions, mrope)?;
+    // One angle table for Q and K.
+    let cs = match mrope {
+        Some(p3) => spec.cos_sin_mrope(layer, p3),
+        None => spec.cos_sin(layer, positions),
+    }
+    .ops("block rope")?;
+    let q = rope(spec, &q, heads, &cs)?;
+    let k = rope(spec, &k, kvh, &cs)?;
     Ok((q, k, v))
 }
 

@@ -190,16 +190,27 @@ impl RopeSpec {
     /// Rotates the rows of `x` (`[n, n_heads * head_dim]`) to scalar `positions` in place.
     pub fn apply(&self, layer: usize, x: &mut [f32], n_heads: usize, positions: &[i64]) -> Result<()> {
         let (cos, sin) = self.cos_sin(layer, positions)?;
-        self.apply_table(x, n_heads, positions.len(), &cos, &sin)
+        self.apply_cos_sin(x, n_heads, positions.len(), &cos, &sin)
     }
 
     /// Rotates the rows of `x` to 3-D M-RoPE positions in place.
     pub fn apply_mrope(&self, layer: usize, x: &mut [f32], n_heads: usize, positions: &[[i64; 3]]) -> Result<()> {
         let (cos, sin) = self.cos_sin_mrope(layer, positions)?;
-        self.apply_table(x, n_heads, positions.len(), &cos, &sin)
+        self.apply_cos_sin(x, n_heads, positions.len(), &cos, &sin)
     }
 
-    fn apply_table(&self, x: &mut [f32], n_heads: usize, n: usize, cos: &[f32], sin: &[f32]) -> Result<()> {
+    /// Rotates the `n` rows of `x` by angle tables from [`RopeSpec::cos_sin`] (or its M-RoPE
+    /// form), so Q and K of the same positions share one table.
+    pub fn apply_cos_sin(&self, x: &mut [f32], n_heads: usize, n: usize, cos: &[f32], sin: &[f32]) -> Result<()> {
+        let half = self.pairs();
+        if cos.len() != n * half || sin.len() != n * half {
+            return Err(crate::error::shape(
+                "RopeSpec::apply",
+                "cos/sin tables",
+                format!("{n} positions x {half} pairs"),
+                cos.len().min(sin.len()),
+            ));
+        }
         let width = n_heads * self.head_dim;
         if x.len() != n * width {
             return Err(crate::error::shape(
@@ -209,7 +220,6 @@ impl RopeSpec {
                 x.len(),
             ));
         }
-        let half = self.pairs();
         for (t, row) in x.chunks_exact_mut(width.max(1)).enumerate() {
             let (c, s) = (&cos[t * half..(t + 1) * half], &sin[t * half..(t + 1) * half]);
             rotate_row(row, n_heads, self.head_dim, self.layout, c, s);
