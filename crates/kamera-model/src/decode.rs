@@ -200,16 +200,33 @@ impl Step<'_> {
         let failure: Mutex<Option<Error>> = Mutex::new(None);
         let barrier = SpinBarrier::new(n);
         let new_rows = Linear::with_views(&ws, |views| {
+            // [rows, columns] of Q, K, V, O, gate, up, down per layer, then the LM head: a
+            // worker writes rows by these sizes, so a weight of another shape is an error here.
+            let layer = [
+                (heads * hd, hidden),
+                (kv_dim, hidden),
+                (kv_dim, hidden),
+                (hidden, heads * hd),
+                (cfg.ffn, hidden),
+                (cfg.ffn, hidden),
+                (hidden, cfg.ffn),
+            ];
             for (i, v) in views.iter().enumerate() {
                 let want = if i + 1 == views.len() {
-                    hidden
+                    (cfg.vocab, hidden)
                 } else {
-                    [hidden, hidden, hidden, heads * hd, hidden, hidden, cfg.ffn][i % 7]
+                    layer[i % 7]
                 };
-                if v.cols() != want {
+                if (v.rows(), v.cols()) != want {
                     return Err(Error::Shape {
                         op: OP,
-                        detail: format!("weight {i} has {} columns, expected {want}", v.cols()),
+                        detail: format!(
+                            "weight {i} is [{}, {}], expected [{}, {}]",
+                            v.rows(),
+                            v.cols(),
+                            want.0,
+                            want.1
+                        ),
                     });
                 }
             }
