@@ -10,38 +10,17 @@ use crate::lanes::dot;
 /// Weights per parallel task (smaller matrices run on the calling thread).
 const TASK_WEIGHTS: usize = 1 << 18;
 
-/// `y = W x` for one input row `x` (`cols`), `y` (`rows`).
+/// `y = W x` for one input row `x` (`cols`), `y` (`rows`), blocks of rows over the pool.
 pub(crate) fn matvec(q: &QMatrix, x: &[f32], y: &mut [f32]) {
-    matvecs(&mut [(q, y)], x);
-}
-
-/// `y_j = W_j x` for several matrices sharing one input `x` (Q, K and V; gate and up): one
-/// parallel region over blocks of rows of all of them, balanced by weights, so a decode step
-/// wakes the pool once per input instead of once per matrix.
-pub(crate) fn matvecs(jobs: &mut [(&QMatrix, &mut [f32])], x: &[f32]) {
-    for (q, y) in jobs.iter() {
-        debug_assert_eq!((x.len(), y.len()), (q.cols, q.rows));
-    }
-    let xsums: Vec<Vec<f32>> = jobs.iter().map(|(q, _)| group_sums(q, x)).collect();
-    let total: usize = jobs.iter().map(|(q, _)| q.rows * q.cols).sum();
-    let parts = if total < TASK_WEIGHTS {
-        1
+    debug_assert_eq!((x.len(), y.len()), (q.cols, q.rows));
+    let xsum = group_sums(q, x);
+    let rows_per_task = (TASK_WEIGHTS / q.cols).max(8);
+    if q.rows <= rows_per_task {
+        rows_into(q, x, &xsum, 0, y);
     } else {
-        4 * rayon::current_num_threads()
-    };
-    let target = total.div_ceil(parts).max(1);
-    let mut tasks: Vec<(&QMatrix, &[f32], usize, &mut [f32])> = Vec::new();
-    for ((q, y), xsum) in jobs.iter_mut().zip(&xsums) {
-        let rows_per_task = (target / q.cols).max(8);
-        for (t, out) in y.chunks_mut(rows_per_task).enumerate() {
-            tasks.push((q, xsum, t * rows_per_task, out));
-        }
-    }
-    let run = |(q, xsum, r0, out): (&QMatrix, &[f32], usize, &mut [f32])| rows_into(q, x, xsum, r0, out);
-    if parts == 1 {
-        tasks.into_iter().for_each(run);
-    } else {
-        tasks.into_par_iter().for_each(run);
+        y.par_chunks_mut(rows_per_task)
+            .enumerate()
+            .for_each(|(t, out)| rows_into(q, x, &xsum, t * rows_per_task, out));
     }
 }
 
