@@ -56,6 +56,43 @@ pub struct ModelArgs {
     /// Rounds of (ours, theirs) with --against; each figure is the best over rounds.
     #[arg(long, default_value_t = 2)]
     pub rounds: usize,
+    /// Arithmetic of prefills of 32+ tokens on quantized weights: `f32` (the reference) or
+    /// `bf16` (AVX512_BF16 CPUs); default the fastest this CPU runs. With bf16 the bench also
+    /// prints KL(f32 ‖ bf16) of the next-token distribution after the first prefill length.
+    #[arg(long)]
+    pub prefill_precision: Option<kamera_model::PrefillPrecision>,
+}
+
+impl ModelArgs {
+    pub fn precision(&self) -> kamera_model::PrefillPrecision {
+        self.prefill_precision
+            .unwrap_or_else(kamera_model::PrefillPrecision::fastest)
+    }
+}
+
+/// Sets `m`'s prefill precision and, when it is not f32, measures KL(f32 ‖ it) of the
+/// next-token distribution after `n` filler tokens.
+pub fn set_precision(model: &mut Model, m: &ModelArgs, n: usize) -> Result<Option<f64>> {
+    let p = m.precision();
+    if p == kamera_model::PrefillPrecision::F32 {
+        return Ok(None);
+    }
+    let ids = tokens(model, n)?;
+    let reference = model.prefill(&ids, 0, &model.empty_context())?.logits;
+    model.set_prefill_precision(p)?;
+    let fast = model.prefill(&ids, 0, &model.empty_context())?.logits;
+    Ok(Some(kl(&reference, &fast)))
+}
+
+/// KL(softmax(p) ‖ softmax(q)) in nats.
+pub fn kl(p: &[f32], q: &[f32]) -> f64 {
+    let log_softmax = |x: &[f32]| {
+        let m = x.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
+        let z = x.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln() + m;
+        x.iter().map(|&v| v as f64 - z).collect::<Vec<f64>>()
+    };
+    let (lp, lq) = (log_softmax(p), log_softmax(q));
+    lp.iter().zip(&lq).map(|(a, b)| a.exp() * (a - b)).sum()
 }
 
 /// Deterministic filler tokens: the tokenization of a long plain-English text.
@@ -77,16 +114,26 @@ pub fn run(a: BenchArgs) -> Result<()> {
         BenchCommand::Agent(s) => crate::bench_agent::run(s),
         BenchCommand::Model(m) if m.against.is_some() => crate::bench_llamacpp::run(m),
         BenchCommand::Model(m) => {
-            let model = crate::models::load(&m.model)?;
+            let mut model = crate::models::load(&m.model)?;
+            let kl = set_precision(&mut model, &m, m.prefill.first().copied().unwrap_or(512))?;
             let rows = measure(&model, &m)?;
             if m.json {
                 println!(
                     "{}",
                     serde_json::json!({
-                        "model": m.model, "engine": "kamera", "results": to_json(&rows), "memory": memory(&model, &m),
+                        "model": m.model, "engine": "kamera", "prefill_precision": m.precision().to_string(),
+                        "kl_f32_vs_prefill_precision": kl, "results": to_json(&rows), "memory": memory(&model, &m),
                     })
                 );
             } else {
+                println!("{:<14} prefill precision {}", m.model, m.precision());
+                if let Some(kl) = kl {
+                    println!(
+                        "{:<14} KL(f32 || {}) of the next token after prefill: {kl:.3e} nats",
+                        m.model,
+                        m.precision()
+                    );
+                }
                 for (k, v) in rows {
                     println!("{:<14} {k:<14} {v:>10.1} tok/s", m.model);
                 }

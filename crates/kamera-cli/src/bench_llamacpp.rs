@@ -84,7 +84,8 @@ pub fn run(m: ModelArgs) -> Result<()> {
     }
     let scripts = scripts_dir();
     let python = llamacpp_python(&scripts)?;
-    let model = crate::models::load(&m.model)?;
+    let mut model = crate::models::load(&m.model)?;
+    let kl = crate::bench::set_precision(&mut model, &m, m.prefill.first().copied().unwrap_or(512))?;
     let (mut ours, mut theirs): (Vec<(String, f64)>, serde_json::Map<String, serde_json::Value>) =
         (Vec::new(), Default::default());
     let mut their_mem = serde_json::Value::Null;
@@ -121,6 +122,7 @@ pub fn run(m: ModelArgs) -> Result<()> {
         .collect();
     let report = serde_json::json!({
         "model": m.model, "gguf_mb": gguf_mb, "rounds": m.rounds.max(1), "threads": threads(),
+        "prefill_precision": m.precision().to_string(), "kl_f32_vs_prefill_precision": kl,
         "kamera": { "results": to_json(&ours), "memory": mem },
         "llama.cpp": { "results": theirs, "memory": their_mem },
         "ratio": ratios,
@@ -135,6 +137,15 @@ pub fn run(m: ModelArgs) -> Result<()> {
         m.rounds.max(1),
         threads()
     );
+    match kl {
+        Some(kl) => println!(
+            "kamera prefill precision {}: KL(f32 || {}) of the next token after {} tokens {kl:.3e} nats",
+            m.precision(),
+            m.precision(),
+            m.prefill.first().copied().unwrap_or(512)
+        ),
+        None => println!("kamera prefill precision {}", m.precision()),
+    }
     println!("| figure | kamera | llama.cpp | kamera / llama.cpp |\n|---|---:|---:|---:|");
     for (k, v) in &ours {
         let key = format!("{k}_tok_s");

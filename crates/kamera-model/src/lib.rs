@@ -46,6 +46,7 @@ pub use gguf::Gguf;
 pub use hf::SafeDir;
 pub use kamera_ops::{ChunkKv, KvLayout, PairLayout, Patch, Placement, RopeSpec};
 pub use model::{Input, Model, Prefill, PrefillOptions};
+pub use quant::PrefillPrecision;
 pub use selective::{Selection, Selective};
 pub use tokenizer::Tokenizer;
 pub use weights::WeightBytes;

@@ -58,8 +58,11 @@ pub struct Model {
     layout: KvLayout,
     tokenizer: Tokenizer,
     fingerprint: String,
+    /// The fingerprint with f32 prefills (weights and configuration only).
+    base_fingerprint: String,
     device: Device,
     vision: Option<Vision>,
+    precision: crate::PrefillPrecision,
 }
 
 impl Model {
@@ -96,7 +99,7 @@ impl Model {
             .chain_update(weights_sha)
             .chain_update(cfg_json)
             .finalize();
-        let fingerprint = digest.iter().take(16).map(|b| format!("{b:02x}")).collect();
+        let fingerprint: String = digest.iter().take(16).map(|b| format!("{b:02x}")).collect();
         let rope = cfg.rope();
         rope.validate().ops("Model::load rope")?;
         let layout = cfg.kv_layout();
@@ -108,9 +111,11 @@ impl Model {
             rope,
             layout,
             tokenizer,
+            base_fingerprint: fingerprint.clone(),
             fingerprint,
             device: Device::Cpu,
             vision,
+            precision: crate::PrefillPrecision::F32,
         })
     }
 
@@ -474,6 +479,37 @@ impl Model {
     /// offsets; everything else f32), and the block types kept quantized with their bytes.
     pub fn weight_bytes(&self) -> WeightBytes {
         self.weights.bytes()
+    }
+
+    /// Sets how prefills of 32 tokens or more multiply by the quantized weights (f32 by
+    /// default); an error names what is missing when this CPU cannot run `p`.
+    pub fn set_prefill_precision(&mut self, p: crate::PrefillPrecision) -> Result<()> {
+        if !p.available() {
+            return Err(crate::Error::Invalid {
+                op: "Model::set_prefill_precision",
+                detail: format!("{p} prefill needs a CPU with AVX-512F and AVX512_BF16"),
+            });
+        }
+        self.weights.set_precision(p);
+        self.precision = p;
+        // Canonical KV from bf16 products differs (slightly) from f32's: the store keeps them
+        // apart. f32 keeps the fingerprint a model always had.
+        self.fingerprint = match p {
+            crate::PrefillPrecision::F32 => self.base_fingerprint.clone(),
+            other => {
+                let d = Sha256::new()
+                    .chain_update(&self.base_fingerprint)
+                    .chain_update(format!("prefill={other}"))
+                    .finalize();
+                d.iter().take(16).map(|b| format!("{b:02x}")).collect()
+            }
+        };
+        Ok(())
+    }
+
+    /// How long prefills multiply by the quantized weights.
+    pub fn prefill_precision(&self) -> crate::PrefillPrecision {
+        self.precision
     }
 
     pub(crate) fn weights(&self) -> &Weights {

@@ -69,6 +69,27 @@ impl WeightBytes {
 }
 
 impl Weights {
+    /// Sets the arithmetic of every quantized matrix's long products.
+    pub fn set_precision(&mut self, p: crate::PrefillPrecision) {
+        self.embed.set_precision(p);
+        if let Some(h) = &mut self.lm_head {
+            h.set_precision(p);
+        }
+        for l in &mut self.layers {
+            for w in [
+                &mut l.wq,
+                &mut l.wk,
+                &mut l.wv,
+                &mut l.wo,
+                &mut l.w_gate,
+                &mut l.w_up,
+                &mut l.w_down,
+            ] {
+                w.set_precision(p);
+            }
+        }
+    }
+
     pub fn bytes(&self) -> WeightBytes {
         let mut b = WeightBytes::default();
         b.add_linear(&self.embed);

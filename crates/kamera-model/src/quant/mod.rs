@@ -1,8 +1,11 @@
 //! Weights kept in their GGUF quantisation: every block format is repacked once, exactly, into
 //! codes with a scale (and offset) per group of 16 or 32 weights, `w = scale · code + offset`.
 //! Decode multiplies on the codes (`dot.rs`), short prefills too (`rows.rs`); long prefills
-//! dequantize cache-sized panels into a GEMM (`matmul.rs`).
+//! dequantize cache-sized panels into a GEMM (`matmul.rs`), or into bf16 tiles where the CPU
+//! has AVX512_BF16 and the model asks for it (`bf16.rs`).
 
+#[cfg(target_arch = "x86_64")]
+mod bf16;
 mod dot;
 mod matmul;
 mod repack;
@@ -54,6 +57,64 @@ pub(crate) enum Offsets {
     PerGroup(Vec<f32>),
 }
 
+/// The arithmetic of long prefills on quantized weights ([`crate::Model::set_prefill_precision`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PrefillPrecision {
+    /// Dequantized f32 panels into an f32 GEMM: the reference.
+    #[default]
+    F32,
+    /// Input and dequantized weights rounded to bf16, products accumulated in f32 (AVX512_BF16
+    /// only): twice the multiply-adds per instruction.
+    Bf16,
+}
+
+impl PrefillPrecision {
+    /// Whether this CPU runs it.
+    pub fn available(self) -> bool {
+        match self {
+            PrefillPrecision::F32 => true,
+            #[cfg(target_arch = "x86_64")]
+            PrefillPrecision::Bf16 => bf16::available(),
+            #[cfg(not(target_arch = "x86_64"))]
+            PrefillPrecision::Bf16 => false,
+        }
+    }
+
+    /// The fastest this CPU runs: bf16 where it has AVX512_BF16, else f32.
+    pub fn fastest() -> PrefillPrecision {
+        if PrefillPrecision::Bf16.available() {
+            PrefillPrecision::Bf16
+        } else {
+            PrefillPrecision::F32
+        }
+    }
+}
+
+impl std::str::FromStr for PrefillPrecision {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "f32" => Ok(PrefillPrecision::F32),
+            "bf16" => Ok(PrefillPrecision::Bf16),
+            other => Err(format!("prefill precision {other:?}: expected f32 or bf16")),
+        }
+    }
+}
+
+impl std::fmt::Display for PrefillPrecision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            PrefillPrecision::F32 => "f32",
+            PrefillPrecision::Bf16 => "bf16",
+        })
+    }
+}
+
+/// Input rows from which a bf16 product goes through the bf16 tiles (fewer stay on the codes in
+/// row blocks): where the two cross in the `quant::tests::matvec_speed` probe.
+const BF16_MIN_ROWS: usize = 32;
+
 /// A `[rows, cols]` weight matrix as codes with a scale and an offset per `group` weights of a row.
 #[derive(Debug)]
 pub(crate) struct QMatrix {
@@ -67,6 +128,8 @@ pub(crate) struct QMatrix {
     pub offsets: Offsets,
     /// The GGUF block type it came from (for messages and the README's table).
     pub source: &'static str,
+    /// How products of more than a few input rows compute.
+    pub precision: PrefillPrecision,
 }
 
 impl QMatrix {
@@ -201,6 +264,8 @@ impl Linear {
                 let mut y = vec![0f32; n * q.rows];
                 if n == 1 {
                     dot::matvec(q, &xs, &mut y);
+                } else if q.precision == PrefillPrecision::Bf16 && n >= BF16_MIN_ROWS {
+                    bf16_matmul(q, &xs, n, &mut y)?;
                 } else if n <= rows::MAX_ROWS {
                     rows::product(q, &xs, n, &mut y);
                 } else {
@@ -208,6 +273,13 @@ impl Linear {
                 }
                 Ok(y)
             }
+        }
+    }
+
+    /// Sets the arithmetic of this weight's long products (dense weights are always f32).
+    pub fn set_precision(&mut self, p: PrefillPrecision) {
+        if let Linear::Quant(q) = self {
+            q.precision = p;
         }
     }
 
@@ -346,6 +418,29 @@ impl Linear {
         }
         Ok(f(&views))
     }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn bf16_matmul(q: &QMatrix, x: &[f32], n: usize, y: &mut [f32]) -> Result<()> {
+    if !bf16::fits(q) {
+        return Err(crate::error::Error::Invalid {
+            op: "linear",
+            detail: format!(
+                "bf16 prefill needs AVX512_BF16 and an even column count (weight [{}, {}])",
+                q.rows, q.cols
+            ),
+        });
+    }
+    bf16::matmul(q, x, n, y);
+    Ok(())
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn bf16_matmul(_: &QMatrix, _: &[f32], _: usize, _: &mut [f32]) -> Result<()> {
+    Err(crate::error::Error::Invalid {
+        op: "linear",
+        detail: "bf16 prefill needs an x86-64 CPU with AVX512_BF16".into(),
+    })
 }
 
 /// Calls `f` with a contiguous f32 tensor's values, read in place.

@@ -40,6 +40,7 @@ pub(crate) fn repack(dtype: GgmlDType, raw: &[u8], rows: usize, cols: usize) -> 
             scales,
             offsets,
             source,
+            precision: super::PrefillPrecision::F32,
         })
     };
     match dtype {

@@ -1,0 +1,266 @@
+//! Prefill products in bf16 on AVX512_BF16: the input rounded to bf16 once, each panel of weight
+//! rows dequantized into bf16 pairs, and `VDPBF16PS` tiles (8 input rows × 48 weight rows)
+//! accumulating in f32. Twice the f32 kernel's multiply-adds per instruction; both operands
+//! carry 8 significant bits (llama.cpp's own CPU path rounds the input to 8-bit integers).
+
+use rayon::prelude::*;
+
+use super::{Out, QMatrix};
+
+/// Weight rows per tile: three vectors of 16 lanes.
+const TILE: usize = 48;
+/// Input rows per tile.
+const MR: usize = 8;
+/// Column pairs per pass over a tile (its 128 · 48 pairs, 24 KiB, stay in L1).
+const KC: usize = 128;
+
+/// Whether this CPU runs the kernel (AVX-512F and AVX512_BF16).
+pub(crate) fn available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512bf16")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Whether [`matmul`] takes this weight (an even number of columns, on a CPU that has the kernel).
+pub(crate) fn fits(q: &QMatrix) -> bool {
+    q.cols % 2 == 0 && available()
+}
+
+/// `y = x Wᵀ` for `x: [n, cols]`, `y: [n, rows]`, row-major, with both operands rounded to bf16
+/// (round to nearest even) and f32 accumulation. Tiles of weight rows are the parallel tasks.
+/// Callers check [`fits`].
+pub(crate) fn matmul(q: &QMatrix, x: &[f32], n: usize, y: &mut [f32]) {
+    let (rows, cols) = (q.rows, q.cols);
+    assert_eq!((x.len(), y.len()), (n * cols, n * rows), "bf16::matmul shapes");
+    assert!(fits(q), "bf16::matmul needs AVX512_BF16 and an even column count");
+    let pairs = cols / 2;
+    let xa = to_pairs(x);
+    let tiles = rows.div_ceil(TILE);
+    let threads = rayon::current_num_threads().max(1);
+    // A few tasks per thread so a busy core does not hold the product back.
+    let per_task = tiles.div_ceil(threads * 3).max(1);
+    let out = Out(y.as_mut_ptr());
+    (0..tiles.div_ceil(per_task)).into_par_iter().for_each(|t| {
+        let (t0, t1) = (t * per_task, ((t + 1) * per_task).min(tiles));
+        let mut packed = vec![0u32; (t1 - t0) * pairs * TILE];
+        for (i, tile) in packed.chunks_exact_mut(pairs * TILE).enumerate() {
+            pack_tile(q, (t0 + i) * TILE, tile);
+        }
+        for p0 in (0..pairs).step_by(KC) {
+            let kc = KC.min(pairs - p0);
+            for (i, tile) in packed.chunks_exact(pairs * TILE).enumerate() {
+                let r0 = (t0 + i) * TILE;
+                let width = TILE.min(rows - r0);
+                for m0 in (0..n).step_by(MR) {
+                    let m = MR.min(n - m0);
+                    // SAFETY: the tile writes rows m0..m0 + m, columns r0..r0 + width of y (this
+                    // task's columns alone); a and b hold m rows / kc pairs from their offsets.
+                    unsafe {
+                        avx512::tile(
+                            m,
+                            width,
+                            xa.as_ptr().add(m0 * pairs + p0),
+                            pairs,
+                            tile.as_ptr().add(p0 * TILE),
+                            kc,
+                            out.at(m0 * rows + r0),
+                            rows,
+                            p0 > 0,
+                        );
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// `x` rounded to bf16, two per `u32` (the even column in the low half).
+pub(super) fn to_pairs(x: &[f32]) -> Vec<u32> {
+    let mut out = vec![0u32; x.len() / 2];
+    let chunk = 1 << 14;
+    out.par_chunks_mut(chunk / 2)
+        .zip(x.par_chunks(chunk))
+        .for_each(|(o, x)| {
+            // SAFETY: callers checked `available()`; `o` holds half of `x`'s values.
+            unsafe { avx512::round_pairs(x, o) }
+        });
+    out
+}
+
+/// Weight rows `r0..r0 + 48` (zeros past the last row) as bf16 pairs, `[pair][48 rows]`.
+fn pack_tile(q: &QMatrix, r0: usize, tile: &mut [u32]) {
+    let mut row = vec![0f32; q.cols];
+    let mut half = vec![0u32; q.cols / 2];
+    for l in 0..TILE.min(q.rows - r0) {
+        q.dequantize_row(r0 + l, &mut row);
+        // SAFETY: callers checked `available()`.
+        unsafe { avx512::round_pairs(&row, &mut half) };
+        for (p, &h) in half.iter().enumerate() {
+            tile[p * TILE + l] = h;
+        }
+    }
+}
+
+/// The same rounding in plain code, for tests: round to nearest even, NaN kept quiet.
+#[cfg(test)]
+pub(crate) fn round_bf16(v: f32) -> f32 {
+    let b = v.to_bits();
+    if v.is_nan() {
+        return f32::from_bits((b | 0x0040_0000) & 0xffff_0000);
+    }
+    let r = b.wrapping_add(0x7fff + ((b >> 16) & 1));
+    f32::from_bits(r & 0xffff_0000)
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    use super::{MR, TILE};
+
+    /// `out[i]` = bf16(x[2i]) | bf16(x[2i + 1]) << 16, round to nearest even.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub(super) unsafe fn round_pairs(x: &[f32], out: &mut [u32]) {
+        unsafe {
+            let whole = x.len() / 32 * 32;
+            for i in (0..whole).step_by(32) {
+                let lo = _mm512_loadu_ps(x.as_ptr().add(i));
+                let hi = _mm512_loadu_ps(x.as_ptr().add(i + 16));
+                // Elements of the second operand go to the low half.
+                let v: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
+                _mm512_storeu_si512(out.as_mut_ptr().add(i / 2) as *mut _, v);
+            }
+            let rest = x.len() - whole;
+            if rest > 0 {
+                let mut buf = [0f32; 32];
+                buf[..rest].copy_from_slice(&x[whole..]);
+                let lo = _mm512_loadu_ps(buf.as_ptr());
+                let hi = _mm512_loadu_ps(buf.as_ptr().add(16));
+                let v: [u32; 16] = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
+                out[whole / 2..].copy_from_slice(&v[..rest / 2]);
+            }
+        }
+    }
+
+    /// Dispatch on the tile's input rows (1..=8) and weight vectors (1..=3).
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub(super) unsafe fn tile(
+        m: usize,
+        width: usize,
+        a: *const u32,
+        lda: usize,
+        b: *const u32,
+        kc: usize,
+        c: *mut f32,
+        ldc: usize,
+        acc: bool,
+    ) {
+        debug_assert!((1..=MR).contains(&m) && (1..=TILE).contains(&width));
+        let t = Tile {
+            a,
+            lda,
+            b,
+            kc,
+            c,
+            ldc,
+            width,
+            acc,
+        };
+        unsafe {
+            match (m, width.div_ceil(16)) {
+                (8, 3) => t.run::<8, 3>(),
+                (8, 2) => t.run::<8, 2>(),
+                (8, _) => t.run::<8, 1>(),
+                (7, 3) => t.run::<7, 3>(),
+                (6, 3) => t.run::<6, 3>(),
+                (5, 3) => t.run::<5, 3>(),
+                (4, 3) => t.run::<4, 3>(),
+                (3, 3) => t.run::<3, 3>(),
+                (2, 3) => t.run::<2, 3>(),
+                (1, 3) => t.run::<1, 3>(),
+                (m, nb) => t.slow(m, nb),
+            }
+        }
+    }
+
+    /// One tile's operands: `a` input pairs (row stride `lda`), `b` packed weight pairs (`[kc][48]`),
+    /// `c` the output (row stride `ldc`), its first `width` columns written.
+    #[derive(Clone, Copy)]
+    struct Tile {
+        a: *const u32,
+        lda: usize,
+        b: *const u32,
+        kc: usize,
+        c: *mut f32,
+        ldc: usize,
+        width: usize,
+        acc: bool,
+    }
+
+    impl Tile {
+        /// The lanes of vector `j` that hold columns of the output.
+        #[inline(always)]
+        fn mask(&self, j: usize) -> __mmask16 {
+            let live = self.width.saturating_sub(16 * j).min(16);
+            ((1u32 << live) - 1) as __mmask16
+        }
+
+        #[inline(always)]
+        unsafe fn run<const M: usize, const NB: usize>(&self) {
+            unsafe {
+                let mut c = [[_mm512_setzero_ps(); NB]; M];
+                if self.acc {
+                    for (i, ci) in c.iter_mut().enumerate() {
+                        for (j, cij) in ci.iter_mut().enumerate() {
+                            *cij = _mm512_maskz_loadu_ps(self.mask(j), self.c.add(i * self.ldc + 16 * j));
+                        }
+                    }
+                }
+                for p in 0..self.kc {
+                    let bp = self.b.add(p * TILE);
+                    let mut bv = [_mm512_setzero_ps(); NB];
+                    for (j, v) in bv.iter_mut().enumerate() {
+                        *v = _mm512_loadu_ps(bp.add(16 * j) as *const f32);
+                    }
+                    for (i, ci) in c.iter_mut().enumerate() {
+                        let av = _mm512_set1_epi32(*self.a.add(i * self.lda + p) as i32);
+                        let av: __m512bh = std::mem::transmute(av);
+                        for (cij, &v) in ci.iter_mut().zip(&bv) {
+                            *cij = _mm512_dpbf16_ps(*cij, av, std::mem::transmute::<__m512, __m512bh>(v));
+                        }
+                    }
+                }
+                for (i, ci) in c.iter().enumerate() {
+                    for (j, &cij) in ci.iter().enumerate() {
+                        _mm512_mask_storeu_ps(self.c.add(i * self.ldc + 16 * j), self.mask(j), cij);
+                    }
+                }
+            }
+        }
+
+        /// Edge tiles (fewer input rows and a narrow last weight tile): one row at a time.
+        #[inline(always)]
+        unsafe fn slow(&self, m: usize, nb: usize) {
+            for i in 0..m {
+                let row = Tile {
+                    a: self.a.wrapping_add(i * self.lda),
+                    c: self.c.wrapping_add(i * self.ldc),
+                    ..*self
+                };
+                unsafe {
+                    match nb {
+                        3 => row.run::<1, 3>(),
+                        2 => row.run::<1, 2>(),
+                        _ => row.run::<1, 1>(),
+                    }
+                }
+            }
+        }
+    }
+}
