@@ -37,6 +37,7 @@ pub struct AgentBuilder {
     origins: Vec<String>,
     model: Option<Arc<Model>>,
     model_path: Option<PathBuf>,
+    prefill_precision: Option<kamera_model::PrefillPrecision>,
     store: Option<Arc<dyn ChunkStore>>,
     browser: Option<Box<dyn Browser>>,
     policy: Option<Box<dyn Policy>>,
@@ -68,6 +69,13 @@ impl AgentBuilder {
     /// A loaded model (shared: several agents may hold it).
     pub fn model(mut self, model: Arc<Model>) -> Self {
         self.model = Some(model);
+        self
+    }
+    /// How a model this builder loads multiplies prefills of 32+ tokens by its quantized
+    /// weights (default: the fastest this CPU runs, bf16 on AVX512_BF16 CPUs; a model given by
+    /// [`AgentBuilder::model`] keeps its own).
+    pub fn prefill_precision(mut self, p: kamera_model::PrefillPrecision) -> Self {
+        self.prefill_precision = Some(p);
         self
     }
     /// A GGUF file to load as the model.
@@ -153,10 +161,17 @@ impl AgentBuilder {
             ));
         }
         let origins = Origins::new(&allowed).map_err(|e| bad(e.to_string()))?;
+        let precision = self
+            .prefill_precision
+            .unwrap_or_else(kamera_model::PrefillPrecision::fastest);
         let model = match (self.model, self.model_path) {
             (Some(m), _) => m,
-            (None, Some(p)) => Arc::new(Model::load(&p).map_err(model("load"))?),
-            (None, None) => default_model(&kamera_model::default_home())?,
+            (None, Some(p)) => load_with(&p, precision)?,
+            (None, None) => {
+                let path = kamera_model::fetch(ModelName::Smollm2_135m, &kamera_model::default_home())
+                    .map_err(model("fetch"))?;
+                load_with(&path, precision)?
+            }
         };
         let task = self.task.unwrap_or_default();
         let origin = self.start_url.as_deref().map(origin_of).unwrap_or_default();
@@ -201,10 +216,17 @@ impl AgentBuilder {
 }
 
 /// Fetches (once, cached under `home`) and loads the embedded default model,
-/// SmolLM2-135M-Instruct: what [`AgentBuilder::build`] loads when given no model.
+/// SmolLM2-135M-Instruct, with the fastest prefill precision this CPU runs: what
+/// [`AgentBuilder::build`] loads when given no model.
 pub fn default_model(home: &std::path::Path) -> Result<Arc<Model>> {
     let path = kamera_model::fetch(ModelName::Smollm2_135m, home).map_err(model("fetch"))?;
-    Ok(Arc::new(Model::load(&path).map_err(model("load"))?))
+    load_with(&path, kamera_model::PrefillPrecision::fastest())
+}
+
+fn load_with(path: &std::path::Path, precision: kamera_model::PrefillPrecision) -> Result<Arc<Model>> {
+    let mut m = Model::load(path).map_err(model("load"))?;
+    m.set_prefill_precision(precision).map_err(model("prefill precision"))?;
+    Ok(Arc::new(m))
 }
 
 fn origin_of(url: &str) -> String {

@@ -74,6 +74,7 @@ impl ModelArgs {
 /// next-token distribution after `n` filler tokens.
 pub fn set_precision(model: &mut Model, m: &ModelArgs, n: usize) -> Result<Option<f64>> {
     let p = m.precision();
+    model.set_prefill_precision(kamera_model::PrefillPrecision::F32)?;
     if p == kamera_model::PrefillPrecision::F32 {
         return Ok(None);
     }

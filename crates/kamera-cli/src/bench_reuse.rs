@@ -44,10 +44,19 @@ pub struct ReuseArgs {
     /// Vision-language models: the screenshot's pixel budget (28x28 pixels per image token).
     #[arg(long, default_value_t = 28 * 28 * 256)]
     pixels: usize,
+    /// Arithmetic of prefills of 32+ tokens on quantized weights (`f32` or `bf16`, the chunk's,
+    /// the question's and the full re-prefill alike); default the fastest this CPU runs.
+    #[arg(long)]
+    prefill_precision: Option<kamera_model::PrefillPrecision>,
 }
 
 pub fn run(a: ReuseArgs) -> Result<()> {
-    let model = crate::models::load(&a.model)?;
+    let mut model = crate::models::load(&a.model)?;
+    let precision = a
+        .prefill_precision
+        .unwrap_or_else(kamera_model::PrefillPrecision::fastest);
+    model.set_prefill_precision(precision)?;
+    eprintln!("{}: prefill precision {precision}", a.model);
     let mut json = serde_json::Map::new();
     if model.vision().is_some() {
         let size = a

@@ -107,10 +107,13 @@ fn write_added(added: &std::collections::BTreeMap<String, PathBuf>) -> Result<()
 }
 
 /// A model given by name (fetched if needed), by a name added with `kamera models add`, by a
-/// path to a `.gguf` file or by a model directory.
+/// path to a `.gguf` file or by a model directory, with the fastest prefill precision this CPU
+/// runs (as the agent builder loads it).
 pub fn load(model: &str) -> Result<Model> {
     let path = resolve(model)?;
-    Model::load(&path).with_context(|| format!("loading {}", path.display()))
+    let mut m = Model::load(&path).with_context(|| format!("loading {}", path.display()))?;
+    m.set_prefill_precision(kamera_model::PrefillPrecision::fastest())?;
+    Ok(m)
 }
 
 /// The file or directory [`load`] would load for `model` (fetching a built-in name if needed).

@@ -42,6 +42,10 @@ pub struct ModelArg {
     /// SmolLM2-135M-Instruct.
     #[arg(long, alias = "model-dir")]
     model: Option<String>,
+    /// Arithmetic of prefills of 32+ tokens on quantized weights: f32 or bf16 (AVX512_BF16
+    /// CPUs). Default: the fastest this CPU runs.
+    #[arg(long)]
+    prefill_precision: Option<kamera_model::PrefillPrecision>,
 }
 
 #[derive(Args)]
@@ -133,14 +137,19 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 }
 
 fn load_model(m: &ModelArg) -> Result<Arc<Model>> {
-    if let Some(name) = &m.model {
-        return Ok(Arc::new(crate::models::load(name)?));
-    }
-    let home = kamera_model::default_home();
-    let path = crate::progress::fetch(kamera_model::ModelName::Smollm2_135m, &home)?;
-    Ok(Arc::new(
-        Model::load(&path).context("loading the default model (SmolLM2-135M-Instruct)")?,
-    ))
+    let mut model = match &m.model {
+        Some(name) => crate::models::load(name)?,
+        None => {
+            let home = kamera_model::default_home();
+            let path = crate::progress::fetch(kamera_model::ModelName::Smollm2_135m, &home)?;
+            Model::load(&path).context("loading the default model (SmolLM2-135M-Instruct)")?
+        }
+    };
+    let precision = m
+        .prefill_precision
+        .unwrap_or_else(kamera_model::PrefillPrecision::fastest);
+    model.set_prefill_precision(precision)?;
+    Ok(Arc::new(model))
 }
 
 fn cancel_on_ctrl_c(rt: &tokio::runtime::Runtime) -> CancellationToken {

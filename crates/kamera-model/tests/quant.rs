@@ -51,20 +51,61 @@ fn decode_matches_prefill(m: &Model) -> Result<()> {
     Ok(())
 }
 
+/// The bf16 prefill (AVX512_BF16 CPUs) against the f32 one on a 300-token text: the mean KL over
+/// every position's next-token distribution (the README reports it), top-1 agreement, and a
+/// fingerprint of its own (the store keeps bf16 KV apart) that f32 gives back.
+fn bf16_prefill_matches_f32(mut m: Model) -> Result<()> {
+    use kamera_model::{Input, PrefillOptions, PrefillPrecision};
+    if !PrefillPrecision::Bf16.available() {
+        eprintln!("skipped: this CPU has no AVX512_BF16");
+        return Ok(());
+    }
+    let text = "A web agent reads the order page, finds the status field and reports it. ".repeat(20);
+    let mut ids = m.tokenizer().encode_raw(&text)?;
+    ids.truncate(300);
+    let all = |m: &Model| -> Result<Vec<f32>> {
+        let opts = PrefillOptions { all_logits: true };
+        let out = m.prefill_with(Input::Tokens(&ids), 0, &m.empty_context(), opts)?;
+        out.all_logits.ok_or_else(|| anyhow::anyhow!("no logits"))
+    };
+    let f32_fp = m.fingerprint().to_string();
+    let reference = all(&m)?;
+    m.set_prefill_precision(PrefillPrecision::Bf16)?;
+    anyhow::ensure!(m.fingerprint() != f32_fp, "bf16 prefill kept the f32 fingerprint");
+    let fast = all(&m)?;
+    let vocab = m.config().vocab;
+    let (mut kl, mut same) = (0.0, 0usize);
+    for (a, b) in reference.chunks_exact(vocab).zip(fast.chunks_exact(vocab)) {
+        kl += common::kl(a, b);
+        same += (common::argmax(a) == common::argmax(b)) as usize;
+    }
+    let n = ids.len();
+    kl /= n as f64;
+    eprintln!("bf16 vs f32 prefill over {n} positions: mean KL {kl:.3e}, top-1 equal at {same}/{n}");
+    anyhow::ensure!(kl < 3e-4, "bf16 prefill: mean KL {kl:.3e} vs f32 (bound 3e-4)");
+    anyhow::ensure!(same * 100 >= n * 97, "bf16 prefill: top-1 equal at only {same}/{n}");
+    m.set_prefill_precision(PrefillPrecision::F32)?;
+    anyhow::ensure!(m.fingerprint() == f32_fp, "f32 did not give the fingerprint back");
+    Ok(())
+}
+
 #[test]
 fn smollm2_held_as_q4_1_and_q8_0() -> Result<()> {
     let m = check(ModelName::Smollm2_135m, &["Q4_1", "Q8_0"], 1.2)?;
-    decode_matches_prefill(&m)
+    decode_matches_prefill(&m)?;
+    bf16_prefill_matches_f32(m)
 }
 
 #[test]
 fn qwen25_held_as_its_four_block_types() -> Result<()> {
     let m = check(ModelName::Qwen25_05b, &["Q4_K", "Q5_0", "Q6_K", "Q8_0"], 1.5)?;
-    decode_matches_prefill(&m)
+    decode_matches_prefill(&m)?;
+    bf16_prefill_matches_f32(m)
 }
 
 #[test]
 fn gemma3_held_as_its_four_block_types() -> Result<()> {
     let m = check(ModelName::Gemma3_270m, &["Q4_K", "Q5_0", "Q6_K", "Q8_0"], 1.2)?;
-    decode_matches_prefill(&m)
+    decode_matches_prefill(&m)?;
+    bf16_prefill_matches_f32(m)
 }
