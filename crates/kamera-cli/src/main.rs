@@ -79,7 +79,24 @@ fn init_tracing(verbose: u8) {
         .try_init();
 }
 
+/// glibc's malloc serves blocks over its mmap threshold (128 KiB, raised only as such blocks are
+/// freed) from fresh mappings and trims freed heap tops at twice it, so a chunk's KV, a patch or
+/// a prefill's activations are page-faulted in anew on every use. Served from the heap, and kept
+/// when freed up to 64 MiB at the top, they are reused instead.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn keep_freed_memory() {
+    // SAFETY: mallopt only sets allocator parameters; called before any thread is started.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 64 << 20);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn keep_freed_memory() {}
+
 fn main() -> Result<()> {
+    keep_freed_memory();
     let cli = Cli::parse();
     init_tracing(cli.verbose);
     match cli.command {

@@ -5,7 +5,7 @@ use std::borrow::Cow;
 
 use rayon::prelude::*;
 
-use crate::chunk::ChunkKv;
+use crate::chunk::{ChunkKv, LayerKv};
 use crate::error::{Error, Result, shape};
 use crate::layout::KvLayout;
 use crate::patch::Patch;
@@ -13,11 +13,30 @@ use crate::relocate::shift;
 use crate::rope::{RopeSpec, Rotation};
 use crate::tensor::{Buf, DType, Elem, Mat};
 
-/// The chunk relocated to `to` with its patch (if any) applied: one pass, no intermediate.
+/// The chunk relocated to `to` with its patch (if any) applied: one pass, no intermediate. Each
+/// output matrix is built by appending its rows as they come out of the pass, so a new buffer
+/// is written once (no zeroing first) and memory the allocator hands back is used as is.
 pub fn reuse(canonical: &ChunkKv, patch: Option<&Patch>, rope: &RopeSpec, to: i64) -> Result<ChunkKv> {
-    let mut dst = ChunkKv::zeros(*canonical.layout(), to, canonical.n_tokens(), canonical.dtype())?;
-    reuse_into(canonical, patch, rope, &mut dst, 0)?;
-    Ok(dst)
+    const OP: &str = "reuse";
+    let (layout, n, dtype) = (*canonical.layout(), canonical.n_tokens(), canonical.dtype());
+    let delta = check_place(OP, canonical, patch, rope, &layout, to)?;
+    let layers = (0..layout.n_layers)
+        .into_par_iter()
+        .map(|l| {
+            let channel = |v_channel: bool, cols: usize| -> Result<Mat> {
+                let mut buf = Buf::with_capacity(dtype, n * cols);
+                reuse_rows(canonical, patch, rope, l, v_channel, delta, &mut |_, row| {
+                    buf.extend_f32(row)
+                })?;
+                Mat::new(n, cols, buf)
+            };
+            Ok(LayerKv {
+                k: channel(false, layout.k_features())?,
+                v: channel(true, layout.v_features())?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    ChunkKv::new(layout, to, layers)
 }
 
 /// Checks a reuse request (layouts, RoPE spec, destination rows, patch shape, positions) and

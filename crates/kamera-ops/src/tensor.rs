@@ -116,6 +116,24 @@ impl Buf {
         }
     }
 
+    /// Empty, with room for `len` values of the given type (filled by [`Buf::extend_f32`]).
+    pub fn with_capacity(dtype: DType, len: usize) -> Buf {
+        match dtype {
+            DType::F32 => Buf::F32(Vec::with_capacity(len)),
+            DType::F16 => Buf::F16(Vec::with_capacity(len)),
+            DType::Bf16 => Buf::Bf16(Vec::with_capacity(len)),
+        }
+    }
+
+    /// Appends f32 values converted to this buffer's type (round to nearest even).
+    pub fn extend_f32(&mut self, data: &[f32]) {
+        match self {
+            Buf::F32(v) => v.extend_from_slice(data),
+            Buf::F16(v) => v.extend(data.iter().map(|&x| f16::from_f32(x))),
+            Buf::Bf16(v) => v.extend(data.iter().map(|&x| bf16::from_f32(x))),
+        }
+    }
+
     /// Converts f32 values to the given type (round to nearest even).
     pub fn from_f32(dtype: DType, data: &[f32]) -> Buf {
         match dtype {

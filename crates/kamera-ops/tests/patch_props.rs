@@ -113,6 +113,10 @@ proptest! {
         prop_assert_eq!(half.dtype(), dtype);
         let tol = match dtype { DType::F32 => 1e-5, DType::F16 => 6e-3, DType::Bf16 => 5e-2 };
         prop_assert!(chunk_diff(&half, &two_pass) < tol, "{dtype:?} {}", chunk_diff(&half, &two_pass));
+        // reuse (rows appended to new buffers) = reuse_into a zeroed chunk, exactly.
+        let mut whole = ChunkKv::zeros(layout, p, 9, dtype).unwrap();
+        reuse_into(&canonical.to_dtype(dtype), Some(&patch), &rope, &mut whole, 0).unwrap();
+        prop_assert_eq!(chunk_diff(&half, &whole), 0.0);
         let mut dst = ChunkKv::zeros(layout, p - 2, 12, dtype).unwrap();
         reuse_into(&canonical, Some(&patch), &rope, &mut dst, 2).unwrap();
         let rows: Vec<f32> = dst.layers()[1].k.to_f32_vec()[2 * layout.k_features()..11 * layout.k_features()].to_vec();
