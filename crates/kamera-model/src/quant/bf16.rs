@@ -92,8 +92,22 @@ pub(super) fn to_pairs(x: &[f32]) -> Vec<u32> {
     out
 }
 
-/// Weight rows `r0..r0 + 48` (zeros past the last row) as bf16 pairs, `[pair][48 rows]`.
+/// Weight rows `r0..r0 + 48` (zeros past the last row) as bf16 pairs, `[pair][48 rows]`:
+/// dequantized in registers, 16 rows × 16 pairs at a time, transposed into place.
 fn pack_tile(q: &QMatrix, r0: usize, tile: &mut [u32]) {
+    // SAFETY: callers checked `available()` (AVX-512F + AVX512_BF16); `tile` holds
+    // `cols / 2 · 48` pairs.
+    unsafe { avx512::pack_tile(q, r0, tile) }
+}
+
+#[cfg(test)]
+pub(super) fn pack_tile_for_test(q: &QMatrix, r0: usize, tile: &mut [u32]) {
+    pack_tile(q, r0, tile)
+}
+
+/// [`pack_tile`] row by row through [`QMatrix::dequantize_row`]: the reference in tests.
+#[cfg(test)]
+pub(super) fn pack_tile_reference(q: &QMatrix, r0: usize, tile: &mut [u32]) {
     let mut row = vec![0f32; q.cols];
     let mut half = vec![0u32; q.cols / 2];
     for l in 0..TILE.min(q.rows - r0) {
@@ -121,7 +135,93 @@ pub(crate) fn round_bf16(v: f32) -> f32 {
 mod avx512 {
     use std::arch::x86_64::*;
 
+    use super::super::dot::avx512::b8x16;
+    use super::super::rows::scale_offset;
+    use super::super::{Codes, QMatrix};
     use super::{MR, TILE};
+
+    /// Columns `c..c + 16` of row `r` dequantized (`c` a multiple of 16).
+    #[inline(always)]
+    unsafe fn piece(q: &QMatrix, r: usize, c: usize) -> __m512 {
+        unsafe {
+            let g = q.group;
+            let gi = r * (q.cols / g) + c / g;
+            let (s, off) = scale_offset(q, gi);
+            let w = match &q.codes {
+                Codes::U4(codes) => {
+                    // Group of 32 in 16 bytes: columns 0..16 in the low nibbles, 16..32 high.
+                    let v = _mm_loadu_si128(codes.as_ptr().add(gi * 16) as *const __m128i);
+                    let v = if c % 32 == 0 { v } else { _mm_srli_epi16(v, 4) };
+                    _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, _mm_set1_epi8(15))))
+                }
+                Codes::U8(codes) => b8x16::<false>(codes.as_ptr().add(gi * g + c % g)),
+                Codes::I8(codes) => b8x16::<true>(codes.as_ptr().add(gi * g + c % g) as *const u8),
+            };
+            _mm512_fmadd_ps(w, _mm512_set1_ps(s), _mm512_set1_ps(off))
+        }
+    }
+
+    /// `out[j][i] = a[i][j]` for a 16 × 16 matrix of 32-bit values in place.
+    #[inline(always)]
+    unsafe fn transpose16(a: &mut [__m512i; 16]) {
+        unsafe {
+            let mut t = [_mm512_setzero_si512(); 16];
+            for k in 0..8 {
+                t[2 * k] = _mm512_unpacklo_epi32(a[2 * k], a[2 * k + 1]);
+                t[2 * k + 1] = _mm512_unpackhi_epi32(a[2 * k], a[2 * k + 1]);
+            }
+            // u[4k + m], lane L: column 4L + m of rows 4k..4k + 4.
+            let mut u = [_mm512_setzero_si512(); 16];
+            for k in 0..4 {
+                u[4 * k] = _mm512_unpacklo_epi64(t[4 * k], t[4 * k + 2]);
+                u[4 * k + 1] = _mm512_unpackhi_epi64(t[4 * k], t[4 * k + 2]);
+                u[4 * k + 2] = _mm512_unpacklo_epi64(t[4 * k + 1], t[4 * k + 3]);
+                u[4 * k + 3] = _mm512_unpackhi_epi64(t[4 * k + 1], t[4 * k + 3]);
+            }
+            for m in 0..4 {
+                let x0 = _mm512_shuffle_i32x4::<0x88>(u[m], u[4 + m]);
+                let x1 = _mm512_shuffle_i32x4::<0xDD>(u[m], u[4 + m]);
+                let y0 = _mm512_shuffle_i32x4::<0x88>(u[8 + m], u[12 + m]);
+                let y1 = _mm512_shuffle_i32x4::<0xDD>(u[8 + m], u[12 + m]);
+                a[m] = _mm512_shuffle_i32x4::<0x88>(x0, y0);
+                a[4 + m] = _mm512_shuffle_i32x4::<0x88>(x1, y1);
+                a[8 + m] = _mm512_shuffle_i32x4::<0xDD>(x0, y0);
+                a[12 + m] = _mm512_shuffle_i32x4::<0xDD>(x1, y1);
+            }
+        }
+    }
+
+    /// See [`super::pack_tile`].
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub(super) unsafe fn pack_tile(q: &QMatrix, r0: usize, tile: &mut [u32]) {
+        unsafe {
+            let live = TILE.min(q.rows - r0);
+            let pairs = q.cols / 2;
+            debug_assert!(tile.len() >= pairs * TILE);
+            for l0 in (0..live).step_by(16) {
+                let nl = 16.min(live - l0);
+                let mask = ((1u32 << nl) - 1) as __mmask16;
+                for c0 in (0..q.cols).step_by(32) {
+                    let mut v = [_mm512_setzero_si512(); 16];
+                    for (i, vi) in v[..nl].iter_mut().enumerate() {
+                        let r = r0 + l0 + i;
+                        let lo = piece(q, r, c0);
+                        let hi = if c0 + 16 < q.cols {
+                            piece(q, r, c0 + 16)
+                        } else {
+                            _mm512_setzero_ps()
+                        };
+                        *vi = std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(hi, lo));
+                    }
+                    transpose16(&mut v);
+                    for (j, &vj) in v[..16.min(pairs - c0 / 2)].iter().enumerate() {
+                        let dst = tile.as_mut_ptr().add((c0 / 2 + j) * TILE + l0);
+                        _mm512_mask_storeu_epi32(dst as *mut i32, mask, vj);
+                    }
+                }
+            }
+        }
+    }
 
     /// `out[i]` = bf16(x[2i]) | bf16(x[2i + 1]) << 16, round to nearest even.
     #[target_feature(enable = "avx512f,avx512bf16")]

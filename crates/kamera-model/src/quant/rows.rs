@@ -68,7 +68,7 @@ fn row_times_block(q: &QMatrix, r: usize, xb: &[f32], nb: usize, acc: &mut [f32;
 
 /// The group's scale and offset.
 #[inline(always)]
-fn scale_offset(q: &QMatrix, gi: usize) -> (f32, f32) {
+pub(super) fn scale_offset(q: &QMatrix, gi: usize) -> (f32, f32) {
     let s = q.scales[gi];
     let off = match &q.offsets {
         Offsets::None => 0.0,

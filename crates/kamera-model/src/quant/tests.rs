@@ -338,6 +338,20 @@ fn bf16_tiles_match_rounded_reference() {
         }
     }
     // The rounding itself: to nearest, ties to even, against the instruction.
+    // The packed tiles against row-by-row dequantization (every row count of a last tile).
+    for (t, dtype) in TYPES.into_iter().enumerate() {
+        let cols = if t >= 5 { 256 } else { 96 };
+        for rows in [1, 15, 16, 17, 47, 48, 100] {
+            let (q, _) = quantized(dtype, rows, cols, 3 + rows as u64);
+            for r0 in (0..rows).step_by(48) {
+                let mut fast = vec![7u32; cols / 2 * 48];
+                let mut slow = vec![7u32; cols / 2 * 48];
+                super::bf16::pack_tile_for_test(&q, r0, &mut fast);
+                super::bf16::pack_tile_reference(&q, r0, &mut slow);
+                assert_eq!(fast, slow, "{dtype:?} {rows}x{cols}, tile at row {r0}");
+            }
+        }
+    }
     // 1 + 2⁻⁸ is a tie (to 1), 1 + 3·2⁻⁸ one to the even 1 + 2⁻⁶.
     let ulp = 2f32.powi(-8);
     for v in [1.0f32, 1.0 + ulp, 1.0 + 3.0 * ulp, -3.3e-5, 65504.0, 1.0e-3] {
