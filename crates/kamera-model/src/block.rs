@@ -105,7 +105,8 @@ pub(crate) fn attend_and_mlp(
     let (hd, heads, kvh) = (cfg.head_dim, cfg.heads, cfg.kv_heads);
     // q: [n, heads, hd] -> [heads, n, hd] = [kvh, g, n, hd] (heads of a group are adjacent).
     let qh = heads_first(q, heads)?.reshape((kvh, heads / kvh, n, hd)).ctx(OP)?;
-    let att = attend(&qh, kh, vh, positions, k_pos, cfg.attn_scale, window)?;
+    let bf16 = w.wq.precision() == crate::PrefillPrecision::Bf16;
+    let att = attend(&qh, kh, vh, positions, k_pos, cfg.attn_scale, window, bf16)?;
     // [heads, n, hd] -> [n, heads·hd]
     let att = heads_first(&att.reshape((heads, n * hd)).ctx(OP)?, n)?
         .reshape((n, heads * hd))

@@ -13,6 +13,8 @@
 
 mod activation;
 mod attention;
+#[cfg(target_arch = "x86_64")]
+mod attention_bf16;
 mod block;
 mod bpe;
 mod config;

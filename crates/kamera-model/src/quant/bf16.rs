@@ -18,7 +18,9 @@ const KC: usize = 128;
 pub(crate) fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512bf16")
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512bf16")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -51,36 +53,77 @@ pub(crate) fn matmul(q: &QMatrix, x: &[f32], n: usize, y: &mut [f32]) {
         for (i, tile) in packed.chunks_exact_mut(pairs * TILE).enumerate() {
             pack_tile(q, (t0 + i) * TILE, tile);
         }
-        for p0 in (0..pairs).step_by(KC) {
-            let kc = KC.min(pairs - p0);
-            for (i, tile) in packed.chunks_exact(pairs * TILE).enumerate() {
-                let r0 = (t0 + i) * TILE;
-                let width = TILE.min(rows - r0);
-                for m0 in (0..n).step_by(MR) {
-                    let m = MR.min(n - m0);
-                    // SAFETY: the tile writes rows m0..m0 + m, columns r0..r0 + width of y (this
-                    // task's columns alone); a and b hold m rows / kc pairs from their offsets.
-                    unsafe {
-                        avx512::tile(
-                            m,
-                            width,
-                            xa.as_ptr().add(m0 * pairs + p0),
-                            pairs,
-                            tile.as_ptr().add(p0 * TILE),
-                            kc,
-                            out.at(m0 * rows + r0),
-                            rows,
-                            p0 > 0,
-                        );
-                    }
-                }
-            }
-        }
+        let r0 = t0 * TILE;
+        // SAFETY: this task alone writes columns r0..r0 + its tiles' rows of y's n rows.
+        unsafe { product(&xa, n, pairs, &packed, (t1 * TILE).min(rows) - r0, out.at(r0), rows) };
     });
 }
 
+/// `c[i, j] = Σ_p a[i, p] · b[j, p]` over pairs of bf16 (f32 sums), on the calling thread: `a`
+/// is `m` rows of `pairs` pairs, `b` the packed tiles of `width` rows ([`pack_rows`],
+/// [`pack_value_pairs`]); `c` has row stride `ldc` and gets `width` columns per row.
+///
+/// # Safety
+/// `c` must be valid for writes of `m` rows of `width` values at stride `ldc`, which no other
+/// thread touches; the CPU must have the kernel ([`available`]).
+pub(crate) unsafe fn product(a: &[u32], m: usize, pairs: usize, b: &[u32], width: usize, c: *mut f32, ldc: usize) {
+    assert!(a.len() >= m * pairs && b.len() >= width.div_ceil(TILE) * pairs * TILE);
+    for p0 in (0..pairs).step_by(KC) {
+        let kc = KC.min(pairs - p0);
+        for (i, tile) in b.chunks_exact(pairs * TILE).take(width.div_ceil(TILE)).enumerate() {
+            let j0 = i * TILE;
+            let w = TILE.min(width - j0);
+            for m0 in (0..m).step_by(MR) {
+                let mr = MR.min(m - m0);
+                // SAFETY: rows m0..m0 + mr, columns j0..j0 + w of c (the caller's); a and b hold
+                // mr rows / kc pairs from these offsets.
+                unsafe {
+                    avx512::tile(
+                        mr,
+                        w,
+                        a.as_ptr().add(m0 * pairs + p0),
+                        pairs,
+                        tile.as_ptr().add(p0 * TILE),
+                        kc,
+                        c.add(m0 * ldc + j0),
+                        ldc,
+                        p0 > 0,
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// `n` rows of `cols` f32 values (row `r` at `src[r · stride..]`, `cols` a multiple of 16) as
+/// packed bf16 tiles for [`product`]: the keys of an attention block.
+pub(crate) fn pack_rows(src: &[f32], stride: usize, n: usize, cols: usize) -> Vec<u32> {
+    assert!(cols % 16 == 0 && (n == 0 || src.len() >= (n - 1) * stride + cols));
+    let pairs = cols / 2;
+    let mut out = vec![0u32; n.div_ceil(TILE) * pairs * TILE];
+    for (t, tile) in out.chunks_exact_mut(pairs * TILE).enumerate() {
+        // SAFETY: callers checked `available()`; rows t·48.. of src are in bounds (asserted).
+        unsafe { avx512::pack_f32_tile(src, stride, t * TILE, n, cols, tile) };
+    }
+    out
+}
+
+/// The transpose of `n` rows of `cols` values (row `r` at `src[r · stride..]`), packed for
+/// [`product`] with the rows as the summed dimension: tiles of 48 columns, a pair holding rows
+/// `2p` and `2p + 1` (a zero row past an odd `n`). Attention's values: `out = P · V`.
+pub(crate) fn pack_value_pairs(src: &[f32], stride: usize, n: usize, cols: usize) -> Vec<u32> {
+    assert!(cols % 16 == 0 && (n == 0 || src.len() >= (n - 1) * stride + cols));
+    let pairs = n.div_ceil(2);
+    let mut out = vec![0u32; cols.div_ceil(TILE) * pairs * TILE];
+    for (t, tile) in out.chunks_exact_mut(pairs * TILE).enumerate() {
+        // SAFETY: callers checked `available()`; rows 0..n of src are in bounds (asserted).
+        unsafe { avx512::pack_value_tile(src, stride, n, t * TILE, cols, tile) };
+    }
+    out
+}
+
 /// `x` rounded to bf16, two per `u32` (the even column in the low half).
-pub(super) fn to_pairs(x: &[f32]) -> Vec<u32> {
+pub(crate) fn to_pairs(x: &[f32]) -> Vec<u32> {
     let mut out = vec![0u32; x.len() / 2];
     let chunk = 1 << 14;
     out.par_chunks_mut(chunk / 2)
@@ -194,20 +237,35 @@ mod avx512 {
     /// See [`super::pack_tile`].
     #[target_feature(enable = "avx512f,avx512bf16")]
     pub(super) unsafe fn pack_tile(q: &QMatrix, r0: usize, tile: &mut [u32]) {
+        unsafe { pack(TILE.min(q.rows - r0), q.cols, tile, |l, c| piece(q, r0 + l, c)) }
+    }
+
+    /// Rows `r0..r0 + 48` (those below `n`) of f32 rows at `stride`, see [`super::pack_rows`].
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub(super) unsafe fn pack_f32_tile(src: &[f32], stride: usize, r0: usize, n: usize, cols: usize, tile: &mut [u32]) {
         unsafe {
-            let live = TILE.min(q.rows - r0);
-            let pairs = q.cols / 2;
+            let base = src.as_ptr();
+            pack(TILE.min(n - r0), cols, tile, |l, c| {
+                _mm512_loadu_ps(base.add((r0 + l) * stride + c))
+            })
+        }
+    }
+
+    /// Tile rows `live`, `cols` columns; `piece(l, c)` gives columns `c..c + 16` of tile row `l`.
+    #[inline(always)]
+    unsafe fn pack(live: usize, cols: usize, tile: &mut [u32], piece: impl Fn(usize, usize) -> __m512) {
+        unsafe {
+            let pairs = cols / 2;
             debug_assert!(tile.len() >= pairs * TILE);
             for l0 in (0..live).step_by(16) {
                 let nl = 16.min(live - l0);
                 let mask = ((1u32 << nl) - 1) as __mmask16;
-                for c0 in (0..q.cols).step_by(32) {
+                for c0 in (0..cols).step_by(32) {
                     let mut v = [_mm512_setzero_si512(); 16];
                     for (i, vi) in v[..nl].iter_mut().enumerate() {
-                        let r = r0 + l0 + i;
-                        let lo = piece(q, r, c0);
-                        let hi = if c0 + 16 < q.cols {
-                            piece(q, r, c0 + 16)
+                        let lo = piece(l0 + i, c0);
+                        let hi = if c0 + 16 < cols {
+                            piece(l0 + i, c0 + 16)
                         } else {
                             _mm512_setzero_ps()
                         };
@@ -218,6 +276,43 @@ mod avx512 {
                         let dst = tile.as_mut_ptr().add((c0 / 2 + j) * TILE + l0);
                         _mm512_mask_storeu_epi32(dst as *mut i32, mask, vj);
                     }
+                }
+            }
+        }
+    }
+
+    /// Columns `d0..d0 + 48` (those below `cols`) of rows `0..n` as pairs of rows, see
+    /// [`super::pack_value_pairs`].
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    pub(super) unsafe fn pack_value_tile(
+        src: &[f32],
+        stride: usize,
+        n: usize,
+        d0: usize,
+        cols: usize,
+        tile: &mut [u32],
+    ) {
+        unsafe {
+            // [a0..a15, b0..b15] -> [a0, b0, a1, b1, ..]
+            let idx = _mm512_set_epi16(
+                31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2,
+                17, 1, 16, 0,
+            );
+            let base = src.as_ptr();
+            let groups = (TILE.min(cols - d0)) / 16;
+            for p in 0..n.div_ceil(2) {
+                let (r, r1) = (2 * p, 2 * p + 1);
+                for j in 0..groups {
+                    let d = d0 + 16 * j;
+                    let a = _mm512_loadu_ps(base.add(r * stride + d));
+                    let b = if r1 < n {
+                        _mm512_loadu_ps(base.add(r1 * stride + d))
+                    } else {
+                        _mm512_setzero_ps()
+                    };
+                    let v = std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(b, a));
+                    let v = _mm512_permutexvar_epi16(idx, v);
+                    _mm512_storeu_si512(tile.as_mut_ptr().add(p * TILE + 16 * j) as *mut _, v);
                 }
             }
         }

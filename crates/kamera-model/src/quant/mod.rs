@@ -5,7 +5,7 @@
 //! has AVX512_BF16 and the model asks for it (`bf16.rs`).
 
 #[cfg(target_arch = "x86_64")]
-mod bf16;
+pub(crate) mod bf16;
 mod dot;
 mod matmul;
 mod repack;
@@ -273,6 +273,14 @@ impl Linear {
                 }
                 Ok(y)
             }
+        }
+    }
+
+    /// The arithmetic of this weight's long products (dense weights: f32).
+    pub fn precision(&self) -> PrefillPrecision {
+        match self {
+            Linear::Quant(q) => q.precision,
+            Linear::Dense(_) => PrefillPrecision::F32,
         }
     }
 
