@@ -438,10 +438,13 @@ impl candle_core::InplaceOp1 for PlaceRows<'_> {
         let (g, cap) = (self.groups, self.cap);
         let width = buf.len() / (g * cap).max(1);
         for (part, row0, delta) in self.jobs {
-            let mut sink = |t: usize, row: &[f32]| {
-                for (h, src) in row.chunks_exact(width).enumerate().take(g) {
-                    let at = (h * cap + row0 + t) * width;
-                    buf[at..at + width].copy_from_slice(src);
+            // Blocks of whole rows from row t, each row `g · width` values.
+            let mut sink = |t: usize, rows: &[f32]| {
+                for (i, row) in rows.chunks_exact((g * width).max(1)).enumerate() {
+                    for (h, src) in row.chunks_exact(width).enumerate() {
+                        let at = (h * cap + row0 + t + i) * width;
+                        buf[at..at + width].copy_from_slice(src);
+                    }
                 }
             };
             match self.rope {

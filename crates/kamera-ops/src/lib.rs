@@ -21,6 +21,7 @@ mod chunk;
 mod deficit;
 mod error;
 mod layout;
+mod lowrank;
 mod orbit;
 mod patch;
 mod quant;

@@ -106,21 +106,17 @@ pub fn reuse_into(
     const OP: &str = "reuse_into";
     let delta = check_reuse(OP, canonical, patch, rope, dst, dst_row)?;
     dst.layers_mut().par_iter_mut().enumerate().try_for_each(|(l, out)| {
+        let n = canonical.n_tokens();
         for (v_channel, m) in [(false, &mut out.k), (true, &mut out.v)] {
-            with_rows_mut(m, dst_row, |store| {
-                reuse_rows(canonical, patch, rope, l, v_channel, delta, &mut |t, row| store(t, row))
-            })?;
+            with_rows_mut(m, dst_row, n, |o| fused(canonical, patch, rope, l, v_channel, delta, o))?;
         }
         Ok(())
     })
 }
 
-/// Calls `f` with a store function writing f32 rows at `dst_row + t` of `m` in its dtype.
-fn with_rows_mut(
-    m: &mut Mat,
-    dst_row: usize,
-    f: impl FnOnce(&mut dyn FnMut(usize, &[f32])) -> Result<()>,
-) -> Result<()> {
+/// Calls `f` with where rows `dst_row..` of `m` go: computed in place when `m` is f32, else
+/// handed to a store converting each block to `m`'s dtype.
+fn with_rows_mut(m: &mut Mat, dst_row: usize, rows: usize, f: impl FnOnce(Out<'_>) -> Result<()>) -> Result<()> {
     let cols = m.cols();
     fn store<D: Elem>(d: &mut [D], at: usize, row: &[f32]) {
         for (e, r) in d[at..at + row.len()].iter_mut().zip(row) {
@@ -128,14 +124,14 @@ fn with_rows_mut(
         }
     }
     match m.data_mut() {
-        Buf::F32(d) => f(&mut |t, row| d[(dst_row + t) * cols..(dst_row + t + 1) * cols].copy_from_slice(row)),
-        Buf::F16(d) => f(&mut |t, row| store(d, (dst_row + t) * cols, row)),
-        Buf::Bf16(d) => f(&mut |t, row| store(d, (dst_row + t) * cols, row)),
+        Buf::F32(d) => f(Out::Rows(&mut d[dst_row * cols..(dst_row + rows) * cols])),
+        Buf::F16(d) => f(Out::Sink(&mut |t, row| store(d, (dst_row + t) * cols, row))),
+        Buf::Bf16(d) => f(Out::Sink(&mut |t, row| store(d, (dst_row + t) * cols, row))),
     }
 }
 
 /// One channel (K, or V with `v_channel`) of layer `layer` of `canonical`, shifted by `delta` and
-/// patched, handed to `sink(t, row)` row by row in order, as f32: how a caller writes reused
+/// patched, handed to `sink(t, rows)` in order, as f32 blocks of whole rows from row `t`: how a caller writes reused
 /// rows straight into its own buffers (a model's context) without an intermediate chunk. Inputs
 /// are validated by the caller ([`check_reuse`], [`check_place`]); a non-finite row is an error naming its index.
 pub fn reuse_rows(
@@ -146,6 +142,19 @@ pub fn reuse_rows(
     v_channel: bool,
     delta: i64,
     sink: &mut dyn FnMut(usize, &[f32]),
+) -> Result<()> {
+    fused(canonical, patch, rope, layer, v_channel, delta, Out::Sink(sink))
+}
+
+/// [`reuse_rows`] into `out`.
+fn fused(
+    canonical: &ChunkKv,
+    patch: Option<&Patch>,
+    rope: &RopeSpec,
+    layer: usize,
+    v_channel: bool,
+    delta: i64,
+    out: Out<'_>,
 ) -> Result<()> {
     const OP: &str = "reuse_rows";
     let Some(src) = canonical.layers().get(layer) else {
@@ -166,7 +175,7 @@ pub fn reuse_rows(
         rot: rot.as_ref().map(|r| (r, n_heads)),
     };
     let m = if v_channel { &src.v } else { &src.k };
-    fuse.run(m, sink).map_err(|index| Error::NonFinite {
+    fuse.run(m, out).map_err(|index| Error::NonFinite {
         op: OP,
         what: format!("layer {layer} {}", if v_channel { "v" } else { "k" }),
         index,
@@ -194,71 +203,92 @@ struct Fuse<'a> {
     rot: Option<(&'a Rotation, usize)>,
 }
 
+/// Where a fused pass puts its rows: handed to a sink block by block, or computed in place in
+/// contiguous f32 destination rows (no copy through a scratch block).
+pub(crate) enum Out<'a> {
+    Sink(&'a mut dyn FnMut(usize, &[f32])),
+    Rows(&'a mut [f32]),
+}
+
 impl Fuse<'_> {
-    fn run(&self, src: &Mat, sink: &mut dyn FnMut(usize, &[f32])) -> Result<(), usize> {
+    fn run(&self, src: &Mat, out: Out<'_>) -> Result<(), usize> {
         let cols = src.cols();
         match src.data() {
-            Buf::F32(s) => self.rows(s, cols, sink),
-            Buf::F16(s) => self.rows(s, cols, sink),
-            Buf::Bf16(s) => self.rows(s, cols, sink),
+            Buf::F32(s) => self.rows(s, cols, out),
+            Buf::F16(s) => self.rows(s, cols, out),
+            Buf::Bf16(s) => self.rows(s, cols, out),
         }
     }
 
-    /// Dispatches to an AVX2+FMA build of the same loop where the CPU has it.
-    fn rows<S: Elem>(&self, src: &[S], cols: usize, sink: &mut dyn FnMut(usize, &[f32])) -> Result<(), usize> {
+    /// Dispatches to an AVX-512 or AVX2+FMA build of the same loop where the CPU has it.
+    fn rows<S: Elem>(&self, src: &[S], cols: usize, out: Out<'_>) -> Result<(), usize> {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU supports the features this function is compiled for.
+            return unsafe { self.rows_avx512(src, cols, out) };
+        }
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
             // SAFETY: the CPU supports the features this function is compiled for.
-            return unsafe { self.rows_avx2(src, cols, sink) };
+            return unsafe { self.rows_avx2(src, cols, out) };
         }
-        self.rows_generic(src, cols, sink)
+        self.rows_generic(src, cols, out)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    unsafe fn rows_avx512<S: Elem>(&self, src: &[S], cols: usize, out: Out<'_>) -> Result<(), usize> {
+        self.rows_generic(src, cols, out)
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn rows_avx2<S: Elem>(
-        &self,
-        src: &[S],
-        cols: usize,
-        sink: &mut dyn FnMut(usize, &[f32]),
-    ) -> Result<(), usize> {
-        self.rows_generic(src, cols, sink)
+    unsafe fn rows_avx2<S: Elem>(&self, src: &[S], cols: usize, out: Out<'_>) -> Result<(), usize> {
+        self.rows_generic(src, cols, out)
     }
 
     #[inline(always)]
-    fn rows_generic<S: Elem>(&self, src: &[S], cols: usize, sink: &mut dyn FnMut(usize, &[f32])) -> Result<(), usize> {
+    fn rows_generic<S: Elem>(&self, src: &[S], cols: usize, mut out: Out<'_>) -> Result<(), usize> {
         if cols == 0 {
             return Ok(());
         }
         let n = src.len() / cols;
-        let mut blk = vec![0.0f32; BLOCK.min(n) * cols];
+        let mut scratch = match out {
+            Out::Sink(_) => vec![0.0f32; BLOCK.min(n) * cols],
+            Out::Rows(_) => Vec::new(),
+        };
         for b0 in (0..n).step_by(BLOCK) {
             let bn = BLOCK.min(n - b0);
-            let blk = &mut blk[..bn * cols];
-            for (r, e) in blk.iter_mut().zip(&src[b0 * cols..(b0 + bn) * cols]) {
-                *r = e.to_f32();
-            }
-            if let Some((p, wt, m)) = &self.patch {
-                // blk += P[b0.., :m] · Wᵀ[:m, cols] (KAMERA §3.2: the patch P Wᵀ), one GEMM.
-                faer::linalg::matmul::matmul(
-                    faer::MatMut::from_row_major_slice_mut(blk, bn, cols),
-                    faer::Accum::Add,
-                    faer::MatRef::from_row_major_slice(&p[b0 * m..(b0 + bn) * m], bn, *m),
-                    faer::MatRef::from_row_major_slice(&wt[..m * cols], *m, cols),
-                    1.0f32,
-                    faer::Par::Seq,
-                );
-            }
-            for (t, row) in blk.chunks_exact_mut(cols).enumerate() {
-                if let Some((rot, heads)) = self.rot {
-                    rot.rotate(row, heads);
+            match &mut out {
+                Out::Sink(sink) => {
+                    let blk = &mut scratch[..bn * cols];
+                    self.block(src, cols, b0, blk)?;
+                    sink(b0, blk);
                 }
-                // A bitwise fold (no ordered float sum) vectorises.
-                if !row.iter().fold(true, |a, r| a & r.is_finite()) {
-                    return Err((b0 + t) * cols + row.iter().position(|r| !r.is_finite()).unwrap_or(0));
-                }
-                sink(b0 + t, row);
+                Out::Rows(d) => self.block(src, cols, b0, &mut d[b0 * cols..(b0 + bn) * cols])?,
             }
+        }
+        Ok(())
+    }
+
+    /// Rows `b0..` of `src` converted, patched, rotated and checked in `blk` (whole rows);
+    /// inlined into each target-feature build of the loop.
+    #[inline(always)]
+    fn block<S: Elem>(&self, src: &[S], cols: usize, b0: usize, blk: &mut [f32]) -> Result<(), usize> {
+        let bn = blk.len() / cols;
+        for (r, e) in blk.iter_mut().zip(&src[b0 * cols..(b0 + bn) * cols]) {
+            *r = e.to_f32();
+        }
+        if let Some((p, wt, m)) = &self.patch {
+            // blk += P[b0.., :m] · Wᵀ[:m, cols] (KAMERA §3.2: the patch P Wᵀ).
+            crate::lowrank::add_product(blk, bn, cols, &p[b0 * m..(b0 + bn) * m], &wt[..m * cols], *m);
+        }
+        if let Some((rot, heads)) = self.rot {
+            rot.rotate_rows(blk, cols, heads);
+        }
+        // A bitwise fold (no ordered float sum) vectorises.
+        if !blk.iter().fold(true, |a, r| a & r.is_finite()) {
+            return Err(b0 * cols + blk.iter().position(|r| !r.is_finite()).unwrap_or(0));
         }
         Ok(())
     }

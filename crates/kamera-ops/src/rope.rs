@@ -260,6 +260,49 @@ impl Rotation {
     pub fn rotate(&self, row: &mut [f32], n_heads: usize) {
         rotate_row(row, n_heads, self.head_dim, self.layout, &self.cos, &self.sin);
     }
+
+    /// Rotates every row (`cols` values, the first `n_heads` heads) of `rows` in place: whole
+    /// AVX-512 vectors for half-split pairs where the half is a multiple of 16.
+    pub fn rotate_rows(&self, rows: &mut [f32], cols: usize, n_heads: usize) {
+        #[cfg(target_arch = "x86_64")]
+        if self.layout == PairLayout::HalfSplit
+            && self.cos.len() % 16 == 0
+            && n_heads * self.head_dim <= cols
+            && std::arch::is_x86_feature_detected!("avx512f")
+        {
+            // SAFETY: the CPU has AVX-512F; every row holds n_heads heads of head_dim >= 2·half.
+            unsafe { half_split_avx512(rows, cols, n_heads, self.head_dim, &self.cos, &self.sin) };
+            return;
+        }
+        for row in rows.chunks_exact_mut(cols.max(1)) {
+            self.rotate(row, n_heads);
+        }
+    }
+}
+
+/// [`rotate_row`]'s half-split case over rows, 16 pairs per vector (`cos.len()` a multiple of 16).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn half_split_avx512(rows: &mut [f32], cols: usize, n_heads: usize, head_dim: usize, cos: &[f32], sin: &[f32]) {
+    use std::arch::x86_64::*;
+    let half = cos.len();
+    for row in rows.chunks_exact_mut(cols) {
+        for h in 0..n_heads {
+            let p = row[h * head_dim..h * head_dim + 2 * half].as_mut_ptr();
+            for i in (0..half).step_by(16) {
+                // SAFETY: i + 16 <= half; lo at p + i, hi at p + half + i, inside the head.
+                unsafe {
+                    let (c, s) = (
+                        _mm512_loadu_ps(cos.as_ptr().add(i)),
+                        _mm512_loadu_ps(sin.as_ptr().add(i)),
+                    );
+                    let (a, b) = (_mm512_loadu_ps(p.add(i)), _mm512_loadu_ps(p.add(half + i)));
+                    _mm512_storeu_ps(p.add(i), _mm512_fmsub_ps(a, c, _mm512_mul_ps(b, s)));
+                    _mm512_storeu_ps(p.add(half + i), _mm512_fmadd_ps(a, s, _mm512_mul_ps(b, c)));
+                }
+            }
+        }
+    }
 }
 
 /// Rotates each head of `row` by per-pair (cos, sin): (a, b) -> (a·c − b·s, a·s + b·c).
@@ -285,10 +328,10 @@ pub(crate) fn rotate_row(
             }
             PairLayout::HalfSplit => {
                 let (lo, hi) = head.split_at_mut(half);
-                for i in 0..half {
-                    let (a, b) = (lo[i], hi[i]);
-                    lo[i] = a * cos[i] - b * sin[i];
-                    hi[i] = a * sin[i] + b * cos[i];
+                for (((a, b), &c), &s) in lo.iter_mut().zip(hi.iter_mut()).zip(cos).zip(sin) {
+                    let (x, y) = (*a, *b);
+                    *a = x * c - y * s;
+                    *b = x * s + y * c;
                 }
             }
         }
