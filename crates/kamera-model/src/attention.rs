@@ -60,13 +60,25 @@ impl CustomOp1 for MaskedSoftmax<'_> {
     }
 }
 
-/// `o = softmax(scale · s)` over one row, vectorised (AVX2 + FMA where the CPU has them).
+/// `o = softmax(scale · s)` over one row, vectorised (AVX-512, else AVX2 + FMA where the CPU
+/// has them).
 pub(crate) fn softmax_row(s: &[f32], o: &mut [f32], scale: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the CPU supports the features the function is compiled for.
+        return unsafe { softmax_row_avx512(s, o, scale) };
+    }
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
         // SAFETY: the CPU supports the features the function is compiled for.
         return unsafe { softmax_row_avx2(s, o, scale) };
     }
+    softmax_row_generic(s, o, scale)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn softmax_row_avx512(s: &[f32], o: &mut [f32], scale: f32) {
     softmax_row_generic(s, o, scale)
 }
 

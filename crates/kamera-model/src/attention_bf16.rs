@@ -7,9 +7,16 @@ use rayon::prelude::*;
 use crate::attention::softmax_row;
 use crate::quant::bf16;
 
-/// Queries per block (a task): smaller than the f32 path's, so a sliding window computes fewer
-/// masked scores and causal blocks balance over the cores.
+/// Most queries per block (a task): smaller than the f32 path's, so a sliding window computes
+/// fewer masked scores and causal blocks balance over the cores.
 const BLOCK: usize = 128;
+
+/// Queries per block for `n` queries and `kvh` heads: at most [`BLOCK`], and small enough that
+/// a short prefill (a question over a long context) still gives every thread a few tasks.
+fn block_size(n: usize, kvh: usize) -> usize {
+    let wanted = (3 * rayon::current_num_threads()).div_ceil(kvh.max(1)).max(1);
+    n.div_ceil(wanted).next_multiple_of(16).clamp(16, BLOCK)
+}
 
 /// K or V rows read in place: head `h`'s row `j` starts at `h · head_stride + j · hd`.
 #[derive(Clone, Copy)]
@@ -33,13 +40,14 @@ pub(crate) fn attend(
 ) -> Vec<f32> {
     assert!(hd % 16 == 0 && q.len() == kvh * g * n * hd && q_pos.len() == n);
     let mut out = vec![0f32; kvh * g * n * hd];
-    let blocks = n.div_ceil(BLOCK);
+    let bs = block_size(n, kvh);
+    let blocks = n.div_ceil(bs);
     let outs: Vec<(usize, usize, Vec<f32>)> = (0..kvh * blocks)
         .into_par_iter()
         .map(|t| {
             let (h, b) = (t / blocks, t % blocks);
-            let b0 = b * BLOCK;
-            let nb = BLOCK.min(n - b0);
+            let b0 = b * bs;
+            let nb = bs.min(n - b0);
             (
                 h,
                 b0,
