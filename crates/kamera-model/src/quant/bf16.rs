@@ -178,7 +178,7 @@ pub(crate) fn round_bf16(v: f32) -> f32 {
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::super::dot::avx512::b8x16;
+    use super::super::dot::avx512::{b8x16, u5x32};
     use super::super::rows::scale_offset;
     use super::super::{Codes, QMatrix};
     use super::{MR, TILE};
@@ -196,6 +196,10 @@ mod avx512 {
                     let v = _mm_loadu_si128(codes.as_ptr().add(gi * 16) as *const __m128i);
                     let v = if c % 32 == 0 { v } else { _mm_srli_epi16(v, 4) };
                     _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, _mm_set1_epi8(15))))
+                }
+                Codes::U5(codes) => {
+                    let (lo, hi) = u5x32(codes.as_ptr().add(gi * 20));
+                    if c % 32 == 0 { lo } else { hi }
                 }
                 Codes::U8(codes) => b8x16::<false>(codes.as_ptr().add(gi * g + c % g)),
                 Codes::I8(codes) => b8x16::<true>(codes.as_ptr().add(gi * g + c % g) as *const u8),

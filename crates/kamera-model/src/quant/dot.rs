@@ -50,6 +50,10 @@ pub(crate) fn row_codes(q: &QMatrix, r: usize) -> &[u8] {
             unsafe { std::slice::from_raw_parts(c.as_ptr() as *const u8, c.len()) }
         }
         Codes::U4(c) => &c[r * q.cols / 2..(r + 1) * q.cols / 2],
+        Codes::U5(c) => {
+            let per_row = q.cols / 32 * super::U5_GROUP_BYTES;
+            &c[r * per_row..(r + 1) * per_row]
+        }
     }
 }
 
@@ -77,6 +81,7 @@ pub(crate) fn scaled_code_dot(kind: &Codes, group: usize, codes: &[u8], scales: 
                 (Codes::I8(_), 32) => avx512::b8_g32::<true>(codes, scales, x),
                 (Codes::I8(_), _) => avx512::b8_g16::<true>(codes, scales, x),
                 (Codes::U4(_), _) => avx512::u4_g32(codes, scales, x),
+                (Codes::U5(_), _) => avx512::u5_g32(codes, scales, x),
             }
         };
     }
@@ -122,6 +127,16 @@ pub(crate) fn portable(kind: &Codes, group: usize, codes: &[u8], scales: &[f32],
                 let mut p = [0f32; 16];
                 for t in 0..16 {
                     p[t] = (b[t] & 15) as f32 * xg[t] + (b[t] >> 4) as f32 * xg[t + 16];
+                }
+                add(s, &p);
+            }
+        }
+        Codes::U5(_) => {
+            let gb = super::U5_GROUP_BYTES;
+            for ((&s, xg), b) in scales.iter().zip(x.chunks_exact(32)).zip(codes.chunks_exact(gb)) {
+                let mut p = [0f32; 16];
+                for t in 0..16 {
+                    p[t] = super::u5_code(b, t) as f32 * xg[t] + super::u5_code(b, t + 16) as f32 * xg[t + 16];
                 }
                 add(s, &p);
             }
@@ -219,6 +234,44 @@ pub(super) mod avx512 {
             let lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, m)));
             let hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), m)));
             _mm512_fmadd_ps(hi, _mm512_loadu_ps(xp.add(16)), _mm512_mul_ps(lo, _mm512_loadu_ps(xp)))
+        }
+    }
+
+    /// The 16 + 16 codes of a [`super::super::Codes::U5`] group as f32: (codes 0..16, 16..32).
+    #[inline(always)]
+    pub(in crate::quant) unsafe fn u5x32(c: *const u8) -> (__m512, __m512) {
+        unsafe {
+            let v = _mm_loadu_si128(c as *const __m128i);
+            let high = (c.add(16) as *const u32).read_unaligned();
+            let m = _mm_set1_epi8(15);
+            let sixteen = _mm512_set1_epi32(16);
+            let lo = _mm512_cvtepu8_epi32(_mm_and_si128(v, m));
+            let hi = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), m));
+            let lo = _mm512_mask_add_epi32(lo, high as u16, lo, sixteen);
+            let hi = _mm512_mask_add_epi32(hi, (high >> 16) as u16, hi, sixteen);
+            (_mm512_cvtepi32_ps(lo), _mm512_cvtepi32_ps(hi))
+        }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn u5_g32(codes: &[u8], scales: &[f32], x: &[f32]) -> f32 {
+        unsafe {
+            let (c, xp) = (codes.as_ptr(), x.as_ptr());
+            let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+            for (g, &s) in scales.iter().enumerate() {
+                let (lo, hi) = u5x32(c.add(20 * g));
+                let p = _mm512_fmadd_ps(
+                    hi,
+                    _mm512_loadu_ps(xp.add(32 * g + 16)),
+                    _mm512_mul_ps(lo, _mm512_loadu_ps(xp.add(32 * g))),
+                );
+                if g % 2 == 0 {
+                    a0 = _mm512_fmadd_ps(p, _mm512_set1_ps(s), a0);
+                } else {
+                    a1 = _mm512_fmadd_ps(p, _mm512_set1_ps(s), a1);
+                }
+            }
+            _mm512_reduce_add_ps(_mm512_add_ps(a0, a1))
         }
     }
 

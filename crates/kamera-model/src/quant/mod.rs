@@ -44,6 +44,21 @@ pub(crate) enum Codes {
     /// Two 4-bit codes per byte, groups of 32: byte `j` of a group holds code `j` in its low
     /// nibble and code `j + 16` in its high one (GGUF's Q4_0 / Q4_1 order).
     U4(Vec<u8>),
+    /// 5-bit codes 0..=31, groups of 32 in 20 bytes: the low 4 bits as [`Codes::U4`]'s 16
+    /// bytes, then a little-endian `u32` whose bit `j` is code `j`'s fifth bit (GGUF's Q5_0 /
+    /// Q5_1 order, without the scale).
+    U5(Vec<u8>),
+}
+
+/// Bytes of a [`Codes::U5`] group.
+pub(crate) const U5_GROUP_BYTES: usize = 20;
+
+/// Code `j` (0..32) of the [`Codes::U5`] group at `g` (20 bytes).
+#[inline(always)]
+pub(crate) fn u5_code(g: &[u8], j: usize) -> u8 {
+    let high = u32::from_le_bytes([g[16], g[17], g[18], g[19]]);
+    let low = if j < 16 { g[j] & 15 } else { g[j - 16] >> 4 };
+    low | ((((high >> j) & 1) as u8) << 4)
 }
 
 /// The offsets of a [`QMatrix`]'s groups.
@@ -140,7 +155,7 @@ impl QMatrix {
     /// Resident bytes.
     pub fn bytes(&self) -> usize {
         let codes = match &self.codes {
-            Codes::U8(c) | Codes::U4(c) => c.len(),
+            Codes::U8(c) | Codes::U4(c) | Codes::U5(c) => c.len(),
             Codes::I8(c) => c.len(),
         };
         let offsets = match &self.offsets {
@@ -159,7 +174,7 @@ impl QMatrix {
         self.rows += more.rows;
         self.scales.extend(more.scales);
         match (&mut self.codes, more.codes) {
-            (Codes::U8(a), Codes::U8(b)) | (Codes::U4(a), Codes::U4(b)) => a.extend(b),
+            (Codes::U8(a), Codes::U8(b)) | (Codes::U4(a), Codes::U4(b)) | (Codes::U5(a), Codes::U5(b)) => a.extend(b),
             (Codes::I8(a), Codes::I8(b)) => a.extend(b),
             _ => unreachable!("rows of one tensor share their code type"),
         }
@@ -195,6 +210,12 @@ impl QMatrix {
                     for t in 0..16 {
                         o[t] = s * (b[t] & 15) as f32 + off;
                         o[t + 16] = s * (b[t] >> 4) as f32 + off;
+                    }
+                }
+                Codes::U5(c) => {
+                    let b = &c[gi * U5_GROUP_BYTES..(gi + 1) * U5_GROUP_BYTES];
+                    for (t, o) in o.iter_mut().enumerate() {
+                        *o = s * u5_code(b, t) as f32 + off;
                     }
                 }
             }

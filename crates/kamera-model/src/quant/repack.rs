@@ -68,23 +68,22 @@ pub(crate) fn repack(dtype: GgmlDType, raw: &[u8], rows: usize, cols: usize) -> 
         GgmlDType::Q5_0 | GgmlDType::Q5_1 => {
             let with_min = dtype == GgmlDType::Q5_1;
             let at = if with_min { 4 } else { 2 };
-            let (mut c, mut s, mut o) = (Vec::with_capacity(n), Vec::with_capacity(n / 32), Vec::new());
+            // 5-bit codes kept at 5 bits: the block's nibbles, then its fifth bits (Codes::U5).
+            let groups = n / 32;
+            let (mut c, mut s, mut o) = (Vec::with_capacity(groups * 20), Vec::with_capacity(groups), Vec::new());
             for b in blocks {
                 s.push(h(b, 0));
                 if with_min {
                     o.push(h(b, 2));
                 }
-                let qh = u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
-                let qs = &b[at + 4..at + 20];
-                let hi = |j: usize| (((qh >> j) & 1) << 4) as u8;
-                c.extend((0..16).map(|j| (qs[j] & 15) | hi(j)));
-                c.extend((0..16).map(|j| (qs[j] >> 4) | hi(j + 16)));
+                c.extend_from_slice(&b[at + 4..at + 20]);
+                c.extend_from_slice(&b[at..at + 4]);
             }
             if with_min {
-                m(32, Codes::U8(c), s, Offsets::PerGroup(o), "Q5_1")
+                m(32, Codes::U5(c), s, Offsets::PerGroup(o), "Q5_1")
             } else {
-                let c = c.into_iter().map(|q| q as i8 - 16).collect();
-                m(32, Codes::I8(c), s, Offsets::None, "Q5_0")
+                // w = d · (q − 16): an offset of −16 · scale.
+                m(32, Codes::U5(c), s, Offsets::Zero(16.0), "Q5_0")
             }
         }
         GgmlDType::Q8_0 => {

@@ -103,6 +103,12 @@ pub(crate) fn portable(q: &QMatrix, r: usize, xb: &[f32], nb: usize, acc: &mut [
                     w[t + 16] = s * (b[t] >> 4) as f32 + off;
                 }
             }
+            Codes::U5(c) => {
+                let b = &c[gi * super::U5_GROUP_BYTES..(gi + 1) * super::U5_GROUP_BYTES];
+                for (t, w) in w.iter_mut().enumerate() {
+                    *w = s * super::u5_code(b, t) as f32 + off;
+                }
+            }
         }
         for (i, l) in lanes[..nb].iter_mut().enumerate() {
             let xg = &xb[i * cols + j * g..i * cols + (j + 1) * g];
@@ -122,7 +128,7 @@ pub(crate) fn portable(q: &QMatrix, r: usize, xb: &[f32], nb: usize, acc: &mut [
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::super::dot::avx512::b8x16;
+    use super::super::dot::avx512::{b8x16, u5x32};
     use super::{BLOCK, Codes, QMatrix, scale_offset};
 
     /// `acc[i] += w16 · x[i, at..at + 16]` for the block's `R` rows.
@@ -155,12 +161,17 @@ mod avx512 {
                         fma_rows(_mm512_fmadd_ps(lo, s, off), xp, cols, j * 32, &mut a);
                         fma_rows(_mm512_fmadd_ps(hi, s, off), xp, cols, j * 32 + 16, &mut a);
                     }
+                    Codes::U5(c) => {
+                        let (lo, hi) = u5x32(c.as_ptr().add(gi * 20));
+                        fma_rows(_mm512_fmadd_ps(lo, s, off), xp, cols, j * 32, &mut a);
+                        fma_rows(_mm512_fmadd_ps(hi, s, off), xp, cols, j * 32 + 16, &mut a);
+                    }
                     codes => {
                         let signed = matches!(codes, Codes::I8(_));
                         let base = match codes {
                             Codes::U8(c) => c.as_ptr(),
                             Codes::I8(c) => c.as_ptr() as *const u8,
-                            Codes::U4(_) => unreachable!(),
+                            Codes::U4(_) | Codes::U5(_) => unreachable!(),
                         };
                         for h in (0..g).step_by(16) {
                             let p = base.add(gi * g + h);

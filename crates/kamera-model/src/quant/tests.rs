@@ -77,9 +77,10 @@ fn codes_are_no_larger_than_the_ggml_blocks_need() {
         let (q, _) = quantized(dtype, 8, 256, 3);
         let ggml = 8 * 256 / dtype.block_size() * dtype.type_size();
         let ratio = q.bytes() as f64 / ggml as f64;
-        // 4-bit stays 4-bit; wider codes take a byte; scales (and offsets) are f32.
+        // 4-bit stays 4-bit, 5-bit 5-bit; wider codes take a byte; scales (and offsets) are f32.
         let bound = match (&q.codes, dtype) {
             (Codes::U4(_), _) => 1.4,
+            (Codes::U5(_), _) => 1.2,
             (_, GgmlDType::Q8_0) => 1.1,
             _ => 1.9,
         };
