@@ -184,7 +184,7 @@ impl Step<'_> {
         let n = if weights < TEAM_WEIGHTS {
             1
         } else {
-            rayon::current_num_threads().clamp(1, heads)
+            crate::team::Contention::workers(rayon::current_num_threads().clamp(1, heads))
         };
         let b = Buffers {
             q: Shared::zeros(heads * hd),
@@ -242,6 +242,7 @@ impl Step<'_> {
                 crate::team::run(n, |w, n| self.worker(&frame, &b, &barrier, &failure, x.clone(), w, n))
             })
         })??;
+        crate::team::Contention::record(&barrier);
         if let Some(e) = failure.into_inner().unwrap_or_else(|p| p.into_inner()) {
             return Err(e);
         }

@@ -12,6 +12,8 @@ pub(crate) struct SpinBarrier {
     n: usize,
     arrived: AtomicUsize,
     generation: AtomicUsize,
+    /// Waits that outlasted the spin and had to yield: a worker lost its core.
+    yields: AtomicUsize,
 }
 
 impl SpinBarrier {
@@ -20,7 +22,13 @@ impl SpinBarrier {
             n,
             arrived: AtomicUsize::new(0),
             generation: AtomicUsize::new(0),
+            yields: AtomicUsize::new(0),
         }
+    }
+
+    /// How many waits so far outlasted the spin (see [`Contention`]).
+    pub(crate) fn yields(&self) -> usize {
+        self.yields.load(Ordering::Relaxed)
     }
 
     /// Returns once all `n` workers have called it (for this generation).
@@ -40,9 +48,47 @@ impl SpinBarrier {
             if spins < 1 << 14 {
                 std::hint::spin_loop();
             } else {
+                if spins == 1 << 14 {
+                    self.yields.fetch_add(1, Ordering::Relaxed);
+                }
                 // A worker was descheduled (another process has the core): let it run.
                 std::thread::yield_now();
             }
+        }
+    }
+}
+
+/// Whether the machine's cores are busy with other work: a team whose workers keep losing
+/// their core waits at every barrier for a descheduled one (a step 5-10x slower than one
+/// thread), so after a contended step the next [`Contention::SOLO_STEPS`] run on the calling
+/// thread alone, then the team is tried again. Process-wide, as the contention is.
+pub(crate) struct Contention;
+
+static SOLO_LEFT: AtomicUsize = AtomicUsize::new(0);
+
+impl Contention {
+    /// Steps run alone after a contended one.
+    pub(crate) const SOLO_STEPS: usize = 64;
+    /// Yields in one step that mark it contended (an idle machine gives none).
+    const YIELDS: usize = 4;
+
+    /// The workers for the next step: `n`, or 1 while recovering from contention.
+    pub(crate) fn workers(n: usize) -> usize {
+        if n > 1 && SOLO_LEFT.load(Ordering::Relaxed) > 0 {
+            SOLO_LEFT.fetch_sub(1, Ordering::Relaxed);
+            return 1;
+        }
+        n
+    }
+
+    /// Records how a team step went (its barrier's yields).
+    pub(crate) fn record(barrier: &SpinBarrier) {
+        if barrier.yields() >= Self::YIELDS {
+            tracing::debug!(
+                yields = barrier.yields(),
+                "decode team contended: next steps on one thread"
+            );
+            SOLO_LEFT.store(Self::SOLO_STEPS, Ordering::Relaxed);
         }
     }
 }
@@ -153,5 +199,32 @@ mod tests {
         assert!(sums.iter().all(|s| *s == sums[0]));
         assert_eq!(share(10, 0, 3), 0..3);
         assert_eq!(share(10, 2, 3), 6..10);
+    }
+
+    /// A worker that loses its core (here: sleeps) makes the others yield; such a step sends the
+    /// next steps to one thread, then the team comes back.
+    #[test]
+    fn a_contended_step_runs_the_next_ones_alone() {
+        let barrier = SpinBarrier::new(2);
+        run(2, |w, _| {
+            for _ in 0..Contention::YIELDS {
+                if w == 1 {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                barrier.wait();
+            }
+        });
+        assert!(barrier.yields() >= Contention::YIELDS, "{} yields", barrier.yields());
+        Contention::record(&barrier);
+        let solo = (0..Contention::SOLO_STEPS)
+            .filter(|_| Contention::workers(2) == 1)
+            .count();
+        assert_eq!(solo, Contention::SOLO_STEPS);
+        assert_eq!(Contention::workers(2), 2);
+        // An uncontended step changes nothing.
+        let calm = SpinBarrier::new(2);
+        run(2, |_, _| calm.wait());
+        Contention::record(&calm);
+        assert_eq!(Contention::workers(2), 2);
     }
 }
