@@ -19,6 +19,79 @@ pub struct PatchSpec {
     pub grain: Option<Grains>,
     /// Layers whose K (V) deficit holds less than this share of the chunk's are dropped.
     pub drop_below: f64,
+    /// Attention-aware weights of the factorisation (`/w`, `/w=LETTERS`); none by default.
+    pub weighting: Weighting,
+}
+
+/// Which attention statistics of the conditioned prefill weigh the deficit's factorisation
+/// (kamera-ops `Svd::compute_weighted`): letters `q` (K's feature columns by the second moment
+/// of the queries of the chunk's own and later tokens, per RoPE pair), `k` / `v` (K's / V's token
+/// rows by the attention each token receives from the later tokens' queries), `2` (rows by
+/// Σ a² instead of Σ a). `floor` bounds every weight below, relative to their mean of 1.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Weighting {
+    pub k_cols: bool,
+    pub k_rows: bool,
+    pub v_rows: bool,
+    pub squared_mass: bool,
+    pub floor: f32,
+}
+
+/// The floor of a weight relative to the mean weight (1) when none is given.
+pub const WEIGHT_FLOOR: f32 = 0.05;
+
+impl Default for Weighting {
+    fn default() -> Weighting {
+        Weighting {
+            k_cols: false,
+            k_rows: false,
+            v_rows: false,
+            squared_mass: false,
+            floor: WEIGHT_FLOOR,
+        }
+    }
+}
+
+impl Weighting {
+    /// What `/w` alone means.
+    pub const DEFAULT_LETTERS: &'static str = "qv";
+    pub fn any(&self) -> bool {
+        self.k_cols || self.k_rows || self.v_rows
+    }
+    fn parse(spec: &str, letters: &str, floor: f32) -> Result<Weighting> {
+        let mut w = Weighting {
+            floor,
+            ..Weighting::default()
+        };
+        for c in letters.chars() {
+            match c {
+                'q' => w.k_cols = true,
+                'k' => w.k_rows = true,
+                'v' => w.v_rows = true,
+                '2' => w.squared_mass = true,
+                _ => {
+                    return Err(Error::Method {
+                        spec: spec.into(),
+                        detail: format!("w={letters}: letters q, k, v, 2 expected"),
+                    });
+                }
+            }
+        }
+        if !w.any() {
+            return Err(Error::Method {
+                spec: spec.into(),
+                detail: format!("w={letters}: weighs nothing (q, k or v)"),
+            });
+        }
+        Ok(w)
+    }
+    fn letters(&self) -> String {
+        [(self.k_cols, 'q'), (self.k_rows, 'k'), (self.v_rows, 'v'), (self.squared_mass, '2')]
+            .iter()
+            .filter(|(on, _)| *on)
+            .map(|(_, c)| *c)
+            .collect()
+    }
 }
 
 impl PatchSpec {
@@ -29,6 +102,7 @@ impl PatchSpec {
             quant: Quant::None,
             grain: None,
             drop_below: 0.0,
+            weighting: Weighting::default(),
         }
     }
     /// The operator's patch settings.
@@ -179,11 +253,23 @@ fn modifiers(spec: &str, mut p: PatchSpec, mods: &[&str]) -> Result<PatchSpec> {
             "f16" => p.dtype = DType::F16,
             "bf16" => p.dtype = DType::Bf16,
             d if d.starts_with("drop=") => p.drop_below = fraction(spec, &d[5..])?,
+            "w" => p.weighting = Weighting::parse(spec, Weighting::DEFAULT_LETTERS, p.weighting.floor)?,
+            w if w.starts_with("w=") => p.weighting = Weighting::parse(spec, &w[2..], p.weighting.floor)?,
+            f if f.starts_with("wf=") => {
+                let x = fraction(spec, &f[3..])? as f32;
+                if x <= 0.0 {
+                    return Err(Error::Method {
+                        spec: spec.into(),
+                        detail: "wf: the weight floor must be > 0".into(),
+                    });
+                }
+                p.weighting.floor = x;
+            }
             other => {
                 return Err(Error::Method {
                     spec: spec.into(),
                     detail: format!(
-                        "unknown modifier {other:?} (q8, q4, q4d, q4g, q4a, q4=XXXX, f32, f16, bf16, drop=S)"
+                        "unknown modifier {other:?} (q8, q4, q4d, q4g, q4a, q4=XXXX, f32, f16, bf16, drop=S, w, w=LETTERS, wf=F)"
                     ),
                 });
             }
@@ -210,10 +296,11 @@ impl FromStr for Method {
         let need = || arg.ok_or_else(|| bad(format!("{name} needs an argument ({name}:VALUE)")));
         let patch = |rank: RankPolicy| modifiers(spec, PatchSpec::rank(rank), &mods);
         let orbit = |kind: OrbitKind| -> Result<Method> {
-            Ok(Method::Orbit {
-                kind,
-                patch: patch(RankPolicy::Fixed(count(spec, need()?)?))?,
-            })
+            let patch = patch(RankPolicy::Fixed(count(spec, need()?)?))?;
+            if patch.weighting.any() {
+                return Err(bad("orbit patches are not weighted (w is for kamera methods)".into()));
+            }
+            Ok(Method::Orbit { kind, patch })
         };
         let plain = |m: Method| {
             if arg.is_some() || !mods.is_empty() {
@@ -286,6 +373,12 @@ impl fmt::Display for PatchSpec {
         if self.drop_below > 0.0 {
             write!(f, "/drop={}", self.drop_below)?;
         }
+        if self.weighting.any() {
+            write!(f, "/w={}", self.weighting.letters())?;
+        }
+        if self.weighting.floor != WEIGHT_FLOOR {
+            write!(f, "/wf={}", self.weighting.floor)?;
+        }
         Ok(())
     }
 }
@@ -349,10 +442,19 @@ mod tests {
         let ms = parse_methods(
             "full, prefix,blind,kamera:32,kamera-budget:0.1,orbit:16,cacheblend:0.15,epic:32,oracle-tokens:0.5,\
              kamera:32/q4/drop=0.01,kamera-kv:0.02+0.06/q8,kamera-energy:0.9,orbit-slot:8/f32,kamera:4/f16,\
-             kamera:32/q4d,kamera-budget:0.1/q4a,orbit-slot:16/q4g,kamera:8/q4=gddg",
+             kamera:32/q4d,kamera-budget:0.1/q4a,orbit-slot:16/q4g,kamera:8/q4=gddg,kamera-budget:0.1/q4/w,\
+             kamera:32/w=qkv2/wf=0.1",
         )
         .unwrap();
-        assert_eq!(ms.len(), 18);
+        assert_eq!(ms.len(), 20);
+        let Method::Kamera(w) = &ms[18].1 else { panic!() };
+        assert_eq!(
+            (w.weighting.k_cols, w.weighting.k_rows, w.weighting.v_rows, w.weighting.floor),
+            (true, false, true, WEIGHT_FLOOR)
+        );
+        assert_eq!(ms[18].1.to_string(), "kamera-budget:0.1/q4/w=qv");
+        let Method::Kamera(w) = &ms[19].1 else { panic!() };
+        assert!(w.weighting.k_rows && w.weighting.squared_mass && w.weighting.floor == 0.1);
         let Method::Kamera(d) = &ms[14].1 else { panic!() };
         assert_eq!(
             (d.quant, d.grain),
@@ -396,6 +498,10 @@ mod tests {
             "kamera:8/drop=2",
             "kamera:8/q4=ddd",
             "kamera:8/q4=ddgx",
+            "kamera:8/w=x",
+            "kamera:8/w=2",
+            "kamera:8/wf=0",
+            "orbit:8/w",
         ] {
             assert!(parse_methods(bad).is_err(), "{bad}");
         }

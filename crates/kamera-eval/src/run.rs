@@ -404,6 +404,7 @@ impl<'a> Evaluator<'a> {
             None
         };
         let mut orbit: Option<crate::orbit::OrbitState> = None;
+        let mut weights: Option<crate::weighted::WeightState> = None;
         let mut results = BTreeMap::new();
         for (spec, m) in methods {
             let (rows, cost) = match m {
@@ -425,8 +426,17 @@ impl<'a> Evaluator<'a> {
                 }
                 Method::Kamera(spec) => {
                     let s = spectra.as_ref().ok_or_else(|| invalid("kamera needs spectra"))?;
-                    let (patches, t) = self.spec_patches(&p, &s.svds, spec)?;
-                    let (ctx, cost) = self.patched(&p, &patches, p.full_ms + s.ms + t)?;
+                    let (svds, svd_ms) = if spec.weighting.any() {
+                        if weights.is_none() {
+                            weights = Some(self.weight_state(&p)?);
+                        }
+                        let state = weights.as_mut().ok_or_else(|| invalid("weight state"))?;
+                        self.weighted_svds(&p, state, &s.deficits, spec.weighting)?
+                    } else {
+                        (&s.svds[..], s.ms)
+                    };
+                    let (patches, t) = self.spec_patches(&p, svds, spec)?;
+                    let (ctx, cost) = self.patched(&p, &patches, p.full_ms + svd_ms + t)?;
                     (self.answer_rows(&p, &ctx)?, cost)
                 }
                 Method::Orbit { kind, patch } => {

@@ -29,6 +29,7 @@ mod reuse;
 mod rope;
 mod svd;
 mod tensor;
+mod weights;
 
 pub use chunk::{ChunkKv, LayerKv};
 pub use deficit::{Deficit, deficit};
@@ -47,3 +48,4 @@ pub use reuse::{Placement, assemble, check_place, check_reuse, reuse, reuse_into
 pub use rope::{PairLayout, RopeScaling, RopeSpec, Rotation};
 pub use svd::{LowRank, Svd};
 pub use tensor::{Buf, DType, Elem, Mat};
+pub use weights::{MatWeights, PatchWeights, key_feature_weights, normalise_weights, token_weights};
