@@ -21,18 +21,22 @@ pub struct PatchSpec {
     pub drop_below: f64,
     /// Attention-aware weights of the factorisation (`/w`, `/w=LETTERS`); none by default.
     pub weighting: Weighting,
+    /// Quantised factors: Wᵀ refitted to the quantised P (`/rf`; kamera-ops `quantise_refit`).
+    pub refit: bool,
 }
 
 /// Which attention statistics of the conditioned prefill weigh the deficit's factorisation
 /// (kamera-ops `Svd::compute_weighted`): letters `q` (K's feature columns by the second moment
 /// of the queries of the chunk's own and later tokens, per RoPE pair), `k` / `v` (K's / V's token
 /// rows by the attention each token receives from the later tokens' queries), `2` (rows by
-/// Σ a² instead of Σ a). `floor` bounds every weight below, relative to their mean of 1.
+/// Σ a² instead of Σ a), `o` (V's feature columns by the output projection's column norms).
+/// `floor` bounds every weight below, relative to their mean of 1.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Weighting {
     pub k_cols: bool,
     pub k_rows: bool,
     pub v_rows: bool,
+    pub v_cols: bool,
     pub squared_mass: bool,
     pub floor: f32,
 }
@@ -46,6 +50,7 @@ impl Default for Weighting {
             k_cols: false,
             k_rows: false,
             v_rows: false,
+            v_cols: false,
             squared_mass: false,
             floor: WEIGHT_FLOOR,
         }
@@ -56,7 +61,7 @@ impl Weighting {
     /// What `/w` alone means.
     pub const DEFAULT_LETTERS: &'static str = "qv";
     pub fn any(&self) -> bool {
-        self.k_cols || self.k_rows || self.v_rows
+        self.k_cols || self.k_rows || self.v_rows || self.v_cols
     }
     fn parse(spec: &str, letters: &str, floor: f32) -> Result<Weighting> {
         let mut w = Weighting {
@@ -68,11 +73,12 @@ impl Weighting {
                 'q' => w.k_cols = true,
                 'k' => w.k_rows = true,
                 'v' => w.v_rows = true,
+                'o' => w.v_cols = true,
                 '2' => w.squared_mass = true,
                 _ => {
                     return Err(Error::Method {
                         spec: spec.into(),
-                        detail: format!("w={letters}: letters q, k, v, 2 expected"),
+                        detail: format!("w={letters}: letters q, k, v, o, 2 expected"),
                     });
                 }
             }
@@ -80,13 +86,13 @@ impl Weighting {
         if !w.any() {
             return Err(Error::Method {
                 spec: spec.into(),
-                detail: format!("w={letters}: weighs nothing (q, k or v)"),
+                detail: format!("w={letters}: weighs nothing (q, k, v or o)"),
             });
         }
         Ok(w)
     }
     fn letters(&self) -> String {
-        [(self.k_cols, 'q'), (self.k_rows, 'k'), (self.v_rows, 'v'), (self.squared_mass, '2')]
+        [(self.k_cols, 'q'), (self.k_rows, 'k'), (self.v_rows, 'v'), (self.v_cols, 'o'), (self.squared_mass, '2')]
             .iter()
             .filter(|(on, _)| *on)
             .map(|(_, c)| *c)
@@ -103,6 +109,7 @@ impl PatchSpec {
             grain: None,
             drop_below: 0.0,
             weighting: Weighting::default(),
+            refit: false,
         }
     }
     /// The operator's patch settings.
@@ -113,6 +120,7 @@ impl PatchSpec {
             quant: self.quant,
             grain: self.grain,
             drop_below: self.drop_below,
+            refit: self.refit,
         }
     }
 }
@@ -253,6 +261,7 @@ fn modifiers(spec: &str, mut p: PatchSpec, mods: &[&str]) -> Result<PatchSpec> {
             "f16" => p.dtype = DType::F16,
             "bf16" => p.dtype = DType::Bf16,
             d if d.starts_with("drop=") => p.drop_below = fraction(spec, &d[5..])?,
+            "rf" => p.refit = true,
             "w" => p.weighting = Weighting::parse(spec, Weighting::DEFAULT_LETTERS, p.weighting.floor)?,
             w if w.starts_with("w=") => p.weighting = Weighting::parse(spec, &w[2..], p.weighting.floor)?,
             f if f.starts_with("wf=") => {
@@ -269,7 +278,7 @@ fn modifiers(spec: &str, mut p: PatchSpec, mods: &[&str]) -> Result<PatchSpec> {
                 return Err(Error::Method {
                     spec: spec.into(),
                     detail: format!(
-                        "unknown modifier {other:?} (q8, q4, q4d, q4g, q4a, q4=XXXX, f32, f16, bf16, drop=S, w, w=LETTERS, wf=F)"
+                        "unknown modifier {other:?} (q8, q4, q4d, q4g, q4a, q4=XXXX, f32, f16, bf16, drop=S, w, w=LETTERS, wf=F, rf)"
                     ),
                 });
             }
@@ -379,6 +388,9 @@ impl fmt::Display for PatchSpec {
         if self.weighting.floor != WEIGHT_FLOOR {
             write!(f, "/wf={}", self.weighting.floor)?;
         }
+        if self.refit {
+            write!(f, "/rf")?;
+        }
         Ok(())
     }
 }
@@ -443,7 +455,7 @@ mod tests {
             "full, prefix,blind,kamera:32,kamera-budget:0.1,orbit:16,cacheblend:0.15,epic:32,oracle-tokens:0.5,\
              kamera:32/q4/drop=0.01,kamera-kv:0.02+0.06/q8,kamera-energy:0.9,orbit-slot:8/f32,kamera:4/f16,\
              kamera:32/q4d,kamera-budget:0.1/q4a,orbit-slot:16/q4g,kamera:8/q4=gddg,kamera-budget:0.1/q4/w,\
-             kamera:32/w=qkv2/wf=0.1",
+             kamera:32/w=qkvo2/wf=0.1/q8/rf",
         )
         .unwrap();
         assert_eq!(ms.len(), 20);
@@ -454,7 +466,7 @@ mod tests {
         );
         assert_eq!(ms[18].1.to_string(), "kamera-budget:0.1/q4/w=qv");
         let Method::Kamera(w) = &ms[19].1 else { panic!() };
-        assert!(w.weighting.k_rows && w.weighting.squared_mass && w.weighting.floor == 0.1);
+        assert!(w.refit && w.weighting.k_rows && w.weighting.v_cols && w.weighting.squared_mass && w.weighting.floor == 0.1);
         let Method::Kamera(d) = &ms[14].1 else { panic!() };
         assert_eq!(
             (d.quant, d.grain),

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use kamera_model::{Context, Model, PrefillOptions, Selection};
-use kamera_ops::{ChunkKv, DType, Deficit, Patch, Placement, Svd, assemble};
+use kamera_ops::{ChunkKv, DType, Deficit, Patch, PatchWeights, Placement, Svd, assemble};
 use kamera_store::{ChunkId, Key, ModelFp, Record, codec};
 use serde::{Deserialize, Serialize};
 
@@ -322,6 +322,7 @@ impl<'a> Evaluator<'a> {
         &self,
         p: &Prepared,
         svds: &[Vec<(Svd, Svd)>],
+        weights: Option<&[PatchWeights]>,
         spec: &PatchSpec,
     ) -> Result<(Vec<Patch>, f64)> {
         let t = Instant::now();
@@ -329,8 +330,10 @@ impl<'a> Evaluator<'a> {
         let patches = svds
             .iter()
             .zip(&p.canon)
-            .map(|(s, c)| {
-                kamera_ops::patch_from_svds(s, c.n_tokens(), c.layout(), store_kv_bytes(c), &cfg)
+            .enumerate()
+            .map(|(i, (s, c))| {
+                let w = weights.map(|w| &w[i]);
+                kamera_ops::patch_from_weighted_svds(s, w, c.n_tokens(), c.layout(), store_kv_bytes(c), &cfg)
                     .map(Patch::compact_spectra)
             })
             .collect::<kamera_ops::Result<Vec<_>>>()
@@ -426,16 +429,17 @@ impl<'a> Evaluator<'a> {
                 }
                 Method::Kamera(spec) => {
                     let s = spectra.as_ref().ok_or_else(|| invalid("kamera needs spectra"))?;
-                    let (svds, svd_ms) = if spec.weighting.any() {
+                    let (svds, ws, svd_ms) = if spec.weighting.any() {
                         if weights.is_none() {
                             weights = Some(self.weight_state(&p)?);
                         }
                         let state = weights.as_mut().ok_or_else(|| invalid("weight state"))?;
-                        self.weighted_svds(&p, state, &s.deficits, spec.weighting)?
+                        let (svds, ws, t) = self.weighted_svds(&p, state, &s.deficits, spec.weighting)?;
+                        (svds, Some(ws), t)
                     } else {
-                        (&s.svds[..], s.ms)
+                        (&s.svds[..], None, s.ms)
                     };
-                    let (patches, t) = self.spec_patches(&p, svds, spec)?;
+                    let (patches, t) = self.spec_patches(&p, svds, ws, spec)?;
                     let (ctx, cost) = self.patched(&p, &patches, p.full_ms + svd_ms + t)?;
                     (self.answer_rows(&p, &ctx)?, cost)
                 }

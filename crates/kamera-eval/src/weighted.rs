@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use kamera_model::Probe;
-use kamera_ops::{Deficit, MatWeights, Svd, key_feature_weights, normalise_weights, token_weights};
+use kamera_ops::{Deficit, MatWeights, PatchWeights, Svd, key_feature_weights, normalise_weights, token_weights, value_feature_weights};
 
 use crate::error::{ModelCtx, OpsCtx, Result};
 use crate::method::Weighting;
@@ -16,7 +16,16 @@ use crate::run::{Evaluator, Prepared, ms};
 pub(crate) struct WeightState {
     probe: Probe,
     probe_ms: f64,
-    done: Vec<(Weighting, Vec<Vec<(Svd, Svd)>>, f64)>,
+    done: Vec<Done>,
+}
+
+/// Per chunk, the weights and the weighted SVDs of its deficit under one weighting, and the
+/// time they took.
+struct Done {
+    weighting: Weighting,
+    weights: Vec<PatchWeights>,
+    svds: Vec<Vec<(Svd, Svd)>>,
+    ms: f64,
 }
 
 impl Evaluator<'_> {
@@ -43,33 +52,42 @@ impl Evaluator<'_> {
         state: &'s mut WeightState,
         deficits: &[Deficit],
         w: Weighting,
-    ) -> Result<(&'s [Vec<(Svd, Svd)>], f64)> {
-        let i = match state.done.iter().position(|(x, _, _)| *x == w) {
+    ) -> Result<(&'s [Vec<(Svd, Svd)>], &'s [PatchWeights], f64)> {
+        let i = match state.done.iter().position(|d| d.weighting == w) {
             Some(i) => i,
             None => {
                 let t = Instant::now();
-                let mut all = Vec::with_capacity(deficits.len());
+                let mut svds = Vec::with_capacity(deficits.len());
+                let mut weights = Vec::with_capacity(deficits.len());
                 for (c, d) in deficits.iter().enumerate() {
+                    let ws = (0..d.layers.len())
+                        .map(|l| self.layer_weights(p, &state.probe, c, l, w))
+                        .collect::<Result<Vec<_>>>()?;
                     let layers = d
                         .layers
                         .iter()
-                        .enumerate()
-                        .map(|(l, (dk, dv))| {
-                            let (wk, wv) = self.layer_weights(p, &state.probe, c, l, w)?;
+                        .zip(&ws)
+                        .map(|((dk, dv), (wk, wv))| {
                             Ok((
-                                Svd::compute_weighted(dk, &wk).ops("weighted svd")?,
-                                Svd::compute_weighted(dv, &wv).ops("weighted svd")?,
+                                Svd::compute_weighted(dk, wk).ops("weighted svd")?,
+                                Svd::compute_weighted(dv, wv).ops("weighted svd")?,
                             ))
                         })
                         .collect::<Result<Vec<_>>>()?;
-                    all.push(layers);
+                    svds.push(layers);
+                    weights.push(PatchWeights { layers: ws });
                 }
-                state.done.push((w, all, ms(t)));
+                state.done.push(Done {
+                    weighting: w,
+                    weights,
+                    svds,
+                    ms: ms(t),
+                });
                 state.done.len() - 1
             }
         };
-        let (_, svds, t) = &state.done[i];
-        Ok((svds, t + state.probe_ms))
+        let d = &state.done[i];
+        Ok((&d.svds, &d.weights, d.ms + state.probe_ms))
     }
 
     /// The (K, V) weights of chunk `c` in layer `l`: K's columns from the queries of the chunk's
@@ -106,9 +124,15 @@ impl Evaluator<'_> {
             rows: rows.clone().filter(|_| w.k_rows),
             cols,
         };
+        let v_cols = if w.v_cols {
+            let o = value_feature_weights(&layout, &lp.wo_sq).ops("value weights")?;
+            Some(normalise_weights(&o, w.floor).ops("value weights")?)
+        } else {
+            None
+        };
         let v = MatWeights {
             rows: rows.filter(|_| w.v_rows),
-            cols: None,
+            cols: v_cols,
         };
         Ok((k, v))
     }

@@ -25,6 +25,10 @@ pub struct LayerProbe {
     pub mass: Vec<Vec<f32>>,
     /// As `mass`, of the squared attention weights (Σ a²).
     pub mass_sq: Vec<Vec<f32>>,
+    /// Per query head and dim (`heads · head_dim`), the squared norm of the output projection's
+    /// column it feeds (each output row scaled by the post-attention norm's weight, where the
+    /// model has one): how much an error in that value dim moves the layer's output.
+    pub wo_sq: Vec<f32>,
 }
 
 /// Statistics of a probed prefill, one entry per layer.
@@ -90,7 +94,9 @@ impl Model {
                 head_dim: cfg.head_dim,
                 past: past_pos.len(),
             };
-            stats.push(layer_stats(&q, &k_all, &shape, &positions, &k_pos, cfg.attn_scale as f32, window, from)?);
+            let mut st = layer_stats(&q, &k_all, &shape, &positions, &k_pos, cfg.attn_scale as f32, window, from)?;
+            st.wo_sq = output_weights(&w.wo, w.post_attn_norm.as_ref())?;
+            stats.push(st);
             x = attend_and_mlp(cfg, w, &x, &q, (&k_all, &v_all), &positions, &k_pos, window)?;
             layers.push(LayerKv {
                 k: tensor_to_mat(&k)?,
@@ -179,5 +185,27 @@ fn layer_stats(
             }
         }
     }
-    Ok(LayerProbe { q_sq, mass, mass_sq })
+    Ok(LayerProbe {
+        q_sq,
+        mass,
+        mass_sq,
+        wo_sq: Vec::new(),
+    })
+}
+
+/// Σ_r (γ_r · wo[r][j])² per input column j of the output projection `wo: [hidden, heads·hd]`.
+fn output_weights(wo: &crate::quant::Linear, post_norm: Option<&Tensor>) -> Result<Vec<f32>> {
+    let (rows, cols) = wo.dims()?;
+    let w = wo.to_f32()?;
+    let gamma = match post_norm {
+        Some(g) => g.flatten_all().ctx(OP)?.to_vec1::<f32>().ctx(OP)?,
+        None => vec![1.0; rows],
+    };
+    let mut out = vec![0f32; cols];
+    for (row, g) in w.chunks(cols).zip(&gamma) {
+        for (o, &x) in out.iter_mut().zip(row) {
+            *o += (g * x) * (g * x);
+        }
+    }
+    Ok(out)
 }

@@ -100,6 +100,29 @@ pub fn key_feature_weights(layout: &KvLayout, rope: &RopeSpec, q_sq: &[f32]) -> 
     Ok(out)
 }
 
+/// Per value feature (`kv_heads · v_head_dim`), how much an error there moves the layer's
+/// output: `wo_sq` holds per query head and dim (`heads · v_head_dim`) the squared norm of the
+/// output projection's column it feeds; each kv head sums its group's query heads.
+pub fn value_feature_weights(layout: &KvLayout, wo_sq: &[f32]) -> Result<Vec<f32>> {
+    const OP: &str = "value_feature_weights";
+    if matches!(layout.attention, Attention::Mla { .. }) {
+        return Err(invalid(OP, "layout", "MLA values are a shared latent; output weights need MHA or GQA"));
+    }
+    let (heads, kvh, hd) = (layout.heads(), layout.kv_heads(), layout.v_head_dim);
+    if wo_sq.len() != heads * hd {
+        return Err(shape(OP, "output column norms (heads x v_head_dim)", heads * hd, wo_sq.len()));
+    }
+    let g = heads / kvh.max(1);
+    let mut out = vec![0f32; kvh * hd];
+    for (qh, row) in wo_sq.chunks(hd).enumerate() {
+        let h = qh / g.max(1);
+        for (o, &x) in out[h * hd..(h + 1) * hd].iter_mut().zip(row) {
+            *o += x;
+        }
+    }
+    Ok(out)
+}
+
 /// Per token, the attention it receives summed over kv heads: `mass` is `[tokens, kv_heads]`.
 pub fn token_weights(mass: &[f32], kv_heads: usize) -> Result<Vec<f32>> {
     if kv_heads == 0 || mass.len() % kv_heads != 0 {
@@ -183,6 +206,7 @@ mod tests {
         let w = key_feature_weights(&layout, &inter, &q).unwrap();
         assert_eq!(&w[..4], &[5.0, 5.0, 9.0, 9.0]);
         assert!(key_feature_weights(&layout, &half, &q[..8]).is_err());
+        assert_eq!(&value_feature_weights(&layout, &q).unwrap()[4..], &[16.0, 18.0, 20.0, 22.0]);
         let n = normalise_weights(&[0.0, 1.0, 3.0], 0.1).unwrap();
         assert_eq!(n, vec![0.1, 0.75, 2.25]);
         assert!(normalise_weights(&[1.0, f32::NAN], 0.1).is_err());
