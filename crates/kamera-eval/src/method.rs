@@ -29,7 +29,9 @@ pub struct PatchSpec {
 /// (kamera-ops `Svd::compute_weighted`): letters `q` (K's feature columns by the second moment
 /// of the queries of the chunk's own and later tokens, per RoPE pair), `k` / `v` (K's / V's token
 /// rows by the attention each token receives from the later tokens' queries), `2` (rows by
-/// Σ a² instead of Σ a), `o` (V's feature columns by the output projection's column norms).
+/// Σ a² instead of Σ a), `o` (V's feature columns by the output projection's column norms),
+/// `p` (ranks chosen from the plain spectra, directions from the weighted ones), `a` (rows by
+/// the attention of the chunk's own tokens' queries too).
 /// `floor` bounds every weight below, relative to their mean of 1.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Weighting {
@@ -38,7 +40,15 @@ pub struct Weighting {
     pub v_rows: bool,
     pub v_cols: bool,
     pub squared_mass: bool,
+    /// Ranks from the plain spectra (the policy's allocation as unweighted), directions from the
+    /// weighted ones (`p`).
+    pub plain_ranks: bool,
+    /// Rows by the attention of the chunk's own and later tokens' queries, not only the later
+    /// ones' (`a`).
+    pub own_mass: bool,
     pub floor: f32,
+    /// Bounds every weight above, relative to their mean of 1 (`/wc=X`; none by default).
+    pub cap: Option<f32>,
 }
 
 /// The floor of a weight relative to the mean weight (1) when none is given.
@@ -52,7 +62,10 @@ impl Default for Weighting {
             v_rows: false,
             v_cols: false,
             squared_mass: false,
+            plain_ranks: false,
+            own_mass: false,
             floor: WEIGHT_FLOOR,
+            cap: None,
         }
     }
 }
@@ -63,9 +76,10 @@ impl Weighting {
     pub fn any(&self) -> bool {
         self.k_cols || self.k_rows || self.v_rows || self.v_cols
     }
-    fn parse(spec: &str, letters: &str, floor: f32) -> Result<Weighting> {
+    fn parse(spec: &str, letters: &str, floor: f32, cap: Option<f32>) -> Result<Weighting> {
         let mut w = Weighting {
             floor,
+            cap,
             ..Weighting::default()
         };
         for c in letters.chars() {
@@ -75,10 +89,12 @@ impl Weighting {
                 'v' => w.v_rows = true,
                 'o' => w.v_cols = true,
                 '2' => w.squared_mass = true,
+                'p' => w.plain_ranks = true,
+                'a' => w.own_mass = true,
                 _ => {
                     return Err(Error::Method {
                         spec: spec.into(),
-                        detail: format!("w={letters}: letters q, k, v, o, 2 expected"),
+                        detail: format!("w={letters}: letters q, k, v, o, 2, p, a expected"),
                     });
                 }
             }
@@ -92,7 +108,7 @@ impl Weighting {
         Ok(w)
     }
     fn letters(&self) -> String {
-        [(self.k_cols, 'q'), (self.k_rows, 'k'), (self.v_rows, 'v'), (self.v_cols, 'o'), (self.squared_mass, '2')]
+        [(self.k_cols, 'q'), (self.k_rows, 'k'), (self.v_rows, 'v'), (self.v_cols, 'o'), (self.squared_mass, '2'), (self.plain_ranks, 'p'), (self.own_mass, 'a')]
             .iter()
             .filter(|(on, _)| *on)
             .map(|(_, c)| *c)
@@ -262,8 +278,21 @@ fn modifiers(spec: &str, mut p: PatchSpec, mods: &[&str]) -> Result<PatchSpec> {
             "bf16" => p.dtype = DType::Bf16,
             d if d.starts_with("drop=") => p.drop_below = fraction(spec, &d[5..])?,
             "rf" => p.refit = true,
-            "w" => p.weighting = Weighting::parse(spec, Weighting::DEFAULT_LETTERS, p.weighting.floor)?,
-            w if w.starts_with("w=") => p.weighting = Weighting::parse(spec, &w[2..], p.weighting.floor)?,
+            "w" => p.weighting = Weighting::parse(spec, Weighting::DEFAULT_LETTERS, p.weighting.floor, p.weighting.cap)?,
+            w if w.starts_with("w=") => p.weighting = Weighting::parse(spec, &w[2..], p.weighting.floor, p.weighting.cap)?,
+            c if c.starts_with("wc=") => {
+                let x: f32 = c[3..].parse().map_err(|_| Error::Method {
+                    spec: spec.into(),
+                    detail: format!("wc={}: a number >= 1 expected", &c[3..]),
+                })?;
+                if !(x.is_finite() && x >= 1.0) {
+                    return Err(Error::Method {
+                        spec: spec.into(),
+                        detail: "wc: the weight cap must be finite and >= 1".into(),
+                    });
+                }
+                p.weighting.cap = Some(x);
+            }
             f if f.starts_with("wf=") => {
                 let x = fraction(spec, &f[3..])? as f32;
                 if x <= 0.0 {
@@ -278,7 +307,7 @@ fn modifiers(spec: &str, mut p: PatchSpec, mods: &[&str]) -> Result<PatchSpec> {
                 return Err(Error::Method {
                     spec: spec.into(),
                     detail: format!(
-                        "unknown modifier {other:?} (q8, q4, q4d, q4g, q4a, q4=XXXX, f32, f16, bf16, drop=S, w, w=LETTERS, wf=F, rf)"
+                        "unknown modifier {other:?} (q8, q4, q4d, q4g, q4a, q4=XXXX, f32, f16, bf16, drop=S, w, w=LETTERS, wf=F, wc=C, rf)"
                     ),
                 });
             }
@@ -388,6 +417,9 @@ impl fmt::Display for PatchSpec {
         if self.weighting.floor != WEIGHT_FLOOR {
             write!(f, "/wf={}", self.weighting.floor)?;
         }
+        if let Some(c) = self.weighting.cap {
+            write!(f, "/wc={c}")?;
+        }
         if self.refit {
             write!(f, "/rf")?;
         }
@@ -409,6 +441,7 @@ impl fmt::Display for Method {
                     RankPolicy::BudgetKv { k, v } => write!(f, "kamera-kv:{k}+{v}")?,
                     RankPolicy::Energy { k, v } => write!(f, "kamera-energy:{k}+{v}")?,
                     RankPolicy::PerLayer(rs) => write!(f, "kamera-per-layer:{rs:?}")?,
+                    RankPolicy::PerLayerKv(rs) => write!(f, "kamera-per-layer-kv:{rs:?}")?,
                 }
                 write!(f, "{p}")
             }

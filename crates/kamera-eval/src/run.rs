@@ -323,6 +323,7 @@ impl<'a> Evaluator<'a> {
         p: &Prepared,
         svds: &[Vec<(Svd, Svd)>],
         weights: Option<&[PatchWeights]>,
+        rank_svds: Option<&[Vec<(Svd, Svd)>]>,
         spec: &PatchSpec,
     ) -> Result<(Vec<Patch>, f64)> {
         let t = Instant::now();
@@ -333,8 +334,17 @@ impl<'a> Evaluator<'a> {
             .enumerate()
             .map(|(i, (s, c))| {
                 let w = weights.map(|w| &w[i]);
-                kamera_ops::patch_from_weighted_svds(s, w, c.n_tokens(), c.layout(), store_kv_bytes(c), &cfg)
-                    .map(Patch::compact_spectra)
+                let (n, kv) = (c.n_tokens(), store_kv_bytes(c));
+                // Ranks from other spectra (the plain ones) than the factors' own.
+                let cfg = match rank_svds {
+                    Some(r) => kamera_ops::PatchConfig {
+                        rank: kamera_ops::RankPolicy::PerLayerKv(kamera_ops::policy_ranks(&r[i], n, c.layout(), kv, &cfg)?),
+                        drop_below: 0.0,
+                        ..cfg.clone()
+                    },
+                    None => cfg.clone(),
+                };
+                kamera_ops::patch_from_weighted_svds(s, w, n, c.layout(), kv, &cfg).map(Patch::compact_spectra)
             })
             .collect::<kamera_ops::Result<Vec<_>>>()
             .ops("patch formation")?;
@@ -439,7 +449,8 @@ impl<'a> Evaluator<'a> {
                     } else {
                         (&s.svds[..], None, s.ms)
                     };
-                    let (patches, t) = self.spec_patches(&p, svds, ws, spec)?;
+                    let plain = (spec.weighting.plain_ranks).then_some(&s.svds[..]);
+                    let (patches, t) = self.spec_patches(&p, svds, ws, plain, spec)?;
                     let (ctx, cost) = self.patched(&p, &patches, p.full_ms + svd_ms + t)?;
                     (self.answer_rows(&p, &ctx)?, cost)
                 }

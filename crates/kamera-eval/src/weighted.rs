@@ -106,17 +106,19 @@ impl Evaluator<'_> {
         let kvh = layout.kv_heads();
         let cols = if w.k_cols {
             let q = key_feature_weights(&layout, self.model.rope(), &lp.q_sq[c]).ops("key weights")?;
-            Some(normalise_weights(&q, w.floor).ops("key weights")?)
+            let q = normalise_weights(&q, w.floor).ops("key weights")?;
+            Some(q.into_iter().map(|x| w.cap.map_or(x, |c| x.min(c))).collect())
         } else {
             None
         };
         let rows = if w.k_rows || w.v_rows {
-            let later = c + 1 < probe.from.len() && probe.queries[c + 1] > 0;
+            let later = !w.own_mass && c + 1 < probe.from.len() && probe.queries[c + 1] > 0;
             let g = if later { c + 1 } else { c };
             let src = if w.squared_mass { &lp.mass_sq[g] } else { &lp.mass[g] };
             let (o, n) = (p.offs[c], p.chunk_toks[c].len());
             let m = token_weights(&src[o * kvh..(o + n) * kvh], kvh).ops("token weights")?;
-            Some(normalise_weights(&m, w.floor).ops("token weights")?)
+            let m = normalise_weights(&m, w.floor).ops("token weights")?;
+            Some(m.into_iter().map(|x| w.cap.map_or(x, |c| x.min(c))).collect())
         } else {
             None
         };

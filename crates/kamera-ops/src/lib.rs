@@ -38,7 +38,7 @@ pub use layout::{Attention, KvLayout};
 pub use orbit::{orbit_orderings, orbit_patch, slot_orbit_patches};
 pub use patch::{
     LayerPatch, Patch, PatchConfig, RankPolicy, apply_patch, form_patch, patch_from_deficit, patch_from_deficit_weighted,
-    patch_from_svds, patch_from_weighted_svds,
+    patch_from_svds, patch_from_weighted_svds, policy_ranks,
 };
 pub use quant::{
     Grain, Grains, INT4_GROUP, Quant, Scales, codes as quant_codes, dequantise, pack_nibbles, quantise_auto,

@@ -19,6 +19,8 @@ pub enum RankPolicy {
     Fixed(usize),
     /// One rank per layer, for both K and V.
     PerLayer(Vec<usize>),
+    /// One (K, V) rank pair per layer (e.g. ranks chosen from other spectra than the factors').
+    PerLayerKv(Vec<(usize, usize)>),
     /// Ranks chosen greedily by singular energy per byte until the patch reaches `fraction` of
     /// the chunk's KV bytes: deep layers with concentrated deficits get more.
     Budget { fraction: f64 },
@@ -393,12 +395,41 @@ pub fn patch_from_weighted_svds(
     kv_bytes: usize,
     cfg: &PatchConfig,
 ) -> Result<Patch> {
+    let ranks = policy_ranks(svds, n, layout, kv_bytes, cfg)?;
+    let layers = svds
+        .iter()
+        .zip(ranks)
+        .map(|((sk, sv), (rk, rv))| {
+            Ok(LayerPatch {
+                k: sk.truncate(rk, cfg.dtype)?,
+                v: sv.truncate(rv, cfg.dtype)?,
+            })
+        })
+        .collect::<Result<_>>()?;
+    let patch = Patch::new(*layout, n, layers)?;
+    match cfg.quant {
+        Quant::None => Ok(patch),
+        q => patch.quantise_rows(q, cfg.grain, cfg.refit, weights),
+    }
+}
+
+/// Per layer, the (K, V) ranks `cfg` picks from these spectra (its rank policy, then its dropped
+/// layers), as [`patch_from_svds`] truncates them.
+pub fn policy_ranks(
+    svds: &[(Svd, Svd)],
+    n: usize,
+    layout: &KvLayout,
+    kv_bytes: usize,
+    cfg: &PatchConfig,
+) -> Result<Vec<(usize, usize)>> {
     const OP: &str = "patch_from_svds";
     if svds.len() != layout.n_layers {
         return Err(shape(OP, "deficit layers", layout.n_layers, svds.len()));
     }
     let ranks: Vec<(usize, usize)> = match &cfg.rank {
         RankPolicy::Fixed(m) => vec![(*m, *m); layout.n_layers],
+        RankPolicy::PerLayerKv(rs) if rs.len() == layout.n_layers => rs.clone(),
+        RankPolicy::PerLayerKv(rs) => return Err(shape(OP, "per-layer (K, V) ranks", layout.n_layers, rs.len())),
         RankPolicy::PerLayer(rs) if rs.len() == layout.n_layers => rs.iter().map(|&m| (m, m)).collect(),
         RankPolicy::PerLayer(rs) => return Err(shape(OP, "per-layer ranks", layout.n_layers, rs.len())),
         RankPolicy::Budget { fraction } | RankPolicy::BudgetShare { fraction } => {
@@ -431,22 +462,7 @@ pub fn patch_from_weighted_svds(
         }
     };
     check_share(OP, "drop_below", cfg.drop_below)?;
-    let ranks = drop_negligible(svds, ranks, cfg.drop_below);
-    let layers = svds
-        .iter()
-        .zip(ranks)
-        .map(|((sk, sv), (rk, rv))| {
-            Ok(LayerPatch {
-                k: sk.truncate(rk, cfg.dtype)?,
-                v: sv.truncate(rv, cfg.dtype)?,
-            })
-        })
-        .collect::<Result<_>>()?;
-    let patch = Patch::new(*layout, n, layers)?;
-    match cfg.quant {
-        Quant::None => Ok(patch),
-        q => patch.quantise_rows(q, cfg.grain, cfg.refit, weights),
-    }
+    Ok(drop_negligible(svds, ranks, cfg.drop_below))
 }
 
 fn check_share(op: &'static str, what: &'static str, x: f64) -> Result<()> {

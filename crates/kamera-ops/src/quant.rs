@@ -176,7 +176,7 @@ fn quantise_mat(v: &[f32], rows: usize, cols: usize, by_col: bool, g: Grain, max
 
 /// Clip ratios a refit tries for each scale: the share of the group's largest magnitude that
 /// maps to the largest code.
-const CLIPS: [f32; 8] = [1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.6];
+const CLIPS: [f32; 14] = [1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.15, 0.1];
 
 /// As [`quantise_mat`], each scale chosen among [`CLIPS`] of the group's largest magnitude by
 /// the squared rounding error of its entries weighted by `w` (per entry along a direction:
