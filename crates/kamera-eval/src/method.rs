@@ -52,7 +52,7 @@ pub struct Weighting {
 }
 
 /// The floor of a weight relative to the mean weight (1) when none is given.
-pub const WEIGHT_FLOOR: f32 = 0.05;
+pub const WEIGHT_FLOOR: f32 = 0.2;
 
 impl Default for Weighting {
     fn default() -> Weighting {
@@ -72,7 +72,7 @@ impl Default for Weighting {
 
 impl Weighting {
     /// What `/w` alone means.
-    pub const DEFAULT_LETTERS: &'static str = "qv";
+    pub const DEFAULT_LETTERS: &'static str = "qkv";
     pub fn any(&self) -> bool {
         self.k_cols || self.k_rows || self.v_rows || self.v_cols
     }
@@ -495,9 +495,9 @@ mod tests {
         let Method::Kamera(w) = &ms[18].1 else { panic!() };
         assert_eq!(
             (w.weighting.k_cols, w.weighting.k_rows, w.weighting.v_rows, w.weighting.floor),
-            (true, false, true, WEIGHT_FLOOR)
+            (true, true, true, WEIGHT_FLOOR)
         );
-        assert_eq!(ms[18].1.to_string(), "kamera-budget:0.1/q4/w=qv");
+        assert_eq!(ms[18].1.to_string(), "kamera-budget:0.1/q4/w=qkv");
         let Method::Kamera(w) = &ms[19].1 else { panic!() };
         assert!(w.refit && w.weighting.k_rows && w.weighting.v_cols && w.weighting.squared_mass && w.weighting.floor == 0.1);
         let Method::Kamera(d) = &ms[14].1 else { panic!() };

@@ -506,6 +506,61 @@ mod tests {
         }
     }
 
+    /// A pseudo-random rank-`m` pair with a few large P entries (what clipping is for).
+    fn rand_lr(n: usize, m: usize, f: usize, seed: u64) -> LowRank {
+        let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        let mut next = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        };
+        let p = (0..n * m)
+            .map(|i| next() * if i % 37 == 5 { 12.0 } else { 1.0 } * (m - i % m) as f32)
+            .collect();
+        let w = (0..m * f).map(|_| next()).collect();
+        LowRank {
+            p: Mat::from_f32(n, m, p).unwrap(),
+            wt: Mat::from_f32(m, f, w).unwrap(),
+            spectrum: vec![],
+        }
+    }
+
+    #[test]
+    fn refit_codes_round_trip_and_lower_the_error() {
+        let err = |a: &LowRank, b: &LowRank, r: &[f32]| -> f64 {
+            let f = a.wt.cols();
+            a.dense()
+                .iter()
+                .zip(b.dense())
+                .enumerate()
+                .map(|(i, (x, y))| r[i / f] as f64 * ((x - y) as f64).powi(2))
+                .sum()
+        };
+        let (mut plain, mut refit) = (0.0, 0.0);
+        for seed in 1..13u64 {
+            let (n, m, f) = (96, 6, 40);
+            let orig = rand_lr(n, m, f, seed);
+            let r: Vec<f32> = (0..n).map(|t| 0.2 + ((t as u64 * 7 + seed) % 5) as f32).collect();
+            for (q, g) in [(Quant::Int4, [Grain::Group; 2]), (Quant::Int8, [Grain::Direction; 2])] {
+                let (deq, s) = quantise_refit(&orig, q, g, Some(&r), None).unwrap();
+                assert_eq!(s.grain, g);
+                let (pc, wc) = codes(&deq, &s).unwrap();
+                assert!(pc.iter().chain(&wc).all(|c| c.unsigned_abs() as i32 <= q.max_code()));
+                let back = dequantise(n, m, f, &pc, &wc, &s, deq.spectrum.clone()).unwrap();
+                assert_eq!(back, deq, "{q:?}: values must be code x scale");
+                if q == Quant::Int4 {
+                    plain += err(&orig, &quantise_grains(&orig, q, g).unwrap().0, &r);
+                    refit += err(&orig, &deq, &r);
+                }
+            }
+        }
+        assert!(refit < 0.9 * plain, "refit {refit} vs plain {plain}");
+        assert!(quantise_refit(&lr(), Quant::Int4, [Grain::Group; 2], Some(&[1.0; 3]), None).is_err());
+        let (same, _) = quantise_refit(&lr(), Quant::None, [Grain::Direction; 2], None, None).unwrap();
+        assert_eq!(same, lr());
+    }
+
     #[test]
     fn codes_round_trip_exactly_and_errors_are_bounded() {
         let grains = [Grain::Direction, Grain::Group];

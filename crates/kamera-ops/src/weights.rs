@@ -206,7 +206,7 @@ mod tests {
         let w = key_feature_weights(&layout, &inter, &q).unwrap();
         assert_eq!(&w[..4], &[5.0, 5.0, 9.0, 9.0]);
         assert!(key_feature_weights(&layout, &half, &q[..8]).is_err());
-        assert_eq!(&value_feature_weights(&layout, &q).unwrap()[4..], &[16.0, 18.0, 20.0, 22.0]);
+        assert_eq!(&value_feature_weights(&layout, &q).unwrap()[4..], &[20.0, 22.0, 24.0, 26.0]);
         let n = normalise_weights(&[0.0, 1.0, 3.0], 0.1).unwrap();
         assert_eq!(n, vec![0.1, 0.75, 2.25]);
         assert!(normalise_weights(&[1.0, f32::NAN], 0.1).is_err());
