@@ -108,11 +108,19 @@ impl Weighting {
         Ok(w)
     }
     fn letters(&self) -> String {
-        [(self.k_cols, 'q'), (self.k_rows, 'k'), (self.v_rows, 'v'), (self.v_cols, 'o'), (self.squared_mass, '2'), (self.plain_ranks, 'p'), (self.own_mass, 'a')]
-            .iter()
-            .filter(|(on, _)| *on)
-            .map(|(_, c)| *c)
-            .collect()
+        [
+            (self.k_cols, 'q'),
+            (self.k_rows, 'k'),
+            (self.v_rows, 'v'),
+            (self.v_cols, 'o'),
+            (self.squared_mass, '2'),
+            (self.plain_ranks, 'p'),
+            (self.own_mass, 'a'),
+        ]
+        .iter()
+        .filter(|(on, _)| *on)
+        .map(|(_, c)| *c)
+        .collect()
     }
 }
 
@@ -278,8 +286,12 @@ fn modifiers(spec: &str, mut p: PatchSpec, mods: &[&str]) -> Result<PatchSpec> {
             "bf16" => p.dtype = DType::Bf16,
             d if d.starts_with("drop=") => p.drop_below = fraction(spec, &d[5..])?,
             "rf" => p.refit = true,
-            "w" => p.weighting = Weighting::parse(spec, Weighting::DEFAULT_LETTERS, p.weighting.floor, p.weighting.cap)?,
-            w if w.starts_with("w=") => p.weighting = Weighting::parse(spec, &w[2..], p.weighting.floor, p.weighting.cap)?,
+            "w" => {
+                p.weighting = Weighting::parse(spec, Weighting::DEFAULT_LETTERS, p.weighting.floor, p.weighting.cap)?
+            }
+            w if w.starts_with("w=") => {
+                p.weighting = Weighting::parse(spec, &w[2..], p.weighting.floor, p.weighting.cap)?
+            }
             c if c.starts_with("wc=") => {
                 let x: f32 = c[3..].parse().map_err(|_| Error::Method {
                     spec: spec.into(),
@@ -494,12 +506,19 @@ mod tests {
         assert_eq!(ms.len(), 20);
         let Method::Kamera(w) = &ms[18].1 else { panic!() };
         assert_eq!(
-            (w.weighting.k_cols, w.weighting.k_rows, w.weighting.v_rows, w.weighting.floor),
+            (
+                w.weighting.k_cols,
+                w.weighting.k_rows,
+                w.weighting.v_rows,
+                w.weighting.floor
+            ),
             (true, true, true, WEIGHT_FLOOR)
         );
         assert_eq!(ms[18].1.to_string(), "kamera-budget:0.1/q4/w=qkv");
         let Method::Kamera(w) = &ms[19].1 else { panic!() };
-        assert!(w.refit && w.weighting.k_rows && w.weighting.v_cols && w.weighting.squared_mass && w.weighting.floor == 0.1);
+        assert!(
+            w.refit && w.weighting.k_rows && w.weighting.v_cols && w.weighting.squared_mass && w.weighting.floor == 0.1
+        );
         let Method::Kamera(d) = &ms[14].1 else { panic!() };
         assert_eq!(
             (d.quant, d.grain),

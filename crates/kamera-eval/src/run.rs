@@ -338,7 +338,13 @@ impl<'a> Evaluator<'a> {
                 // Ranks from other spectra (the plain ones) than the factors' own.
                 let cfg = match rank_svds {
                     Some(r) => kamera_ops::PatchConfig {
-                        rank: kamera_ops::RankPolicy::PerLayerKv(kamera_ops::policy_ranks(&r[i], n, c.layout(), kv, &cfg)?),
+                        rank: kamera_ops::RankPolicy::PerLayerKv(kamera_ops::policy_ranks(
+                            &r[i],
+                            n,
+                            c.layout(),
+                            kv,
+                            &cfg,
+                        )?),
                         drop_below: 0.0,
                         ..cfg.clone()
                     },

@@ -6,11 +6,17 @@
 use std::time::Instant;
 
 use kamera_model::Probe;
-use kamera_ops::{Deficit, MatWeights, PatchWeights, Svd, key_feature_weights, normalise_weights, token_weights, value_feature_weights};
+use kamera_ops::{
+    Deficit, MatWeights, PatchWeights, Svd, key_feature_weights, normalise_weights, token_weights,
+    value_feature_weights,
+};
 
 use crate::error::{ModelCtx, OpsCtx, Result};
 use crate::method::Weighting;
 use crate::run::{Evaluator, Prepared, ms};
+
+/// Per layer, a chunk's (K, V) deficit SVDs.
+type ChunkSvds = Vec<(Svd, Svd)>;
 
 /// The probe of a task and the weighted SVDs formed so far, per weighting.
 pub(crate) struct WeightState {
@@ -24,7 +30,7 @@ pub(crate) struct WeightState {
 struct Done {
     weighting: Weighting,
     weights: Vec<PatchWeights>,
-    svds: Vec<Vec<(Svd, Svd)>>,
+    svds: Vec<ChunkSvds>,
     ms: f64,
 }
 
@@ -52,7 +58,7 @@ impl Evaluator<'_> {
         state: &'s mut WeightState,
         deficits: &[Deficit],
         w: Weighting,
-    ) -> Result<(&'s [Vec<(Svd, Svd)>], &'s [PatchWeights], f64)> {
+    ) -> Result<(&'s [ChunkSvds], &'s [PatchWeights], f64)> {
         let i = match state.done.iter().position(|d| d.weighting == w) {
             Some(i) => i,
             None => {

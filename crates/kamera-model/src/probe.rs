@@ -94,7 +94,16 @@ impl Model {
                 head_dim: cfg.head_dim,
                 past: past_pos.len(),
             };
-            let mut st = layer_stats(&q, &k_all, &shape, &positions, &k_pos, cfg.attn_scale as f32, window, from)?;
+            let mut st = layer_stats(
+                &q,
+                &k_all,
+                &shape,
+                &positions,
+                &k_pos,
+                cfg.attn_scale as f32,
+                window,
+                from,
+            )?;
             st.wo_sq = output_weights(&w.wo, w.post_attn_norm.as_ref())?;
             stats.push(st);
             x = attend_and_mlp(cfg, w, &x, &q, (&k_all, &v_all), &positions, &k_pos, window)?;

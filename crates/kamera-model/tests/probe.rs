@@ -32,7 +32,10 @@ fn probe_matches_prefill_and_its_statistics_add_up_smollm2() -> Result<()> {
         // tokens receive at most (queries x query heads); the last group has no queries.
         for (g, &q) in probe.queries.iter().enumerate() {
             let total: f32 = lp.mass[g].iter().sum();
-            assert!(total >= 0.0 && total <= (q * cfg.heads) as f32 * (1.0 + 1e-4), "group {g}: {total}");
+            assert!(
+                total >= 0.0 && total <= (q * cfg.heads) as f32 * (1.0 + 1e-4),
+                "group {g}: {total}"
+            );
             assert!(lp.mass_sq[g].iter().zip(&lp.mass[g]).all(|(s, a)| *s <= *a + 1e-5));
         }
         assert!(lp.mass[2].iter().all(|&a| a == 0.0) && lp.q_sq[2].iter().all(|&x| x == 0.0));

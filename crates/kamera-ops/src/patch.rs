@@ -7,10 +7,10 @@ use crate::deficit::{Deficit, deficit};
 use crate::error::{Result, invalid, shape};
 use crate::layout::KvLayout;
 use crate::quant::{Grain, Grains, Quant, Scales, quantise, quantise_auto, quantise_grains, quantise_refit};
-use crate::weights::PatchWeights;
 use crate::rope::RopeSpec;
 use crate::svd::{LowRank, Svd};
 use crate::tensor::{Buf, DType, Mat};
+use crate::weights::PatchWeights;
 
 /// How many directions each (layer, K/V) keeps.
 #[derive(Debug, Clone, PartialEq)]

@@ -195,7 +195,13 @@ fn quantise_mat_clipped(
     let groups = g.groups(len);
     let mut s = vec![0.0f32; dirs * groups];
     let mut out = vec![0.0f32; v.len()];
-    let round = |x: f32, sc: f32| if sc > 0.0 { (x / sc).round().clamp(-max, max) * sc } else { 0.0 };
+    let round = |x: f32, sc: f32| {
+        if sc > 0.0 {
+            (x / sc).round().clamp(-max, max) * sc
+        } else {
+            0.0
+        }
+    };
     for d in 0..dirs {
         for k in 0..groups {
             let span = k * gl..((k + 1) * gl).min(len);

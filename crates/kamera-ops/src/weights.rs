@@ -38,8 +38,8 @@ pub struct PatchWeights {
 }
 
 /// `w` scaled to mean 1 and floored at `floor` (relative to that mean), so that every weight is
-/// > 0 (a factor is divided by its square root) and the weighted spectra of different matrices
-/// stay on the scale of their plain ones (what a byte budget across layers compares).
+/// positive (a factor is divided by its square root) and the weighted spectra of different
+/// matrices stay on the scale of their plain ones (what a byte budget across layers compares).
 pub fn normalise_weights(w: &[f32], floor: f32) -> Result<Vec<f32>> {
     const OP: &str = "normalise_weights";
     if !(floor.is_finite() && floor > 0.0) {
@@ -61,11 +61,20 @@ pub fn normalise_weights(w: &[f32], floor: f32) -> Result<Vec<f32>> {
 pub fn key_feature_weights(layout: &KvLayout, rope: &RopeSpec, q_sq: &[f32]) -> Result<Vec<f32>> {
     const OP: &str = "key_feature_weights";
     if matches!(layout.attention, Attention::Mla { .. }) {
-        return Err(invalid(OP, "layout", "MLA keys are a shared latent; query weights need MHA or GQA"));
+        return Err(invalid(
+            OP,
+            "layout",
+            "MLA keys are a shared latent; query weights need MHA or GQA",
+        ));
     }
     let (heads, kvh, hd) = (layout.heads(), layout.kv_heads(), layout.head_dim);
     if q_sq.len() != heads * hd {
-        return Err(shape(OP, "query second moments (heads x head_dim)", heads * hd, q_sq.len()));
+        return Err(shape(
+            OP,
+            "query second moments (heads x head_dim)",
+            heads * hd,
+            q_sq.len(),
+        ));
     }
     if rope.head_dim != hd || rope.rotary_dims > hd || rope.rotary_dims % 2 != 0 {
         return Err(invalid(
@@ -106,11 +115,20 @@ pub fn key_feature_weights(layout: &KvLayout, rope: &RopeSpec, q_sq: &[f32]) -> 
 pub fn value_feature_weights(layout: &KvLayout, wo_sq: &[f32]) -> Result<Vec<f32>> {
     const OP: &str = "value_feature_weights";
     if matches!(layout.attention, Attention::Mla { .. }) {
-        return Err(invalid(OP, "layout", "MLA values are a shared latent; output weights need MHA or GQA"));
+        return Err(invalid(
+            OP,
+            "layout",
+            "MLA values are a shared latent; output weights need MHA or GQA",
+        ));
     }
     let (heads, kvh, hd) = (layout.heads(), layout.kv_heads(), layout.v_head_dim);
     if wo_sq.len() != heads * hd {
-        return Err(shape(OP, "output column norms (heads x v_head_dim)", heads * hd, wo_sq.len()));
+        return Err(shape(
+            OP,
+            "output column norms (heads x v_head_dim)",
+            heads * hd,
+            wo_sq.len(),
+        ));
     }
     let g = heads / kvh.max(1);
     let mut out = vec![0f32; kvh * hd];
@@ -126,7 +144,12 @@ pub fn value_feature_weights(layout: &KvLayout, wo_sq: &[f32]) -> Result<Vec<f32
 /// Per token, the attention it receives summed over kv heads: `mass` is `[tokens, kv_heads]`.
 pub fn token_weights(mass: &[f32], kv_heads: usize) -> Result<Vec<f32>> {
     if kv_heads == 0 || mass.len() % kv_heads != 0 {
-        return Err(shape("token_weights", "attention mass (tokens x kv heads)", "a multiple of kv heads", mass.len()));
+        return Err(shape(
+            "token_weights",
+            "attention mass (tokens x kv heads)",
+            "a multiple of kv heads",
+            mass.len(),
+        ));
     }
     Ok(mass.chunks(kv_heads).map(|r| r.iter().sum()).collect())
 }
@@ -206,12 +229,18 @@ mod tests {
         let w = key_feature_weights(&layout, &inter, &q).unwrap();
         assert_eq!(&w[..4], &[5.0, 5.0, 9.0, 9.0]);
         assert!(key_feature_weights(&layout, &half, &q[..8]).is_err());
-        assert_eq!(&value_feature_weights(&layout, &q).unwrap()[4..], &[20.0, 22.0, 24.0, 26.0]);
+        assert_eq!(
+            &value_feature_weights(&layout, &q).unwrap()[4..],
+            &[20.0, 22.0, 24.0, 26.0]
+        );
         let n = normalise_weights(&[0.0, 1.0, 3.0], 0.1).unwrap();
         assert_eq!(n, vec![0.1, 0.75, 2.25]);
         assert!(normalise_weights(&[1.0, f32::NAN], 0.1).is_err());
         assert_eq!(token_weights(&[1.0, 2.0, 3.0, 4.0], 2).unwrap(), vec![3.0, 7.0]);
-        let bad = MatWeights { rows: Some(vec![0.0; 3]), cols: None };
+        let bad = MatWeights {
+            rows: Some(vec![0.0; 3]),
+            cols: None,
+        };
         assert!(Svd::compute_weighted(&mat(3, 2, 1), &bad).is_err());
     }
 }
