@@ -14,12 +14,13 @@ mod orbit;
 mod report;
 mod run;
 mod task;
+mod weighted;
 
 pub use bench::{BenchConfig, BenchReport, Limits, bench_reuse};
 pub use error::{Error, Result};
 pub use generate::{GenConfig, Rng, filler_text, generate};
 pub use kamera_ops::orbit_orderings;
-pub use method::{Method, OrbitKind, PatchSpec, parse_methods};
+pub use method::{Method, OrbitKind, PatchSpec, WEIGHT_FLOOR, Weighting, parse_methods};
 pub use metrics::{Scores, gap_recovered, kl, log_softmax, score};
 pub use report::{Diagnostics, LayerEnergy, MethodSummary, OraclePoint, OrbitLayer, Report, summarize};
 pub use run::{DEFAULT_SYSTEM, EvalConfig, Evaluator, TaskDiagnostics, TaskMethod, TaskResult};

@@ -19,6 +19,109 @@ pub struct PatchSpec {
     pub grain: Option<Grains>,
     /// Layers whose K (V) deficit holds less than this share of the chunk's are dropped.
     pub drop_below: f64,
+    /// Attention-aware weights of the factorisation (`/w`, `/w=LETTERS`); none by default.
+    pub weighting: Weighting,
+    /// Quantised factors: Wᵀ refitted to the quantised P (`/rf`; kamera-ops `quantise_refit`).
+    pub refit: bool,
+}
+
+/// Which attention statistics of the conditioned prefill weigh the deficit's factorisation
+/// (kamera-ops `Svd::compute_weighted`): letters `q` (K's feature columns by the second moment
+/// of the queries of the chunk's own and later tokens, per RoPE pair), `k` / `v` (K's / V's token
+/// rows by the attention each token receives from the later tokens' queries), `2` (rows by
+/// Σ a² instead of Σ a), `o` (V's feature columns by the output projection's column norms),
+/// `p` (ranks chosen from the plain spectra, directions from the weighted ones), `a` (rows by
+/// the attention of the chunk's own tokens' queries too).
+/// `floor` bounds every weight below, relative to their mean of 1.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Weighting {
+    pub k_cols: bool,
+    pub k_rows: bool,
+    pub v_rows: bool,
+    pub v_cols: bool,
+    pub squared_mass: bool,
+    /// Ranks from the plain spectra (the policy's allocation as unweighted), directions from the
+    /// weighted ones (`p`).
+    pub plain_ranks: bool,
+    /// Rows by the attention of the chunk's own and later tokens' queries, not only the later
+    /// ones' (`a`).
+    pub own_mass: bool,
+    pub floor: f32,
+    /// Bounds every weight above, relative to their mean of 1 (`/wc=X`; none by default).
+    pub cap: Option<f32>,
+}
+
+/// The floor of a weight relative to the mean weight (1) when none is given.
+pub const WEIGHT_FLOOR: f32 = 0.2;
+
+impl Default for Weighting {
+    fn default() -> Weighting {
+        Weighting {
+            k_cols: false,
+            k_rows: false,
+            v_rows: false,
+            v_cols: false,
+            squared_mass: false,
+            plain_ranks: false,
+            own_mass: false,
+            floor: WEIGHT_FLOOR,
+            cap: None,
+        }
+    }
+}
+
+impl Weighting {
+    /// What `/w` alone means.
+    pub const DEFAULT_LETTERS: &'static str = "qkv";
+    pub fn any(&self) -> bool {
+        self.k_cols || self.k_rows || self.v_rows || self.v_cols
+    }
+    fn parse(spec: &str, letters: &str, floor: f32, cap: Option<f32>) -> Result<Weighting> {
+        let mut w = Weighting {
+            floor,
+            cap,
+            ..Weighting::default()
+        };
+        for c in letters.chars() {
+            match c {
+                'q' => w.k_cols = true,
+                'k' => w.k_rows = true,
+                'v' => w.v_rows = true,
+                'o' => w.v_cols = true,
+                '2' => w.squared_mass = true,
+                'p' => w.plain_ranks = true,
+                'a' => w.own_mass = true,
+                _ => {
+                    return Err(Error::Method {
+                        spec: spec.into(),
+                        detail: format!("w={letters}: letters q, k, v, o, 2, p, a expected"),
+                    });
+                }
+            }
+        }
+        if !w.any() {
+            return Err(Error::Method {
+                spec: spec.into(),
+                detail: format!("w={letters}: weighs nothing (q, k, v or o)"),
+            });
+        }
+        Ok(w)
+    }
+    fn letters(&self) -> String {
+        [
+            (self.k_cols, 'q'),
+            (self.k_rows, 'k'),
+            (self.v_rows, 'v'),
+            (self.v_cols, 'o'),
+            (self.squared_mass, '2'),
+            (self.plain_ranks, 'p'),
+            (self.own_mass, 'a'),
+        ]
+        .iter()
+        .filter(|(on, _)| *on)
+        .map(|(_, c)| *c)
+        .collect()
+    }
 }
 
 impl PatchSpec {
@@ -29,6 +132,8 @@ impl PatchSpec {
             quant: Quant::None,
             grain: None,
             drop_below: 0.0,
+            weighting: Weighting::default(),
+            refit: false,
         }
     }
     /// The operator's patch settings.
@@ -39,6 +144,7 @@ impl PatchSpec {
             quant: self.quant,
             grain: self.grain,
             drop_below: self.drop_below,
+            refit: self.refit,
         }
     }
 }
@@ -179,11 +285,41 @@ fn modifiers(spec: &str, mut p: PatchSpec, mods: &[&str]) -> Result<PatchSpec> {
             "f16" => p.dtype = DType::F16,
             "bf16" => p.dtype = DType::Bf16,
             d if d.starts_with("drop=") => p.drop_below = fraction(spec, &d[5..])?,
+            "rf" => p.refit = true,
+            "w" => {
+                p.weighting = Weighting::parse(spec, Weighting::DEFAULT_LETTERS, p.weighting.floor, p.weighting.cap)?
+            }
+            w if w.starts_with("w=") => {
+                p.weighting = Weighting::parse(spec, &w[2..], p.weighting.floor, p.weighting.cap)?
+            }
+            c if c.starts_with("wc=") => {
+                let x: f32 = c[3..].parse().map_err(|_| Error::Method {
+                    spec: spec.into(),
+                    detail: format!("wc={}: a number >= 1 expected", &c[3..]),
+                })?;
+                if !(x.is_finite() && x >= 1.0) {
+                    return Err(Error::Method {
+                        spec: spec.into(),
+                        detail: "wc: the weight cap must be finite and >= 1".into(),
+                    });
+                }
+                p.weighting.cap = Some(x);
+            }
+            f if f.starts_with("wf=") => {
+                let x = fraction(spec, &f[3..])? as f32;
+                if x <= 0.0 {
+                    return Err(Error::Method {
+                        spec: spec.into(),
+                        detail: "wf: the weight floor must be > 0".into(),
+                    });
+                }
+                p.weighting.floor = x;
+            }
             other => {
                 return Err(Error::Method {
                     spec: spec.into(),
                     detail: format!(
-                        "unknown modifier {other:?} (q8, q4, q4d, q4g, q4a, q4=XXXX, f32, f16, bf16, drop=S)"
+                        "unknown modifier {other:?} (q8, q4, q4d, q4g, q4a, q4=XXXX, f32, f16, bf16, drop=S, w, w=LETTERS, wf=F, wc=C, rf)"
                     ),
                 });
             }
@@ -210,10 +346,11 @@ impl FromStr for Method {
         let need = || arg.ok_or_else(|| bad(format!("{name} needs an argument ({name}:VALUE)")));
         let patch = |rank: RankPolicy| modifiers(spec, PatchSpec::rank(rank), &mods);
         let orbit = |kind: OrbitKind| -> Result<Method> {
-            Ok(Method::Orbit {
-                kind,
-                patch: patch(RankPolicy::Fixed(count(spec, need()?)?))?,
-            })
+            let patch = patch(RankPolicy::Fixed(count(spec, need()?)?))?;
+            if patch.weighting.any() {
+                return Err(bad("orbit patches are not weighted (w is for kamera methods)".into()));
+            }
+            Ok(Method::Orbit { kind, patch })
         };
         let plain = |m: Method| {
             if arg.is_some() || !mods.is_empty() {
@@ -286,6 +423,18 @@ impl fmt::Display for PatchSpec {
         if self.drop_below > 0.0 {
             write!(f, "/drop={}", self.drop_below)?;
         }
+        if self.weighting.any() {
+            write!(f, "/w={}", self.weighting.letters())?;
+        }
+        if self.weighting.floor != WEIGHT_FLOOR {
+            write!(f, "/wf={}", self.weighting.floor)?;
+        }
+        if let Some(c) = self.weighting.cap {
+            write!(f, "/wc={c}")?;
+        }
+        if self.refit {
+            write!(f, "/rf")?;
+        }
         Ok(())
     }
 }
@@ -304,6 +453,7 @@ impl fmt::Display for Method {
                     RankPolicy::BudgetKv { k, v } => write!(f, "kamera-kv:{k}+{v}")?,
                     RankPolicy::Energy { k, v } => write!(f, "kamera-energy:{k}+{v}")?,
                     RankPolicy::PerLayer(rs) => write!(f, "kamera-per-layer:{rs:?}")?,
+                    RankPolicy::PerLayerKv(rs) => write!(f, "kamera-per-layer-kv:{rs:?}")?,
                 }
                 write!(f, "{p}")
             }
@@ -349,10 +499,26 @@ mod tests {
         let ms = parse_methods(
             "full, prefix,blind,kamera:32,kamera-budget:0.1,orbit:16,cacheblend:0.15,epic:32,oracle-tokens:0.5,\
              kamera:32/q4/drop=0.01,kamera-kv:0.02+0.06/q8,kamera-energy:0.9,orbit-slot:8/f32,kamera:4/f16,\
-             kamera:32/q4d,kamera-budget:0.1/q4a,orbit-slot:16/q4g,kamera:8/q4=gddg",
+             kamera:32/q4d,kamera-budget:0.1/q4a,orbit-slot:16/q4g,kamera:8/q4=gddg,kamera-budget:0.1/q4/w,\
+             kamera:32/w=qkvo2/wf=0.1/q8/rf",
         )
         .unwrap();
-        assert_eq!(ms.len(), 18);
+        assert_eq!(ms.len(), 20);
+        let Method::Kamera(w) = &ms[18].1 else { panic!() };
+        assert_eq!(
+            (
+                w.weighting.k_cols,
+                w.weighting.k_rows,
+                w.weighting.v_rows,
+                w.weighting.floor
+            ),
+            (true, true, true, WEIGHT_FLOOR)
+        );
+        assert_eq!(ms[18].1.to_string(), "kamera-budget:0.1/q4/w=qkv");
+        let Method::Kamera(w) = &ms[19].1 else { panic!() };
+        assert!(
+            w.refit && w.weighting.k_rows && w.weighting.v_cols && w.weighting.squared_mass && w.weighting.floor == 0.1
+        );
         let Method::Kamera(d) = &ms[14].1 else { panic!() };
         assert_eq!(
             (d.quant, d.grain),
@@ -396,6 +562,10 @@ mod tests {
             "kamera:8/drop=2",
             "kamera:8/q4=ddd",
             "kamera:8/q4=ddgx",
+            "kamera:8/w=x",
+            "kamera:8/w=2",
+            "kamera:8/wf=0",
+            "orbit:8/w",
         ] {
             assert!(parse_methods(bad).is_err(), "{bad}");
         }

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use kamera_model::{Context, Model, PrefillOptions, Selection};
-use kamera_ops::{ChunkKv, DType, Deficit, Patch, Placement, Svd, assemble};
+use kamera_ops::{ChunkKv, DType, Deficit, Patch, PatchWeights, Placement, Svd, assemble};
 use kamera_store::{ChunkId, Key, ModelFp, Record, codec};
 use serde::{Deserialize, Serialize};
 
@@ -322,6 +322,8 @@ impl<'a> Evaluator<'a> {
         &self,
         p: &Prepared,
         svds: &[Vec<(Svd, Svd)>],
+        weights: Option<&[PatchWeights]>,
+        rank_svds: Option<&[Vec<(Svd, Svd)>]>,
         spec: &PatchSpec,
     ) -> Result<(Vec<Patch>, f64)> {
         let t = Instant::now();
@@ -329,9 +331,26 @@ impl<'a> Evaluator<'a> {
         let patches = svds
             .iter()
             .zip(&p.canon)
-            .map(|(s, c)| {
-                kamera_ops::patch_from_svds(s, c.n_tokens(), c.layout(), store_kv_bytes(c), &cfg)
-                    .map(Patch::compact_spectra)
+            .enumerate()
+            .map(|(i, (s, c))| {
+                let w = weights.map(|w| &w[i]);
+                let (n, kv) = (c.n_tokens(), store_kv_bytes(c));
+                // Ranks from other spectra (the plain ones) than the factors' own.
+                let cfg = match rank_svds {
+                    Some(r) => kamera_ops::PatchConfig {
+                        rank: kamera_ops::RankPolicy::PerLayerKv(kamera_ops::policy_ranks(
+                            &r[i],
+                            n,
+                            c.layout(),
+                            kv,
+                            &cfg,
+                        )?),
+                        drop_below: 0.0,
+                        ..cfg.clone()
+                    },
+                    None => cfg.clone(),
+                };
+                kamera_ops::patch_from_weighted_svds(s, w, n, c.layout(), kv, &cfg).map(Patch::compact_spectra)
             })
             .collect::<kamera_ops::Result<Vec<_>>>()
             .ops("patch formation")?;
@@ -404,6 +423,7 @@ impl<'a> Evaluator<'a> {
             None
         };
         let mut orbit: Option<crate::orbit::OrbitState> = None;
+        let mut weights: Option<crate::weighted::WeightState> = None;
         let mut results = BTreeMap::new();
         for (spec, m) in methods {
             let (rows, cost) = match m {
@@ -425,8 +445,19 @@ impl<'a> Evaluator<'a> {
                 }
                 Method::Kamera(spec) => {
                     let s = spectra.as_ref().ok_or_else(|| invalid("kamera needs spectra"))?;
-                    let (patches, t) = self.spec_patches(&p, &s.svds, spec)?;
-                    let (ctx, cost) = self.patched(&p, &patches, p.full_ms + s.ms + t)?;
+                    let (svds, ws, svd_ms) = if spec.weighting.any() {
+                        if weights.is_none() {
+                            weights = Some(self.weight_state(&p)?);
+                        }
+                        let state = weights.as_mut().ok_or_else(|| invalid("weight state"))?;
+                        let (svds, ws, t) = self.weighted_svds(&p, state, &s.deficits, spec.weighting)?;
+                        (svds, Some(ws), t)
+                    } else {
+                        (&s.svds[..], None, s.ms)
+                    };
+                    let plain = (spec.weighting.plain_ranks).then_some(&s.svds[..]);
+                    let (patches, t) = self.spec_patches(&p, svds, ws, plain, spec)?;
+                    let (ctx, cost) = self.patched(&p, &patches, p.full_ms + svd_ms + t)?;
                     (self.answer_rows(&p, &ctx)?, cost)
                 }
                 Method::Orbit { kind, patch } => {

@@ -30,6 +30,7 @@ mod reuse;
 mod rope;
 mod svd;
 mod tensor;
+mod weights;
 
 pub use chunk::{ChunkKv, LayerKv};
 pub use deficit::{Deficit, deficit};
@@ -37,14 +38,18 @@ pub use error::{Error, Result};
 pub use layout::{Attention, KvLayout};
 pub use orbit::{orbit_orderings, orbit_patch, slot_orbit_patches};
 pub use patch::{
-    LayerPatch, Patch, PatchConfig, RankPolicy, apply_patch, form_patch, patch_from_deficit, patch_from_svds,
+    LayerPatch, Patch, PatchConfig, RankPolicy, apply_patch, form_patch, patch_from_deficit,
+    patch_from_deficit_weighted, patch_from_svds, patch_from_weighted_svds, policy_ranks,
 };
 pub use quant::{
     Grain, Grains, INT4_GROUP, Quant, Scales, codes as quant_codes, dequantise, pack_nibbles, quantise_auto,
-    quantise_grains, unpack_nibbles,
+    quantise_grains, quantise_refit, unpack_nibbles,
 };
 pub use relocate::relocate;
 pub use reuse::{Placement, assemble, check_place, check_reuse, reuse, reuse_into, reuse_rows};
 pub use rope::{PairLayout, RopeScaling, RopeSpec, Rotation};
 pub use svd::{LowRank, Svd};
 pub use tensor::{Buf, DType, Elem, Mat};
+pub use weights::{
+    MatWeights, PatchWeights, key_feature_weights, normalise_weights, token_weights, value_feature_weights,
+};

@@ -6,10 +6,11 @@ use crate::chunk::{ChunkKv, LayerKv};
 use crate::deficit::{Deficit, deficit};
 use crate::error::{Result, invalid, shape};
 use crate::layout::KvLayout;
-use crate::quant::{Grain, Grains, Quant, Scales, quantise, quantise_auto, quantise_grains};
+use crate::quant::{Grain, Grains, Quant, Scales, quantise, quantise_auto, quantise_grains, quantise_refit};
 use crate::rope::RopeSpec;
 use crate::svd::{LowRank, Svd};
 use crate::tensor::{Buf, DType, Mat};
+use crate::weights::PatchWeights;
 
 /// How many directions each (layer, K/V) keeps.
 #[derive(Debug, Clone, PartialEq)]
@@ -18,6 +19,8 @@ pub enum RankPolicy {
     Fixed(usize),
     /// One rank per layer, for both K and V.
     PerLayer(Vec<usize>),
+    /// One (K, V) rank pair per layer (e.g. ranks chosen from other spectra than the factors').
+    PerLayerKv(Vec<(usize, usize)>),
     /// Ranks chosen greedily by singular energy per byte until the patch reaches `fraction` of
     /// the chunk's KV bytes: deep layers with concentrated deficits get more.
     Budget { fraction: f64 },
@@ -47,6 +50,9 @@ pub struct PatchConfig {
     /// Layers whose K (V) deficit holds less than this share of the chunk's K (V) deficit energy
     /// over all layers get rank 0 (0 keeps every layer).
     pub drop_below: f64,
+    /// Quantised factors: Wᵀ refitted by least squares to the quantised P before it is
+    /// quantised ([`crate::quantise_refit`]; not with `Int4Mixed` layouts chosen per matrix).
+    pub refit: bool,
 }
 
 impl PatchConfig {
@@ -57,6 +63,7 @@ impl PatchConfig {
             quant: Quant::None,
             grain: None,
             drop_below: 0.0,
+            refit: false,
         }
     }
     /// Bytes a patch stores per layer besides its directions (the scale-layout flags of
@@ -189,16 +196,55 @@ impl Patch {
     /// As [`Patch::quantise`]; for `Int4Mixed`, `grain` fixes the scale layouts of K's and V's
     /// factor matrices (`None` chooses per matrix).
     pub fn quantise_with(&self, quant: Quant, grain: Option<Grains>) -> Result<Patch> {
+        self.quantise_rows(quant, grain, false, None)
+    }
+    /// As [`Patch::quantise_with`]; with `refit`, each Wᵀ is refitted to its quantised P
+    /// ([`crate::quantise_refit`]) under the per-layer (K, V) token weights `rows` (`None`: 1).
+    pub fn quantise_rows(
+        &self,
+        quant: Quant,
+        grain: Option<Grains>,
+        refit: bool,
+        rows: Option<&PatchWeights>,
+    ) -> Result<Patch> {
+        if rows.is_some_and(|w| w.layers.len() != self.layers.len()) {
+            return Err(shape(
+                "Patch::quantise_rows",
+                "weight layers",
+                self.layers.len(),
+                rows.map_or(0, |w| w.layers.len()),
+            ));
+        }
         if self.quant != Quant::None {
             return Err(invalid("Patch::quantise", "patch", "already quantised"));
         }
         let mut layers = Vec::with_capacity(self.layers.len());
         let mut scales = Vec::with_capacity(self.layers.len());
-        for lp in &self.layers {
-            let q = |lr: &LowRank, ch: usize| match (quant, grain) {
-                (Quant::Int4Mixed, None) => quantise_auto(lr),
-                (Quant::Int4Mixed, Some(g)) => quantise_grains(lr, quant, g[ch]),
-                _ => quantise(lr, quant),
+        for (l, lp) in self.layers.iter().enumerate() {
+            let q = |lr: &LowRank, ch: usize| {
+                let fixed = match (quant, grain) {
+                    (Quant::Int4Mixed, None) => return quantise_auto(lr),
+                    (Quant::Int4Mixed, Some(g)) => g[ch],
+                    _ if !refit => return quantise(lr, quant),
+                    _ => {
+                        let g = quant.grain().unwrap_or_default();
+                        [g, g]
+                    }
+                };
+                if !refit {
+                    return quantise_grains(lr, quant, fixed);
+                }
+                let w = rows.map(|w| {
+                    let (k, v) = &w.layers[l];
+                    if ch == 0 { k } else { v }
+                });
+                quantise_refit(
+                    lr,
+                    quant,
+                    fixed,
+                    w.and_then(|w| w.rows.as_deref()),
+                    w.and_then(|w| w.cols.as_deref()),
+                )
             };
             let (k, sk) = q(&lp.k, 0)?;
             let (v, sv) = q(&lp.v, 1)?;
@@ -308,12 +354,82 @@ pub fn patch_from_svds(
     kv_bytes: usize,
     cfg: &PatchConfig,
 ) -> Result<Patch> {
+    patch_from_weighted_svds(svds, None, n, layout, kv_bytes, cfg)
+}
+
+/// The weighted form of [`patch_from_deficit`]: each deficit matrix factored under its
+/// attention weights ([`Svd::compute_weighted`]), the ranks picked from the weighted spectra,
+/// and with `cfg.refit` the quantised factors refitted under the token weights.
+pub fn patch_from_deficit_weighted(
+    d: &Deficit,
+    weights: &PatchWeights,
+    layout: &KvLayout,
+    kv_bytes: usize,
+    cfg: &PatchConfig,
+) -> Result<Patch> {
+    const OP: &str = "patch_from_deficit_weighted";
+    if d.layers.len() != layout.n_layers || weights.layers.len() != layout.n_layers {
+        return Err(shape(
+            OP,
+            "deficit / weight layers",
+            layout.n_layers,
+            format!("{} / {}", d.layers.len(), weights.layers.len()),
+        ));
+    }
+    let svds: Vec<(Svd, Svd)> = d
+        .layers
+        .iter()
+        .zip(&weights.layers)
+        .map(|((k, v), (wk, wv))| Ok((Svd::compute_weighted(k, wk)?, Svd::compute_weighted(v, wv)?)))
+        .collect::<Result<_>>()?;
+    patch_from_weighted_svds(&svds, Some(weights), d.n_tokens(), layout, kv_bytes, cfg)
+}
+
+/// As [`patch_from_svds`], from SVDs computed under `weights` (their token weights are what a
+/// refit of quantised factors weighs by; `None`: unweighted).
+pub fn patch_from_weighted_svds(
+    svds: &[(Svd, Svd)],
+    weights: Option<&PatchWeights>,
+    n: usize,
+    layout: &KvLayout,
+    kv_bytes: usize,
+    cfg: &PatchConfig,
+) -> Result<Patch> {
+    let ranks = policy_ranks(svds, n, layout, kv_bytes, cfg)?;
+    let layers = svds
+        .iter()
+        .zip(ranks)
+        .map(|((sk, sv), (rk, rv))| {
+            Ok(LayerPatch {
+                k: sk.truncate(rk, cfg.dtype)?,
+                v: sv.truncate(rv, cfg.dtype)?,
+            })
+        })
+        .collect::<Result<_>>()?;
+    let patch = Patch::new(*layout, n, layers)?;
+    match cfg.quant {
+        Quant::None => Ok(patch),
+        q => patch.quantise_rows(q, cfg.grain, cfg.refit, weights),
+    }
+}
+
+/// Per layer, the (K, V) ranks `cfg` picks from these spectra (its rank policy, then its dropped
+/// layers), as [`patch_from_svds`] truncates them.
+pub fn policy_ranks(
+    svds: &[(Svd, Svd)],
+    n: usize,
+    layout: &KvLayout,
+    kv_bytes: usize,
+    cfg: &PatchConfig,
+) -> Result<Vec<(usize, usize)>> {
     const OP: &str = "patch_from_svds";
     if svds.len() != layout.n_layers {
         return Err(shape(OP, "deficit layers", layout.n_layers, svds.len()));
     }
     let ranks: Vec<(usize, usize)> = match &cfg.rank {
         RankPolicy::Fixed(m) => vec![(*m, *m); layout.n_layers],
+        RankPolicy::PerLayerKv(rs) if rs.len() == layout.n_layers => rs.clone(),
+        RankPolicy::PerLayerKv(rs) => return Err(shape(OP, "per-layer (K, V) ranks", layout.n_layers, rs.len())),
         RankPolicy::PerLayer(rs) if rs.len() == layout.n_layers => rs.iter().map(|&m| (m, m)).collect(),
         RankPolicy::PerLayer(rs) => return Err(shape(OP, "per-layer ranks", layout.n_layers, rs.len())),
         RankPolicy::Budget { fraction } | RankPolicy::BudgetShare { fraction } => {
@@ -346,22 +462,7 @@ pub fn patch_from_svds(
         }
     };
     check_share(OP, "drop_below", cfg.drop_below)?;
-    let ranks = drop_negligible(svds, ranks, cfg.drop_below);
-    let layers = svds
-        .iter()
-        .zip(ranks)
-        .map(|((sk, sv), (rk, rv))| {
-            Ok(LayerPatch {
-                k: sk.truncate(rk, cfg.dtype)?,
-                v: sv.truncate(rv, cfg.dtype)?,
-            })
-        })
-        .collect::<Result<_>>()?;
-    let patch = Patch::new(*layout, n, layers)?;
-    match cfg.quant {
-        Quant::None => Ok(patch),
-        q => patch.quantise_with(q, cfg.grain),
-    }
+    Ok(drop_negligible(svds, ranks, cfg.drop_below))
 }
 
 fn check_share(op: &'static str, what: &'static str, x: f64) -> Result<()> {

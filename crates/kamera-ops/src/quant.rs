@@ -174,6 +174,61 @@ fn quantise_mat(v: &[f32], rows: usize, cols: usize, by_col: bool, g: Grain, max
     (s, out)
 }
 
+/// Clip ratios a refit tries for each scale: the share of the group's largest magnitude that
+/// maps to the largest code.
+const CLIPS: [f32; 14] = [1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.15, 0.1];
+
+/// As [`quantise_mat`], each scale chosen among [`CLIPS`] of the group's largest magnitude by
+/// the squared rounding error of its entries weighted by `w` (per entry along a direction:
+/// per token for P, per feature for Wᵀ; `None`: 1). Entries past the clip saturate.
+fn quantise_mat_clipped(
+    v: &[f32],
+    (rows, cols): (usize, usize),
+    by_col: bool,
+    g: Grain,
+    max: f32,
+    w: Option<&[f32]>,
+) -> (Vec<f32>, Vec<f32>) {
+    let (dirs, len) = if by_col { (cols, rows) } else { (rows, cols) };
+    let at = |d: usize, e: usize| if by_col { e * cols + d } else { d * cols + e };
+    let gl = g.group_len(len);
+    let groups = g.groups(len);
+    let mut s = vec![0.0f32; dirs * groups];
+    let mut out = vec![0.0f32; v.len()];
+    let round = |x: f32, sc: f32| {
+        if sc > 0.0 {
+            (x / sc).round().clamp(-max, max) * sc
+        } else {
+            0.0
+        }
+    };
+    for d in 0..dirs {
+        for k in 0..groups {
+            let span = k * gl..((k + 1) * gl).min(len);
+            let top = span.clone().map(|e| v[at(d, e)].abs()).fold(0.0f32, f32::max);
+            let mut best = (f64::INFINITY, 0.0f32);
+            for c in CLIPS {
+                let sc = g.stored_scale(top * c / max);
+                let err: f64 = span
+                    .clone()
+                    .map(|e| {
+                        let x = v[at(d, e)];
+                        w.map_or(1.0, |w| w[e] as f64) * ((x - round(x, sc)) as f64).powi(2)
+                    })
+                    .sum();
+                if err < best.0 {
+                    best = (err, sc);
+                }
+            }
+            s[d * groups + k] = best.1;
+            for e in span {
+                out[at(d, e)] = round(v[at(d, e)], best.1);
+            }
+        }
+    }
+    (s, out)
+}
+
 /// Quantises `lr` with the scale layout `quant` fixes (per direction for `Int4Mixed`): returns
 /// the factors holding code · scale (f32) and their scales.
 pub fn quantise(lr: &LowRank, q: Quant) -> Result<(LowRank, Scales)> {
@@ -196,6 +251,132 @@ pub fn quantise_grains(lr: &LowRank, q: Quant, grain: [Grain; 2]) -> Result<(Low
         spectrum: lr.spectrum.clone(),
     };
     Ok((out, Scales { p: sp, wt: sw, grain }))
+}
+
+/// Quantises `lr` with P's and Wᵀ's scale layouts given, P first, then Wᵀ refitted to the
+/// quantised P before it is quantised itself: Wᵀ = argmin ‖diag(√r)(P Wᵀ − P̂ Wᵀ')‖ (least
+/// squares, `rows` the per-token weights r of the error, `None` for 1), so the error P's
+/// rounding leaves is partly absorbed by Wᵀ (column weights do not change this fit). Each
+/// scale is clipped where that lowers its entries' rounding error weighted by `rows` (P) or
+/// `cols` (Wᵀ, per feature).
+pub fn quantise_refit(
+    lr: &LowRank,
+    q: Quant,
+    grain: [Grain; 2],
+    rows: Option<&[f32]>,
+    cols: Option<&[f32]>,
+) -> Result<(LowRank, Scales)> {
+    const OP: &str = "quant::quantise_refit";
+    let (n, m, f) = (lr.p.rows(), lr.rank(), lr.wt.cols());
+    let max = q.max_code() as f32;
+    if max == 0.0 || m == 0 {
+        return quantise_grains(lr, q, grain);
+    }
+    if let Some(r) = rows
+        && r.len() != n
+    {
+        return Err(shape(OP, "row weights", n, r.len()));
+    }
+    if let Some(c) = cols
+        && c.len() != f
+    {
+        return Err(shape(OP, "column weights", f, c.len()));
+    }
+    let p = lr.p.to_f32_vec();
+    let (sp, pq) = quantise_mat_clipped(&p, (n, m), true, grain[0], max, rows);
+    let w = lr.wt.to_f32_vec();
+    let weight = |t: usize| rows.map_or(1.0, |r| r[t] as f64);
+    // G = P̂ᵀ R P̂ (m x m), H = P̂ᵀ R P (m x m): the refit is G⁻¹ H Wᵀ.
+    let mut g = vec![0f64; m * m];
+    let mut h = vec![0f64; m * m];
+    for t in 0..n {
+        let (a, b, rt) = (&pq[t * m..(t + 1) * m], &p[t * m..(t + 1) * m], weight(t));
+        for i in 0..m {
+            let ai = a[i] as f64 * rt;
+            if ai == 0.0 {
+                continue;
+            }
+            for j in 0..m {
+                g[i * m + j] += ai * a[j] as f64;
+                h[i * m + j] += ai * b[j] as f64;
+            }
+        }
+    }
+    let refit = match solve_spd(&mut g, &h, m) {
+        Some(x) => {
+            // Wᵀ' = X Wᵀ with X = G⁻¹ H.
+            let mut out = vec![0f32; m * f];
+            for i in 0..m {
+                for k in 0..m {
+                    let c = x[i * m + k] as f32;
+                    if c == 0.0 {
+                        continue;
+                    }
+                    for (o, &y) in out[i * f..(i + 1) * f].iter_mut().zip(&w[k * f..(k + 1) * f]) {
+                        *o += c * y;
+                    }
+                }
+            }
+            out
+        }
+        None => w,
+    };
+    if refit.iter().any(|x| !x.is_finite()) {
+        return quantise_grains(lr, q, grain);
+    }
+    let (sw, wq) = quantise_mat_clipped(&refit, (m, f), false, grain[1], max, cols);
+    let out = LowRank {
+        p: Mat::from_f32(n, m, pq)?,
+        wt: Mat::from_f32(m, f, wq)?,
+        spectrum: lr.spectrum.clone(),
+    };
+    Ok((out, Scales { p: sp, wt: sw, grain }))
+}
+
+/// X = G⁻¹ H for a symmetric positive semi-definite `g` (m x m, overwritten by its Cholesky
+/// factor; a ridge of 1e-9 of its mean diagonal keeps it definite); `None` if it is not.
+fn solve_spd(g: &mut [f64], h: &[f64], m: usize) -> Option<Vec<f64>> {
+    let ridge = 1e-9 * (0..m).map(|i| g[i * m + i]).sum::<f64>() / m as f64;
+    for i in 0..m {
+        g[i * m + i] += ridge.max(f64::MIN_POSITIVE);
+    }
+    for j in 0..m {
+        let mut d = g[j * m + j];
+        for k in 0..j {
+            d -= g[j * m + k] * g[j * m + k];
+        }
+        if d <= 0.0 || !d.is_finite() {
+            return None;
+        }
+        let d = d.sqrt();
+        g[j * m + j] = d;
+        for i in j + 1..m {
+            let mut s = g[i * m + j];
+            for k in 0..j {
+                s -= g[i * m + k] * g[j * m + k];
+            }
+            g[i * m + j] = s / d;
+        }
+    }
+    let mut x = h.to_vec();
+    for c in 0..m {
+        // L y = h[:, c], then Lᵀ x = y.
+        for i in 0..m {
+            let mut s = x[i * m + c];
+            for k in 0..i {
+                s -= g[i * m + k] * x[k * m + c];
+            }
+            x[i * m + c] = s / g[i * m + i];
+        }
+        for i in (0..m).rev() {
+            let mut s = x[i * m + c];
+            for k in i + 1..m {
+                s -= g[k * m + i] * x[k * m + c];
+            }
+            x[i * m + c] = s / g[i * m + i];
+        }
+    }
+    Some(x)
 }
 
 /// Quantises `lr` as 4-bit codes with the pair of scale layouts whose product P̂Ŵᵀ is closest
@@ -329,6 +510,61 @@ mod tests {
             wt: Mat::from_f32(m, f, w).unwrap(),
             spectrum: vec![3.0, 2.0, 1.0],
         }
+    }
+
+    /// A pseudo-random rank-`m` pair with a few large P entries (what clipping is for).
+    fn rand_lr(n: usize, m: usize, f: usize, seed: u64) -> LowRank {
+        let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        let mut next = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        };
+        let p = (0..n * m)
+            .map(|i| next() * if i % 37 == 5 { 12.0 } else { 1.0 } * (m - i % m) as f32)
+            .collect();
+        let w = (0..m * f).map(|_| next()).collect();
+        LowRank {
+            p: Mat::from_f32(n, m, p).unwrap(),
+            wt: Mat::from_f32(m, f, w).unwrap(),
+            spectrum: vec![],
+        }
+    }
+
+    #[test]
+    fn refit_codes_round_trip_and_lower_the_error() {
+        let err = |a: &LowRank, b: &LowRank, r: &[f32]| -> f64 {
+            let f = a.wt.cols();
+            a.dense()
+                .iter()
+                .zip(b.dense())
+                .enumerate()
+                .map(|(i, (x, y))| r[i / f] as f64 * ((x - y) as f64).powi(2))
+                .sum()
+        };
+        let (mut plain, mut refit) = (0.0, 0.0);
+        for seed in 1..13u64 {
+            let (n, m, f) = (96, 6, 40);
+            let orig = rand_lr(n, m, f, seed);
+            let r: Vec<f32> = (0..n).map(|t| 0.2 + ((t as u64 * 7 + seed) % 5) as f32).collect();
+            for (q, g) in [(Quant::Int4, [Grain::Group; 2]), (Quant::Int8, [Grain::Direction; 2])] {
+                let (deq, s) = quantise_refit(&orig, q, g, Some(&r), None).unwrap();
+                assert_eq!(s.grain, g);
+                let (pc, wc) = codes(&deq, &s).unwrap();
+                assert!(pc.iter().chain(&wc).all(|c| c.unsigned_abs() as i32 <= q.max_code()));
+                let back = dequantise(n, m, f, &pc, &wc, &s, deq.spectrum.clone()).unwrap();
+                assert_eq!(back, deq, "{q:?}: values must be code x scale");
+                if q == Quant::Int4 {
+                    plain += err(&orig, &quantise_grains(&orig, q, g).unwrap().0, &r);
+                    refit += err(&orig, &deq, &r);
+                }
+            }
+        }
+        assert!(refit < 0.9 * plain, "refit {refit} vs plain {plain}");
+        assert!(quantise_refit(&lr(), Quant::Int4, [Grain::Group; 2], Some(&[1.0; 3]), None).is_err());
+        let (same, _) = quantise_refit(&lr(), Quant::None, [Grain::Direction; 2], None, None).unwrap();
+        assert_eq!(same, lr());
     }
 
     #[test]

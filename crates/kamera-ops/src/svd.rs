@@ -20,7 +20,57 @@ pub struct Svd {
 impl Svd {
     /// Decomposes an f32 view of `m`.
     pub fn compute(m: &Mat) -> Result<Svd> {
+        Svd::of_rows(m.rows(), m.cols(), &m.to_f32_vec())
+    }
+
+    /// The best rank-m approximations of `m` under the weighted error
+    /// Σ_ij r_i c_j (m_ij − x_ij)² with separable weights `r` (per row, e.g. per token) and `c`
+    /// (per column, e.g. per feature), all finite and > 0 (`None`: all 1). Exact for separable
+    /// weights: the plain SVD of diag(√r) · m · diag(√c), its factors scaled back (P rows by
+    /// 1/√r, Wᵀ columns by 1/√c). The singular values (and [`Svd::tail_energy`]) are those of
+    /// the weighted matrix: the weighted error of each truncation.
+    pub fn compute_weighted(m: &Mat, w: &crate::weights::MatWeights) -> Result<Svd> {
+        const OP: &str = "Svd::compute_weighted";
         let (rows, cols) = (m.rows(), m.cols());
+        let sqrt = |ws: &Option<Vec<f32>>, len: usize, what: &str| -> Result<Option<Vec<f32>>> {
+            let Some(ws) = ws else { return Ok(None) };
+            if ws.len() != len {
+                return Err(crate::error::shape(OP, format!("{what} weights"), len, ws.len()));
+            }
+            if let Some(i) = ws.iter().position(|x| !(x.is_finite() && *x > 0.0)) {
+                return Err(crate::error::invalid(
+                    OP,
+                    "weights",
+                    format!("{what} weight {i} is {} (finite and > 0 expected)", ws[i]),
+                ));
+            }
+            Ok(Some(ws.iter().map(|x| x.sqrt()).collect()))
+        };
+        let (r, c) = (sqrt(&w.rows, rows, "row")?, sqrt(&w.cols, cols, "column")?);
+        let mut data = m.to_f32_vec();
+        for (i, row) in data.chunks_mut(cols.max(1)).enumerate() {
+            let ri = r.as_ref().map_or(1.0, |r| r[i]);
+            for (j, x) in row.iter_mut().enumerate() {
+                *x *= ri * c.as_ref().map_or(1.0, |c| c[j]);
+            }
+        }
+        let mut s = Svd::of_rows(rows, cols, &data)?;
+        let k = s.max_rank();
+        if let Some(r) = &r {
+            for (i, row) in s.us.chunks_mut(k.max(1)).enumerate() {
+                row.iter_mut().for_each(|x| *x /= r[i]);
+            }
+        }
+        if let Some(c) = &c {
+            for row in s.vt.chunks_mut(cols.max(1)) {
+                row.iter_mut().zip(c).for_each(|(x, cj)| *x /= cj);
+            }
+        }
+        Ok(s)
+    }
+
+    /// Decomposes a row-major `rows x cols` matrix.
+    fn of_rows(rows: usize, cols: usize, data: &[f32]) -> Result<Svd> {
         let k = rows.min(cols);
         if k == 0 {
             return Ok(Svd {
@@ -31,7 +81,6 @@ impl Svd {
                 singular: vec![],
             });
         }
-        let data = m.to_f32_vec();
         let a = faer::Mat::<f32>::from_fn(rows, cols, |i, j| data[i * cols + j]);
         let svd = a.thin_svd().map_err(|_| Error::Svd {
             op: "Svd::compute",

@@ -136,6 +136,21 @@ pub fn default_patch_points() -> Vec<PatchPoint> {
             0.911,
             0.101,
         ),
+        // Error-aware 4-bit factors (`/rf`: clipped scales, Wᵀ refitted to the quantised P),
+        // formed from the deficit alone like every point here. The attention-weighted points
+        // (`/w`, 0.954-0.968 at +9.6% on SmolLM2) need the query statistics of a probed
+        // conditioned prefill, which the runtime's patch formation does not take yet.
+        PatchPoint {
+            label: "kamera-budget:0.095/q4/rf".into(),
+            config: PatchConfig {
+                rank: RankPolicy::Budget { fraction: 0.095 },
+                quant: Quant::Int4,
+                refit: true,
+                ..PatchConfig::fixed(0, DType::Bf16)
+            },
+            gap: 0.933,
+            bytes: 0.096,
+        },
     ]
 }
 

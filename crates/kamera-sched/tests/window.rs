@@ -499,6 +499,7 @@ fn cost_model_explains_each_choice() {
     assert_eq!(v.0, kamera_sched::OrbitVariant::Slot);
     let p = c.patch_point().unwrap();
     assert!(p.bytes <= c.patch_bytes_budget, "{p:?}");
+    assert_eq!((p.label.as_str(), p.config.refit), ("kamera-budget:0.095/q4/rf", true));
     assert!(
         c.reorder(300, 3, 10, false, v)
             .to_string()
