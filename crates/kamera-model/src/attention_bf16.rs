@@ -14,7 +14,7 @@ const BLOCK: usize = 128;
 /// Queries per block for `n` queries and `kvh` heads: at most [`BLOCK`], and small enough that
 /// a short prefill (a question over a long context) still gives every thread a few tasks.
 fn block_size(n: usize, kvh: usize) -> usize {
-    let wanted = (3 * rayon::current_num_threads()).div_ceil(kvh.max(1)).max(1);
+    let wanted = rayon::current_num_threads().div_ceil(kvh.max(1)).max(1);
     n.div_ceil(wanted).next_multiple_of(16).clamp(16, BLOCK)
 }
 
