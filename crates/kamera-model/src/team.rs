@@ -69,8 +69,9 @@ static SOLO_LEFT: AtomicUsize = AtomicUsize::new(0);
 impl Contention {
     /// Steps run alone after a contended one.
     pub(crate) const SOLO_STEPS: usize = 64;
-    /// Yields in one step that mark it contended (an idle machine gives none).
-    const YIELDS: usize = 4;
+    /// Yields in one step that mark it contended: a busy core makes nearly every one of a step's
+    /// 90-150 barriers yield, an idle machine's scheduling noise a few.
+    const YIELDS: usize = 16;
 
     /// The workers for the next step: `n`, or 1 while recovering from contention.
     pub(crate) fn workers(n: usize) -> usize {
