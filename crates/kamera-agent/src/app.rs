@@ -167,11 +167,7 @@ impl AgentBuilder {
         let model = match (self.model, self.model_path) {
             (Some(m), _) => m,
             (None, Some(p)) => load_with(&p, precision)?,
-            (None, None) => {
-                let path = kamera_model::fetch(ModelName::Smollm2_135m, &kamera_model::default_home())
-                    .map_err(model("fetch"))?;
-                load_with(&path, precision)?
-            }
+            (None, None) => default_model_with(&kamera_model::default_home(), precision)?,
         };
         let task = self.task.unwrap_or_default();
         let origin = self.start_url.as_deref().map(origin_of).unwrap_or_default();
@@ -219,8 +215,12 @@ impl AgentBuilder {
 /// SmolLM2-135M-Instruct, with the fastest prefill precision this CPU runs: what
 /// [`AgentBuilder::build`] loads when given no model.
 pub fn default_model(home: &std::path::Path) -> Result<Arc<Model>> {
+    default_model_with(home, kamera_model::PrefillPrecision::fastest())
+}
+
+fn default_model_with(home: &std::path::Path, precision: kamera_model::PrefillPrecision) -> Result<Arc<Model>> {
     let path = kamera_model::fetch(ModelName::Smollm2_135m, home).map_err(model("fetch"))?;
-    load_with(&path, kamera_model::PrefillPrecision::fastest())
+    load_with(&path, precision)
 }
 
 fn load_with(path: &std::path::Path, precision: kamera_model::PrefillPrecision) -> Result<Arc<Model>> {

@@ -82,18 +82,7 @@ pub fn set_precision(model: &mut Model, m: &ModelArgs, n: usize) -> Result<Optio
     let reference = model.prefill(&ids, 0, &model.empty_context())?.logits;
     model.set_prefill_precision(p)?;
     let fast = model.prefill(&ids, 0, &model.empty_context())?.logits;
-    Ok(Some(kl(&reference, &fast)))
-}
-
-/// KL(softmax(p) ‖ softmax(q)) in nats.
-pub fn kl(p: &[f32], q: &[f32]) -> f64 {
-    let log_softmax = |x: &[f32]| {
-        let m = x.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
-        let z = x.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln() + m;
-        x.iter().map(|&v| v as f64 - z).collect::<Vec<f64>>()
-    };
-    let (lp, lq) = (log_softmax(p), log_softmax(q));
-    lp.iter().zip(&lq).map(|(a, b)| a.exp() * (a - b)).sum()
+    Ok(Some(kamera_eval::kl(&reference, &fast)))
 }
 
 /// Deterministic filler tokens: the tokenization of a long plain-English text.

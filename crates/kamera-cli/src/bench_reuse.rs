@@ -51,12 +51,8 @@ pub struct ReuseArgs {
 }
 
 pub fn run(a: ReuseArgs) -> Result<()> {
-    let mut model = crate::models::load(&a.model)?;
-    let precision = a
-        .prefill_precision
-        .unwrap_or_else(kamera_model::PrefillPrecision::fastest);
-    model.set_prefill_precision(precision)?;
-    eprintln!("{}: prefill precision {precision}", a.model);
+    let model = crate::models::load_with(&a.model, a.prefill_precision)?;
+    eprintln!("{}: prefill precision {}", a.model, model.prefill_precision());
     let mut json = serde_json::Map::new();
     if model.vision().is_some() {
         let size = a

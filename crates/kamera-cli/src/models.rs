@@ -110,9 +110,14 @@ fn write_added(added: &std::collections::BTreeMap<String, PathBuf>) -> Result<()
 /// path to a `.gguf` file or by a model directory, with the fastest prefill precision this CPU
 /// runs (as the agent builder loads it).
 pub fn load(model: &str) -> Result<Model> {
+    load_with(model, None)
+}
+
+/// [`load`] with a prefill precision (`None`: the fastest this CPU runs).
+pub fn load_with(model: &str, precision: Option<kamera_model::PrefillPrecision>) -> Result<Model> {
     let path = resolve(model)?;
     let mut m = Model::load(&path).with_context(|| format!("loading {}", path.display()))?;
-    m.set_prefill_precision(kamera_model::PrefillPrecision::fastest())?;
+    m.set_prefill_precision(precision.unwrap_or_else(kamera_model::PrefillPrecision::fastest))?;
     Ok(m)
 }
 

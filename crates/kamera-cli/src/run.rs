@@ -137,18 +137,12 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 }
 
 fn load_model(m: &ModelArg) -> Result<Arc<Model>> {
-    let mut model = match &m.model {
-        Some(name) => crate::models::load(name)?,
-        None => {
-            let home = kamera_model::default_home();
-            let path = crate::progress::fetch(kamera_model::ModelName::Smollm2_135m, &home)?;
-            Model::load(&path).context("loading the default model (SmolLM2-135M-Instruct)")?
-        }
-    };
-    let precision = m
-        .prefill_precision
-        .unwrap_or_else(kamera_model::PrefillPrecision::fastest);
-    model.set_prefill_precision(precision)?;
+    let name = m
+        .model
+        .as_deref()
+        .unwrap_or(kamera_model::ModelName::Smollm2_135m.as_str());
+    let model =
+        crate::models::load_with(name, m.prefill_precision).with_context(|| format!("loading the model {name:?}"))?;
     Ok(Arc::new(model))
 }
 

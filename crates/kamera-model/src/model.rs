@@ -482,7 +482,8 @@ impl Model {
     }
 
     /// Sets how prefills of 32 tokens or more multiply by the quantized weights (f32 by
-    /// default); an error names what is missing when this CPU cannot run `p`.
+    /// default; a model without quantized weights, e.g. from safetensors, stays f32); an error
+    /// names what is missing when this CPU cannot run `p`.
     pub fn set_prefill_precision(&mut self, p: crate::PrefillPrecision) -> Result<()> {
         if !p.available() {
             return Err(crate::Error::Invalid {
@@ -490,11 +491,11 @@ impl Model {
                 detail: format!("{p} prefill needs a CPU with AVX-512F and AVX512_BF16"),
             });
         }
-        self.weights.set_precision(p);
-        self.precision = p;
+        let took = self.weights.set_precision(p);
+        self.precision = if took { p } else { crate::PrefillPrecision::F32 };
         // Canonical KV from bf16 products differs (slightly) from f32's: the store keeps them
         // apart. f32 keeps the fingerprint a model always had.
-        self.fingerprint = match p {
+        self.fingerprint = match self.precision {
             crate::PrefillPrecision::F32 => self.base_fingerprint.clone(),
             other => {
                 let d = Sha256::new()

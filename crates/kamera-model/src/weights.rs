@@ -69,11 +69,12 @@ impl WeightBytes {
 }
 
 impl Weights {
-    /// Sets the arithmetic of every quantized matrix's long products.
-    pub fn set_precision(&mut self, p: crate::PrefillPrecision) {
-        self.embed.set_precision(p);
+    /// Sets the arithmetic of every quantized matrix's long products; whether any took it
+    /// (dense weights are always f32).
+    pub fn set_precision(&mut self, p: crate::PrefillPrecision) -> bool {
+        let mut any = self.embed.set_precision(p);
         if let Some(h) = &mut self.lm_head {
-            h.set_precision(p);
+            any |= h.set_precision(p);
         }
         for l in &mut self.layers {
             for w in [
@@ -85,9 +86,10 @@ impl Weights {
                 &mut l.w_up,
                 &mut l.w_down,
             ] {
-                w.set_precision(p);
+                any |= w.set_precision(p);
             }
         }
+        any
     }
 
     pub fn bytes(&self) -> WeightBytes {

@@ -103,3 +103,22 @@ fn missing_or_misshaped_tensors_are_named() -> Result<()> {
     std::fs::remove_dir_all(empty)?;
     Ok(())
 }
+
+/// A model of dense f32 weights (safetensors) has no quantized products to change: asking for
+/// bf16 leaves it, and its fingerprint (the store's key), at f32.
+#[test]
+fn dense_weights_stay_f32_whatever_the_prefill_precision() -> Result<()> {
+    use kamera_model::PrefillPrecision;
+    let mut m = Model::load(&tiny())?;
+    let fp = m.fingerprint().to_string();
+    if PrefillPrecision::Bf16.available() {
+        m.set_prefill_precision(PrefillPrecision::Bf16)?;
+    }
+    anyhow::ensure!(
+        m.prefill_precision() == PrefillPrecision::F32,
+        "{}",
+        m.prefill_precision()
+    );
+    anyhow::ensure!(m.fingerprint() == fp, "the fingerprint changed");
+    Ok(())
+}

@@ -305,10 +305,15 @@ impl Linear {
         }
     }
 
-    /// Sets the arithmetic of this weight's long products (dense weights are always f32).
-    pub fn set_precision(&mut self, p: PrefillPrecision) {
-        if let Linear::Quant(q) = self {
-            q.precision = p;
+    /// Sets the arithmetic of this weight's long products; whether it took it (dense weights
+    /// are always f32).
+    pub fn set_precision(&mut self, p: PrefillPrecision) -> bool {
+        match self {
+            Linear::Quant(q) => {
+                q.precision = p;
+                true
+            }
+            Linear::Dense(_) => false,
         }
     }
 
