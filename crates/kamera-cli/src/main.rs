@@ -82,13 +82,16 @@ fn init_tracing(verbose: u8) {
 /// glibc's malloc serves blocks over its mmap threshold (128 KiB, raised only as such blocks are
 /// freed) from fresh mappings and trims freed heap tops at twice it, so a chunk's KV, a patch or
 /// a prefill's activations are page-faulted in anew on every use. Served from the heap, and kept
-/// when freed up to 64 MiB at the top, they are reused instead.
+/// when freed up to 64 MiB at the top, they are reused instead. One arena: the model runs on
+/// rayon's workers, whose own arenas are 64 MiB heaps that glibc unmaps as soon as they are
+/// wholly free, which would fault a chunk's KV in anew after every prefill.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 fn keep_freed_memory() {
     // SAFETY: mallopt only sets allocator parameters; called before any thread is started.
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
         libc::mallopt(libc::M_TRIM_THRESHOLD, 64 << 20);
+        libc::mallopt(libc::M_ARENA_MAX, 1);
     }
 }
 

@@ -18,6 +18,29 @@ fn block_size(n: usize, kvh: usize) -> usize {
     n.div_ceil(wanted).next_multiple_of(16).clamp(16, BLOCK)
 }
 
+/// Per-thread buffers of a block, reused across blocks and calls (their sizes repeat).
+#[derive(Default)]
+struct Scratch {
+    keys: Vec<u32>,
+    values: Vec<u32>,
+    work: Work,
+}
+
+/// A block's queries as pairs, its scores, one softmax row and the probabilities as pairs.
+#[derive(Default)]
+struct Work {
+    queries: Vec<u32>,
+    scores: Vec<f32>,
+    row: Vec<f32>,
+    probs: Vec<u32>,
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::default();
+    /// K and V of every head packed once by [`attend_short`] (taken out while in use).
+    static PACKED: std::cell::RefCell<Vec<Vec<u32>>> = std::cell::RefCell::default();
+}
+
 /// K or V rows read in place: head `h`'s row `j` starts at `h · head_stride + j · hd`.
 #[derive(Clone, Copy)]
 pub(crate) struct Rows<'a> {
@@ -39,22 +62,124 @@ pub(crate) fn attend(
     window: Option<usize>,
 ) -> Vec<f32> {
     assert!(hd % 16 == 0 && q.len() == kvh * g * n * hd && q_pos.len() == n);
-    let mut out = vec![0f32; kvh * g * n * hd];
+    if n <= BLOCK {
+        return attend_short(q, (kvh, g, n, hd), k, v, q_pos, k_pos, scale, window);
+    }
     let bs = block_size(n, kvh);
     let blocks = n.div_ceil(bs);
     let outs: Vec<(usize, usize, Vec<f32>)> = (0..kvh * blocks)
         .into_par_iter()
         .map(|t| {
             let (h, b) = (t / blocks, t % blocks);
-            let b0 = b * bs;
-            let nb = bs.min(n - b0);
-            (
-                h,
-                b0,
-                block(q, (g, n, hd), h, b0, nb, k, v, q_pos, k_pos, scale, window),
-            )
+            let (b0, nb) = (b * bs, bs.min(n - b * bs));
+            let qb = Queries { q, g, n, hd, h, b0, nb };
+            let (lo, hi) = visible(&q_pos[b0..b0 + nb], k_pos, window);
+            let mut o = vec![0f32; g * nb * hd];
+            if lo < hi {
+                SCRATCH.with_borrow_mut(|sc| {
+                    let (keys, values) = (
+                        &k.data[h * k.head_stride + lo * hd..],
+                        &v.data[h * v.head_stride + lo * hd..],
+                    );
+                    bf16::pack_rows_into(keys, hd, hi - lo, hd, &mut sc.keys);
+                    bf16::pack_value_pairs_into(values, hd, hi - lo, hd, &mut sc.values);
+                    qb.attend(
+                        &sc.keys,
+                        &sc.values,
+                        (lo, hi),
+                        q_pos,
+                        k_pos,
+                        scale,
+                        window,
+                        &mut sc.work,
+                        &mut o,
+                    );
+                });
+            }
+            (h, b0, o)
         })
         .collect();
+    gather(outs, (kvh, g, n, hd))
+}
+
+/// Few queries (a question after a long context, at most [`BLOCK`]): every block of a head
+/// reads nearly the same keys, so each head's K and V are packed once (heads and channels in
+/// parallel) and blocks of 16 or more queries share them, enough tasks for every core.
+#[allow(clippy::too_many_arguments)]
+fn attend_short(
+    q: &[f32],
+    (kvh, g, n, hd): (usize, usize, usize, usize),
+    k: Rows<'_>,
+    v: Rows<'_>,
+    q_pos: &[i64],
+    k_pos: &[i64],
+    scale: f32,
+    window: Option<usize>,
+) -> Vec<f32> {
+    let (lo, hi) = visible(q_pos, k_pos, window);
+    if lo >= hi {
+        return vec![0f32; kvh * g * n * hd];
+    }
+    let kn = hi - lo;
+    let mut packed = PACKED.with(|p| {
+        p.try_borrow_mut()
+            .map(|mut b| std::mem::take(&mut *b))
+            .unwrap_or_default()
+    });
+    packed.resize_with(2 * kvh, Vec::new);
+    packed.par_iter_mut().enumerate().for_each(|(j, buf)| {
+        let h = j / 2;
+        if j % 2 == 0 {
+            bf16::pack_rows_into(&k.data[h * k.head_stride + lo * hd..], hd, kn, hd, buf);
+        } else {
+            bf16::pack_value_pairs_into(&v.data[h * v.head_stride + lo * hd..], hd, kn, hd, buf);
+        }
+    });
+    let per_head = rayon::current_num_threads().saturating_mul(2).div_ceil(kvh).max(1);
+    let bs = n.div_ceil(per_head).next_multiple_of(16).max(16);
+    let blocks = n.div_ceil(bs);
+    let outs: Vec<(usize, usize, Vec<f32>)> = (0..kvh * blocks)
+        .into_par_iter()
+        .map(|t| {
+            let (h, b) = (t / blocks, t % blocks);
+            let (b0, nb) = (b * bs, bs.min(n - b * bs));
+            let qb = Queries { q, g, n, hd, h, b0, nb };
+            let mut o = vec![0f32; g * nb * hd];
+            SCRATCH.with_borrow_mut(|sc| {
+                let (keys, values) = (&packed[2 * h], &packed[2 * h + 1]);
+                qb.attend(
+                    keys,
+                    values,
+                    (lo, hi),
+                    q_pos,
+                    k_pos,
+                    scale,
+                    window,
+                    &mut sc.work,
+                    &mut o,
+                );
+            });
+            (h, b0, o)
+        })
+        .collect();
+    PACKED.with(|p| {
+        if let Ok(mut b) = p.try_borrow_mut() {
+            *b = packed;
+        }
+    });
+    gather(outs, (kvh, g, n, hd))
+}
+
+/// Keys visible to some query at `qp` (increasing): positions in (first − window, last], as a
+/// range of key indices.
+fn visible(qp: &[i64], k_pos: &[i64], window: Option<usize>) -> (usize, usize) {
+    let lo = window.map_or(0, |w| k_pos.partition_point(|&p| p <= qp[0] - w as i64));
+    (lo, k_pos.partition_point(|&p| p <= qp[qp.len() - 1]))
+}
+
+/// Blocks' outputs (`[g, nb, hd]` each, with their head and first query) into `[kvh, g, n, hd]`.
+fn gather(outs: Vec<(usize, usize, Vec<f32>)>, (kvh, g, n, hd): (usize, usize, usize, usize)) -> Vec<f32> {
+    let mut out = vec![0f32; kvh * g * n * hd];
     for (h, b0, o) in outs {
         let nb = o.len() / (g * hd);
         for gi in 0..g {
@@ -65,56 +190,67 @@ pub(crate) fn attend(
     out
 }
 
-/// One KV head's block of `nb` queries from `b0`, its `g` query heads stacked: `[g, nb, hd]`.
-#[allow(clippy::too_many_arguments)]
-fn block(
-    q: &[f32],
-    (g, n, hd): (usize, usize, usize),
+/// One KV head's block of `nb` queries from `b0` of `q: [kvh, g, n, hd]`, its `g` query heads
+/// stacked (`m = g · nb` rows).
+#[derive(Clone, Copy)]
+struct Queries<'a> {
+    q: &'a [f32],
+    g: usize,
+    n: usize,
+    hd: usize,
     h: usize,
     b0: usize,
     nb: usize,
-    k: Rows<'_>,
-    v: Rows<'_>,
-    q_pos: &[i64],
-    k_pos: &[i64],
-    scale: f32,
-    window: Option<usize>,
-) -> Vec<f32> {
-    let m = g * nb;
-    let mut o = vec![0f32; m * hd];
-    let qp = &q_pos[b0..b0 + nb];
-    // Keys visible to some query of the block: positions in (first − window, last].
-    let lo = window.map_or(0, |w| k_pos.partition_point(|&p| p <= qp[0] - w as i64));
-    let hi = k_pos.partition_point(|&p| p <= qp[nb - 1]);
-    if lo >= hi {
-        return o;
-    }
-    let kn = hi - lo;
-    let mut a = Vec::with_capacity(m * hd / 2);
-    for gi in 0..g {
-        let at = ((h * g + gi) * n + b0) * hd;
-        a.extend(bf16::to_pairs(&q[at..at + nb * hd]));
-    }
-    let keys = &k.data[h * k.head_stride + lo * hd..];
-    let packed = bf16::pack_rows(keys, hd, kn, hd);
-    // Scores with an even row length (the value pairs), the last column 0 past an odd count.
-    let ks = kn + kn % 2;
-    let mut s = vec![0f32; m * ks];
-    // SAFETY: s holds m rows of ks >= kn columns; the CPU has the kernel (the caller's precision).
-    unsafe { bf16::product(&a, m, hd / 2, &packed, kn, s.as_mut_ptr(), ks) };
-    let mut p = vec![0f32; m * ks];
-    for (r, (pr, sr)) in p.chunks_exact_mut(ks).zip(s.chunks_exact(ks)).enumerate() {
-        let qpos = qp[r % nb];
-        let vhi = k_pos[lo..hi].partition_point(|&kp| kp <= qpos);
-        let vlo = window.map_or(0, |w| k_pos[lo..hi].partition_point(|&kp| kp <= qpos - w as i64));
-        if vlo < vhi {
-            softmax_row(&sr[vlo..vhi], &mut pr[vlo..vhi], scale);
+}
+
+impl Queries<'_> {
+    /// Into `o: [g, nb, hd]`, against keys `lo..hi` packed as `keys` ([`bf16::pack_rows_into`])
+    /// and `values` ([`bf16::pack_value_pairs_into`]): scores, then per query the softmax over
+    /// the keys it sees (zero elsewhere), then P · V.
+    #[allow(clippy::too_many_arguments)]
+    fn attend(
+        &self,
+        keys: &[u32],
+        values: &[u32],
+        (lo, hi): (usize, usize),
+        q_pos: &[i64],
+        k_pos: &[i64],
+        scale: f32,
+        window: Option<usize>,
+        w: &mut Work,
+        o: &mut [f32],
+    ) {
+        let Queries { q, g, n, hd, h, b0, nb } = *self;
+        let (m, kn) = (g * nb, hi - lo);
+        let qp = &q_pos[b0..b0 + nb];
+        // Scores with an even row length (the value pairs), the last column 0 past an odd count.
+        let ks = kn + kn % 2;
+        let a = bf16::grown(&mut w.queries, m * hd / 2);
+        for gi in 0..g {
+            let at = ((h * g + gi) * n + b0) * hd;
+            let dst = gi * nb * hd / 2;
+            bf16::round_pairs(&q[at..at + nb * hd], &mut a[dst..dst + nb * hd / 2]);
         }
+        let s = bf16::grown(&mut w.scores, m * ks);
+        // SAFETY: s holds m rows of ks >= kn columns; the CPU has the kernel (the caller's precision).
+        unsafe { bf16::product(a, m, hd / 2, keys, kn, s.as_mut_ptr(), ks) };
+        let pa = bf16::grown(&mut w.probs, m * ks / 2);
+        let row = bf16::grown(&mut w.row, ks);
+        let kp = &k_pos[lo..hi];
+        for (r, (par, sr)) in pa.chunks_exact_mut(ks / 2).zip(s.chunks_exact(ks)).enumerate() {
+            let qpos = qp[r % nb];
+            let vhi = kp.partition_point(|&p| p <= qpos);
+            let vlo = window
+                .map_or(0, |w| kp.partition_point(|&p| p <= qpos - w as i64))
+                .min(vhi);
+            row[..vlo].fill(0.0);
+            row[vhi..].fill(0.0);
+            if vlo < vhi {
+                softmax_row(&sr[vlo..vhi], &mut row[vlo..vhi], scale);
+            }
+            bf16::round_pairs(row, par);
+        }
+        // SAFETY: o holds m rows of hd; pairs ks / 2 match the value pairs (a zero row past an odd kn).
+        unsafe { bf16::product(pa, m, ks / 2, values, hd, o.as_mut_ptr(), hd) };
     }
-    let pa = bf16::to_pairs(&p);
-    let values = &v.data[h * v.head_stride + lo * hd..];
-    let vpacked = bf16::pack_value_pairs(values, hd, kn, hd);
-    // SAFETY: o holds m rows of hd; pairs ks / 2 match the value pairs (a zero row past an odd kn).
-    unsafe { bf16::product(&pa, m, ks / 2, &vpacked, hd, o.as_mut_ptr(), hd) };
-    o
 }

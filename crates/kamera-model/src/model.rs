@@ -240,6 +240,17 @@ impl Model {
         opts: PrefillOptions,
         mrope: Option<&[[i64; 3]]>,
     ) -> Result<Prefill> {
+        crate::team::on_pool(|| self.forward_rows(input, start_pos, context, opts, mrope))
+    }
+
+    fn forward_rows(
+        &self,
+        input: Input<'_>,
+        start_pos: i64,
+        context: &Context,
+        opts: PrefillOptions,
+        mrope: Option<&[[i64; 3]]>,
+    ) -> Result<Prefill> {
         const OP: &str = "Model::prefill";
         self.check_layout(OP, context)?;
         if !context.is_empty() && context.end() != start_pos {
@@ -333,6 +344,12 @@ impl Model {
         {
             return self.decode_one(row, context);
         }
+        crate::team::on_pool(|| self.extend_rows(input, rotary, context))
+    }
+
+    /// [`Model::extend_with`] for more than one row, on a pool worker.
+    fn extend_rows(&self, input: Input<'_>, rotary: Option<&[[i64; 3]]>, context: &mut Context) -> Result<Prefill> {
+        const OP: &str = "Model::extend";
         let mut x = self.embed(input)?;
         let n = x.dim(0).ctx(OP)?;
         if n == 0 {

@@ -1,10 +1,18 @@
 //! A team of threads for one decode step: every worker runs the whole step on its share of
 //! each product's rows and meets the others at a spinning barrier between dependent phases,
-//! so a token costs one thread start per worker instead of a pool wake-up per product.
+//! so a token costs one thread start per worker instead of a pool wake-up per product; and
+//! [`on_pool`], which runs a prefill on rayon's workers for the same reason.
 
 use std::cell::UnsafeCell;
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Runs `f` on a worker of rayon's pool (inline when already on one): a prefill's products
+/// and attention are each a parallel region, and from a thread outside the pool every region
+/// would also put the caller to sleep and wake it again (tens of µs each in a VM).
+pub(crate) fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    rayon::scope(|_| f())
+}
 
 /// A barrier that spins (then yields) instead of sleeping: a phase of a decode step lasts
 /// microseconds, less than a futex wake-up.

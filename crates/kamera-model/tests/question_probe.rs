@@ -1,7 +1,7 @@
 //! Not a test: `cargo test --release -p kamera-model --test question_probe -- --ignored
 //! --nocapture` times a 32-token question appended to a 4096-token context (the revisit's
 //! question, `Model::extend` in place), f32 and bf16 prefill, best of 5; `PROBE_REPS=N` repeats
-//! the bf16 one N times first, for a profiler.
+//! the bf16 one N times first and skips f32, for a profiler; `PROBE_MODEL=NAME` keeps one model.
 
 mod common;
 
@@ -13,14 +13,19 @@ use kamera_model::{ModelName, PrefillPrecision};
 #[test]
 #[ignore]
 fn question_over_a_long_context() -> Result<()> {
+    let only = std::env::var("PROBE_MODEL").ok();
     for name in [ModelName::Smollm2_135m, ModelName::Gemma3_270m, ModelName::Qwen25_05b] {
+        if only.as_ref().is_some_and(|o| *o != name.to_string()) {
+            continue;
+        }
         let mut m = common::load(name)?;
         let text = "The agent opened the order page and read the status of every line item. ".repeat(400);
         let mut ids = m.tokenizer().encode_raw(&text)?;
         ids.truncate(4096 + 32);
         let (context, question) = ids.split_at(4096);
         for p in [PrefillPrecision::F32, PrefillPrecision::Bf16] {
-            if !p.available() {
+            let profiling = std::env::var("PROBE_REPS").is_ok();
+            if !p.available() || (profiling && p == PrefillPrecision::F32) {
                 continue;
             }
             m.set_prefill_precision(p)?;

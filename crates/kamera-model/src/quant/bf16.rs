@@ -96,30 +96,39 @@ pub(crate) unsafe fn product(a: &[u32], m: usize, pairs: usize, b: &[u32], width
 }
 
 /// `n` rows of `cols` f32 values (row `r` at `src[r · stride..]`, `cols` a multiple of 16) as
-/// packed bf16 tiles for [`product`]: the keys of an attention block.
-pub(crate) fn pack_rows(src: &[f32], stride: usize, n: usize, cols: usize) -> Vec<u32> {
+/// packed bf16 tiles for [`product`] in `out` (grown as needed, its start overwritten): the
+/// keys of an attention block. Lanes past row `n` of the last tile are left as they were;
+/// they only feed output columns past `width`, which [`product`] never writes.
+pub(crate) fn pack_rows_into(src: &[f32], stride: usize, n: usize, cols: usize, out: &mut Vec<u32>) {
     assert!(cols % 16 == 0 && (n == 0 || src.len() >= (n - 1) * stride + cols));
     let pairs = cols / 2;
-    let mut out = vec![0u32; n.div_ceil(TILE) * pairs * TILE];
+    let out = grown(out, n.div_ceil(TILE) * pairs * TILE);
     for (t, tile) in out.chunks_exact_mut(pairs * TILE).enumerate() {
         // SAFETY: callers checked `available()`; rows t·48.. of src are in bounds (asserted).
         unsafe { avx512::pack_f32_tile(src, stride, t * TILE, n, cols, tile) };
     }
-    out
 }
 
 /// The transpose of `n` rows of `cols` values (row `r` at `src[r · stride..]`), packed for
-/// [`product`] with the rows as the summed dimension: tiles of 48 columns, a pair holding rows
-/// `2p` and `2p + 1` (a zero row past an odd `n`). Attention's values: `out = P · V`.
-pub(crate) fn pack_value_pairs(src: &[f32], stride: usize, n: usize, cols: usize) -> Vec<u32> {
+/// [`product`] with the rows as the summed dimension into `out` (as [`pack_rows_into`]): tiles
+/// of 48 columns, a pair holding rows `2p` and `2p + 1` (a zero row past an odd `n`).
+/// Attention's values: `out = P · V`.
+pub(crate) fn pack_value_pairs_into(src: &[f32], stride: usize, n: usize, cols: usize, out: &mut Vec<u32>) {
     assert!(cols % 16 == 0 && (n == 0 || src.len() >= (n - 1) * stride + cols));
     let pairs = n.div_ceil(2);
-    let mut out = vec![0u32; cols.div_ceil(TILE) * pairs * TILE];
+    let out = grown(out, cols.div_ceil(TILE) * pairs * TILE);
     for (t, tile) in out.chunks_exact_mut(pairs * TILE).enumerate() {
         // SAFETY: callers checked `available()`; rows 0..n of src are in bounds (asserted).
         unsafe { avx512::pack_value_tile(src, stride, n, t * TILE, cols, tile) };
     }
-    out
+}
+
+/// The first `len` values of a reused buffer, grown with zeros where it is shorter.
+pub(crate) fn grown<T: Copy + Default>(buf: &mut Vec<T>, len: usize) -> &mut [T] {
+    if buf.len() < len {
+        buf.resize(len, T::default());
+    }
+    &mut buf[..len]
 }
 
 /// `x` rounded to bf16, two per `u32` (the even column in the low half).
@@ -128,11 +137,15 @@ pub(crate) fn to_pairs(x: &[f32]) -> Vec<u32> {
     let chunk = 1 << 14;
     out.par_chunks_mut(chunk / 2)
         .zip(x.par_chunks(chunk))
-        .for_each(|(o, x)| {
-            // SAFETY: callers checked `available()`; `o` holds half of `x`'s values.
-            unsafe { avx512::round_pairs(x, o) }
-        });
+        .for_each(|(o, x)| round_pairs(x, o));
     out
+}
+
+/// [`to_pairs`] into `out` (`x.len() / 2` values), on the calling thread.
+pub(crate) fn round_pairs(x: &[f32], out: &mut [u32]) {
+    assert_eq!(out.len(), x.len() / 2, "bf16::round_pairs lengths");
+    // SAFETY: callers checked `available()`; `out` holds half of `x`'s values (asserted).
+    unsafe { avx512::round_pairs(x, out) }
 }
 
 /// Weight rows `r0..r0 + 48` (zeros past the last row) as bf16 pairs, `[pair][48 rows]`:
