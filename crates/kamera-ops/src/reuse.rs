@@ -2,6 +2,7 @@
 //! the chunk, and context assembly from several placed chunks (KAMERA.md, "The operator").
 
 use std::borrow::Cow;
+use std::mem::MaybeUninit;
 
 use rayon::prelude::*;
 
@@ -24,6 +25,15 @@ pub fn reuse(canonical: &ChunkKv, patch: Option<&Patch>, rope: &RopeSpec, to: i6
         .into_par_iter()
         .map(|l| {
             let channel = |v_channel: bool, cols: usize| -> Result<Mat> {
+                if dtype == DType::F32 {
+                    // Computed in place in the new buffer's capacity, then counted.
+                    let mut v = Vec::<f32>::with_capacity(n * cols);
+                    let fresh = &mut v.spare_capacity_mut()[..n * cols];
+                    fused(canonical, patch, rope, l, v_channel, delta, Out::Fresh(fresh))?;
+                    // SAFETY: the pass wrote every one of the n · cols values (it returned Ok).
+                    unsafe { v.set_len(n * cols) };
+                    return Mat::new(n, cols, Buf::F32(v));
+                }
                 let mut buf = Buf::with_capacity(dtype, n * cols);
                 reuse_rows(canonical, patch, rope, l, v_channel, delta, &mut |_, row| {
                     buf.extend_f32(row)
@@ -208,6 +218,8 @@ struct Fuse<'a> {
 pub(crate) enum Out<'a> {
     Sink(&'a mut dyn FnMut(usize, &[f32])),
     Rows(&'a mut [f32]),
+    /// Rows of a new buffer, not yet written: each block's first pass initialises them.
+    Fresh(&'a mut [MaybeUninit<f32>]),
 }
 
 impl Fuse<'_> {
@@ -255,30 +267,42 @@ impl Fuse<'_> {
         let n = src.len() / cols;
         let mut scratch = match out {
             Out::Sink(_) => vec![0.0f32; BLOCK.min(n) * cols],
-            Out::Rows(_) => Vec::new(),
+            Out::Rows(_) | Out::Fresh(_) => Vec::new(),
         };
         for b0 in (0..n).step_by(BLOCK) {
-            let bn = BLOCK.min(n - b0);
+            let (bn, at) = (BLOCK.min(n - b0), b0 * cols);
             match &mut out {
                 Out::Sink(sink) => {
                     let blk = &mut scratch[..bn * cols];
-                    self.block(src, cols, b0, blk)?;
+                    convert(&src[at..at + bn * cols], blk);
+                    self.block(cols, b0, blk)?;
                     sink(b0, blk);
                 }
-                Out::Rows(d) => self.block(src, cols, b0, &mut d[b0 * cols..(b0 + bn) * cols])?,
+                Out::Rows(d) => {
+                    let blk = &mut d[at..at + bn * cols];
+                    convert(&src[at..at + bn * cols], blk);
+                    self.block(cols, b0, blk)?;
+                }
+                Out::Fresh(d) => {
+                    let blk = &mut d[at..at + bn * cols];
+                    for (r, e) in blk.iter_mut().zip(&src[at..at + bn * cols]) {
+                        r.write(e.to_f32());
+                    }
+                    // SAFETY: the loop above initialised every value of blk (equal lengths:
+                    // n · cols values on both sides).
+                    let blk = unsafe { &mut *(blk as *mut [MaybeUninit<f32>] as *mut [f32]) };
+                    self.block(cols, b0, blk)?;
+                }
             }
         }
         Ok(())
     }
 
-    /// Rows `b0..` of `src` converted, patched, rotated and checked in `blk` (whole rows);
-    /// inlined into each target-feature build of the loop.
+    /// Rows `b0..` of the source, already converted into `blk` (whole rows), patched, rotated
+    /// and checked in place; inlined into each target-feature build of the loop.
     #[inline(always)]
-    fn block<S: Elem>(&self, src: &[S], cols: usize, b0: usize, blk: &mut [f32]) -> Result<(), usize> {
+    fn block(&self, cols: usize, b0: usize, blk: &mut [f32]) -> Result<(), usize> {
         let bn = blk.len() / cols;
-        for (r, e) in blk.iter_mut().zip(&src[b0 * cols..(b0 + bn) * cols]) {
-            *r = e.to_f32();
-        }
         if let Some((p, wt, m)) = &self.patch {
             // blk += P[b0.., :m] · Wᵀ[:m, cols] (KAMERA §3.2: the patch P Wᵀ).
             crate::lowrank::add_product(blk, bn, cols, &p[b0 * m..(b0 + bn) * m], &wt[..m * cols], *m);
@@ -291,6 +315,14 @@ impl Fuse<'_> {
             return Err(b0 * cols + blk.iter().position(|r| !r.is_finite()).unwrap_or(0));
         }
         Ok(())
+    }
+}
+
+/// `dst = src` widened to f32 (equal lengths); inlined into the loop's target-feature builds.
+#[inline(always)]
+fn convert<S: Elem>(src: &[S], dst: &mut [f32]) {
+    for (r, e) in dst.iter_mut().zip(src) {
+        *r = e.to_f32();
     }
 }
 
