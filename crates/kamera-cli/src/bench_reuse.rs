@@ -25,8 +25,9 @@ pub struct ReuseArgs {
     /// Patch rank.
     #[arg(long, default_value_t = 32)]
     rank: usize,
-    /// Repetitions of the cheap measurements (median kept).
-    #[arg(long, default_value_t = 5)]
+    /// Repetitions of the cheap measurements (median kept): enough that a few slow ones on a
+    /// shared machine do not move it.
+    #[arg(long, default_value_t = 15)]
     reps: usize,
     /// Storage type of the canonical KV and patches: f32, bf16 or f16.
     #[arg(long, default_value = "f32")]

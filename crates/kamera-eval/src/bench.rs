@@ -50,7 +50,7 @@ impl Default for BenchConfig {
             chunks: 4,
             question_tokens: 32,
             rank: 32,
-            reps: 5,
+            reps: 15,
             dtype: default_dtype(),
         }
     }
