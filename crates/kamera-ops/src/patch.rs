@@ -30,9 +30,9 @@ pub enum RankPolicy {
     /// As `Budget`, with separate byte budgets (fractions of the chunk's KV bytes) for the K and
     /// the V factors.
     BudgetKv { k: f64, v: f64 },
-    /// As `Budget`, each direction's σ² multiplied by its layer's (K, V) gain: a per-layer
-    /// sensitivity (e.g. 1/‖KV_l‖², the deficit's energy relative to the layer's own KV, where
-    /// sandwich norms make each layer's output scale-free), one pair per layer.
+    /// As `Budget`, each direction's σ² multiplied by its layer's (K, V) gain, one pair per
+    /// layer: a per-layer sensitivity, e.g. the share of the KL a layer's deficit costs over
+    /// that deficit's energy (kamera-eval `/ls`). A gain of 0 gives the layer no directions.
     BudgetGains { fraction: f64, gains: Vec<(f64, f64)> },
     /// Per layer and per K/V, the smallest rank holding share `k` (`v`) of that matrix's
     /// deficit energy.
