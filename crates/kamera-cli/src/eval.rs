@@ -26,7 +26,9 @@ pub struct EvalArgs {
     /// /q8 or /q4 (quantised factors; /q4d, /q4g: 4-bit with per-direction or per-group scales,
     /// /q4a: chosen per factor matrix, /q4=XXXX: d or g for K's P, K's Wᵀ, V's P, V's Wᵀ),
     /// /f32 /f16 /bf16 (float factors; bf16 by default),
-    /// /drop=S (drop layers holding under share S of the deficit energy).
+    /// /drop=S (drop layers holding under share S of the deficit energy), and more (the
+    /// kamera-eval README): /w=LETTERS, /rf, /rel, /ls, /kx=F, /gx=F; oracle-layer:L[k|v],
+    /// oracle-except:L[k|v] probe one layer's sensitivity.
     #[arg(long, default_value = DEFAULT_METHODS)]
     methods: String,
     /// Where to write the JSON report.
@@ -59,6 +61,10 @@ pub struct EvalArgs {
     /// Skip the deficit spectrum and the oracle curve.
     #[arg(long)]
     no_diagnostics: bool,
+    /// A JSON report of a run with `oracle-except:Lk,oracle-except:Lv` for every layer L (on
+    /// other tasks): the per-layer sensitivities `/ls` budgets weigh the layers by.
+    #[arg(long)]
+    layer_sensitivity: Option<PathBuf>,
 }
 
 pub fn run(a: EvalArgs) -> Result<()> {
@@ -68,6 +74,15 @@ pub fn run(a: EvalArgs) -> Result<()> {
         tasks.truncate(n);
     }
     let model = crate::models::load(&a.model)?;
+    let layer_sensitivity = match &a.layer_sensitivity {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            let report: kamera_eval::Report =
+                serde_json::from_str(&text).with_context(|| format!("parsing {}", p.display()))?;
+            kamera_eval::layer_sensitivity(&report)?
+        }
+        None => Vec::new(),
+    };
     let cfg = EvalConfig {
         orbit_orderings: a.orbit_orderings,
         check_layer: a.check_layer,
@@ -79,6 +94,7 @@ pub fn run(a: EvalArgs) -> Result<()> {
         diagnostics: !a.no_diagnostics,
         seed: 0,
         system: a.system.clone(),
+        layer_sensitivity,
     };
     let bar = ProgressBar::new(tasks.len() as u64);
     if std::io::stderr().is_terminal() {

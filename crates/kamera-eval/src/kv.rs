@@ -50,6 +50,21 @@ pub fn splice(base: &ChunkKv, donor: &ChunkKv, take: &[usize]) -> Result<ChunkKv
     ChunkKv::new(*base.layout(), base.offset(), layers).ops("kv::splice")
 }
 
+/// `base` with layer `layer`'s K (`k`) and/or V (`v`) taken from `donor` (same shapes).
+pub fn swap_layer(base: &ChunkKv, donor: &ChunkKv, layer: usize, k: bool, v: bool) -> Result<ChunkKv> {
+    let mut out = base.clone();
+    let (Some(o), Some(d)) = (out.layers_mut().get_mut(layer), donor.layers().get(layer)) else {
+        return Err(crate::run::invalid(&format!("layer {layer} outside the model")));
+    };
+    if k {
+        o.k = d.k.clone();
+    }
+    if v {
+        o.v = d.v.clone();
+    }
+    Ok(out)
+}
+
 /// Per token, the squared L2 distance of its K and V rows summed over layers (both chunks at the
 /// same positions, so RoPE does not change the norms).
 pub fn token_deviation(a: &ChunkKv, b: &ChunkKv) -> Vec<f64> {

@@ -4,6 +4,7 @@
 //! to the full re-prefill (KL, top-1, exact match, log-prob, share of the blind gap recovered)
 //! alongside bytes stored and time. `bench` times reuse against re-prefill in one run.
 
+mod alloc;
 mod bench;
 mod error;
 mod generate;
@@ -16,6 +17,7 @@ mod run;
 mod task;
 mod weighted;
 
+pub use alloc::{Alloc, SENSITIVITY_FLOOR, layer_sensitivity};
 pub use bench::{BenchConfig, BenchReport, Limits, bench_reuse};
 pub use error::{Error, Result};
 pub use generate::{GenConfig, Rng, filler_text, generate};

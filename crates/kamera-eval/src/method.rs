@@ -5,6 +5,8 @@ use std::str::FromStr;
 
 use kamera_ops::{DType, Grain, Grains, PatchConfig, Quant, RankPolicy};
 
+use crate::alloc::Alloc;
+
 use crate::error::{Error, Result};
 
 /// How a patch method forms and stores its patches: the rank policy, the float dtype of the
@@ -23,6 +25,9 @@ pub struct PatchSpec {
     pub weighting: Weighting,
     /// Quantised factors: Wᵀ refitted to the quantised P (`/rf`; kamera-ops `quantise_refit`).
     pub refit: bool,
+    /// How a byte budget weighs the layers (`/rel`, `/ls`, `/kx=F`, `/gx=F`; `kamera-budget`
+    /// only).
+    pub alloc: Alloc,
 }
 
 /// Which attention statistics of the conditioned prefill weigh the deficit's factorisation
@@ -134,6 +139,7 @@ impl PatchSpec {
             drop_below: 0.0,
             weighting: Weighting::default(),
             refit: false,
+            alloc: Alloc::default(),
         }
     }
     /// The operator's patch settings.
@@ -203,6 +209,15 @@ pub enum Method {
     /// Upper bound of token selection: the F most-deviating tokens of each chunk get their
     /// true conditioned KV in every layer.
     OracleTokens { fraction: f64 },
+    /// A layer-sensitivity probe: blind, with the true conditioned K and/or V of one layer
+    /// (`oracle-layer:L`, `oracle-layer:Lk`, `oracle-layer:Lv`); with `except`, the conditioned
+    /// KV with that layer's K and/or V blind (`oracle-except:L`...).
+    OracleLayer {
+        layer: usize,
+        k: bool,
+        v: bool,
+        except: bool,
+    },
 }
 
 fn fraction(spec: &str, arg: &str) -> Result<f64> {
@@ -286,6 +301,25 @@ fn modifiers(spec: &str, mut p: PatchSpec, mods: &[&str]) -> Result<PatchSpec> {
             "bf16" => p.dtype = DType::Bf16,
             d if d.starts_with("drop=") => p.drop_below = fraction(spec, &d[5..])?,
             "rf" => p.refit = true,
+            "rel" => p.alloc.relative = true,
+            "ls" => p.alloc.sensitivity = true,
+            g if g.starts_with("kx=") || g.starts_with("gx=") => {
+                let x: f64 = g[3..].parse().map_err(|_| Error::Method {
+                    spec: spec.into(),
+                    detail: format!("{g}: a number > 0 expected"),
+                })?;
+                if !(x.is_finite() && x > 0.0) {
+                    return Err(Error::Method {
+                        spec: spec.into(),
+                        detail: format!("{g}: a layer gain must be finite and > 0"),
+                    });
+                }
+                if g.starts_with('k') {
+                    p.alloc.k_gain = x;
+                } else {
+                    p.alloc.global_gain = x;
+                }
+            }
             "w" => {
                 p.weighting = Weighting::parse(spec, Weighting::DEFAULT_LETTERS, p.weighting.floor, p.weighting.cap)?
             }
@@ -319,11 +353,17 @@ fn modifiers(spec: &str, mut p: PatchSpec, mods: &[&str]) -> Result<PatchSpec> {
                 return Err(Error::Method {
                     spec: spec.into(),
                     detail: format!(
-                        "unknown modifier {other:?} (q8, q4, q4d, q4g, q4a, q4=XXXX, f32, f16, bf16, drop=S, w, w=LETTERS, wf=F, wc=C, rf)"
+                        "unknown modifier {other:?} (q8, q4, q4d, q4g, q4a, q4=XXXX, f32, f16, bf16, drop=S, w, w=LETTERS, wf=F, wc=C, rf, rel, ls, kx=F, gx=F)"
                     ),
                 });
             }
         }
+    }
+    if p.alloc.any() && !matches!(p.rank, RankPolicy::Budget { .. }) {
+        return Err(Error::Method {
+            spec: spec.into(),
+            detail: "rel, ls, kx and gx weigh a byte budget's layers (kamera-budget only)".into(),
+        });
     }
     Ok(p)
 }
@@ -398,6 +438,22 @@ impl FromStr for Method {
             "oracle-tokens" => no_mods(Method::OracleTokens {
                 fraction: fraction(spec, need()?)?,
             }),
+            "oracle-layer" | "oracle-except" => {
+                let a = need()?;
+                let (num, k, v) = match a.strip_suffix('k') {
+                    Some(n) => (n, true, false),
+                    None => match a.strip_suffix('v') {
+                        Some(n) => (n, false, true),
+                        None => (a, true, true),
+                    },
+                };
+                no_mods(Method::OracleLayer {
+                    layer: count(spec, num)?,
+                    k,
+                    v,
+                    except: name == "oracle-except",
+                })
+            }
             _ => Err(bad("unknown method".into())),
         }
     }
@@ -435,6 +491,18 @@ impl fmt::Display for PatchSpec {
         if self.refit {
             write!(f, "/rf")?;
         }
+        if self.alloc.relative {
+            write!(f, "/rel")?;
+        }
+        if self.alloc.sensitivity {
+            write!(f, "/ls")?;
+        }
+        if self.alloc.k_gain != 1.0 {
+            write!(f, "/kx={}", self.alloc.k_gain)?;
+        }
+        if self.alloc.global_gain != 1.0 {
+            write!(f, "/gx={}", self.alloc.global_gain)?;
+        }
         Ok(())
     }
 }
@@ -451,6 +519,7 @@ impl fmt::Display for Method {
                     RankPolicy::Budget { fraction } => write!(f, "kamera-budget:{fraction}")?,
                     RankPolicy::BudgetShare { fraction } => write!(f, "kamera-share:{fraction}")?,
                     RankPolicy::BudgetKv { k, v } => write!(f, "kamera-kv:{k}+{v}")?,
+                    RankPolicy::BudgetGains { fraction, .. } => write!(f, "kamera-budget:{fraction}")?,
                     RankPolicy::Energy { k, v } => write!(f, "kamera-energy:{k}+{v}")?,
                     RankPolicy::PerLayer(rs) => write!(f, "kamera-per-layer:{rs:?}")?,
                     RankPolicy::PerLayerKv(rs) => write!(f, "kamera-per-layer-kv:{rs:?}")?,
@@ -464,6 +533,15 @@ impl fmt::Display for Method {
             Method::CacheBlend { fraction } => write!(f, "cacheblend:{fraction}"),
             Method::Epic { tokens } => write!(f, "epic:{tokens}"),
             Method::OracleTokens { fraction } => write!(f, "oracle-tokens:{fraction}"),
+            Method::OracleLayer { layer, k, v, except } => {
+                let ch = match (k, v) {
+                    (true, false) => "k",
+                    (false, true) => "v",
+                    _ => "",
+                };
+                let name = if *except { "oracle-except" } else { "oracle-layer" };
+                write!(f, "{name}:{layer}{ch}")
+            }
         }
     }
 }
@@ -500,10 +578,30 @@ mod tests {
             "full, prefix,blind,kamera:32,kamera-budget:0.1,orbit:16,cacheblend:0.15,epic:32,oracle-tokens:0.5,\
              kamera:32/q4/drop=0.01,kamera-kv:0.02+0.06/q8,kamera-energy:0.9,orbit-slot:8/f32,kamera:4/f16,\
              kamera:32/q4d,kamera-budget:0.1/q4a,orbit-slot:16/q4g,kamera:8/q4=gddg,kamera-budget:0.1/q4/w,\
-             kamera:32/w=qkvo2/wf=0.1/q8/rf",
+             kamera:32/w=qkvo2/wf=0.1/q8/rf,kamera-budget:0.095/q4/rf/rel/ls/kx=2/gx=0.5,oracle-layer:3,oracle-layer:17v,oracle-except:2k",
         )
         .unwrap();
-        assert_eq!(ms.len(), 20);
+        assert_eq!(ms.len(), 24);
+        assert_eq!(
+            ms[22].1,
+            Method::OracleLayer {
+                layer: 17,
+                k: false,
+                v: true,
+                except: false
+            }
+        );
+        assert_eq!(ms[23].1.to_string(), "oracle-except:2k");
+        let Method::Kamera(a) = &ms[20].1 else { panic!() };
+        assert_eq!(
+            a.alloc,
+            Alloc {
+                relative: true,
+                sensitivity: true,
+                k_gain: 2.0,
+                global_gain: 0.5
+            }
+        );
         let Method::Kamera(w) = &ms[18].1 else { panic!() };
         assert_eq!(
             (
@@ -566,6 +664,13 @@ mod tests {
             "kamera:8/w=2",
             "kamera:8/wf=0",
             "orbit:8/w",
+            "kamera:8/rel",
+            "orbit-slot:8/ls",
+            "kamera-kv:0.1+0.1/kx=2",
+            "kamera-budget:0.1/kx=0",
+            "kamera-budget:0.1/gx=x",
+            "oracle-layer:x",
+            "oracle-layer:3/q4",
         ] {
             assert!(parse_methods(bad).is_err(), "{bad}");
         }

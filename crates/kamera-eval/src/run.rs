@@ -36,6 +36,10 @@ pub struct EvalConfig {
     /// after (so KV(B|∅) means "no antecedent page", and no chunk ever plays the attention sink).
     /// Empty for the bare setting.
     pub system: String,
+    /// Per layer, the (K, V) share of the blind KL lost when that layer's K (V) is left blind
+    /// (`alloc::layer_sensitivity` of an `oracle-except` run), for `/ls` budgets; empty: none.
+    #[serde(default)]
+    pub layer_sensitivity: Vec<(f64, f64)>,
 }
 
 /// The default system prefix.
@@ -50,6 +54,7 @@ impl Default for EvalConfig {
             diagnostics: true,
             seed: 0,
             system: DEFAULT_SYSTEM.to_string(),
+            layer_sensitivity: Vec::new(),
         }
     }
 }
@@ -65,6 +70,10 @@ pub struct TaskMethod {
     /// Bytes stored for the task's chunks / their canonical KV bytes, as kamera-store encodes
     /// them (canonical KV records in bf16, patch records in their own factor type).
     pub bytes_ratio: f64,
+    /// The largest patch record / that chunk's canonical record, over the chunks whose patch
+    /// keeps a direction (the bytes a patch adds per patched chunk; 0 without patches).
+    #[serde(default)]
+    pub chunk_bytes_max: f64,
     /// Blind KL on the orderings this method was evaluated on (the task's; every ordering of
     /// the orbit for orbit methods): its gap is measured against this.
     #[serde(default)]
@@ -123,6 +132,8 @@ pub(crate) struct Prepared {
     pub(crate) canon: Vec<ChunkKv>,
     /// Encoded bytes of the chunks' canonical KV records (bf16, as kamera-store writes them).
     pub(crate) canon_bytes: usize,
+    /// The same, per chunk.
+    pub(crate) chunk_bytes: Vec<usize>,
     pub(crate) blind: ChunkKv,
     pub(crate) blind_ms: f64,
 }
@@ -256,13 +267,16 @@ impl<'a> Evaluator<'a> {
             .collect::<Result<Vec<_>>>()?;
         let m_fp = ModelFp::of("kamera-eval");
         let key = Key::canonical(m_fp, ChunkId::of(b"chunk", "eval", m_fp));
-        let mut canon_bytes = 0;
+        let mut chunk_bytes = Vec::new();
         for c in &canon {
             let rec = Record::kv(m_fp, 0, c.clone());
-            canon_bytes += codec::encode(&key, &rec, Some(STORE_DTYPE))
-                .map_err(store_err("canonical bytes"))?
-                .len();
+            chunk_bytes.push(
+                codec::encode(&key, &rec, Some(STORE_DTYPE))
+                    .map_err(store_err("canonical bytes"))?
+                    .len(),
+            );
         }
+        let canon_bytes = chunk_bytes.iter().sum();
         let t = Instant::now();
         let parts: Vec<Placement<'_>> = canon.iter().map(|c| Placement { chunk: c, patch: None }).collect();
         let blind = assemble(&parts, m.rope(), start, DType::F32).ops("blind assemble")?;
@@ -281,6 +295,7 @@ impl<'a> Evaluator<'a> {
             cond,
             canon,
             canon_bytes,
+            chunk_bytes,
             blind,
             blind_ms,
         };
@@ -335,25 +350,32 @@ impl<'a> Evaluator<'a> {
             .map(|(i, (s, c))| {
                 let w = weights.map(|w| &w[i]);
                 let (n, kv) = (c.n_tokens(), store_kv_bytes(c));
+                let cfg = kamera_ops::PatchConfig {
+                    rank: spec.alloc.policy(
+                        &cfg.rank,
+                        c,
+                        s,
+                        &self.model.config().local_layers,
+                        &self.cfg.layer_sensitivity,
+                    )?,
+                    ..cfg.clone()
+                };
                 // Ranks from other spectra (the plain ones) than the factors' own.
                 let cfg = match rank_svds {
                     Some(r) => kamera_ops::PatchConfig {
-                        rank: kamera_ops::RankPolicy::PerLayerKv(kamera_ops::policy_ranks(
-                            &r[i],
-                            n,
-                            c.layout(),
-                            kv,
-                            &cfg,
-                        )?),
+                        rank: kamera_ops::RankPolicy::PerLayerKv(
+                            kamera_ops::policy_ranks(&r[i], n, c.layout(), kv, &cfg).ops("patch ranks")?,
+                        ),
                         drop_below: 0.0,
-                        ..cfg.clone()
+                        ..cfg
                     },
-                    None => cfg.clone(),
+                    None => cfg,
                 };
-                kamera_ops::patch_from_weighted_svds(s, w, n, c.layout(), kv, &cfg).map(Patch::compact_spectra)
+                kamera_ops::patch_from_weighted_svds(s, w, n, c.layout(), kv, &cfg)
+                    .map(Patch::compact_spectra)
+                    .ops("patch formation")
             })
-            .collect::<kamera_ops::Result<Vec<_>>>()
-            .ops("patch formation")?;
+            .collect::<Result<Vec<_>>>()?;
         Ok((patches, ms(t)))
     }
 
@@ -378,10 +400,14 @@ impl<'a> Evaluator<'a> {
         let refs: Vec<Option<&Patch>> = patches.iter().map(Some).collect();
         let (kv, t) = self.assemble(p, &order, &refs)?;
         let bytes = stored_bytes(patches)?;
-        Ok((
-            self.with_region(p, &kv)?,
-            method_cost(1.0 + bytes as f64 / p.canon_bytes as f64, t, patch_ms, 0.0),
-        ))
+        let mut cost = method_cost(1.0 + bytes as f64 / p.canon_bytes as f64, t, patch_ms, 0.0);
+        for (patch, &canon) in patches.iter().zip(&p.chunk_bytes) {
+            if patch.ranks().iter().any(|&(k, v)| k + v > 0) {
+                let r = stored_bytes([patch])? as f64 / canon as f64;
+                cost.chunk_bytes_max = cost.chunk_bytes_max.max(r);
+            }
+        }
+        Ok((self.with_region(p, &kv)?, cost))
     }
 
     /// Oracle token selection: the `fraction` most-deviating tokens of each chunk.
@@ -496,6 +522,18 @@ impl<'a> Evaluator<'a> {
                     let ctx = self.with_region(&p, &region)?;
                     (self.answer_rows(&p, &ctx)?, method_cost(1.0 + fraction, t, 0.0, 0.0))
                 }
+                Method::OracleLayer { layer, k, v, except } => {
+                    let t = Instant::now();
+                    let (base, donor) = if *except {
+                        (&p.conditioned, &p.blind)
+                    } else {
+                        (&p.blind, &p.conditioned)
+                    };
+                    let region = crate::kv::swap_layer(base, donor, *layer, *k, *v)?;
+                    let t = ms(t) + p.blind_ms;
+                    let ctx = self.with_region(&p, &region)?;
+                    (self.answer_rows(&p, &ctx)?, method_cost(1.0, t, 0.0, 0.0))
+                }
             };
             let s = score(&p.full_rows, &rows, &p.answer, vocab);
             results.insert(spec.clone(), finish(s, blind_scores.kl, 1, cost));
@@ -557,6 +595,7 @@ pub(crate) fn method_cost(bytes_ratio: f64, assemble_ms: f64, patch_ms: f64, rec
         answer_logprob: 0.0,
         gap_recovered: 0.0,
         bytes_ratio,
+        chunk_bytes_max: 0.0,
         blind_kl: 0.0,
         orderings: 0,
         assemble_ms,

@@ -30,6 +30,10 @@ pub enum RankPolicy {
     /// As `Budget`, with separate byte budgets (fractions of the chunk's KV bytes) for the K and
     /// the V factors.
     BudgetKv { k: f64, v: f64 },
+    /// As `Budget`, each direction's σ² multiplied by its layer's (K, V) gain, one pair per
+    /// layer: a per-layer sensitivity, e.g. the share of the KL a layer's deficit costs over
+    /// that deficit's energy (kamera-eval `/ls`). A gain of 0 gives the layer no directions.
+    BudgetGains { fraction: f64, gains: Vec<(f64, f64)> },
     /// Per layer and per K/V, the smallest rank holding share `k` (`v`) of that matrix's
     /// deficit energy.
     Energy { k: f64, v: f64 },
@@ -432,15 +436,30 @@ pub fn policy_ranks(
         RankPolicy::PerLayerKv(rs) => return Err(shape(OP, "per-layer (K, V) ranks", layout.n_layers, rs.len())),
         RankPolicy::PerLayer(rs) if rs.len() == layout.n_layers => rs.iter().map(|&m| (m, m)).collect(),
         RankPolicy::PerLayer(rs) => return Err(shape(OP, "per-layer ranks", layout.n_layers, rs.len())),
-        RankPolicy::Budget { fraction } | RankPolicy::BudgetShare { fraction } => {
+        RankPolicy::Budget { fraction }
+        | RankPolicy::BudgetShare { fraction }
+        | RankPolicy::BudgetGains { fraction, .. } => {
             check_share(OP, "budget fraction", *fraction)?;
             let budget = ((*fraction * kv_bytes as f64).floor() as usize).saturating_sub(cfg.layer_bytes(layout));
-            let share = matches!(cfg.rank, RankPolicy::BudgetShare { .. });
+            let gain = match &cfg.rank {
+                RankPolicy::BudgetShare { .. } => Gain::Share,
+                RankPolicy::BudgetGains { gains, .. } => {
+                    if gains.len() != layout.n_layers {
+                        return Err(shape(OP, "per-layer gains", layout.n_layers, gains.len()));
+                    }
+                    for &(k, v) in gains {
+                        check_share(OP, "layer gain", k)?;
+                        check_share(OP, "layer gain", v)?;
+                    }
+                    Gain::Layers(gains)
+                }
+                _ => Gain::Energy,
+            };
             let cost = [
                 cfg.direction_bytes(n, layout.k_features()),
                 cfg.direction_bytes(n, layout.v_features()),
             ];
-            budget_ranks(svds, cost, [budget, budget], true, share)
+            budget_ranks(svds, cost, [budget, budget], true, gain)
         }
         RankPolicy::BudgetKv { k, v } => {
             check_share(OP, "K budget fraction", *k)?;
@@ -451,7 +470,7 @@ pub fn policy_ranks(
                 cfg.direction_bytes(n, layout.k_features()),
                 cfg.direction_bytes(n, layout.v_features()),
             ];
-            budget_ranks(svds, cost, [b(*k), b(*v)], false, false)
+            budget_ranks(svds, cost, [b(*k), b(*v)], false, Gain::Energy)
         }
         RankPolicy::Energy { k, v } => {
             check_share(OP, "K energy share", *k)?;
@@ -508,26 +527,40 @@ fn drop_negligible(svds: &[(Svd, Svd)], mut ranks: Vec<(usize, usize)>, below: f
     ranks
 }
 
-/// Greedy knapsack over directions: highest gain per byte first, the gain being σ² (or, with
-/// `share`, σ² over its matrix's total energy). Within one matrix the cost per direction is
-/// constant and the gain descends, so every matrix keeps a prefix of its directions. With
-/// `joint` K and V share `budget[0]`; otherwise K spends `budget[0]` and V `budget[1]`.
+/// What a direction's σ² is multiplied by in the greedy budget.
+enum Gain<'a> {
+    /// 1: σ² as it is.
+    Energy,
+    /// 1/‖Δ‖² of its own matrix (its energy share).
+    Share,
+    /// Its layer's (K, V) gain.
+    Layers(&'a [(f64, f64)]),
+}
+
+/// Greedy knapsack over directions: highest gain per byte first, the gain being σ² times a
+/// [`Gain`]. Within one matrix the cost per direction is constant and the gain descends, so
+/// every matrix keeps a prefix of its directions. With `joint` K and V share `budget[0]`;
+/// otherwise K spends `budget[0]` and V `budget[1]`.
 fn budget_ranks(
     svds: &[(Svd, Svd)],
     cost: [usize; 2],
     budget: [usize; 2],
     joint: bool,
-    share: bool,
+    gain: Gain<'_>,
 ) -> Vec<(usize, usize)> {
     let mut items: Vec<(f64, usize, usize, usize)> = Vec::new();
     for (l, (sk, sv)) in svds.iter().enumerate() {
         for (ch, s) in [sk, sv].into_iter().enumerate() {
-            let total: f64 = if share { s.tail_energy(0) } else { 1.0 };
-            if total <= 0.0 {
+            let g = match &gain {
+                Gain::Energy => 1.0,
+                Gain::Share => 1.0 / s.tail_energy(0),
+                Gain::Layers(gs) => [gs[l].0, gs[l].1][ch],
+            };
+            if !(g.is_finite() && g > 0.0) {
                 continue;
             }
             for (j, &x) in s.singular.iter().enumerate() {
-                items.push(((x as f64).powi(2) / total / cost[ch] as f64, l, ch, j));
+                items.push(((x as f64).powi(2) * g / cost[ch] as f64, l, ch, j));
             }
         }
     }

@@ -380,3 +380,66 @@ fn slot_orbit_patches_split_by_slot() {
     assert_eq!(slots[2].as_ref(), Some(&two));
     assert!(slot_orbit_patches(&[(3, a)], 3, &canonical, &rope, &cfg).is_err());
 }
+
+/// Per-layer gains: unit gains are the plain budget; a layer with gain 0 gets no directions
+/// and its bytes go elsewhere; a gained layer never gets fewer directions; the budget holds.
+#[test]
+fn budget_gains_weigh_layers() {
+    for (name, layout, rope) in flavours(3) {
+        let canonical = chunk(layout, 24, 0, 41, DType::F32);
+        let cond = conditioned(&canonical, &rope, 6, 40, 42);
+        let kv = canonical.kv_bytes() as f64;
+        let form = |rank| {
+            let cfg = PatchConfig {
+                rank,
+                quant: Quant::Int4,
+                ..PatchConfig::fixed(0, DType::F32)
+            };
+            form_patch(&cond, &canonical, &rope, &cfg).unwrap()
+        };
+        let fraction = 0.15;
+        let plain = form(RankPolicy::Budget { fraction });
+        let unit = form(RankPolicy::BudgetGains {
+            fraction,
+            gains: vec![(1.0, 1.0); 3],
+        });
+        assert_eq!(plain.ranks(), unit.ranks(), "{name}");
+        let muted = form(RankPolicy::BudgetGains {
+            fraction,
+            gains: vec![(0.0, 0.0), (1.0, 1.0), (1.0, 1.0)],
+        });
+        let boosted = form(RankPolicy::BudgetGains {
+            fraction,
+            gains: vec![(1.0, 1.0), (1.0, 1.0), (1e3, 1e3)],
+        });
+        let (p, m, b) = (plain.ranks(), muted.ranks(), boosted.ranks());
+        assert_eq!(m[0], (0, 0), "{name}");
+        assert!(
+            m[1].0 + m[1].1 + m[2].0 + m[2].1 >= p[1].0 + p[1].1 + p[2].0 + p[2].1,
+            "{name}"
+        );
+        assert!(b[2].0 + b[2].1 >= p[2].0 + p[2].1, "{name}");
+        for q in [&unit, &muted, &boosted] {
+            assert!(q.bytes() as f64 <= fraction * kv, "{name}");
+        }
+        let cfg = PatchConfig {
+            rank: RankPolicy::BudgetGains {
+                fraction,
+                gains: vec![(1.0, 1.0); 2],
+            },
+            ..PatchConfig::fixed(0, DType::F32)
+        };
+        assert!(
+            form_patch(&cond, &canonical, &rope, &cfg).is_err(),
+            "{name}: wrong gain count"
+        );
+        let cfg = PatchConfig {
+            rank: RankPolicy::BudgetGains {
+                fraction,
+                gains: vec![(1.0, f64::NAN); 3],
+            },
+            ..cfg
+        };
+        assert!(form_patch(&cond, &canonical, &rope, &cfg).is_err(), "{name}: NaN gain");
+    }
+}
