@@ -443,7 +443,7 @@ impl candle_core::InplaceOp1 for PlaceRows<'_> {
                 for (i, row) in rows.chunks_exact((g * width).max(1)).enumerate() {
                     for (h, src) in row.chunks_exact(width).enumerate() {
                         let at = (h * cap + row0 + t + i) * width;
-                        copy_segment(&mut buf[at..at + width], src);
+                        buf[at..at + width].copy_from_slice(src);
                     }
                 }
             };
@@ -477,18 +477,6 @@ impl candle_core::InplaceOp1 for PlaceRows<'_> {
         }
         Ok(())
     }
-}
-
-/// `dst = src` for one head's row (tens of values): in fixed 16-value pieces the compiler keeps
-/// inline, where `copy_from_slice` of a run-time length is a `memcpy` call per segment.
-#[inline(always)]
-fn copy_segment(dst: &mut [f32], src: &[f32]) {
-    let (mut d, mut s) = (dst.chunks_exact_mut(16), src.chunks_exact(16));
-    for (d, s) in (&mut d).zip(&mut s) {
-        let s: &[f32; 16] = s.try_into().expect("16 values");
-        d.copy_from_slice(s);
-    }
-    d.into_remainder().copy_from_slice(s.remainder());
 }
 
 /// Writes one row (`groups · width` values) at `row` of a head-first `[groups, cap, width]`
