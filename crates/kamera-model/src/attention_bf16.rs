@@ -62,61 +62,37 @@ pub(crate) fn attend(
     window: Option<usize>,
 ) -> Vec<f32> {
     assert!(hd % 16 == 0 && q.len() == kvh * g * n * hd && q_pos.len() == n);
+    let mask = Mask {
+        q_pos,
+        k_pos,
+        scale,
+        window,
+    };
     if n <= BLOCK {
-        return attend_short(q, (kvh, g, n, hd), k, v, q_pos, k_pos, scale, window);
+        return attend_short(q, (kvh, g, n, hd), k, v, mask);
     }
-    let bs = block_size(n, kvh);
-    let blocks = n.div_ceil(bs);
-    let outs: Vec<(usize, usize, Vec<f32>)> = (0..kvh * blocks)
-        .into_par_iter()
-        .map(|t| {
-            let (h, b) = (t / blocks, t % blocks);
-            let (b0, nb) = (b * bs, bs.min(n - b * bs));
-            let qb = Queries { q, g, n, hd, h, b0, nb };
-            let (lo, hi) = visible(&q_pos[b0..b0 + nb], k_pos, window);
-            let mut o = vec![0f32; g * nb * hd];
-            if lo < hi {
-                SCRATCH.with_borrow_mut(|sc| {
-                    let (keys, values) = (
-                        &k.data[h * k.head_stride + lo * hd..],
-                        &v.data[h * v.head_stride + lo * hd..],
-                    );
-                    bf16::pack_rows_into(keys, hd, hi - lo, hd, &mut sc.keys);
-                    bf16::pack_value_pairs_into(values, hd, hi - lo, hd, &mut sc.values);
-                    qb.attend(
-                        &sc.keys,
-                        &sc.values,
-                        (lo, hi),
-                        q_pos,
-                        k_pos,
-                        scale,
-                        window,
-                        &mut sc.work,
-                        &mut o,
-                    );
-                });
-            }
-            (h, b0, o)
-        })
-        .collect();
-    gather(outs, (kvh, g, n, hd))
+    by_block(q, (kvh, g, n, hd), block_size(n, kvh), |qb, sc, o| {
+        let (lo, hi) = visible(&q_pos[qb.b0..qb.b0 + qb.nb], k_pos, window);
+        if lo < hi {
+            let h = qb.h;
+            bf16::pack_rows_into(&k.data[h * k.head_stride + lo * hd..], hd, hi - lo, hd, &mut sc.keys);
+            bf16::pack_value_pairs_into(&v.data[h * v.head_stride + lo * hd..], hd, hi - lo, hd, &mut sc.values);
+            qb.attend(&sc.keys, &sc.values, (lo, hi), mask, &mut sc.work, o);
+        }
+    })
 }
 
 /// Few queries (a question after a long context, at most [`BLOCK`]): every block of a head
 /// reads nearly the same keys, so each head's K and V are packed once (heads and channels in
 /// parallel) and blocks of 16 or more queries share them, enough tasks for every core.
-#[allow(clippy::too_many_arguments)]
 fn attend_short(
     q: &[f32],
     (kvh, g, n, hd): (usize, usize, usize, usize),
     k: Rows<'_>,
     v: Rows<'_>,
-    q_pos: &[i64],
-    k_pos: &[i64],
-    scale: f32,
-    window: Option<usize>,
+    mask: Mask<'_>,
 ) -> Vec<f32> {
-    let (lo, hi) = visible(q_pos, k_pos, window);
+    let (lo, hi) = visible(mask.q_pos, mask.k_pos, mask.window);
     if lo >= hi {
         return vec![0f32; kvh * g * n * hd];
     }
@@ -137,6 +113,37 @@ fn attend_short(
     });
     let per_head = rayon::current_num_threads().saturating_mul(2).div_ceil(kvh).max(1);
     let bs = n.div_ceil(per_head).next_multiple_of(16).max(16);
+    let out = by_block(q, (kvh, g, n, hd), bs, |qb, sc, o| {
+        let (keys, values) = (&packed[2 * qb.h], &packed[2 * qb.h + 1]);
+        qb.attend(keys, values, (lo, hi), mask, &mut sc.work, o);
+    });
+    PACKED.with(|p| {
+        if let Ok(mut b) = p.try_borrow_mut() {
+            *b = packed;
+        }
+    });
+    out
+}
+
+/// Who sees which keys, and the scores' scale: query `i` at `q_pos[i]` sees the keys at
+/// `k_pos` in `(q − window, q]`.
+#[derive(Clone, Copy)]
+struct Mask<'a> {
+    q_pos: &'a [i64],
+    k_pos: &'a [i64],
+    scale: f32,
+    window: Option<usize>,
+}
+
+/// Runs `f` on every KV head's blocks of `bs` queries in parallel, each with this thread's
+/// scratch and the block's output `[g, nb, hd]` (zeros on entry), and gathers the outputs into
+/// `[kvh, g, n, hd]`.
+fn by_block(
+    q: &[f32],
+    (kvh, g, n, hd): (usize, usize, usize, usize),
+    bs: usize,
+    f: impl Fn(&Queries<'_>, &mut Scratch, &mut [f32]) + Sync,
+) -> Vec<f32> {
     let blocks = n.div_ceil(bs);
     let outs: Vec<(usize, usize, Vec<f32>)> = (0..kvh * blocks)
         .into_par_iter()
@@ -145,28 +152,12 @@ fn attend_short(
             let (b0, nb) = (b * bs, bs.min(n - b * bs));
             let qb = Queries { q, g, n, hd, h, b0, nb };
             let mut o = vec![0f32; g * nb * hd];
-            SCRATCH.with_borrow_mut(|sc| {
-                let (keys, values) = (&packed[2 * h], &packed[2 * h + 1]);
-                qb.attend(
-                    keys,
-                    values,
-                    (lo, hi),
-                    q_pos,
-                    k_pos,
-                    scale,
-                    window,
-                    &mut sc.work,
-                    &mut o,
-                );
-            });
+            // Nothing in `f` may wait on other rayon tasks: the thread could run another block
+            // and borrow the scratch twice.
+            SCRATCH.with_borrow_mut(|sc| f(&qb, sc, &mut o));
             (h, b0, o)
         })
         .collect();
-    PACKED.with(|p| {
-        if let Ok(mut b) = p.try_borrow_mut() {
-            *b = packed;
-        }
-    });
     gather(outs, (kvh, g, n, hd))
 }
 
@@ -207,20 +198,22 @@ impl Queries<'_> {
     /// Into `o: [g, nb, hd]`, against keys `lo..hi` packed as `keys` ([`bf16::pack_rows_into`])
     /// and `values` ([`bf16::pack_value_pairs_into`]): scores, then per query the softmax over
     /// the keys it sees (zero elsewhere), then P · V.
-    #[allow(clippy::too_many_arguments)]
     fn attend(
         &self,
         keys: &[u32],
         values: &[u32],
         (lo, hi): (usize, usize),
-        q_pos: &[i64],
-        k_pos: &[i64],
-        scale: f32,
-        window: Option<usize>,
+        mask: Mask<'_>,
         w: &mut Work,
         o: &mut [f32],
     ) {
         let Queries { q, g, n, hd, h, b0, nb } = *self;
+        let Mask {
+            q_pos,
+            k_pos,
+            scale,
+            window,
+        } = mask;
         let (m, kn) = (g * nb, hi - lo);
         let qp = &q_pos[b0..b0 + nb];
         // Scores with an even row length (the value pairs), the last column 0 past an odd count.
