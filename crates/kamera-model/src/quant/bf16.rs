@@ -49,14 +49,24 @@ pub(crate) fn matmul(q: &QMatrix, x: &[f32], n: usize, y: &mut [f32]) {
     let out = Out(y.as_mut_ptr());
     (0..tiles.div_ceil(per_task)).into_par_iter().for_each(|t| {
         let (t0, t1) = (t * per_task, ((t + 1) * per_task).min(tiles));
-        let mut packed = vec![0u32; (t1 - t0) * pairs * TILE];
-        for (i, tile) in packed.chunks_exact_mut(pairs * TILE).enumerate() {
-            pack_tile(q, (t0 + i) * TILE, tile);
-        }
-        let r0 = t0 * TILE;
-        // SAFETY: this task alone writes columns r0..r0 + its tiles' rows of y's n rows.
-        unsafe { product(&xa, n, pairs, &packed, (t1 * TILE).min(rows) - r0, out.at(r0), rows) };
+        // This thread's tile buffer, reused: packing overwrites every lane a product reads but
+        // the lanes past the last weight row, which feed only columns `product` never writes.
+        // Nothing below waits on other rayon tasks, so the borrow cannot be taken twice.
+        PACKED_TILES.with_borrow_mut(|buf| {
+            let packed = grown(buf, (t1 - t0) * pairs * TILE);
+            for (i, tile) in packed.chunks_exact_mut(pairs * TILE).enumerate() {
+                pack_tile(q, (t0 + i) * TILE, tile);
+            }
+            let r0 = t0 * TILE;
+            // SAFETY: this task alone writes columns r0..r0 + its tiles' rows of y's n rows.
+            unsafe { product(&xa, n, pairs, packed, (t1 * TILE).min(rows) - r0, out.at(r0), rows) };
+        });
     });
+}
+
+thread_local! {
+    /// [`matmul`]'s packed weight tiles, per thread (not zeroed again for every product).
+    static PACKED_TILES: std::cell::RefCell<Vec<u32>> = std::cell::RefCell::default();
 }
 
 /// `c[i, j] = Σ_p a[i, p] · b[j, p]` over pairs of bf16 (f32 sums), on the calling thread: `a`
