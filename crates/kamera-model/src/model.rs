@@ -208,7 +208,7 @@ impl Model {
         context: &Context,
         opts: PrefillOptions,
     ) -> Result<Prefill> {
-        self.forward(input, start_pos, context, opts, None)
+        crate::team::on_pool(|| self.forward(input, start_pos, context, opts, None))
     }
 
     /// Prefill for M-RoPE models (Qwen2.5-VL): the new tokens rotate to the 3-D ids `rotary`
@@ -229,21 +229,11 @@ impl Model {
                 detail: "3-D rotary positions need an M-RoPE model (Qwen2.5-VL)".into(),
             });
         }
-        self.forward(input, context.end(), context, opts, Some(rotary))
+        crate::team::on_pool(|| self.forward(input, context.end(), context, opts, Some(rotary)))
     }
 
+    /// The prefill itself; its callers run it on a pool worker ([`crate::team::on_pool`]).
     fn forward(
-        &self,
-        input: Input<'_>,
-        start_pos: i64,
-        context: &Context,
-        opts: PrefillOptions,
-        mrope: Option<&[[i64; 3]]>,
-    ) -> Result<Prefill> {
-        crate::team::on_pool(|| self.forward_rows(input, start_pos, context, opts, mrope))
-    }
-
-    fn forward_rows(
         &self,
         input: Input<'_>,
         start_pos: i64,

@@ -29,7 +29,7 @@ pub fn reuse(canonical: &ChunkKv, patch: Option<&Patch>, rope: &RopeSpec, to: i6
                     // Computed in place in the new buffer's capacity, then counted.
                     let mut v = Vec::<f32>::with_capacity(n * cols);
                     let fresh = &mut v.spare_capacity_mut()[..n * cols];
-                    fused(canonical, patch, rope, l, v_channel, delta, Out::Fresh(fresh))?;
+                    fused(canonical, patch, rope, l, v_channel, delta, Out::Rows(fresh))?;
                     // SAFETY: the pass wrote every one of the n · cols values (it returned Ok).
                     unsafe { v.set_len(n * cols) };
                     return Mat::new(n, cols, Buf::F32(v));
@@ -134,7 +134,7 @@ fn with_rows_mut(m: &mut Mat, dst_row: usize, rows: usize, f: impl FnOnce(Out<'_
         }
     }
     match m.data_mut() {
-        Buf::F32(d) => f(Out::Rows(&mut d[dst_row * cols..(dst_row + rows) * cols])),
+        Buf::F32(d) => f(Out::Rows(as_uninit(&mut d[dst_row * cols..(dst_row + rows) * cols]))),
         Buf::F16(d) => f(Out::Sink(&mut |t, row| store(d, (dst_row + t) * cols, row))),
         Buf::Bf16(d) => f(Out::Sink(&mut |t, row| store(d, (dst_row + t) * cols, row))),
     }
@@ -214,12 +214,18 @@ struct Fuse<'a> {
 }
 
 /// Where a fused pass puts its rows: handed to a sink block by block, or computed in place in
-/// contiguous f32 destination rows (no copy through a scratch block).
+/// contiguous f32 destination rows (no copy through a scratch block), written or not yet (a
+/// new buffer's capacity): each block's first pass writes every value before any is read.
 pub(crate) enum Out<'a> {
     Sink(&'a mut dyn FnMut(usize, &[f32])),
-    Rows(&'a mut [f32]),
-    /// Rows of a new buffer, not yet written: each block's first pass initialises them.
-    Fresh(&'a mut [MaybeUninit<f32>]),
+    Rows(&'a mut [MaybeUninit<f32>]),
+}
+
+/// Written f32 values seen as possibly uninitialised ones (the pass only ever writes whole values).
+fn as_uninit(d: &mut [f32]) -> &mut [MaybeUninit<f32>] {
+    // SAFETY: MaybeUninit<f32> has f32's layout, and every value stored through the result is
+    // an initialised f32, so `d` stays valid.
+    unsafe { &mut *(d as *mut [f32] as *mut [MaybeUninit<f32>]) }
 }
 
 impl Fuse<'_> {
@@ -267,32 +273,18 @@ impl Fuse<'_> {
         let n = src.len() / cols;
         let mut scratch = match out {
             Out::Sink(_) => vec![0.0f32; BLOCK.min(n) * cols],
-            Out::Rows(_) | Out::Fresh(_) => Vec::new(),
+            Out::Rows(_) => Vec::new(),
         };
         for b0 in (0..n).step_by(BLOCK) {
             let (bn, at) = (BLOCK.min(n - b0), b0 * cols);
+            let from = &src[at..at + bn * cols];
             match &mut out {
                 Out::Sink(sink) => {
-                    let blk = &mut scratch[..bn * cols];
-                    convert(&src[at..at + bn * cols], blk);
+                    let blk = convert(from, as_uninit(&mut scratch[..bn * cols]));
                     self.block(cols, b0, blk)?;
                     sink(b0, blk);
                 }
-                Out::Rows(d) => {
-                    let blk = &mut d[at..at + bn * cols];
-                    convert(&src[at..at + bn * cols], blk);
-                    self.block(cols, b0, blk)?;
-                }
-                Out::Fresh(d) => {
-                    let blk = &mut d[at..at + bn * cols];
-                    for (r, e) in blk.iter_mut().zip(&src[at..at + bn * cols]) {
-                        r.write(e.to_f32());
-                    }
-                    // SAFETY: the loop above initialised every value of blk (equal lengths:
-                    // n · cols values on both sides).
-                    let blk = unsafe { &mut *(blk as *mut [MaybeUninit<f32>] as *mut [f32]) };
-                    self.block(cols, b0, blk)?;
-                }
+                Out::Rows(d) => self.block(cols, b0, convert(from, &mut d[at..at + bn * cols]))?,
             }
         }
         Ok(())
@@ -318,12 +310,16 @@ impl Fuse<'_> {
     }
 }
 
-/// `dst = src` widened to f32 (equal lengths); inlined into the loop's target-feature builds.
+/// `dst = src` widened to f32 (equal lengths, asserted), returned as the written values;
+/// inlined into the loop's target-feature builds.
 #[inline(always)]
-fn convert<S: Elem>(src: &[S], dst: &mut [f32]) {
+fn convert<'a, S: Elem>(src: &[S], dst: &'a mut [MaybeUninit<f32>]) -> &'a mut [f32] {
+    assert_eq!(src.len(), dst.len(), "fused pass: block lengths");
     for (r, e) in dst.iter_mut().zip(src) {
-        *r = e.to_f32();
+        r.write(e.to_f32());
     }
+    // SAFETY: the loop above wrote every value of dst (equal lengths).
+    unsafe { &mut *(dst as *mut [MaybeUninit<f32>] as *mut [f32]) }
 }
 
 /// A chunk to place in a context, with its optional patch.

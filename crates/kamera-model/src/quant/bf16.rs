@@ -70,8 +70,8 @@ thread_local! {
 }
 
 /// `c[i, j] = Σ_p a[i, p] · b[j, p]` over pairs of bf16 (f32 sums), on the calling thread: `a`
-/// is `m` rows of `pairs` pairs, `b` the packed tiles of `width` rows ([`pack_rows`],
-/// [`pack_value_pairs`]); `c` has row stride `ldc` and gets `width` columns per row.
+/// is `m` rows of `pairs` pairs, `b` the packed tiles of `width` rows ([`pack_rows_into`],
+/// [`pack_value_pairs_into`], or weights); `c` has row stride `ldc` and gets `width` columns per row.
 ///
 /// # Safety
 /// `c` must be valid for writes of `m` rows of `width` values at stride `ldc`, which no other
@@ -88,17 +88,17 @@ pub(crate) unsafe fn product(a: &[u32], m: usize, pairs: usize, b: &[u32], width
                 // SAFETY: rows m0..m0 + mr, columns j0..j0 + w of c (the caller's); a and b hold
                 // mr rows / kc pairs from these offsets.
                 unsafe {
-                    avx512::tile(
-                        mr,
-                        w,
-                        a.as_ptr().add(m0 * pairs + p0),
-                        pairs,
-                        tile.as_ptr().add(p0 * TILE),
+                    avx512::Tile {
+                        a: a.as_ptr().add(m0 * pairs + p0),
+                        lda: pairs,
+                        b: tile.as_ptr().add(p0 * TILE),
                         kc,
-                        c.add(m0 * ldc + j0),
+                        c: c.add(m0 * ldc + j0),
                         ldc,
-                        p0 > 0,
-                    );
+                        width: w,
+                        acc: p0 > 0,
+                    }
+                    .run_rows(mr);
                 }
             }
         }
@@ -369,63 +369,43 @@ mod avx512 {
         }
     }
 
-    /// Dispatch on the tile's input rows (1..=8) and weight vectors (1..=3).
-    #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx512f,avx512bf16")]
-    pub(super) unsafe fn tile(
-        m: usize,
-        width: usize,
-        a: *const u32,
-        lda: usize,
-        b: *const u32,
-        kc: usize,
-        c: *mut f32,
-        ldc: usize,
-        acc: bool,
-    ) {
-        debug_assert!((1..=MR).contains(&m) && (1..=TILE).contains(&width));
-        let t = Tile {
-            a,
-            lda,
-            b,
-            kc,
-            c,
-            ldc,
-            width,
-            acc,
-        };
-        unsafe {
-            match (m, width.div_ceil(16)) {
-                (8, 3) => t.run::<8, 3>(),
-                (8, 2) => t.run::<8, 2>(),
-                (8, _) => t.run::<8, 1>(),
-                (7, 3) => t.run::<7, 3>(),
-                (6, 3) => t.run::<6, 3>(),
-                (5, 3) => t.run::<5, 3>(),
-                (4, 3) => t.run::<4, 3>(),
-                (3, 3) => t.run::<3, 3>(),
-                (2, 3) => t.run::<2, 3>(),
-                (1, 3) => t.run::<1, 3>(),
-                (m, nb) => t.slow(m, nb),
-            }
-        }
-    }
-
     /// One tile's operands: `a` input pairs (row stride `lda`), `b` packed weight pairs (`[kc][48]`),
-    /// `c` the output (row stride `ldc`), its first `width` columns written.
+    /// `c` the output (row stride `ldc`), its first `width` columns written (`acc`: added to).
     #[derive(Clone, Copy)]
-    struct Tile {
-        a: *const u32,
-        lda: usize,
-        b: *const u32,
-        kc: usize,
-        c: *mut f32,
-        ldc: usize,
-        width: usize,
-        acc: bool,
+    pub(super) struct Tile {
+        pub(super) a: *const u32,
+        pub(super) lda: usize,
+        pub(super) b: *const u32,
+        pub(super) kc: usize,
+        pub(super) c: *mut f32,
+        pub(super) ldc: usize,
+        pub(super) width: usize,
+        pub(super) acc: bool,
     }
 
     impl Tile {
+        /// The tile for `m` input rows (1..=8), dispatched on them and the weight vectors (1..=3).
+        #[target_feature(enable = "avx512f,avx512bf16")]
+        pub(super) unsafe fn run_rows(self, m: usize) {
+            let t = self;
+            debug_assert!((1..=MR).contains(&m) && (1..=TILE).contains(&t.width));
+            unsafe {
+                match (m, t.width.div_ceil(16)) {
+                    (8, 3) => t.run::<8, 3>(),
+                    (8, 2) => t.run::<8, 2>(),
+                    (8, _) => t.run::<8, 1>(),
+                    (7, 3) => t.run::<7, 3>(),
+                    (6, 3) => t.run::<6, 3>(),
+                    (5, 3) => t.run::<5, 3>(),
+                    (4, 3) => t.run::<4, 3>(),
+                    (3, 3) => t.run::<3, 3>(),
+                    (2, 3) => t.run::<2, 3>(),
+                    (1, 3) => t.run::<1, 3>(),
+                    (m, nb) => t.slow(m, nb),
+                }
+            }
+        }
+
         /// The lanes of vector `j` that hold columns of the output.
         #[inline(always)]
         fn mask(&self, j: usize) -> __mmask16 {
