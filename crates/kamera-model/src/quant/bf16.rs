@@ -202,32 +202,103 @@ mod avx512 {
     use std::arch::x86_64::*;
 
     use super::super::dot::avx512::{b8x16, u5x32};
-    use super::super::rows::scale_offset;
-    use super::super::{Codes, QMatrix};
+    use super::super::{Codes, Offsets, QMatrix};
     use super::{MR, TILE};
 
-    /// Columns `c..c + 16` of row `r` dequantized (`c` a multiple of 16).
+    /// The codes' kinds, as [`pair`]'s const parameter.
+    const U8: u8 = 0;
+    const I8: u8 = 1;
+    const U4: u8 = 2;
+    const U5: u8 = 3;
+    /// The offsets' kinds: none, `−zero · scale`, one per group.
+    const NO_OFFSET: u8 = 0;
+    const ZERO_POINT: u8 = 1;
+    const PER_GROUP: u8 = 2;
+
+    /// A weight matrix's raw parts, read by [`pair`].
+    #[derive(Clone, Copy)]
+    struct Parts {
+        codes: *const u8,
+        scales: *const f32,
+        offsets: *const f32,
+        zero: f32,
+        groups_per_row: usize,
+        cols: usize,
+    }
+
+    /// Columns `c..c + 32` of row `r` dequantized (`c` a multiple of 32; the upper 16 zero
+    /// past the last column), for codes of kind `K`, groups of `G` and offsets of kind `O`
+    /// known at compile time: no per-piece dispatch, one load per group.
     #[inline(always)]
-    unsafe fn piece(q: &QMatrix, r: usize, c: usize) -> __m512 {
+    unsafe fn pair<const K: u8, const G: usize, const O: u8>(w: Parts, r: usize, c: usize) -> (__m512, __m512) {
         unsafe {
-            let g = q.group;
-            let gi = r * (q.cols / g) + c / g;
-            let (s, off) = scale_offset(q, gi);
-            let w = match &q.codes {
-                Codes::U4(codes) => {
-                    // Group of 32 in 16 bytes: columns 0..16 in the low nibbles, 16..32 high.
-                    let v = _mm_loadu_si128(codes.as_ptr().add(gi * 16) as *const __m128i);
-                    let v = if c % 32 == 0 { v } else { _mm_srli_epi16(v, 4) };
-                    _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, _mm_set1_epi8(15))))
-                }
-                Codes::U5(codes) => {
-                    let (lo, hi) = u5x32(codes.as_ptr().add(gi * 20));
-                    if c % 32 == 0 { lo } else { hi }
-                }
-                Codes::U8(codes) => b8x16::<false>(codes.as_ptr().add(gi * g + c % g)),
-                Codes::I8(codes) => b8x16::<true>(codes.as_ptr().add(gi * g + c % g) as *const u8),
+            let gi = r * w.groups_per_row + c / G;
+            let whole = c + 16 < w.cols;
+            // The same columns 16 rows on (the next block of the tile, or the next tile's first):
+            // each block walks 16 rows at once, more streams than the hardware prefetcher follows.
+            let ahead = |p: *const u8, row_bytes: usize| {
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(16 * row_bytes) as *const i8)
             };
-            _mm512_fmadd_ps(w, _mm512_set1_ps(s), _mm512_set1_ps(off))
+            ahead(w.scales.add(gi) as *const u8, 4 * w.groups_per_row);
+            if O == PER_GROUP {
+                ahead(w.offsets.add(gi) as *const u8, 4 * w.groups_per_row);
+            }
+            let (lo, hi) = match K {
+                U4 => {
+                    // Group of 32 in 16 bytes: columns 0..16 in the low nibbles, 16..32 high.
+                    ahead(w.codes.add(gi * 16), w.cols / 2);
+                    let v = _mm_loadu_si128(w.codes.add(gi * 16) as *const __m128i);
+                    let m = _mm_set1_epi8(15);
+                    (
+                        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, m))),
+                        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), m))),
+                    )
+                }
+                U5 => {
+                    ahead(w.codes.add(gi * 20), w.cols / 32 * 20);
+                    u5x32(w.codes.add(gi * 20))
+                }
+                _ => {
+                    let at = w.codes.add(r * w.cols + c);
+                    ahead(at, w.cols);
+                    let hi = if !whole {
+                        _mm512_setzero_ps()
+                    } else if K == I8 {
+                        b8x16::<true>(at.add(16))
+                    } else {
+                        b8x16::<false>(at.add(16))
+                    };
+                    (if K == I8 { b8x16::<true>(at) } else { b8x16::<false>(at) }, hi)
+                }
+            };
+            let scaled = |x: __m512, g: usize| {
+                let s = *w.scales.add(g);
+                let off = match O {
+                    NO_OFFSET => 0.0,
+                    ZERO_POINT => -w.zero * s,
+                    _ => *w.offsets.add(g),
+                };
+                _mm512_fmadd_ps(x, _mm512_set1_ps(s), _mm512_set1_ps(off))
+            };
+            let hi = if !whole {
+                _mm512_setzero_ps()
+            } else {
+                scaled(hi, if G == 16 { gi + 1 } else { gi })
+            };
+            (scaled(lo, gi), hi)
+        }
+    }
+
+    /// [`pack`] of a weight tile with [`pair`] for its codes, group and offsets.
+    #[inline(always)]
+    unsafe fn pack_weights<const K: u8, const G: usize>(q: &QMatrix, w: Parts, r0: usize, tile: &mut [u32]) {
+        unsafe {
+            let live = TILE.min(q.rows - r0);
+            match q.offsets {
+                Offsets::None => pack(live, q.cols, tile, |l, c| pair::<K, G, NO_OFFSET>(w, r0 + l, c)),
+                Offsets::Zero(_) => pack(live, q.cols, tile, |l, c| pair::<K, G, ZERO_POINT>(w, r0 + l, c)),
+                Offsets::PerGroup(_) => pack(live, q.cols, tile, |l, c| pair::<K, G, PER_GROUP>(w, r0 + l, c)),
+            }
         }
     }
 
@@ -264,7 +335,40 @@ mod avx512 {
     /// See [`super::pack_tile`].
     #[target_feature(enable = "avx512f,avx512bf16")]
     pub(super) unsafe fn pack_tile(q: &QMatrix, r0: usize, tile: &mut [u32]) {
-        unsafe { pack(TILE.min(q.rows - r0), q.cols, tile, |l, c| piece(q, r0 + l, c)) }
+        let (codes, zero, offsets) = (
+            match &q.codes {
+                Codes::U8(c) | Codes::U4(c) | Codes::U5(c) => c.as_ptr(),
+                Codes::I8(c) => c.as_ptr() as *const u8,
+            },
+            match q.offsets {
+                Offsets::Zero(z) => z,
+                _ => 0.0,
+            },
+            match &q.offsets {
+                Offsets::PerGroup(v) => v.as_ptr(),
+                _ => std::ptr::null(),
+            },
+        );
+        let w = Parts {
+            codes,
+            scales: q.scales.as_ptr(),
+            offsets,
+            zero,
+            groups_per_row: q.cols / q.group,
+            cols: q.cols,
+        };
+        // SAFETY: a QMatrix holds rows · cols codes in its kind's layout and a scale (and
+        // offset) per group; U4 and U5 come in groups of 32, bytes in groups of 16 or 32.
+        unsafe {
+            match (&q.codes, q.group) {
+                (Codes::U4(_), _) => pack_weights::<U4, 32>(q, w, r0, tile),
+                (Codes::U5(_), _) => pack_weights::<U5, 32>(q, w, r0, tile),
+                (Codes::U8(_), 16) => pack_weights::<U8, 16>(q, w, r0, tile),
+                (Codes::U8(_), _) => pack_weights::<U8, 32>(q, w, r0, tile),
+                (Codes::I8(_), 16) => pack_weights::<I8, 16>(q, w, r0, tile),
+                (Codes::I8(_), _) => pack_weights::<I8, 32>(q, w, r0, tile),
+            }
+        }
     }
 
     /// Rows `r0..r0 + 48` (those below `n`) of f32 rows at `stride`, see [`super::pack_rows`].
@@ -273,14 +377,25 @@ mod avx512 {
         unsafe {
             let base = src.as_ptr();
             pack(TILE.min(n - r0), cols, tile, |l, c| {
-                _mm512_loadu_ps(base.add((r0 + l) * stride + c))
+                let row = base.add((r0 + l) * stride + c);
+                // 16 rows on, as the weights' pack does.
+                let ahead = row.wrapping_add(16 * stride);
+                _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(16) as *const i8);
+                let hi = if c + 16 < cols {
+                    _mm512_loadu_ps(row.add(16))
+                } else {
+                    _mm512_setzero_ps()
+                };
+                (_mm512_loadu_ps(row), hi)
             })
         }
     }
 
-    /// Tile rows `live`, `cols` columns; `piece(l, c)` gives columns `c..c + 16` of tile row `l`.
+    /// Tile rows `live`, `cols` columns; `pair(l, c)` gives columns `c..c + 32` of tile row `l`
+    /// (zeros past `cols`).
     #[inline(always)]
-    unsafe fn pack(live: usize, cols: usize, tile: &mut [u32], piece: impl Fn(usize, usize) -> __m512) {
+    unsafe fn pack(live: usize, cols: usize, tile: &mut [u32], pair: impl Fn(usize, usize) -> (__m512, __m512)) {
         unsafe {
             let pairs = cols / 2;
             debug_assert!(tile.len() >= pairs * TILE);
@@ -290,12 +405,7 @@ mod avx512 {
                 for c0 in (0..cols).step_by(32) {
                     let mut v = [_mm512_setzero_si512(); 16];
                     for (i, vi) in v[..nl].iter_mut().enumerate() {
-                        let lo = piece(l0 + i, c0);
-                        let hi = if c0 + 16 < cols {
-                            piece(l0 + i, c0 + 16)
-                        } else {
-                            _mm512_setzero_ps()
-                        };
+                        let (lo, hi) = pair(l0 + i, c0);
                         *vi = std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(hi, lo));
                     }
                     transpose16(&mut v);
