@@ -438,37 +438,35 @@ impl candle_core::InplaceOp1 for PlaceRows<'_> {
         let (g, cap) = (self.groups, self.cap);
         let width = buf.len() / (g * cap).max(1);
         for (part, row0, delta) in self.jobs {
-            // Blocks of whole rows from row t, each row `g · width` values.
-            let mut sink = |t: usize, rows: &[f32]| {
-                for (i, row) in rows.chunks_exact((g * width).max(1)).enumerate() {
-                    for (h, src) in row.chunks_exact(width).enumerate() {
-                        let at = (h * cap + row0 + t + i) * width;
-                        buf[at..at + width].copy_from_slice(src);
-                    }
-                }
-            };
             match self.rope {
-                Some(rope) => kamera_ops::reuse_rows(
+                // Straight into the head-first rows (no scratch block, no copy).
+                Some(rope) => kamera_ops::reuse_heads(
                     part.chunk,
                     part.patch,
                     rope,
                     self.layer,
                     self.v_channel,
                     *delta,
-                    &mut sink,
+                    buf,
+                    kamera_ops::Heads {
+                        groups: g,
+                        cap,
+                        row0: *row0,
+                    },
                 )
                 .map_err(|e| candle_core::Error::Msg(e.to_string()))?,
                 None if *delta == 0 && part.patch.is_none() => {
                     let kv = &part.chunk.layers()[self.layer];
                     let m = if self.v_channel { &kv.v } else { &kv.k };
-                    let cols = m.cols();
-                    match m.data() {
-                        kamera_ops::Buf::F32(d) => {
-                            d.chunks_exact(cols.max(1)).enumerate().for_each(|(t, r)| sink(t, r))
-                        }
-                        _ => {
-                            let all = m.to_f32_vec();
-                            all.chunks_exact(cols.max(1)).enumerate().for_each(|(t, r)| sink(t, r));
+                    let rows = match m.data() {
+                        kamera_ops::Buf::F32(d) => std::borrow::Cow::Borrowed(d.as_slice()),
+                        _ => std::borrow::Cow::Owned(m.to_f32_vec()),
+                    };
+                    // Each row's `g · width` values, head by head to their rows.
+                    for (t, row) in rows.chunks_exact((g * width).max(1)).enumerate() {
+                        for (h, src) in row.chunks_exact(width.max(1)).enumerate() {
+                            let at = (h * cap + row0 + t) * width;
+                            buf[at..at + width].copy_from_slice(src);
                         }
                     }
                 }
@@ -534,16 +532,24 @@ mod tests {
         .unwrap()
     }
 
-    /// Placing chunks straight into the context equals assembling them and pushing the result.
+    /// Placing chunks straight into the context equals assembling them and pushing the result,
+    /// for heads of 8 (scalar rotation) and 64 (the vector kernels).
     #[test]
     fn place_equals_assemble_then_push() {
-        let layout = KvLayout::gqa(2, 4, 2, 8);
-        let rope = RopeSpec::new(8, 1e4, PairLayout::HalfSplit);
+        for hd in [8, 64] {
+            place_equals_assemble_then_push_with(hd);
+        }
+    }
+
+    fn place_equals_assemble_then_push_with(hd: usize) {
+        let layout = KvLayout::gqa(2, 4, 2, hd);
+        let rope = RopeSpec::new(hd, 1e4, PairLayout::HalfSplit);
+        let cols = 2 * hd;
         let chunk = |n: usize, at: i64, seed: usize| {
             let layers = (0..2)
                 .map(|l| LayerKv {
-                    k: mat(n, 16, seed + l),
-                    v: mat(n, 16, seed + 10 + l),
+                    k: mat(n, cols, seed + l),
+                    v: mat(n, cols, seed + 10 + l),
                 })
                 .collect();
             ChunkKv::new(layout, at, layers).unwrap()
@@ -551,7 +557,7 @@ mod tests {
         let patch = |n: usize, seed: usize| {
             let lr = |s: usize| LowRank {
                 p: mat(n, 3, s),
-                wt: mat(3, 16, s + 1).to_dtype(DType::Bf16),
+                wt: mat(3, cols, s + 1).to_dtype(DType::Bf16),
                 spectrum: Vec::new(),
             };
             Patch::new(
@@ -598,7 +604,7 @@ mod tests {
                     .iter()
                     .zip(q.to_f32_vec())
                     .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-                assert!(d < 1e-5, "placed rows differ by {d}");
+                assert!(d < 1e-5, "head dim {hd}: placed rows differ by {d}");
             }
         }
         // A mismatched patch is an error and leaves the context as it was.

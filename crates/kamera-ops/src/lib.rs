@@ -46,7 +46,7 @@ pub use quant::{
     quantise_grains, quantise_refit, unpack_nibbles,
 };
 pub use relocate::relocate;
-pub use reuse::{Placement, assemble, check_place, check_reuse, reuse, reuse_into, reuse_rows};
+pub use reuse::{Heads, Placement, assemble, check_place, check_reuse, reuse, reuse_heads, reuse_into, reuse_rows};
 pub use rope::{PairLayout, RopeScaling, RopeSpec, Rotation};
 pub use svd::{LowRank, Svd};
 pub use tensor::{Buf, DType, Elem, Mat};

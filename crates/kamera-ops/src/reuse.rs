@@ -156,6 +156,68 @@ pub fn reuse_rows(
     fused(canonical, patch, rope, layer, v_channel, delta, Out::Sink(sink))
 }
 
+/// [`reuse_rows`] written straight into head-first buffers (a model context's): head `h`'s row
+/// `t` of the chunk lands at `dst[(h · cap + row0 + t) · width..]`, `width` the channel's
+/// features / `groups`. Each block is computed in its final place (no scratch rows, no copy).
+#[allow(clippy::too_many_arguments)]
+pub fn reuse_heads(
+    canonical: &ChunkKv,
+    patch: Option<&Patch>,
+    rope: &RopeSpec,
+    layer: usize,
+    v_channel: bool,
+    delta: i64,
+    dst: &mut [f32],
+    heads: Heads,
+) -> Result<()> {
+    const OP: &str = "reuse_heads";
+    let layout = canonical.layout();
+    let cols = if v_channel {
+        layout.v_features()
+    } else {
+        layout.k_features()
+    };
+    let (n_rot, _) = layout.rope_heads();
+    let Heads { groups, cap, row0 } = heads;
+    let n = canonical.n_tokens();
+    if groups == 0 || cols % groups != 0 || n_rot % groups != 0 {
+        return Err(shape(
+            OP,
+            "head groups",
+            format!("a divisor of {cols} features and {n_rot} rotary heads"),
+            groups,
+        ));
+    }
+    if row0.checked_add(n).is_none_or(|end| end > cap) || dst.len() < groups * cap * (cols / groups) {
+        return Err(shape(
+            OP,
+            "destination",
+            format!(
+                "{groups} heads x {cap} rows of {} with rows {row0}..{row0}+{n}",
+                cols / groups
+            ),
+            dst.len(),
+        ));
+    }
+    fused(
+        canonical,
+        patch,
+        rope,
+        layer,
+        v_channel,
+        delta,
+        Out::Heads(as_uninit(dst), heads),
+    )
+}
+
+/// Where [`reuse_heads`] writes: `groups` head-first buffers of `cap` rows each, from `row0`.
+#[derive(Debug, Clone, Copy)]
+pub struct Heads {
+    pub groups: usize,
+    pub cap: usize,
+    pub row0: usize,
+}
+
 /// [`reuse_rows`] into `out`.
 fn fused(
     canonical: &ChunkKv,
@@ -219,6 +281,8 @@ struct Fuse<'a> {
 pub(crate) enum Out<'a> {
     Sink(&'a mut dyn FnMut(usize, &[f32])),
     Rows(&'a mut [MaybeUninit<f32>]),
+    /// Head-first buffers ([`reuse_heads`], checked there).
+    Heads(&'a mut [MaybeUninit<f32>], Heads),
 }
 
 /// Written f32 values seen as possibly uninitialised ones (the pass only ever writes whole values).
@@ -271,9 +335,12 @@ impl Fuse<'_> {
             return Ok(());
         }
         let n = src.len() / cols;
+        if let Out::Heads(d, heads) = out {
+            return self.heads(src, cols, d, heads);
+        }
         let mut scratch = match out {
             Out::Sink(_) => vec![0.0f32; BLOCK.min(n) * cols],
-            Out::Rows(_) => Vec::new(),
+            _ => Vec::new(),
         };
         for b0 in (0..n).step_by(BLOCK) {
             let (bn, at) = (BLOCK.min(n - b0), b0 * cols);
@@ -285,6 +352,52 @@ impl Fuse<'_> {
                     sink(b0, blk);
                 }
                 Out::Rows(d) => self.block(cols, b0, convert(from, &mut d[at..at + bn * cols]))?,
+                Out::Heads(..) => unreachable!("handled above"),
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Fuse::rows_generic`] into head-first buffers: each block of rows, head by head,
+    /// converted into its place, patched with that head's columns of Wᵀ, rotated and checked.
+    #[inline(always)]
+    fn heads<S: Elem>(&self, src: &[S], cols: usize, d: &mut [MaybeUninit<f32>], h: Heads) -> Result<(), usize> {
+        let (n, w) = (src.len() / cols, cols / h.groups);
+        // Wᵀ's columns of each head, contiguous (rank x width), split once per call.
+        let wt_heads: Vec<Vec<f32>> = match &self.patch {
+            Some((_, wt, m)) => (0..h.groups)
+                .map(|g| {
+                    (0..*m)
+                        .flat_map(|j| &wt[j * cols + g * w..j * cols + (g + 1) * w])
+                        .copied()
+                        .collect()
+                })
+                .collect(),
+            None => Vec::new(),
+        };
+        let rot_per_head = self.rot.map(|(r, heads)| (r, heads / h.groups));
+        for b0 in (0..n).step_by(BLOCK) {
+            let bn = BLOCK.min(n - b0);
+            for g in 0..h.groups {
+                let at = (g * h.cap + h.row0 + b0) * w;
+                let out = &mut d[at..at + bn * w];
+                for (i, row) in out.chunks_exact_mut(w).enumerate() {
+                    let from = (b0 + i) * cols + g * w;
+                    convert(&src[from..from + w], row);
+                }
+                // SAFETY: the loop above wrote every value of `out`.
+                let blk = unsafe { &mut *(out as *mut [MaybeUninit<f32>] as *mut [f32]) };
+                if let Some((p, _, m)) = &self.patch {
+                    let p = &p[b0 * m..(b0 + bn) * m];
+                    crate::lowrank::add_product(blk, bn, w, p, &wt_heads[g], *m);
+                }
+                if let Some((rot, heads)) = rot_per_head {
+                    rot.rotate_rows(blk, w, heads);
+                }
+                if !blk.iter().fold(true, |a, r| a & r.is_finite()) {
+                    let i = blk.iter().position(|r| !r.is_finite()).unwrap_or(0);
+                    return Err((b0 + i / w) * cols + g * w + i % w);
+                }
             }
         }
         Ok(())

@@ -39,6 +39,19 @@ fn shape_mismatches_are_errors() {
         reuse_into(&a, None, &rope(), &mut small, 2),
         Err(Error::Shape { op: "reuse_into", .. })
     ));
+    // Head-first destinations: groups that split no head evenly, too few rows, a short buffer.
+    let heads = |groups, cap, row0| Heads { groups, cap, row0 };
+    let mut dst = vec![0f32; 2 * 8 * 16];
+    for (h, len) in [
+        (heads(3, 8, 0), 256),
+        (heads(2, 8, 5), 256),
+        (heads(2, 8, 0), 255),
+        (heads(0, 8, 0), 256),
+    ] {
+        let e = reuse_heads(&a, None, &rope(), 0, false, 3, &mut dst[..len], h).unwrap_err();
+        assert!(matches!(e, Error::Shape { op: "reuse_heads", .. }), "{e}");
+    }
+    assert!(reuse_heads(&a, None, &rope(), 0, false, 3, &mut dst, heads(2, 8, 4)).is_ok());
     let patch = form_patch(&a, &a, &rope(), &PatchConfig::fixed(1, DType::F32)).unwrap();
     assert!(reuse(&b, Some(&patch), &rope(), 0).is_err());
     assert!(assemble(&[], &rope(), 0, DType::F32).is_err());
