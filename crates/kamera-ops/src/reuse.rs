@@ -4,6 +4,7 @@
 use std::borrow::Cow;
 use std::mem::MaybeUninit;
 
+use half::bf16;
 use rayon::prelude::*;
 
 use crate::chunk::{ChunkKv, LayerKv};
@@ -25,14 +26,36 @@ pub fn reuse(canonical: &ChunkKv, patch: Option<&Patch>, rope: &RopeSpec, to: i6
         .into_par_iter()
         .map(|l| {
             let channel = |v_channel: bool, cols: usize| -> Result<Mat> {
+                // Computed in place in the new buffer's capacity, then counted.
                 if dtype == DType::F32 {
-                    // Computed in place in the new buffer's capacity, then counted.
                     let mut v = Vec::<f32>::with_capacity(n * cols);
-                    let fresh = &mut v.spare_capacity_mut()[..n * cols];
-                    fused(canonical, patch, rope, l, v_channel, delta, Out::Rows(fresh))?;
+                    fused(
+                        canonical,
+                        patch,
+                        rope,
+                        l,
+                        v_channel,
+                        delta,
+                        Out::Rows(&mut v.spare_capacity_mut()[..n * cols]),
+                    )?;
                     // SAFETY: the pass wrote every one of the n · cols values (it returned Ok).
                     unsafe { v.set_len(n * cols) };
                     return Mat::new(n, cols, Buf::F32(v));
+                }
+                if dtype == DType::Bf16 {
+                    let mut v = Vec::<bf16>::with_capacity(n * cols);
+                    fused(
+                        canonical,
+                        patch,
+                        rope,
+                        l,
+                        v_channel,
+                        delta,
+                        Out::Bf16(&mut v.spare_capacity_mut()[..n * cols]),
+                    )?;
+                    // SAFETY: as above.
+                    unsafe { v.set_len(n * cols) };
+                    return Mat::new(n, cols, Buf::Bf16(v));
                 }
                 let mut buf = Buf::with_capacity(dtype, n * cols);
                 reuse_rows(canonical, patch, rope, l, v_channel, delta, &mut |_, row| {
@@ -136,7 +159,7 @@ fn with_rows_mut(m: &mut Mat, dst_row: usize, rows: usize, f: impl FnOnce(Out<'_
     match m.data_mut() {
         Buf::F32(d) => f(Out::Rows(as_uninit(&mut d[dst_row * cols..(dst_row + rows) * cols]))),
         Buf::F16(d) => f(Out::Sink(&mut |t, row| store(d, (dst_row + t) * cols, row))),
-        Buf::Bf16(d) => f(Out::Sink(&mut |t, row| store(d, (dst_row + t) * cols, row))),
+        Buf::Bf16(d) => f(Out::Bf16(as_uninit(&mut d[dst_row * cols..(dst_row + rows) * cols]))),
     }
 }
 
@@ -281,15 +304,17 @@ struct Fuse<'a> {
 pub(crate) enum Out<'a> {
     Sink(&'a mut dyn FnMut(usize, &[f32])),
     Rows(&'a mut [MaybeUninit<f32>]),
+    /// Contiguous bf16 destination rows, rounded from each block inside the pass.
+    Bf16(&'a mut [MaybeUninit<bf16>]),
     /// Head-first buffers ([`reuse_heads`], checked there).
     Heads(&'a mut [MaybeUninit<f32>], Heads),
 }
 
 /// Written f32 values seen as possibly uninitialised ones (the pass only ever writes whole values).
-fn as_uninit(d: &mut [f32]) -> &mut [MaybeUninit<f32>] {
-    // SAFETY: MaybeUninit<f32> has f32's layout, and every value stored through the result is
-    // an initialised f32, so `d` stays valid.
-    unsafe { &mut *(d as *mut [f32] as *mut [MaybeUninit<f32>]) }
+fn as_uninit<T: Copy>(d: &mut [T]) -> &mut [MaybeUninit<T>] {
+    // SAFETY: MaybeUninit<T> has T's layout, and every value stored through the result is an
+    // initialised T, so `d` stays valid.
+    unsafe { &mut *(d as *mut [T] as *mut [MaybeUninit<T>]) }
 }
 
 impl Fuse<'_> {
@@ -339,7 +364,7 @@ impl Fuse<'_> {
             return self.heads(src, cols, d, heads);
         }
         let mut scratch = match out {
-            Out::Sink(_) => vec![0.0f32; BLOCK.min(n) * cols],
+            Out::Sink(_) | Out::Bf16(_) => vec![0.0f32; BLOCK.min(n) * cols],
             _ => Vec::new(),
         };
         for b0 in (0..n).step_by(BLOCK) {
@@ -352,6 +377,13 @@ impl Fuse<'_> {
                     sink(b0, blk);
                 }
                 Out::Rows(d) => self.block(cols, b0, convert(from, &mut d[at..at + bn * cols]))?,
+                Out::Bf16(d) => {
+                    let blk = convert(from, as_uninit(&mut scratch[..bn * cols]));
+                    self.block(cols, b0, blk)?;
+                    for (e, r) in d[at..at + bn * cols].iter_mut().zip(blk.iter()) {
+                        e.write(<bf16 as Elem>::from_f32(*r));
+                    }
+                }
                 Out::Heads(..) => unreachable!("handled above"),
             }
         }
