@@ -225,7 +225,7 @@ impl<'a> Evaluator<'a> {
         Ok(ctx)
     }
 
-    fn prepare(&self, task: &Task) -> Result<Prepared> {
+    pub(crate) fn prepare(&self, task: &Task) -> Result<Prepared> {
         task.validate()?;
         let m = self.model;
         let sys = system_tokens(m, &self.cfg.system)?;
