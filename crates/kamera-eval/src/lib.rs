@@ -15,6 +15,7 @@ mod noise;
 mod orbit;
 mod report;
 mod run;
+mod tail;
 mod task;
 mod weighted;
 

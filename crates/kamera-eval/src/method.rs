@@ -28,6 +28,9 @@ pub struct PatchSpec {
     /// How a byte budget weighs the layers (`/rel`, `/ls`, `/kx=F`, `/gx=F`; `kamera-budget`
     /// only).
     pub alloc: Alloc,
+    /// Mixed-bit factors, simulated (`/t2=F`, `kamera-budget` with `/q4/rf` only): share F of
+    /// the budget on 4-bit directions, the rest on ternary (2-bit) ones after them.
+    pub tail: Option<f64>,
 }
 
 /// Which attention statistics of the conditioned prefill weigh the deficit's factorisation
@@ -140,6 +143,7 @@ impl PatchSpec {
             weighting: Weighting::default(),
             refit: false,
             alloc: Alloc::default(),
+            tail: None,
         }
     }
     /// The operator's patch settings.
@@ -301,6 +305,16 @@ fn modifiers(spec: &str, mut p: PatchSpec, mods: &[&str]) -> Result<PatchSpec> {
             "bf16" => p.dtype = DType::Bf16,
             d if d.starts_with("drop=") => p.drop_below = fraction(spec, &d[5..])?,
             "rf" => p.refit = true,
+            t if t.starts_with("t2=") => {
+                let x = fraction(spec, &t[3..])?;
+                if x <= 0.0 {
+                    return Err(Error::Method {
+                        spec: spec.into(),
+                        detail: "t2: the 4-bit share of the budget must be > 0".into(),
+                    });
+                }
+                p.tail = Some(x);
+            }
             "rel" => p.alloc.relative = true,
             "ls" => p.alloc.sensitivity = true,
             g if g.starts_with("kx=") || g.starts_with("gx=") => {
@@ -353,7 +367,7 @@ fn modifiers(spec: &str, mut p: PatchSpec, mods: &[&str]) -> Result<PatchSpec> {
                 return Err(Error::Method {
                     spec: spec.into(),
                     detail: format!(
-                        "unknown modifier {other:?} (q8, q4, q4d, q4g, q4a, q4=XXXX, f32, f16, bf16, drop=S, w, w=LETTERS, wf=F, wc=C, rf, rel, ls, kx=F, gx=F)"
+                        "unknown modifier {other:?} (q8, q4, q4d, q4g, q4a, q4=XXXX, f32, f16, bf16, drop=S, w, w=LETTERS, wf=F, wc=C, rf, t2=F, rel, ls, kx=F, gx=F)"
                     ),
                 });
             }
@@ -363,6 +377,12 @@ fn modifiers(spec: &str, mut p: PatchSpec, mods: &[&str]) -> Result<PatchSpec> {
         return Err(Error::Method {
             spec: spec.into(),
             detail: "rel, ls, kx and gx weigh a byte budget's layers (kamera-budget only)".into(),
+        });
+    }
+    if p.tail.is_some() && !(matches!(p.rank, RankPolicy::Budget { .. }) && p.quant == Quant::Int4 && p.refit) {
+        return Err(Error::Method {
+            spec: spec.into(),
+            detail: "t2 splits a byte budget of error-aware 4-bit factors (kamera-budget:B/q4/rf only)".into(),
         });
     }
     Ok(p)
@@ -491,6 +511,9 @@ impl fmt::Display for PatchSpec {
         if self.refit {
             write!(f, "/rf")?;
         }
+        if let Some(t) = self.tail {
+            write!(f, "/t2={t}")?;
+        }
         if self.alloc.relative {
             write!(f, "/rel")?;
         }
@@ -578,10 +601,14 @@ mod tests {
             "full, prefix,blind,kamera:32,kamera-budget:0.1,orbit:16,cacheblend:0.15,epic:32,oracle-tokens:0.5,\
              kamera:32/q4/drop=0.01,kamera-kv:0.02+0.06/q8,kamera-energy:0.9,orbit-slot:8/f32,kamera:4/f16,\
              kamera:32/q4d,kamera-budget:0.1/q4a,orbit-slot:16/q4g,kamera:8/q4=gddg,kamera-budget:0.1/q4/w,\
-             kamera:32/w=qkvo2/wf=0.1/q8/rf,kamera-budget:0.095/q4/rf/rel/ls/kx=2/gx=0.5,oracle-layer:3,oracle-layer:17v,oracle-except:2k",
+             kamera:32/w=qkvo2/wf=0.1/q8/rf,kamera-budget:0.095/q4/rf/rel/ls/kx=2/gx=0.5,oracle-layer:3,oracle-layer:17v,oracle-except:2k,\
+             kamera-budget:0.1/q4/rf/ls/t2=0.6",
         )
         .unwrap();
-        assert_eq!(ms.len(), 24);
+        assert_eq!(ms.len(), 25);
+        let Method::Kamera(t) = &ms[24].1 else { panic!() };
+        assert_eq!(t.tail, Some(0.6));
+        assert_eq!(ms[24].1.to_string(), "kamera-budget:0.1/q4/rf/t2=0.6/ls");
         assert_eq!(
             ms[22].1,
             Method::OracleLayer {
@@ -646,6 +673,10 @@ mod tests {
             assert_eq!(m.to_string().parse::<Method>().unwrap(), *m, "{spec}");
         }
         for bad in [
+            "kamera:32/q4/rf/t2=0.5",
+            "kamera-budget:0.1/t2=0.5",
+            "kamera-budget:0.1/q4/t2=0.5",
+            "kamera-budget:0.1/q4/rf/t2=0",
             "kamera",
             "kamera:x",
             "cacheblend:2",
