@@ -27,7 +27,8 @@ pub struct EvalArgs {
     /// /q4a: chosen per factor matrix, /q4=XXXX: d or g for K's P, K's Wᵀ, V's P, V's Wᵀ),
     /// /f32 /f16 /bf16 (float factors; bf16 by default),
     /// /drop=S (drop layers holding under share S of the deficit energy), and more (the
-    /// kamera-eval README): /w=LETTERS, /rf, /rel, /ls, /kx=F, /gx=F; oracle-layer:L[k|v],
+    /// kamera-eval README): /w=LETTERS, /rf, /rel, /ls, /kx=F, /gx=F, /t2=F, /t3=F (mixed-bit
+    /// factors, simulated bytes); oracle-layer:L[k|v],
     /// oracle-except:L[k|v] probe one layer's sensitivity.
     #[arg(long, default_value = DEFAULT_METHODS)]
     methods: String,

@@ -24,7 +24,7 @@ pub use bench::{BenchConfig, BenchReport, Limits, bench_reuse};
 pub use error::{Error, Result};
 pub use generate::{GenConfig, Rng, filler_text, generate};
 pub use kamera_ops::orbit_orderings;
-pub use method::{Method, OrbitKind, PatchSpec, WEIGHT_FLOOR, Weighting, parse_methods};
+pub use method::{Method, OrbitKind, PatchSpec, Tail, WEIGHT_FLOOR, Weighting, parse_methods};
 pub use metrics::{Scores, gap_recovered, kl, log_softmax, score};
 pub use noise::{NoiseFloor, TaskNoise, precision_noise};
 pub use report::{Diagnostics, LayerEnergy, MethodSummary, OraclePoint, OrbitLayer, Report, summarize};

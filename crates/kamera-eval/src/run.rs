@@ -374,8 +374,8 @@ impl<'a> Evaluator<'a> {
                     },
                     None => cfg,
                 };
-                if let Some(share) = spec.tail {
-                    let (patch, bytes) = crate::tail::tail_patch(s, w, n, c.layout(), kv, &cfg, share)?;
+                if let Some(tail) = spec.tail {
+                    let (patch, bytes) = crate::tail::tail_patch(s, w, n, c.layout(), kv, &cfg, tail)?;
                     return Ok((patch, Some(bytes)));
                 }
                 kamera_ops::patch_from_weighted_svds(s, w, n, c.layout(), kv, &cfg)
