@@ -27,7 +27,8 @@ pub struct EvalArgs {
     /// /q4a: chosen per factor matrix, /q4=XXXX: d or g for K's P, K's Wᵀ, V's P, V's Wᵀ),
     /// /f32 /f16 /bf16 (float factors; bf16 by default),
     /// /drop=S (drop layers holding under share S of the deficit energy), and more (the
-    /// kamera-eval README): /w=LETTERS, /rf, /rel, /ls, /kx=F, /gx=F; oracle-layer:L[k|v],
+    /// kamera-eval README): /w=LETTERS, /rf, /rel, /ls, /kx=F, /gx=F, /t2=F, /t3=F (mixed-bit
+    /// factors, simulated bytes); oracle-layer:L[k|v],
     /// oracle-except:L[k|v] probe one layer's sensitivity.
     #[arg(long, default_value = DEFAULT_METHODS)]
     methods: String,
@@ -65,6 +66,15 @@ pub struct EvalArgs {
     /// other tasks): the per-layer sensitivities `/ls` budgets weigh the layers by.
     #[arg(long)]
     layer_sensitivity: Option<PathBuf>,
+    /// Arithmetic of the model's long prefills (the chunks', the system prefix's, the full
+    /// re-prefill's): `f32` (the operator's reference) or `bf16` (AVX512_BF16 CPUs, what the
+    /// runtime runs); default the fastest this CPU runs. Recorded in the report.
+    #[arg(long)]
+    prefill_precision: Option<kamera_model::PrefillPrecision>,
+    /// Also measure the noise floor: KL(full in f32 ‖ full in bf16) of the answer tokens as a
+    /// share of the f32 blind KL, per task (recorded in the report).
+    #[arg(long)]
+    noise_floor: bool,
 }
 
 pub fn run(a: EvalArgs) -> Result<()> {
@@ -73,7 +83,8 @@ pub fn run(a: EvalArgs) -> Result<()> {
     if let Some(n) = a.limit {
         tasks.truncate(n);
     }
-    let model = crate::models::load(&a.model)?;
+    let mut model = crate::models::load_with(&a.model, a.prefill_precision)?;
+    eprintln!("{}: prefill precision {}", a.model, model.prefill_precision());
     let layer_sensitivity = match &a.layer_sensitivity {
         Some(p) => {
             let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
@@ -96,6 +107,17 @@ pub fn run(a: EvalArgs) -> Result<()> {
         system: a.system.clone(),
         layer_sensitivity,
     };
+    let noise = if a.noise_floor {
+        use kamera_model::PrefillPrecision::{Bf16, F32};
+        let n = kamera_eval::precision_noise(&mut model, &tasks, &cfg, F32, Bf16)?;
+        eprintln!(
+            "noise floor: KL(full f32 || full bf16) {:.3e} = {:.4} of the f32 blind KL {:.4}",
+            n.kl, n.share_of_gap, n.blind_kl_reference
+        );
+        Some(n)
+    } else {
+        None
+    };
     let bar = ProgressBar::new(tasks.len() as u64);
     if std::io::stderr().is_terminal() {
         bar.set_draw_target(ProgressDrawTarget::stderr());
@@ -105,12 +127,13 @@ pub fn run(a: EvalArgs) -> Result<()> {
     } else {
         bar.set_draw_target(ProgressDrawTarget::hidden());
     }
-    let report = evaluate(&model, &a.model, &tasks, &methods, cfg, &mut |i, r| {
+    let mut report = evaluate(&model, &a.model, &tasks, &methods, cfg, &mut |i, r| {
         bar.set_position(i as u64 + 1);
         bar.set_message(format!("{} blind KL {:.3}", r.id, r.blind_kl));
         tracing::info!(task = %r.id, blind_kl = r.blind_kl, "task done");
     })?;
     bar.finish_and_clear();
+    report.noise_floor = noise;
     let write = |p: &PathBuf, s: &str| std::fs::write(p, s).with_context(|| format!("writing {}", p.display()));
     write(&a.json, &serde_json::to_string_pretty(&report)?)?;
     let svg = a.svg.clone().unwrap_or_else(|| a.json.with_extension("svg"));

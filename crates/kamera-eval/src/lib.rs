@@ -11,9 +11,11 @@ mod generate;
 mod kv;
 mod method;
 mod metrics;
+mod noise;
 mod orbit;
 mod report;
 mod run;
+mod tail;
 mod task;
 mod weighted;
 
@@ -22,8 +24,9 @@ pub use bench::{BenchConfig, BenchReport, Limits, bench_reuse};
 pub use error::{Error, Result};
 pub use generate::{GenConfig, Rng, filler_text, generate};
 pub use kamera_ops::orbit_orderings;
-pub use method::{Method, OrbitKind, PatchSpec, WEIGHT_FLOOR, Weighting, parse_methods};
+pub use method::{Method, OrbitKind, PatchSpec, Tail, WEIGHT_FLOOR, Weighting, parse_methods};
 pub use metrics::{Scores, gap_recovered, kl, log_softmax, score};
+pub use noise::{NoiseFloor, TaskNoise, precision_noise};
 pub use report::{Diagnostics, LayerEnergy, MethodSummary, OraclePoint, OrbitLayer, Report, summarize};
 pub use run::{DEFAULT_SYSTEM, EvalConfig, Evaluator, TaskDiagnostics, TaskMethod, TaskResult};
 pub use task::{Task, load_tasks, parse_tasks, save_tasks, tasks_to_jsonl};
@@ -45,5 +48,7 @@ pub fn evaluate(
         per_task.push(r);
     }
     let order: Vec<String> = methods.iter().map(|(s, _)| s.clone()).collect();
-    Ok(summarize(model_name, &order, ev.config(), per_task))
+    let mut report = summarize(model_name, &order, ev.config(), per_task);
+    report.prefill_precision = Some(model.prefill_precision());
+    Ok(report)
 }

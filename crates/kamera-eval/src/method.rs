@@ -28,6 +28,20 @@ pub struct PatchSpec {
     /// How a byte budget weighs the layers (`/rel`, `/ls`, `/kx=F`, `/gx=F`; `kamera-budget`
     /// only).
     pub alloc: Alloc,
+    /// Mixed-bit factors, simulated (`/t2=F`, `/t3=F`; `kamera-budget` with `/q4/rf` only):
+    /// share F of the budget on 4-bit directions, the rest on 2-bit (ternary) or 3-bit ones
+    /// after them.
+    pub tail: Option<Tail>,
+}
+
+/// The split of a mixed-bit budget ([`PatchSpec::tail`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Tail {
+    /// Share of the byte budget on the 4-bit directions the budget's greedy picks (1: none
+    /// after them, the int4 patch).
+    pub head_share: f64,
+    /// Bits of each tail code: 2 (codes −1..=1) or 3 (−3..=3).
+    pub bits: u8,
 }
 
 /// Which attention statistics of the conditioned prefill weigh the deficit's factorisation
@@ -140,6 +154,7 @@ impl PatchSpec {
             weighting: Weighting::default(),
             refit: false,
             alloc: Alloc::default(),
+            tail: None,
         }
     }
     /// The operator's patch settings.
@@ -301,6 +316,19 @@ fn modifiers(spec: &str, mut p: PatchSpec, mods: &[&str]) -> Result<PatchSpec> {
             "bf16" => p.dtype = DType::Bf16,
             d if d.starts_with("drop=") => p.drop_below = fraction(spec, &d[5..])?,
             "rf" => p.refit = true,
+            t if t.starts_with("t2=") || t.starts_with("t3=") => {
+                let x = fraction(spec, &t[3..])?;
+                if x <= 0.0 {
+                    return Err(Error::Method {
+                        spec: spec.into(),
+                        detail: format!("{t}: the 4-bit share of the budget must be > 0"),
+                    });
+                }
+                p.tail = Some(Tail {
+                    head_share: x,
+                    bits: if t.starts_with("t2") { 2 } else { 3 },
+                });
+            }
             "rel" => p.alloc.relative = true,
             "ls" => p.alloc.sensitivity = true,
             g if g.starts_with("kx=") || g.starts_with("gx=") => {
@@ -353,7 +381,7 @@ fn modifiers(spec: &str, mut p: PatchSpec, mods: &[&str]) -> Result<PatchSpec> {
                 return Err(Error::Method {
                     spec: spec.into(),
                     detail: format!(
-                        "unknown modifier {other:?} (q8, q4, q4d, q4g, q4a, q4=XXXX, f32, f16, bf16, drop=S, w, w=LETTERS, wf=F, wc=C, rf, rel, ls, kx=F, gx=F)"
+                        "unknown modifier {other:?} (q8, q4, q4d, q4g, q4a, q4=XXXX, f32, f16, bf16, drop=S, w, w=LETTERS, wf=F, wc=C, rf, t2=F, t3=F, rel, ls, kx=F, gx=F)"
                     ),
                 });
             }
@@ -363,6 +391,12 @@ fn modifiers(spec: &str, mut p: PatchSpec, mods: &[&str]) -> Result<PatchSpec> {
         return Err(Error::Method {
             spec: spec.into(),
             detail: "rel, ls, kx and gx weigh a byte budget's layers (kamera-budget only)".into(),
+        });
+    }
+    if p.tail.is_some() && !(matches!(p.rank, RankPolicy::Budget { .. }) && p.quant == Quant::Int4 && p.refit) {
+        return Err(Error::Method {
+            spec: spec.into(),
+            detail: "t2 and t3 split a byte budget of error-aware 4-bit factors (kamera-budget:B/q4/rf only)".into(),
         });
     }
     Ok(p)
@@ -491,6 +525,9 @@ impl fmt::Display for PatchSpec {
         if self.refit {
             write!(f, "/rf")?;
         }
+        if let Some(t) = self.tail {
+            write!(f, "/t{}={}", t.bits, t.head_share)?;
+        }
         if self.alloc.relative {
             write!(f, "/rel")?;
         }
@@ -578,10 +615,20 @@ mod tests {
             "full, prefix,blind,kamera:32,kamera-budget:0.1,orbit:16,cacheblend:0.15,epic:32,oracle-tokens:0.5,\
              kamera:32/q4/drop=0.01,kamera-kv:0.02+0.06/q8,kamera-energy:0.9,orbit-slot:8/f32,kamera:4/f16,\
              kamera:32/q4d,kamera-budget:0.1/q4a,orbit-slot:16/q4g,kamera:8/q4=gddg,kamera-budget:0.1/q4/w,\
-             kamera:32/w=qkvo2/wf=0.1/q8/rf,kamera-budget:0.095/q4/rf/rel/ls/kx=2/gx=0.5,oracle-layer:3,oracle-layer:17v,oracle-except:2k",
+             kamera:32/w=qkvo2/wf=0.1/q8/rf,kamera-budget:0.095/q4/rf/rel/ls/kx=2/gx=0.5,oracle-layer:3,oracle-layer:17v,oracle-except:2k,\
+             kamera-budget:0.1/q4/rf/ls/t2=0.6,kamera-budget:0.1/q4/rf/t3=0.5",
         )
         .unwrap();
-        assert_eq!(ms.len(), 24);
+        assert_eq!(ms.len(), 26);
+        let Method::Kamera(t) = &ms[24].1 else { panic!() };
+        assert_eq!(
+            t.tail,
+            Some(Tail {
+                head_share: 0.6,
+                bits: 2
+            })
+        );
+        assert_eq!(ms[24].1.to_string(), "kamera-budget:0.1/q4/rf/t2=0.6/ls");
         assert_eq!(
             ms[22].1,
             Method::OracleLayer {
@@ -646,6 +693,10 @@ mod tests {
             assert_eq!(m.to_string().parse::<Method>().unwrap(), *m, "{spec}");
         }
         for bad in [
+            "kamera:32/q4/rf/t2=0.5",
+            "kamera-budget:0.1/t2=0.5",
+            "kamera-budget:0.1/q4/t2=0.5",
+            "kamera-budget:0.1/q4/rf/t2=0",
             "kamera",
             "kamera:x",
             "cacheblend:2",

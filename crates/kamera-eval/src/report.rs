@@ -7,6 +7,7 @@ use std::fmt::Write as _;
 use serde::{Deserialize, Serialize};
 
 use crate::metrics::gap_recovered;
+use crate::noise::NoiseFloor;
 use crate::run::{EvalConfig, TaskResult};
 
 /// Means over tasks of one method.
@@ -104,6 +105,13 @@ pub struct Report {
     pub full_ms: f64,
     pub mean_chunk_tokens: f64,
     pub settings: EvalConfig,
+    /// The arithmetic of the model's long prefills in this run (`None` in reports from before
+    /// it was recorded: those ran f32 up to 2026-12-01, the fastest the CPU runs after).
+    #[serde(default)]
+    pub prefill_precision: Option<kamera_model::PrefillPrecision>,
+    /// The full re-prefill's answer moved by the other precision, when measured.
+    #[serde(default)]
+    pub noise_floor: Option<NoiseFloor>,
     pub diagnostics: Diagnostics,
     pub per_task: Vec<TaskResult>,
 }
@@ -214,6 +222,8 @@ pub fn summarize(model: &str, order: &[String], settings: &EvalConfig, per_task:
         full_ms,
         mean_chunk_tokens,
         settings: settings.clone(),
+        prefill_precision: None,
+        noise_floor: None,
         diagnostics,
         per_task,
     }
@@ -233,6 +243,26 @@ impl Report {
             "Mean blind KL {:.4}; full re-prefill of the chunks {:.0} ms.\n",
             self.blind_kl, self.full_ms
         );
+        if let Some(p) = self.prefill_precision {
+            let _ = writeln!(
+                s,
+                "Prefill precision {p} (the chunks', the system prefix's and the full re-prefill's).\n"
+            );
+        }
+        if let Some(n) = &self.noise_floor {
+            let _ = writeln!(
+                s,
+                "Noise floor: KL(full {} ‖ full {}) {:.2e} per answer token = {:.4} of the {} blind KL {:.4} ({} blind KL {:.4}).\n",
+                n.reference,
+                n.other,
+                n.kl,
+                n.share_of_gap,
+                n.reference,
+                n.blind_kl_reference,
+                n.other,
+                n.blind_kl_other
+            );
+        }
         s.push_str("| method | KL(full‖m) | blind KL (same orderings) | orderings | gap recovered | top-1 | exact match | answer logprob | bytes ratio | assemble ms | patch ms | break-even reuses | recompute share |\n");
         s.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
         for spec in &self.method_order {

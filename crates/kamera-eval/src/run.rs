@@ -177,6 +177,9 @@ pub(crate) fn ms(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1e3
 }
 
+/// A chunk's patch and, for a simulated type the record codec does not have, its record bytes.
+pub(crate) type Formed = (Patch, Option<usize>);
+
 /// Runs the methods of a task list on one model.
 pub struct Evaluator<'a> {
     pub(crate) model: &'a Model,
@@ -225,7 +228,7 @@ impl<'a> Evaluator<'a> {
         Ok(ctx)
     }
 
-    fn prepare(&self, task: &Task) -> Result<Prepared> {
+    pub(crate) fn prepare(&self, task: &Task) -> Result<Prepared> {
         task.validate()?;
         let m = self.model;
         let sys = system_tokens(m, &self.cfg.system)?;
@@ -340,7 +343,7 @@ impl<'a> Evaluator<'a> {
         weights: Option<&[PatchWeights]>,
         rank_svds: Option<&[Vec<(Svd, Svd)>]>,
         spec: &PatchSpec,
-    ) -> Result<(Vec<Patch>, f64)> {
+    ) -> Result<(Vec<Formed>, f64)> {
         let t = Instant::now();
         let cfg = spec.config();
         let patches = svds
@@ -371,8 +374,13 @@ impl<'a> Evaluator<'a> {
                     },
                     None => cfg,
                 };
+                if let Some(tail) = spec.tail {
+                    let (patch, bytes) = crate::tail::tail_patch(s, w, n, c.layout(), kv, &cfg, tail)?;
+                    return Ok((patch, Some(bytes)));
+                }
                 kamera_ops::patch_from_weighted_svds(s, w, n, c.layout(), kv, &cfg)
                     .map(Patch::compact_spectra)
+                    .map(|p| (p, None))
                     .ops("patch formation")
             })
             .collect::<Result<Vec<_>>>()?;
@@ -395,15 +403,26 @@ impl<'a> Evaluator<'a> {
         Ok((kv, ms(t)))
     }
 
-    fn patched(&self, p: &Prepared, patches: &[Patch], patch_ms: f64) -> Result<(Context, TaskMethod)> {
+    /// The context with each chunk's patch; a patch's record bytes are its kamera-store
+    /// encoding unless given (a simulated type the codec does not have).
+    fn patched(
+        &self,
+        p: &Prepared,
+        patches: &[(Patch, Option<usize>)],
+        patch_ms: f64,
+    ) -> Result<(Context, TaskMethod)> {
         let order: Vec<usize> = (0..p.canon.len()).collect();
-        let refs: Vec<Option<&Patch>> = patches.iter().map(Some).collect();
+        let refs: Vec<Option<&Patch>> = patches.iter().map(|(x, _)| Some(x)).collect();
         let (kv, t) = self.assemble(p, &order, &refs)?;
-        let bytes = stored_bytes(patches)?;
+        let each = patches
+            .iter()
+            .map(|(x, b)| b.map_or_else(|| stored_bytes([x]), Ok))
+            .collect::<Result<Vec<_>>>()?;
+        let bytes: usize = each.iter().sum();
         let mut cost = method_cost(1.0 + bytes as f64 / p.canon_bytes as f64, t, patch_ms, 0.0);
-        for (patch, &canon) in patches.iter().zip(&p.chunk_bytes) {
+        for (((patch, _), &canon), &b) in patches.iter().zip(&p.chunk_bytes).zip(&each) {
             if patch.ranks().iter().any(|&(k, v)| k + v > 0) {
-                let r = stored_bytes([patch])? as f64 / canon as f64;
+                let r = b as f64 / canon as f64;
                 cost.chunk_bytes_max = cost.chunk_bytes_max.max(r);
             }
         }

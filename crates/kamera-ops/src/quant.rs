@@ -181,12 +181,13 @@ const CLIPS: [f32; 14] = [1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.6, 0.5, 0.4, 0
 /// As [`quantise_mat`], each scale chosen among [`CLIPS`] of the group's largest magnitude by
 /// the squared rounding error of its entries weighted by `w` (per entry along a direction:
 /// per token for P, per feature for Wᵀ; `None`: 1). Entries past the clip saturate.
+/// `max[d]` is direction d's largest code magnitude.
 fn quantise_mat_clipped(
     v: &[f32],
     (rows, cols): (usize, usize),
     by_col: bool,
     g: Grain,
-    max: f32,
+    max: &[f32],
     w: Option<&[f32]>,
 ) -> (Vec<f32>, Vec<f32>) {
     let (dirs, len) = if by_col { (cols, rows) } else { (rows, cols) };
@@ -195,14 +196,15 @@ fn quantise_mat_clipped(
     let groups = g.groups(len);
     let mut s = vec![0.0f32; dirs * groups];
     let mut out = vec![0.0f32; v.len()];
-    let round = |x: f32, sc: f32| {
-        if sc > 0.0 {
-            (x / sc).round().clamp(-max, max) * sc
-        } else {
-            0.0
-        }
-    };
     for d in 0..dirs {
+        let max = max[d];
+        let round = |x: f32, sc: f32| {
+            if sc > 0.0 {
+                (x / sc).round().clamp(-max, max) * sc
+            } else {
+                0.0
+            }
+        };
         for k in 0..groups {
             let span = k * gl..((k + 1) * gl).min(len);
             let top = span.clone().map(|e| v[at(d, e)].abs()).fold(0.0f32, f32::max);
@@ -266,11 +268,30 @@ pub fn quantise_refit(
     rows: Option<&[f32]>,
     cols: Option<&[f32]>,
 ) -> Result<(LowRank, Scales)> {
+    let max = q.max_code() as f32;
+    if max == 0.0 || lr.rank() == 0 {
+        return quantise_grains(lr, q, grain);
+    }
+    match quantise_refit_ranges(lr, grain, &vec![max; lr.rank()], rows, cols)? {
+        Some(out) => Ok(out),
+        None => quantise_grains(lr, q, grain),
+    }
+}
+
+/// As [`quantise_refit`], direction j's codes in −`max[j]`..=`max[j]` (e.g. 7 for the leading
+/// directions and 1 for the tail: fewer bits where the deficit holds less energy). `Ok(None)`
+/// when the refit is not finite (the caller falls back to plain rounding).
+pub fn quantise_refit_ranges(
+    lr: &LowRank,
+    grain: [Grain; 2],
+    max: &[f32],
+    rows: Option<&[f32]>,
+    cols: Option<&[f32]>,
+) -> Result<Option<(LowRank, Scales)>> {
     const OP: &str = "quant::quantise_refit";
     let (n, m, f) = (lr.p.rows(), lr.rank(), lr.wt.cols());
-    let max = q.max_code() as f32;
-    if max == 0.0 || m == 0 {
-        return quantise_grains(lr, q, grain);
+    if max.len() != m {
+        return Err(shape(OP, "code ranges", m, max.len()));
     }
     if let Some(r) = rows
         && r.len() != n
@@ -322,7 +343,7 @@ pub fn quantise_refit(
         None => w,
     };
     if refit.iter().any(|x| !x.is_finite()) {
-        return quantise_grains(lr, q, grain);
+        return Ok(None);
     }
     let (sw, wq) = quantise_mat_clipped(&refit, (m, f), false, grain[1], max, cols);
     let out = LowRank {
@@ -330,7 +351,7 @@ pub fn quantise_refit(
         wt: Mat::from_f32(m, f, wq)?,
         spectrum: lr.spectrum.clone(),
     };
-    Ok((out, Scales { p: sp, wt: sw, grain }))
+    Ok(Some((out, Scales { p: sp, wt: sw, grain })))
 }
 
 /// X = G⁻¹ H for a symmetric positive semi-definite `g` (m x m, overwritten by its Cholesky
