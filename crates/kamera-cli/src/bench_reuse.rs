@@ -25,8 +25,8 @@ pub struct ReuseArgs {
     /// Patch rank.
     #[arg(long, default_value_t = 32)]
     rank: usize,
-    /// Repetitions of the cheap measurements (median kept): enough that a few slow ones on a
-    /// shared machine do not move it.
+    /// Repetitions of the cheap measurements (the best kept, as for the prefills: on a shared
+    /// machine noise only adds time).
     #[arg(long, default_value_t = 15)]
     reps: usize,
     /// Storage type of the canonical KV and patches: f32, bf16 or f16.
