@@ -26,36 +26,12 @@ pub fn reuse(canonical: &ChunkKv, patch: Option<&Patch>, rope: &RopeSpec, to: i6
         .into_par_iter()
         .map(|l| {
             let channel = |v_channel: bool, cols: usize| -> Result<Mat> {
-                // Computed in place in the new buffer's capacity, then counted.
-                if dtype == DType::F32 {
-                    let mut v = Vec::<f32>::with_capacity(n * cols);
-                    fused(
-                        canonical,
-                        patch,
-                        rope,
-                        l,
-                        v_channel,
-                        delta,
-                        Out::Rows(&mut v.spare_capacity_mut()[..n * cols]),
-                    )?;
-                    // SAFETY: the pass wrote every one of the n · cols values (it returned Ok).
-                    unsafe { v.set_len(n * cols) };
-                    return Mat::new(n, cols, Buf::F32(v));
-                }
-                if dtype == DType::Bf16 {
-                    let mut v = Vec::<bf16>::with_capacity(n * cols);
-                    fused(
-                        canonical,
-                        patch,
-                        rope,
-                        l,
-                        v_channel,
-                        delta,
-                        Out::Bf16(&mut v.spare_capacity_mut()[..n * cols]),
-                    )?;
-                    // SAFETY: as above.
-                    unsafe { v.set_len(n * cols) };
-                    return Mat::new(n, cols, Buf::Bf16(v));
+                // f32 and bf16: computed in place in the new buffer's capacity, then counted.
+                let pass = |out: Out<'_>| fused(canonical, patch, rope, l, v_channel, delta, out);
+                match dtype {
+                    DType::F32 => return Mat::new(n, cols, Buf::F32(computed(n * cols, |d| pass(Out::Rows(d)))?)),
+                    DType::Bf16 => return Mat::new(n, cols, Buf::Bf16(computed(n * cols, |d| pass(Out::Bf16(d)))?)),
+                    DType::F16 => {}
                 }
                 let mut buf = Buf::with_capacity(dtype, n * cols);
                 reuse_rows(canonical, patch, rope, l, v_channel, delta, &mut |_, row| {
@@ -70,6 +46,16 @@ pub fn reuse(canonical: &ChunkKv, patch: Option<&Patch>, rope: &RopeSpec, to: i6
         })
         .collect::<Result<Vec<_>>>()?;
     ChunkKv::new(layout, to, layers)
+}
+
+/// A new buffer of `len` values computed in place in its capacity by `fill`, which writes every
+/// one of them when it returns Ok (no zeroing first).
+fn computed<T>(len: usize, fill: impl FnOnce(&mut [MaybeUninit<T>]) -> Result<()>) -> Result<Vec<T>> {
+    let mut v = Vec::with_capacity(len);
+    fill(&mut v.spare_capacity_mut()[..len])?;
+    // SAFETY: `fill` wrote all `len` values (it returned Ok), within the capacity.
+    unsafe { v.set_len(len) };
+    Ok(v)
 }
 
 /// Checks a reuse request (layouts, RoPE spec, destination rows, patch shape, positions) and
