@@ -1,7 +1,6 @@
 //! Fused reuse: R(δ)·(canonical + P Wᵀ) written into a destination KV buffer in one pass over
 //! the chunk, and context assembly from several placed chunks (KAMERA.md, "The operator").
 
-use std::borrow::Cow;
 use std::mem::MaybeUninit;
 
 use half::bf16;
@@ -10,6 +9,7 @@ use rayon::prelude::*;
 use crate::chunk::{ChunkKv, LayerKv};
 use crate::error::{Error, Result, shape};
 use crate::layout::KvLayout;
+use crate::lowrank::Factors;
 use crate::patch::Patch;
 use crate::relocate::shift;
 use crate::rope::{RopeSpec, Rotation};
@@ -250,9 +250,7 @@ fn fused(
     let lp = patch.map(|p| &p.layers()[layer]);
     let lr = lp.map(|lp| if v_channel { &lp.v } else { &lp.k });
     let fuse = Fuse {
-        patch: lr
-            .filter(|lr| lr.rank() > 0)
-            .map(|lr| (f32_view(&lr.p), f32_view(&lr.wt), lr.rank())),
+        patch: lr.filter(|lr| lr.rank() > 0).map(|lr| Factors::new(&lr.p, &lr.wt)),
         rot: rot.as_ref().map(|r| (r, n_heads)),
     };
     let m = if v_channel { &src.v } else { &src.k };
@@ -262,17 +260,6 @@ fn fused(
         index,
     })
 }
-
-/// A matrix's values as f32: borrowed when stored as f32, converted once otherwise.
-fn f32_view(m: &Mat) -> Cow<'_, [f32]> {
-    match m.data() {
-        Buf::F32(v) => Cow::Borrowed(v),
-        _ => Cow::Owned(m.to_f32_vec()),
-    }
-}
-
-/// A channel's patch factors as f32: (P, Wᵀ, rank).
-type Factors<'a> = (Cow<'a, [f32]>, Cow<'a, [f32]>, usize);
 
 /// Rows per block: a block of rows is converted to f32, gets its patch rows added by one GEMM
 /// (P_block · Wᵀ) and is rotated and stored while it stays in L1/L2.
@@ -381,16 +368,9 @@ impl Fuse<'_> {
     #[inline(always)]
     fn heads<S: Elem>(&self, src: &[S], cols: usize, d: &mut [MaybeUninit<f32>], h: Heads) -> Result<(), usize> {
         let (n, w) = (src.len() / cols, cols / h.groups);
-        // Wᵀ's columns of each head, contiguous (rank x width), split once per call.
-        let wt_heads: Vec<Vec<f32>> = match &self.patch {
-            Some((_, wt, m)) => (0..h.groups)
-                .map(|g| {
-                    (0..*m)
-                        .flat_map(|j| &wt[j * cols + g * w..j * cols + (g + 1) * w])
-                        .copied()
-                        .collect()
-                })
-                .collect(),
+        // Each head's columns of Wᵀ, split once per call.
+        let heads: Vec<Factors<'_>> = match &self.patch {
+            Some(f) => (0..h.groups).map(|g| f.columns(g * w, w)).collect(),
             None => Vec::new(),
         };
         let rot_per_head = self.rot.map(|(r, heads)| (r, heads / h.groups));
@@ -405,9 +385,8 @@ impl Fuse<'_> {
                 }
                 // SAFETY: the loop above wrote every value of `out`.
                 let blk = unsafe { &mut *(out as *mut [MaybeUninit<f32>] as *mut [f32]) };
-                if let Some((p, _, m)) = &self.patch {
-                    let p = &p[b0 * m..(b0 + bn) * m];
-                    crate::lowrank::add_product(blk, bn, w, p, &wt_heads[g], *m);
+                if let Some(f) = heads.get(g) {
+                    f.add(blk, b0);
                 }
                 if let Some((rot, heads)) = rot_per_head {
                     rot.rotate_rows(blk, w, heads);
@@ -425,10 +404,9 @@ impl Fuse<'_> {
     /// and checked in place; inlined into each target-feature build of the loop.
     #[inline(always)]
     fn block(&self, cols: usize, b0: usize, blk: &mut [f32]) -> Result<(), usize> {
-        let bn = blk.len() / cols;
-        if let Some((p, wt, m)) = &self.patch {
+        if let Some(f) = &self.patch {
             // blk += P[b0.., :m] · Wᵀ[:m, cols] (KAMERA §3.2: the patch P Wᵀ).
-            crate::lowrank::add_product(blk, bn, cols, &p[b0 * m..(b0 + bn) * m], &wt[..m * cols], *m);
+            f.add(blk, b0);
         }
         if let Some((rot, heads)) = self.rot {
             rot.rotate_rows(blk, cols, heads);
