@@ -32,9 +32,9 @@ pub struct EvalArgs {
     /// oracle-except:L[k|v] probe one layer's sensitivity.
     #[arg(long, default_value = DEFAULT_METHODS)]
     methods: String,
-    /// Where to write the JSON report.
-    #[arg(long)]
-    json: PathBuf,
+    /// Where to write the JSON report (required unless --calibrate-queries).
+    #[arg(long, required_unless_present = "calibrate_queries")]
+    json: Option<PathBuf>,
     /// Also write a Markdown report here.
     #[arg(long)]
     report: Option<PathBuf>,
@@ -66,6 +66,13 @@ pub struct EvalArgs {
     /// other tasks): the per-layer sensitivities `/ls` budgets weigh the layers by.
     #[arg(long)]
     layer_sensitivity: Option<PathBuf>,
+    /// A table of the question queries' second moments (written by --calibrate-queries on
+    /// other tasks than the scored ones): what `/wq=cal` weighs K's feature columns by.
+    #[arg(long)]
+    query_calibration: Option<PathBuf>,
+    /// Measure that table on --tasks (calibration tasks) and write it here; runs no methods.
+    #[arg(long)]
+    calibrate_queries: Option<PathBuf>,
     /// Arithmetic of the model's long prefills (the chunks', the system prefix's, the full
     /// re-prefill's): `f32` (the operator's reference) or `bf16` (AVX512_BF16 CPUs, what the
     /// runtime runs); default the fastest this CPU runs. Recorded in the report.
@@ -94,6 +101,19 @@ pub fn run(a: EvalArgs) -> Result<()> {
         }
         None => Vec::new(),
     };
+    let (query_calibration, query_calibration_tasks) = match &a.query_calibration {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            let table: kamera_eval::QueryCalibration =
+                serde_json::from_str(&text).with_context(|| format!("parsing {}", p.display()))?;
+            let c = model.config();
+            table.check(c.n_layers, c.heads * c.head_dim)?;
+            let mut from = vec![table.model.clone()];
+            from.extend(table.tasks);
+            (table.q_sq, from)
+        }
+        None => (Vec::new(), Vec::new()),
+    };
     let cfg = EvalConfig {
         orbit_orderings: a.orbit_orderings,
         check_layer: a.check_layer,
@@ -106,7 +126,21 @@ pub fn run(a: EvalArgs) -> Result<()> {
         seed: 0,
         system: a.system.clone(),
         layer_sensitivity,
+        query_calibration,
+        query_calibration_tasks,
     };
+    if let Some(out) = &a.calibrate_queries {
+        let table = kamera_eval::calibrate_queries(&model, &a.model, &tasks, cfg)?;
+        std::fs::write(out, serde_json::to_string(&table)?).with_context(|| format!("writing {}", out.display()))?;
+        eprintln!(
+            "query calibration of {} layers from {} tasks written to {}",
+            table.q_sq.len(),
+            table.tasks.len(),
+            out.display()
+        );
+        return Ok(());
+    }
+    let json = a.json.clone().context("--json is required")?;
     let noise = if a.noise_floor {
         use kamera_model::PrefillPrecision::{Bf16, F32};
         let n = kamera_eval::precision_noise(&mut model, &tasks, &cfg, F32, Bf16)?;
@@ -135,8 +169,8 @@ pub fn run(a: EvalArgs) -> Result<()> {
     bar.finish_and_clear();
     report.noise_floor = noise;
     let write = |p: &PathBuf, s: &str| std::fs::write(p, s).with_context(|| format!("writing {}", p.display()));
-    write(&a.json, &serde_json::to_string_pretty(&report)?)?;
-    let svg = a.svg.clone().unwrap_or_else(|| a.json.with_extension("svg"));
+    write(&json, &serde_json::to_string_pretty(&report)?)?;
+    let svg = a.svg.clone().unwrap_or_else(|| json.with_extension("svg"));
     write(&svg, &report.svg())?;
     let md = report.markdown();
     if let Some(r) = &a.report {

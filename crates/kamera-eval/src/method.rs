@@ -51,10 +51,18 @@ pub struct Tail {
 /// Σ a² instead of Σ a), `o` (V's feature columns by the output projection's column norms),
 /// `p` (ranks chosen from the plain spectra, directions from the weighted ones), `a` (rows by
 /// the attention of the chunk's own tokens' queries too).
+/// `/wq=cal` weighs K's feature columns by a per-model table of the question queries' second
+/// moments measured on calibration tasks (`--query-calibration`; kamera-eval `qcal`) instead.
 /// `floor` bounds every weight below, relative to their mean of 1.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Weighting {
     pub k_cols: bool,
+    /// K's feature columns from the calibration table (`/wq=cal`). Quantised factors are then
+    /// stored in the weighted domain (K's Wᵀ columns times √c before quantising, divided by √c
+    /// when read: the table is a per-model constant, so a record needs no extra bytes), unless
+    /// `cal_raw` (`/wq=calraw`: the unweighted factors quantised, as for `w=q`).
+    pub k_cols_cal: bool,
+    pub cal_raw: bool,
     pub k_rows: bool,
     pub v_rows: bool,
     pub v_cols: bool,
@@ -77,6 +85,8 @@ impl Default for Weighting {
     fn default() -> Weighting {
         Weighting {
             k_cols: false,
+            k_cols_cal: false,
+            cal_raw: false,
             k_rows: false,
             v_rows: false,
             v_cols: false,
@@ -93,12 +103,19 @@ impl Weighting {
     /// What `/w` alone means.
     pub const DEFAULT_LETTERS: &'static str = "qkv";
     pub fn any(&self) -> bool {
+        self.k_cols || self.k_cols_cal || self.k_rows || self.v_rows || self.v_cols
+    }
+    /// Whether the weights need the task's probed prefill (everything but `/wq=cal`).
+    pub fn needs_probe(&self) -> bool {
         self.k_cols || self.k_rows || self.v_rows || self.v_cols
     }
-    fn parse(spec: &str, letters: &str, floor: f32, cap: Option<f32>) -> Result<Weighting> {
+    /// `letters` on top of `prev`'s floor, cap and calibrated K columns.
+    fn parse(spec: &str, letters: &str, prev: Weighting) -> Result<Weighting> {
         let mut w = Weighting {
-            floor,
-            cap,
+            floor: prev.floor,
+            cap: prev.cap,
+            k_cols_cal: prev.k_cols_cal,
+            cal_raw: prev.cal_raw,
             ..Weighting::default()
         };
         for c in letters.chars() {
@@ -117,12 +134,6 @@ impl Weighting {
                     });
                 }
             }
-        }
-        if !w.any() {
-            return Err(Error::Method {
-                spec: spec.into(),
-                detail: format!("w={letters}: weighs nothing (q, k, v or o)"),
-            });
         }
         Ok(w)
     }
@@ -348,11 +359,20 @@ fn modifiers(spec: &str, mut p: PatchSpec, mods: &[&str]) -> Result<PatchSpec> {
                     p.alloc.global_gain = x;
                 }
             }
-            "w" => {
-                p.weighting = Weighting::parse(spec, Weighting::DEFAULT_LETTERS, p.weighting.floor, p.weighting.cap)?
+            "w" => p.weighting = Weighting::parse(spec, Weighting::DEFAULT_LETTERS, p.weighting)?,
+            w if w.starts_with("w=") => p.weighting = Weighting::parse(spec, &w[2..], p.weighting)?,
+            "wq=cal" => p.weighting.k_cols_cal = true,
+            "wq=calraw" => {
+                p.weighting.k_cols_cal = true;
+                p.weighting.cal_raw = true;
             }
-            w if w.starts_with("w=") => {
-                p.weighting = Weighting::parse(spec, &w[2..], p.weighting.floor, p.weighting.cap)?
+            w if w.starts_with("wq=") => {
+                return Err(Error::Method {
+                    spec: spec.into(),
+                    detail: format!(
+                        "{w}: wq=cal (the --query-calibration table) is the one query source (wq=calraw: its factors quantised unweighted)"
+                    ),
+                });
             }
             c if c.starts_with("wc=") => {
                 let x: f32 = c[3..].parse().map_err(|_| Error::Method {
@@ -381,11 +401,24 @@ fn modifiers(spec: &str, mut p: PatchSpec, mods: &[&str]) -> Result<PatchSpec> {
                 return Err(Error::Method {
                     spec: spec.into(),
                     detail: format!(
-                        "unknown modifier {other:?} (q8, q4, q4d, q4g, q4a, q4=XXXX, f32, f16, bf16, drop=S, w, w=LETTERS, wf=F, wc=C, rf, t2=F, t3=F, rel, ls, kx=F, gx=F)"
+                        "unknown modifier {other:?} (q8, q4, q4d, q4g, q4a, q4=XXXX, f32, f16, bf16, drop=S, w, w=LETTERS, wq=cal, wf=F, wc=C, rf, t2=F, t3=F, rel, ls, kx=F, gx=F)"
                     ),
                 });
             }
         }
+    }
+    let w = &p.weighting;
+    if (w.plain_ranks || w.squared_mass || w.own_mass) && !w.any() {
+        return Err(Error::Method {
+            spec: spec.into(),
+            detail: format!("w={}: weighs nothing (q, k, v, o or wq=cal)", w.letters()),
+        });
+    }
+    if p.weighting.k_cols && p.weighting.k_cols_cal {
+        return Err(Error::Method {
+            spec: spec.into(),
+            detail: "w=q and wq=cal both weigh K's columns: one of them".into(),
+        });
     }
     if p.alloc.any() && !matches!(p.rank, RankPolicy::Budget { .. }) {
         return Err(Error::Method {
@@ -513,8 +546,11 @@ impl fmt::Display for PatchSpec {
         if self.drop_below > 0.0 {
             write!(f, "/drop={}", self.drop_below)?;
         }
-        if self.weighting.any() {
+        if !self.weighting.letters().is_empty() {
             write!(f, "/w={}", self.weighting.letters())?;
+        }
+        if self.weighting.k_cols_cal {
+            write!(f, "/wq={}", if self.weighting.cal_raw { "calraw" } else { "cal" })?;
         }
         if self.weighting.floor != WEIGHT_FLOOR {
             write!(f, "/wf={}", self.weighting.floor)?;
@@ -616,10 +652,19 @@ mod tests {
              kamera:32/q4/drop=0.01,kamera-kv:0.02+0.06/q8,kamera-energy:0.9,orbit-slot:8/f32,kamera:4/f16,\
              kamera:32/q4d,kamera-budget:0.1/q4a,orbit-slot:16/q4g,kamera:8/q4=gddg,kamera-budget:0.1/q4/w,\
              kamera:32/w=qkvo2/wf=0.1/q8/rf,kamera-budget:0.095/q4/rf/rel/ls/kx=2/gx=0.5,oracle-layer:3,oracle-layer:17v,oracle-except:2k,\
-             kamera-budget:0.1/q4/rf/ls/t2=0.6,kamera-budget:0.1/q4/rf/t3=0.5",
+             kamera-budget:0.1/q4/rf/ls/t2=0.6,kamera-budget:0.1/q4/rf/t3=0.5,kamera-budget:0.1/q4/wq=cal/rf/ls,\
+             kamera-budget:0.1/q4/wq=cal/w=v/wf=0.5/rf,kamera-budget:0.1/q4/w=p/wq=cal,kamera:8/q4/wq=calraw",
         )
         .unwrap();
-        assert_eq!(ms.len(), 26);
+        assert_eq!(ms.len(), 30);
+        assert_eq!(ms[29].1.to_string(), "kamera:8/q4/wq=calraw");
+        assert_eq!(ms[28].1.to_string(), "kamera-budget:0.1/q4/w=p/wq=cal");
+        let Method::Kamera(c) = &ms[26].1 else { panic!() };
+        assert!(c.weighting.k_cols_cal && c.weighting.any() && !c.weighting.needs_probe());
+        assert_eq!(ms[26].1.to_string(), "kamera-budget:0.1/q4/wq=cal/rf/ls");
+        let Method::Kamera(c) = &ms[27].1 else { panic!() };
+        assert!(c.weighting.k_cols_cal && c.weighting.v_rows && !c.weighting.k_cols && c.weighting.floor == 0.5);
+        assert_eq!(ms[27].1.to_string(), "kamera-budget:0.1/q4/w=v/wq=cal/wf=0.5/rf");
         let Method::Kamera(t) = &ms[24].1 else { panic!() };
         assert_eq!(
             t.tail,
@@ -722,6 +767,10 @@ mod tests {
             "kamera-budget:0.1/gx=x",
             "oracle-layer:x",
             "oracle-layer:3/q4",
+            "kamera:8/w=q/wq=cal",
+            "kamera:8/w=p",
+            "kamera:8/wq=page",
+            "orbit:8/wq=cal",
         ] {
             assert!(parse_methods(bad).is_err(), "{bad}");
         }

@@ -40,6 +40,15 @@ pub struct EvalConfig {
     /// (`alloc::layer_sensitivity` of an `oracle-except` run), for `/ls` budgets; empty: none.
     #[serde(default)]
     pub layer_sensitivity: Vec<(f64, f64)>,
+    /// Per layer, the calibrated second moments of the question queries (`qcal`'s table, per
+    /// query head and dim) that `/wq=cal` weighs K's feature columns by; empty: none. Not
+    /// written to reports (its provenance is, below).
+    #[serde(skip)]
+    pub query_calibration: Vec<Vec<f32>>,
+    /// Where `query_calibration` came from: the model and calibration task ids it was measured
+    /// on (empty: no table).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub query_calibration_tasks: Vec<String>,
 }
 
 /// The default system prefix.
@@ -55,6 +64,8 @@ impl Default for EvalConfig {
             seed: 0,
             system: DEFAULT_SYSTEM.to_string(),
             layer_sensitivity: Vec::new(),
+            query_calibration: Vec::new(),
+            query_calibration_tasks: Vec::new(),
         }
     }
 }
@@ -353,11 +364,13 @@ impl<'a> Evaluator<'a> {
             .map(|(i, (s, c))| {
                 let w = weights.map(|w| &w[i]);
                 let (n, kv) = (c.n_tokens(), store_kv_bytes(c));
+                // Layer gains from the spectra the ranks come from.
+                let rank_from = rank_svds.map_or(s, |r| &r[i]);
                 let cfg = kamera_ops::PatchConfig {
                     rank: spec.alloc.policy(
                         &cfg.rank,
                         c,
-                        s,
+                        rank_from,
                         &self.model.config().local_layers,
                         &self.cfg.layer_sensitivity,
                     )?,
@@ -374,6 +387,16 @@ impl<'a> Evaluator<'a> {
                     },
                     None => cfg,
                 };
+                if spec.weighting.k_cols_cal && !spec.weighting.cal_raw && cfg.quant != kamera_ops::Quant::None {
+                    if spec.tail.is_some() {
+                        return Err(invalid(
+                            "wq=cal with quantised factors stores them weighted; no mixed-bit tails",
+                        ));
+                    }
+                    let w = w.ok_or_else(|| invalid("wq=cal needs its weights"))?;
+                    let (patch, bytes) = crate::qcal::domain_patch(s, w, n, c.layout(), kv, &cfg)?;
+                    return Ok((patch, Some(bytes)));
+                }
                 if let Some(tail) = spec.tail {
                     let (patch, bytes) = crate::tail::tail_patch(s, w, n, c.layout(), kv, &cfg, tail)?;
                     return Ok((patch, Some(bytes)));
@@ -492,7 +515,7 @@ impl<'a> Evaluator<'a> {
                     let s = spectra.as_ref().ok_or_else(|| invalid("kamera needs spectra"))?;
                     let (svds, ws, svd_ms) = if spec.weighting.any() {
                         if weights.is_none() {
-                            weights = Some(self.weight_state(&p)?);
+                            weights = Some(self.weight_state());
                         }
                         let state = weights.as_mut().ok_or_else(|| invalid("weight state"))?;
                         let (svds, ws, t) = self.weighted_svds(&p, state, &s.deficits, spec.weighting)?;
