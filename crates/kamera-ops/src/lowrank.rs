@@ -9,13 +9,12 @@ use half::bf16;
 use crate::tensor::{Buf, Mat};
 
 /// `c[bn × cols] += p[bn × m] · wt[m × cols]`, all row-major.
-pub(crate) fn add_product(c: &mut [f32], bn: usize, cols: usize, p: &[f32], wt: &[f32], m: usize) {
+pub(crate) fn add_product(c: &mut [f32], bn: usize, cols: usize, p: &[f32], wt: &[f32], m: usize) -> bool {
     debug_assert!(c.len() == bn * cols && p.len() == bn * m && wt.len() == m * cols);
     #[cfg(target_arch = "x86_64")]
     if cols % 16 == 0 && std::arch::is_x86_feature_detected!("avx512f") {
         // SAFETY: the CPU has AVX-512F; the shapes are as documented (checked in debug builds).
-        unsafe { avx512::add_product(c, bn, cols, p, wt, m) };
-        return;
+        return unsafe { avx512::add_product(c, bn, cols, p, wt, m) };
     }
     faer::linalg::matmul::matmul(
         faer::MatMut::from_row_major_slice_mut(c, bn, cols),
@@ -25,6 +24,7 @@ pub(crate) fn add_product(c: &mut [f32], bn: usize, cols: usize, p: &[f32], wt: 
         1.0f32,
         faer::Par::Seq,
     );
+    c.iter().fold(true, |a, r| a & r.is_finite())
 }
 
 /// One layer and channel's patch factors, prepared for [`Factors::add`] over blocks of rows:
@@ -107,9 +107,10 @@ impl<'a> Factors<'a> {
         }
     }
 
-    /// `blk[bn × cols] += P[b0..b0 + bn] · Wᵀ` (KAMERA §3.2: the patch P Wᵀ).
+    /// `blk[bn × cols] += P[b0..b0 + bn] · Wᵀ` (KAMERA §3.2: the patch P Wᵀ); returns whether
+    /// every value of `blk` is finite afterwards (checked on the stored vectors).
     #[inline(always)]
-    pub(crate) fn add(&self, blk: &mut [f32], b0: usize) {
+    pub(crate) fn add(&self, blk: &mut [f32], b0: usize) -> bool {
         match self {
             Factors::F32 { p, wt, m, cols } => {
                 let bn = blk.len() / cols;
@@ -119,11 +120,11 @@ impl<'a> Factors<'a> {
                 let bn = blk.len() / cols;
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: built only where the CPU has AVX512_BF16 (`new`); shapes as built.
-                unsafe {
+                return unsafe {
                     avx512::add_product_bf16(blk, bn, *cols, &p[b0 * pairs..(b0 + bn) * pairs], wt, *pairs)
                 };
                 #[cfg(not(target_arch = "x86_64"))]
-                let _ = (blk, p, wt, pairs, bn);
+                unreachable!("bf16 factors are built on x86-64 only ({p:?} {wt:?} {pairs} {bn})")
             }
         }
     }
@@ -151,37 +152,46 @@ mod avx512 {
     use std::arch::x86_64::*;
 
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn add_product(c: &mut [f32], bn: usize, cols: usize, p: &[f32], wt: &[f32], m: usize) {
+    pub(super) unsafe fn add_product(c: &mut [f32], bn: usize, cols: usize, p: &[f32], wt: &[f32], m: usize) -> bool {
         unsafe {
             let (cp, pp, wp) = (c.as_mut_ptr(), p.as_ptr(), wt.as_ptr());
-            let mut r = 0;
+            let (mut r, mut bad) = (0, 0);
             while r + 4 <= bn {
-                step::<4>(cp, pp, wp, r, cols, m);
+                bad |= step::<4>(cp, pp, wp, r, cols, m);
                 r += 4;
             }
             while r < bn {
-                step::<1>(cp, pp, wp, r, cols, m);
+                bad |= step::<1>(cp, pp, wp, r, cols, m);
                 r += 1;
             }
+            bad == 0
         }
     }
 
     /// [`super::Factors::add`] on bf16 pairs: `p` is `bn` rows of `pairs` pairs, `wt` `pairs`
     /// rows of `cols` pairs (`cols` a multiple of 16); 4 rows × 64 columns per step.
     #[target_feature(enable = "avx512f,avx512bf16")]
-    pub(super) unsafe fn add_product_bf16(c: &mut [f32], bn: usize, cols: usize, p: &[u32], wt: &[u32], pairs: usize) {
+    pub(super) unsafe fn add_product_bf16(
+        c: &mut [f32],
+        bn: usize,
+        cols: usize,
+        p: &[u32],
+        wt: &[u32],
+        pairs: usize,
+    ) -> bool {
         assert!(c.len() >= bn * cols && p.len() >= bn * pairs && wt.len() >= pairs * cols && cols % 16 == 0);
         unsafe {
             let (cp, pp, wp) = (c.as_mut_ptr(), p.as_ptr(), wt.as_ptr());
-            let mut r = 0;
+            let (mut r, mut bad) = (0, 0);
             while r + 4 <= bn {
-                pairs_step::<4>(cp, pp, wp, r, cols, pairs);
+                bad |= pairs_step::<4>(cp, pp, wp, r, cols, pairs);
                 r += 4;
             }
             while r < bn {
-                pairs_step::<1>(cp, pp, wp, r, cols, pairs);
+                bad |= pairs_step::<1>(cp, pp, wp, r, cols, pairs);
                 r += 1;
             }
+            bad == 0
         }
     }
 
@@ -193,17 +203,18 @@ mod avx512 {
         r: usize,
         cols: usize,
         pairs: usize,
-    ) {
+    ) -> u16 {
         unsafe {
-            let mut c0 = 0;
+            let (mut c0, mut bad) = (0, 0);
             while c0 + 64 <= cols {
-                pairs_block::<R, 4>(c, p, wt, r, c0, cols, pairs);
+                bad |= pairs_block::<R, 4>(c, p, wt, r, c0, cols, pairs);
                 c0 += 64;
             }
             while c0 < cols {
-                pairs_block::<R, 1>(c, p, wt, r, c0, cols, pairs);
+                bad |= pairs_block::<R, 1>(c, p, wt, r, c0, cols, pairs);
                 c0 += 16;
             }
+            bad
         }
     }
 
@@ -216,7 +227,7 @@ mod avx512 {
         c0: usize,
         cols: usize,
         pairs: usize,
-    ) {
+    ) -> u16 {
         unsafe {
             let mut acc = [[_mm512_setzero_ps(); V]; R];
             for (i, a) in acc.iter_mut().enumerate() {
@@ -236,27 +247,34 @@ mod avx512 {
                     }
                 }
             }
+            // Lanes that hold a non-finite value (|x| < ∞ is false for ±∞ and NaN).
+            let (inf, abs) = (_mm512_set1_ps(f32::INFINITY), _mm512_set1_epi32(0x7fff_ffff));
+            let mut bad: __mmask16 = 0;
             for (i, a) in acc.iter().enumerate() {
                 for (v, &x) in a.iter().enumerate() {
                     _mm512_storeu_ps(c.add((r + i) * cols + c0 + 16 * v), x);
+                    let m = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x), abs));
+                    bad |= !_mm512_cmp_ps_mask::<_CMP_LT_OQ>(m, inf);
                 }
             }
+            bad
         }
     }
 
     /// Rows `r..r + R`: column blocks of 64, then of 16.
     #[inline(always)]
-    unsafe fn step<const R: usize>(c: *mut f32, p: *const f32, wt: *const f32, r: usize, cols: usize, m: usize) {
+    unsafe fn step<const R: usize>(c: *mut f32, p: *const f32, wt: *const f32, r: usize, cols: usize, m: usize) -> u16 {
         unsafe {
-            let mut c0 = 0;
+            let (mut c0, mut bad) = (0, 0);
             while c0 + 64 <= cols {
-                block::<R, 4>(c, p, wt, r, c0, cols, m);
+                bad |= block::<R, 4>(c, p, wt, r, c0, cols, m);
                 c0 += 64;
             }
             while c0 < cols {
-                block::<R, 1>(c, p, wt, r, c0, cols, m);
+                bad |= block::<R, 1>(c, p, wt, r, c0, cols, m);
                 c0 += 16;
             }
+            bad
         }
     }
 
@@ -269,7 +287,7 @@ mod avx512 {
         c0: usize,
         cols: usize,
         m: usize,
-    ) {
+    ) -> u16 {
         unsafe {
             let mut acc = [[_mm512_setzero_ps(); V]; R];
             for (i, a) in acc.iter_mut().enumerate() {
@@ -289,11 +307,17 @@ mod avx512 {
                     }
                 }
             }
+            // Lanes that hold a non-finite value (|x| < ∞ is false for ±∞ and NaN).
+            let (inf, abs) = (_mm512_set1_ps(f32::INFINITY), _mm512_set1_epi32(0x7fff_ffff));
+            let mut bad: __mmask16 = 0;
             for (i, a) in acc.iter().enumerate() {
                 for (v, &x) in a.iter().enumerate() {
                     _mm512_storeu_ps(c.add((r + i) * cols + c0 + 16 * v), x);
+                    let m = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x), abs));
+                    bad |= !_mm512_cmp_ps_mask::<_CMP_LT_OQ>(m, inf);
                 }
             }
+            bad
         }
     }
 }

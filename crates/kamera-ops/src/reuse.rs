@@ -385,13 +385,7 @@ impl Fuse<'_> {
                 }
                 // SAFETY: the loop above wrote every value of `out`.
                 let blk = unsafe { &mut *(out as *mut [MaybeUninit<f32>] as *mut [f32]) };
-                if let Some(f) = heads.get(g) {
-                    f.add(blk, b0);
-                }
-                if let Some((rot, heads)) = rot_per_head {
-                    rot.rotate_rows(blk, w, heads);
-                }
-                if !blk.iter().fold(true, |a, r| a & r.is_finite()) {
+                if !finite_after(heads.get(g), rot_per_head, blk, w, b0) {
                     let i = blk.iter().position(|r| !r.is_finite()).unwrap_or(0);
                     return Err((b0 + i / w) * cols + g * w + i % w);
                 }
@@ -404,18 +398,30 @@ impl Fuse<'_> {
     /// and checked in place; inlined into each target-feature build of the loop.
     #[inline(always)]
     fn block(&self, cols: usize, b0: usize, blk: &mut [f32]) -> Result<(), usize> {
-        if let Some(f) = &self.patch {
-            // blk += P[b0.., :m] · Wᵀ[:m, cols] (KAMERA §3.2: the patch P Wᵀ).
-            f.add(blk, b0);
+        if finite_after(self.patch.as_ref(), self.rot, blk, cols, b0) {
+            return Ok(());
         }
-        if let Some((rot, heads)) = self.rot {
-            rot.rotate_rows(blk, cols, heads);
-        }
-        // A bitwise fold (no ordered float sum) vectorises.
-        if !blk.iter().fold(true, |a, r| a & r.is_finite()) {
-            return Err(b0 * cols + blk.iter().position(|r| !r.is_finite()).unwrap_or(0));
-        }
-        Ok(())
+        Err(b0 * cols + blk.iter().position(|r| !r.is_finite()).unwrap_or(0))
+    }
+}
+
+/// Patches and rotates `blk` (whole rows of `cols`, from row `b0`) and returns
+/// whether every value is finite afterwards, checked by the last step on the values it stores
+/// (the patch's product or the rotation), or by one pass when there is neither. A bitwise fold
+/// (no ordered float sum) vectorises.
+#[inline(always)]
+fn finite_after(
+    patch: Option<&Factors<'_>>,
+    rot: Option<(&Rotation, usize)>,
+    blk: &mut [f32],
+    cols: usize,
+    b0: usize,
+) -> bool {
+    let patched = patch.map(|f| f.add(blk, b0));
+    match (rot, patched) {
+        (Some((rot, heads)), _) => rot.rotate_rows_finite(blk, cols, heads),
+        (None, Some(finite)) => finite,
+        (None, None) => blk.iter().fold(true, |a, r| a & r.is_finite()),
     }
 }
 

@@ -278,14 +278,46 @@ impl Rotation {
             self.rotate(row, n_heads);
         }
     }
+
+    /// [`Rotation::rotate_rows`], returning whether every value of `rows` is finite afterwards:
+    /// checked on the rotated vectors in registers where the heads fill the rows, by a pass
+    /// after the rotation otherwise.
+    pub fn rotate_rows_finite(&self, rows: &mut [f32], cols: usize, n_heads: usize) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if self.layout == PairLayout::HalfSplit
+            && self.cos.len() % 16 == 0
+            && 2 * self.cos.len() == self.head_dim
+            && n_heads * self.head_dim == cols
+            && std::arch::is_x86_feature_detected!("avx512f")
+        {
+            // SAFETY: as in rotate_rows; the heads cover every value of a row.
+            return unsafe { half_split_avx512(rows, cols, n_heads, self.head_dim, &self.cos, &self.sin) };
+        }
+        self.rotate_rows(rows, cols, n_heads);
+        rows.iter().fold(true, |a, r| a & r.is_finite())
+    }
 }
 
 /// [`rotate_row`]'s half-split case over rows, 16 pairs per vector (`cos.len()` a multiple of 16).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn half_split_avx512(rows: &mut [f32], cols: usize, n_heads: usize, head_dim: usize, cos: &[f32], sin: &[f32]) {
+unsafe fn half_split_avx512(
+    rows: &mut [f32],
+    cols: usize,
+    n_heads: usize,
+    head_dim: usize,
+    cos: &[f32],
+    sin: &[f32],
+) -> bool {
     use std::arch::x86_64::*;
     let half = cos.len();
+    // Lanes that held a non-finite result (|x| < ∞ is false for ±∞ and NaN).
+    let mut bad: __mmask16 = 0;
+    let (inf, abs) = (_mm512_set1_ps(f32::INFINITY), _mm512_set1_epi32(0x7fff_ffff));
+    let mut note = |v: __m512| {
+        bad |=
+            !_mm512_cmp_ps_mask::<_CMP_LT_OQ>(_mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), abs)), inf);
+    };
     for row in rows.chunks_exact_mut(cols) {
         for h in 0..n_heads {
             let p = row[h * head_dim..h * head_dim + 2 * half].as_mut_ptr();
@@ -297,12 +329,19 @@ unsafe fn half_split_avx512(rows: &mut [f32], cols: usize, n_heads: usize, head_
                         _mm512_loadu_ps(sin.as_ptr().add(i)),
                     );
                     let (a, b) = (_mm512_loadu_ps(p.add(i)), _mm512_loadu_ps(p.add(half + i)));
-                    _mm512_storeu_ps(p.add(i), _mm512_fmsub_ps(a, c, _mm512_mul_ps(b, s)));
-                    _mm512_storeu_ps(p.add(half + i), _mm512_fmadd_ps(a, s, _mm512_mul_ps(b, c)));
+                    let (lo, hi) = (
+                        _mm512_fmsub_ps(a, c, _mm512_mul_ps(b, s)),
+                        _mm512_fmadd_ps(a, s, _mm512_mul_ps(b, c)),
+                    );
+                    _mm512_storeu_ps(p.add(i), lo);
+                    _mm512_storeu_ps(p.add(half + i), hi);
+                    note(lo);
+                    note(hi);
                 }
             }
         }
     }
+    bad == 0
 }
 
 /// Rotates each head of `row` by per-pair (cos, sin): (a, b) -> (a·c − b·s, a·s + b·c).

@@ -113,6 +113,54 @@ fn non_finite_input_is_an_error() {
     ));
 }
 
+/// Each step of the fused pass that ends a block (the rotation, the patch's product, the plain
+/// copy) finds a non-finite value and names its index, on the vector kernels' shapes (heads of
+/// 32, half 16) and through `reuse_heads` too.
+#[test]
+fn every_last_step_finds_non_finite_values() {
+    let layout = KvLayout::gqa(1, 4, 2, 32);
+    let rope = RopeSpec::new(32, 1e4, PairLayout::HalfSplit);
+    let good = chunk(layout, 70, 0, 3, DType::F32);
+    let cond = relocate(&chunk(layout, 70, 0, 4, DType::F32), &rope, 0).unwrap();
+    let patch = form_patch(&cond, &good, &rope, &PatchConfig::fixed(4, DType::F32)).unwrap();
+    let spoilt = |k_at: Option<usize>, v_at: Option<usize>, value: f32| {
+        let (mut k, mut v) = (good.layers()[0].k.to_f32_vec(), good.layers()[0].v.to_f32_vec());
+        if let Some(i) = k_at {
+            k[i] = value;
+        }
+        if let Some(i) = v_at {
+            v[i] = value;
+        }
+        let layer = LayerKv {
+            k: Mat::from_f32(70, 64, k).unwrap(),
+            v: Mat::from_f32(70, 64, v).unwrap(),
+        };
+        ChunkKv::new(layout, 0, vec![layer]).unwrap()
+    };
+    let index = |r: Result<ChunkKv>| match r {
+        Err(Error::NonFinite { index, .. }) => Some(index),
+        _ => None,
+    };
+    for value in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        // K rotated (with and without a patch), V patched, V copied.
+        let k_bad = spoilt(Some(4000), None, value);
+        assert_eq!(index(reuse(&k_bad, None, &rope, 9)), Some(4000), "{value}");
+        assert_eq!(index(reuse(&k_bad, Some(&patch), &rope, 9)), Some(4000), "{value}");
+        let v_bad = spoilt(None, Some(130), value);
+        assert_eq!(index(reuse(&v_bad, Some(&patch), &rope, 9)), Some(130), "{value}");
+        assert_eq!(index(reuse(&v_bad, None, &rope, 9)), Some(130), "{value}");
+        let mut dst = vec![0f32; 2 * 80 * 32];
+        let heads = Heads {
+            groups: 2,
+            cap: 80,
+            row0: 3,
+        };
+        let e = reuse_heads(&k_bad, Some(&patch), &rope, 0, false, 9, &mut dst, heads).unwrap_err();
+        assert!(matches!(e, Error::NonFinite { index: 4000, .. }), "{value}: {e}");
+    }
+    assert!(reuse(&good, Some(&patch), &rope, 9).is_ok());
+}
+
 #[test]
 fn unsupported_specs_are_errors() {
     let yarn = rope().with_scaling(RopeScaling::Other { kind: "yarn".into() });
