@@ -153,23 +153,14 @@ mod avx512 {
 
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn add_product(c: &mut [f32], bn: usize, cols: usize, p: &[f32], wt: &[f32], m: usize) -> bool {
-        unsafe {
-            let (cp, pp, wp) = (c.as_mut_ptr(), p.as_ptr(), wt.as_ptr());
-            let (mut r, mut bad) = (0, 0);
-            while r + 4 <= bn {
-                bad |= step::<4>(cp, pp, wp, r, cols, m);
-                r += 4;
-            }
-            while r < bn {
-                bad |= step::<1>(cp, pp, wp, r, cols, m);
-                r += 1;
-            }
-            bad == 0
-        }
+        assert!(c.len() >= bn * cols && p.len() >= bn * m && wt.len() >= m * cols && cols % 16 == 0);
+        let fma = |acc, s, w| _mm512_fmadd_ps(s, w, acc);
+        // SAFETY: shapes asserted; f32 values are read through their bits.
+        unsafe { rows(c, bn, cols, p.as_ptr() as *const u32, wt.as_ptr() as *const u32, m, fma) }
     }
 
     /// [`super::Factors::add`] on bf16 pairs: `p` is `bn` rows of `pairs` pairs, `wt` `pairs`
-    /// rows of `cols` pairs (`cols` a multiple of 16); 4 rows × 64 columns per step.
+    /// rows of `cols` pairs (`cols` a multiple of 16).
     #[target_feature(enable = "avx512f,avx512bf16")]
     pub(super) unsafe fn add_product_bf16(
         c: &mut [f32],
@@ -180,98 +171,65 @@ mod avx512 {
         pairs: usize,
     ) -> bool {
         assert!(c.len() >= bn * cols && p.len() >= bn * pairs && wt.len() >= pairs * cols && cols % 16 == 0);
+        // SAFETY (transmutes): 32-bit lanes holding bf16 pairs.
+        let dot = |acc, s, w| unsafe {
+            _mm512_dpbf16_ps(
+                acc,
+                std::mem::transmute::<__m512, __m512bh>(s),
+                std::mem::transmute::<__m512, __m512bh>(w),
+            )
+        };
+        // SAFETY: shapes asserted.
+        unsafe { rows(c, bn, cols, p.as_ptr(), wt.as_ptr(), pairs, dot) }
+    }
+
+    /// `c[bn × cols] += p · wt` with `k` steps of `mac(acc, p broadcast, wt vector)` (an f32 FMA,
+    /// or a bf16 pair's dot product), 4 rows × 64 columns at a time; whether every stored value
+    /// is finite.
+    #[inline(always)]
+    unsafe fn rows(
+        c: &mut [f32],
+        bn: usize,
+        cols: usize,
+        p: *const u32,
+        wt: *const u32,
+        k: usize,
+        mac: impl Fn(__m512, __m512, __m512) -> __m512 + Copy,
+    ) -> bool {
         unsafe {
-            let (cp, pp, wp) = (c.as_mut_ptr(), p.as_ptr(), wt.as_ptr());
+            let cp = c.as_mut_ptr();
             let (mut r, mut bad) = (0, 0);
             while r + 4 <= bn {
-                bad |= pairs_step::<4>(cp, pp, wp, r, cols, pairs);
+                bad |= step::<4>(cp, p, wt, r, cols, k, mac);
                 r += 4;
             }
             while r < bn {
-                bad |= pairs_step::<1>(cp, pp, wp, r, cols, pairs);
+                bad |= step::<1>(cp, p, wt, r, cols, k, mac);
                 r += 1;
             }
             bad == 0
         }
     }
 
-    #[inline(always)]
-    unsafe fn pairs_step<const R: usize>(
-        c: *mut f32,
-        p: *const u32,
-        wt: *const u32,
-        r: usize,
-        cols: usize,
-        pairs: usize,
-    ) -> u16 {
-        unsafe {
-            let (mut c0, mut bad) = (0, 0);
-            while c0 + 64 <= cols {
-                bad |= pairs_block::<R, 4>(c, p, wt, r, c0, cols, pairs);
-                c0 += 64;
-            }
-            while c0 < cols {
-                bad |= pairs_block::<R, 1>(c, p, wt, r, c0, cols, pairs);
-                c0 += 16;
-            }
-            bad
-        }
-    }
-
-    #[inline(always)]
-    unsafe fn pairs_block<const R: usize, const V: usize>(
-        c: *mut f32,
-        p: *const u32,
-        wt: *const u32,
-        r: usize,
-        c0: usize,
-        cols: usize,
-        pairs: usize,
-    ) -> u16 {
-        unsafe {
-            let mut acc = [[_mm512_setzero_ps(); V]; R];
-            for (i, a) in acc.iter_mut().enumerate() {
-                for (v, x) in a.iter_mut().enumerate() {
-                    *x = _mm512_loadu_ps(c.add((r + i) * cols + c0 + 16 * v));
-                }
-            }
-            for q in 0..pairs {
-                let mut w = [_mm512_setzero_si512(); V];
-                for (v, x) in w.iter_mut().enumerate() {
-                    *x = _mm512_loadu_si512(wt.add(q * cols + c0 + 16 * v) as *const _);
-                }
-                for (i, a) in acc.iter_mut().enumerate() {
-                    let s: __m512bh = std::mem::transmute(_mm512_set1_epi32(*p.add((r + i) * pairs + q) as i32));
-                    for (x, &wv) in a.iter_mut().zip(&w) {
-                        *x = _mm512_dpbf16_ps(*x, s, std::mem::transmute::<__m512i, __m512bh>(wv));
-                    }
-                }
-            }
-            // Lanes that hold a non-finite value (|x| < ∞ is false for ±∞ and NaN).
-            let (inf, abs) = (_mm512_set1_ps(f32::INFINITY), _mm512_set1_epi32(0x7fff_ffff));
-            let mut bad: __mmask16 = 0;
-            for (i, a) in acc.iter().enumerate() {
-                for (v, &x) in a.iter().enumerate() {
-                    _mm512_storeu_ps(c.add((r + i) * cols + c0 + 16 * v), x);
-                    let m = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x), abs));
-                    bad |= !_mm512_cmp_ps_mask::<_CMP_LT_OQ>(m, inf);
-                }
-            }
-            bad
-        }
-    }
-
     /// Rows `r..r + R`: column blocks of 64, then of 16.
     #[inline(always)]
-    unsafe fn step<const R: usize>(c: *mut f32, p: *const f32, wt: *const f32, r: usize, cols: usize, m: usize) -> u16 {
+    unsafe fn step<const R: usize>(
+        c: *mut f32,
+        p: *const u32,
+        wt: *const u32,
+        r: usize,
+        cols: usize,
+        k: usize,
+        mac: impl Fn(__m512, __m512, __m512) -> __m512 + Copy,
+    ) -> u16 {
         unsafe {
             let (mut c0, mut bad) = (0, 0);
             while c0 + 64 <= cols {
-                bad |= block::<R, 4>(c, p, wt, r, c0, cols, m);
+                bad |= block::<R, 4>(c, p, wt, r, c0, cols, k, mac);
                 c0 += 64;
             }
             while c0 < cols {
-                bad |= block::<R, 1>(c, p, wt, r, c0, cols, m);
+                bad |= block::<R, 1>(c, p, wt, r, c0, cols, k, mac);
                 c0 += 16;
             }
             bad
@@ -279,14 +237,16 @@ mod avx512 {
     }
 
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     unsafe fn block<const R: usize, const V: usize>(
         c: *mut f32,
-        p: *const f32,
-        wt: *const f32,
+        p: *const u32,
+        wt: *const u32,
         r: usize,
         c0: usize,
         cols: usize,
-        m: usize,
+        k: usize,
+        mac: impl Fn(__m512, __m512, __m512) -> __m512,
     ) -> u16 {
         unsafe {
             let mut acc = [[_mm512_setzero_ps(); V]; R];
@@ -295,15 +255,15 @@ mod avx512 {
                     *x = _mm512_loadu_ps(c.add((r + i) * cols + c0 + 16 * v));
                 }
             }
-            for j in 0..m {
+            for j in 0..k {
                 let mut w = [_mm512_setzero_ps(); V];
                 for (v, x) in w.iter_mut().enumerate() {
-                    *x = _mm512_loadu_ps(wt.add(j * cols + c0 + 16 * v));
+                    *x = _mm512_loadu_ps(wt.add(j * cols + c0 + 16 * v) as *const f32);
                 }
                 for (i, a) in acc.iter_mut().enumerate() {
-                    let s = _mm512_set1_ps(*p.add((r + i) * m + j));
+                    let s = _mm512_castsi512_ps(_mm512_set1_epi32(*p.add((r + i) * k + j) as i32));
                     for (x, &wv) in a.iter_mut().zip(&w) {
-                        *x = _mm512_fmadd_ps(s, wv, *x);
+                        *x = mac(*x, s, wv);
                     }
                 }
             }
