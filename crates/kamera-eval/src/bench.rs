@@ -79,7 +79,7 @@ pub struct BenchReport {
     pub patch_bytes_ratio: f64,
     /// Revisit: assemble N relocated + patched chunks in a new order (ms, best).
     pub revisit_assemble_ms: f64,
-    /// Revisit: copy into the runner's context + question prefill (ms, best).
+    /// Revisit: the question's prefill appended to the placed context in place (ms, best).
     pub revisit_question_ms: f64,
     /// revisit_assemble_ms + revisit_question_ms.
     pub revisit_ttft_ms: f64,
@@ -239,14 +239,14 @@ pub fn bench_reuse(model: &Model, name: &str, cfg: &BenchConfig) -> Result<Bench
             patch: Some(&patches[i]),
         })
         .collect();
-    // The chunks are placed straight into the runner's context and the question is appended in
-    // place (Model::extend): no intermediate buffer, no copy of the context. The context's buffers
-    // are allocated and touched once first, as a running session's are.
     let mut full: Vec<u32> = sys.clone();
     for &i in &order {
         full.extend(&chunks[i]);
     }
     full.extend(&question);
+    // The chunks are placed straight into the runner's context and the question is appended in
+    // place (Model::extend): no intermediate buffer, no copy of the context. The context's buffers
+    // are allocated and touched once first, as a running session's are.
     let mut ctx = sys_ctx.clone();
     ctx.place(&parts, rope).model("bench revisit place")?;
     model.extend(&question, &mut ctx).model("bench question")?;

@@ -20,6 +20,7 @@
 mod chunk;
 mod deficit;
 mod error;
+mod lanes;
 mod layout;
 mod lowrank;
 mod orbit;

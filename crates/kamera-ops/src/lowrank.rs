@@ -267,14 +267,12 @@ mod avx512 {
                     }
                 }
             }
-            // Lanes that hold a non-finite value (|x| < ∞ is false for ±∞ and NaN).
-            let (inf, abs) = (_mm512_set1_ps(f32::INFINITY), _mm512_set1_epi32(0x7fff_ffff));
+            // Lanes that hold a non-finite value.
             let mut bad: __mmask16 = 0;
             for (i, a) in acc.iter().enumerate() {
                 for (v, &x) in a.iter().enumerate() {
                     _mm512_storeu_ps(c.add((r + i) * cols + c0 + 16 * v), x);
-                    let m = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x), abs));
-                    bad |= !_mm512_cmp_ps_mask::<_CMP_LT_OQ>(m, inf);
+                    bad |= crate::lanes::non_finite(x);
                 }
             }
             bad
@@ -284,73 +282,75 @@ mod avx512 {
 
 #[cfg(test)]
 mod tests {
+    /// `c + p · wt` in f64, and the largest distance of `got` from it.
+    fn max_err(got: &[f32], c: &[f32], p: &[f32], wt: &[f32], cols: usize, m: usize) -> f64 {
+        got.iter()
+            .enumerate()
+            .map(|(i, &g)| {
+                let (r, k) = (i / cols, i % cols);
+                let want = c[i] as f64
+                    + (0..m)
+                        .map(|j| p[r * m + j] as f64 * wt[j * cols + k] as f64)
+                        .sum::<f64>();
+                (g as f64 - want).abs()
+            })
+            .fold(0f64, f64::max)
+    }
+
+    fn wave(n: usize, s: f32) -> Vec<f32> {
+        (0..n).map(|i| (i as f32 * 0.37 + s).sin()).collect()
+    }
+
     /// bf16 factors through `VDPBF16PS` against f64 sums of the same bf16 values (where the CPU
     /// has AVX512_BF16; the f32 path otherwise), for row counts past a multiple of 4 and column
-    /// counts past 64.
+    /// counts past 64, from the first row and from a later one.
     #[test]
     fn bf16_factors_match_f64() {
         use crate::tensor::{DType, Mat};
         for (bn, cols, m) in [(1, 16, 2), (7, 80, 6), (64, 192, 32), (13, 256, 18)] {
-            let f = |n: usize, s: f32| (0..n).map(|i| (i as f32 * 0.37 + s).sin()).collect::<Vec<f32>>();
-            let p = Mat::from_f32(bn, m, f(bn * m, 0.2)).unwrap().to_dtype(DType::Bf16);
-            let wt = Mat::from_f32(m, cols, f(m * cols, 0.3)).unwrap().to_dtype(DType::Bf16);
+            let p = Mat::from_f32(bn, m, wave(bn * m, 0.2)).unwrap().to_dtype(DType::Bf16);
+            let wt = Mat::from_f32(m, cols, wave(m * cols, 0.3))
+                .unwrap()
+                .to_dtype(DType::Bf16);
             let (pv, wv) = (p.to_f32_vec(), wt.to_f32_vec());
-            let mut c = f(bn * cols, 0.1);
-            let want: Vec<f64> = (0..bn * cols)
-                .map(|i| {
-                    let (r, k) = (i / cols, i % cols);
-                    c[i] as f64
-                        + (0..m)
-                            .map(|j| pv[r * m + j] as f64 * wv[j * cols + k] as f64)
-                            .sum::<f64>()
-                })
-                .collect();
             let factors = super::Factors::new(&p, &wt);
             assert_eq!(matches!(factors, super::Factors::Bf16 { .. }), super::bf16_available());
-            // Rows 0..bn as one block, then the second half again from its own offset.
-            factors.add(&mut c, 0);
-            let err = c
-                .iter()
-                .zip(&want)
-                .map(|(a, b)| (*a as f64 - b).abs())
-                .fold(0f64, f64::max);
+            let c = wave(bn * cols, 0.1);
+            let mut got = c.clone();
+            assert!(factors.add(&mut got, 0));
+            let err = max_err(&got, &c, &pv, &wv, cols, m);
             assert!(err < 1e-5, "{bn}x{cols}, rank {m}: {err}");
             if bn > 1 {
                 let half = bn / 2;
-                let mut tail = f(bn * cols, 0.1)[half * cols..].to_vec();
-                factors.add(&mut tail, half);
-                let err = tail
-                    .iter()
-                    .zip(&want[half * cols..])
-                    .map(|(a, b)| (*a as f64 - b).abs())
-                    .fold(0f64, f64::max);
+                let mut tail = c[half * cols..].to_vec();
+                assert!(factors.add(&mut tail, half));
+                let err = max_err(&tail, &c[half * cols..], &pv[half * m..], &wv, cols, m);
                 assert!(err < 1e-5, "{bn}x{cols}, rank {m}, rows from {half}: {err}");
             }
         }
     }
 
-    /// Against f64 sums, for row counts past a multiple of 4 and column counts past 64.
+    /// Against f64 sums, for row counts past a multiple of 4 and column counts past 64; a
+    /// non-finite result is reported.
     #[test]
     fn add_product_matches_f64() {
         for (bn, cols, m) in [(1, 16, 1), (7, 80, 5), (64, 192, 32), (13, 256, 17), (5, 20, 3)] {
-            let f = |n: usize, s: f32| (0..n).map(|i| (i as f32 * 0.37 + s).sin()).collect::<Vec<f32>>();
-            let (mut c, p, wt) = (f(bn * cols, 0.1), f(bn * m, 0.2), f(m * cols, 0.3));
-            let want: Vec<f64> = (0..bn * cols)
-                .map(|i| {
-                    let (r, k) = (i / cols, i % cols);
-                    c[i] as f64
-                        + (0..m)
-                            .map(|j| p[r * m + j] as f64 * wt[j * cols + k] as f64)
-                            .sum::<f64>()
-                })
-                .collect();
-            super::add_product(&mut c, bn, cols, &p, &wt, m);
-            let err = c
-                .iter()
-                .zip(&want)
-                .map(|(a, b)| (*a as f64 - b).abs())
-                .fold(0f64, f64::max);
+            let (c, p, wt) = (wave(bn * cols, 0.1), wave(bn * m, 0.2), wave(m * cols, 0.3));
+            let mut got = c.clone();
+            assert!(super::add_product(&mut got, bn, cols, &p, &wt, m));
+            let err = max_err(&got, &c, &p, &wt, cols, m);
             assert!(err < 1e-5, "{bn}x{cols}, rank {m}: {err}");
+            let mut huge = c.clone();
+            huge[bn * cols - 1] = f32::MAX;
+            let big = vec![f32::MAX; m * cols];
+            assert!(!super::add_product(
+                &mut huge,
+                bn,
+                cols,
+                &p.iter().map(|x| x.abs() + 1.0).collect::<Vec<_>>(),
+                &big,
+                m
+            ));
         }
     }
 }

@@ -311,13 +311,8 @@ unsafe fn half_split_avx512(
 ) -> bool {
     use std::arch::x86_64::*;
     let half = cos.len();
-    // Lanes that held a non-finite result (|x| < ∞ is false for ±∞ and NaN).
+    // Lanes that held a non-finite result.
     let mut bad: __mmask16 = 0;
-    let (inf, abs) = (_mm512_set1_ps(f32::INFINITY), _mm512_set1_epi32(0x7fff_ffff));
-    let mut note = |v: __m512| {
-        bad |=
-            !_mm512_cmp_ps_mask::<_CMP_LT_OQ>(_mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), abs)), inf);
-    };
     for row in rows.chunks_exact_mut(cols) {
         for h in 0..n_heads {
             let p = row[h * head_dim..h * head_dim + 2 * half].as_mut_ptr();
@@ -335,8 +330,7 @@ unsafe fn half_split_avx512(
                     );
                     _mm512_storeu_ps(p.add(i), lo);
                     _mm512_storeu_ps(p.add(half + i), hi);
-                    note(lo);
-                    note(hi);
+                    bad |= crate::lanes::non_finite(lo) | crate::lanes::non_finite(hi);
                 }
             }
         }
