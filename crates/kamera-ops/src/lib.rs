@@ -29,6 +29,7 @@ mod quant;
 mod relocate;
 mod reuse;
 mod rope;
+mod stream;
 mod svd;
 mod tensor;
 mod weights;

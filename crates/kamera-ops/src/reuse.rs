@@ -13,6 +13,7 @@ use crate::lowrank::Factors;
 use crate::patch::Patch;
 use crate::relocate::shift;
 use crate::rope::{RopeSpec, Rotation};
+use crate::stream;
 use crate::tensor::{Buf, DType, Elem, Mat};
 
 /// The chunk relocated to `to` with its patch (if any) applied: one pass, no intermediate. Each
@@ -283,6 +284,29 @@ pub(crate) enum Out<'a> {
     Heads(&'a mut [MaybeUninit<f32>], Heads),
 }
 
+/// The single sweep's view of an f32 destination (contiguous rows or head-first buffers); none
+/// for the others, which take the blockwise pass.
+fn sweep_dst<'b>(out: &'b mut Out<'_>, cols: usize) -> Option<stream::Dst<'b>> {
+    match out {
+        Out::Rows(d) => Some(stream::Dst {
+            data: d,
+            stride: cols,
+            group_base: vec![0],
+            width: cols,
+        }),
+        Out::Heads(d, h) => {
+            let w = cols / h.groups;
+            Some(stream::Dst {
+                data: d,
+                stride: w,
+                group_base: (0..h.groups).map(|g| (g * h.cap + h.row0) * w).collect(),
+                width: w,
+            })
+        }
+        Out::Sink(_) | Out::Bf16(_) => None,
+    }
+}
+
 /// Written f32 values seen as possibly uninitialised ones (the pass only ever writes whole values).
 fn as_uninit<T: Copy>(d: &mut [T]) -> &mut [MaybeUninit<T>] {
     // SAFETY: MaybeUninit<T> has T's layout, and every value stored through the result is an
@@ -291,8 +315,22 @@ fn as_uninit<T: Copy>(d: &mut [T]) -> &mut [MaybeUninit<T>] {
 }
 
 impl Fuse<'_> {
-    fn run(&self, src: &Mat, out: Out<'_>) -> Result<(), usize> {
+    fn run(&self, src: &Mat, mut out: Out<'_>) -> Result<(), usize> {
         let cols = src.cols();
+        // With a patch, one sweep overlaps its product with the stream of the chunk's bytes; a
+        // plain relocation streams faster blockwise (a copy, then the rotation in cache).
+        if self.patch.is_some()
+            && let Some(mut dst) = sweep_dst(&mut out, cols)
+        {
+            let swept = match src.data() {
+                Buf::F32(s) => stream::sweep(s, cols, self.patch.as_ref(), self.rot, &mut dst),
+                Buf::Bf16(s) => stream::sweep(s, cols, self.patch.as_ref(), self.rot, &mut dst),
+                Buf::F16(_) => None,
+            };
+            if let Some(result) = swept {
+                return result;
+            }
+        }
         match src.data() {
             Buf::F32(s) => self.rows(s, cols, out),
             Buf::F16(s) => self.rows(s, cols, out),
