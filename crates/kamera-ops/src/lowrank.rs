@@ -148,7 +148,7 @@ fn bf16_available() -> bool {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
+pub(crate) mod avx512 {
     use std::arch::x86_64::*;
 
     #[target_feature(enable = "avx512f")]
@@ -236,6 +236,36 @@ mod avx512 {
         }
     }
 
+    /// `acc[i][v] += Σ_j p[(r + i)·k + j] · wt[j·cols + at[v]..][..16]`, `j` in order, each step
+    /// one `mac` (an f32 FMA, or a bf16 pair's dot product): the patch product's inner loop,
+    /// shared by the blockwise kernel and the sweep (kamera-ops `stream.rs`).
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn accumulate<const R: usize, const V: usize>(
+        acc: &mut [[__m512; V]; R],
+        p: *const u32,
+        r: usize,
+        k: usize,
+        wt: *const u32,
+        cols: usize,
+        at: [usize; V],
+        mac: impl Fn(__m512, __m512, __m512) -> __m512,
+    ) {
+        // SAFETY: the caller's shapes: p holds rows r..r + R of k lanes, wt k rows of cols with
+        // at[v] + 16 <= cols.
+        unsafe {
+            for j in 0..k {
+                let w: [__m512; V] = std::array::from_fn(|v| _mm512_loadu_ps(wt.add(j * cols + at[v]) as *const f32));
+                for (i, a) in acc.iter_mut().enumerate() {
+                    let s = _mm512_castsi512_ps(_mm512_set1_epi32(*p.add((r + i) * k + j) as i32));
+                    for (x, &wv) in a.iter_mut().zip(&w) {
+                        *x = mac(*x, s, wv);
+                    }
+                }
+            }
+        }
+    }
+
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     unsafe fn block<const R: usize, const V: usize>(
@@ -255,18 +285,7 @@ mod avx512 {
                     *x = _mm512_loadu_ps(c.add((r + i) * cols + c0 + 16 * v));
                 }
             }
-            for j in 0..k {
-                let mut w = [_mm512_setzero_ps(); V];
-                for (v, x) in w.iter_mut().enumerate() {
-                    *x = _mm512_loadu_ps(wt.add(j * cols + c0 + 16 * v) as *const f32);
-                }
-                for (i, a) in acc.iter_mut().enumerate() {
-                    let s = _mm512_castsi512_ps(_mm512_set1_epi32(*p.add((r + i) * k + j) as i32));
-                    for (x, &wv) in a.iter_mut().zip(&w) {
-                        *x = mac(*x, s, wv);
-                    }
-                }
-            }
+            accumulate(&mut acc, p, r, k, wt, cols, std::array::from_fn(|v| c0 + 16 * v), mac);
             // Lanes that hold a non-finite value.
             let mut bad: __mmask16 = 0;
             for (i, a) in acc.iter().enumerate() {

@@ -310,18 +310,8 @@ mod avx512 {
                     *x = S::load16(at.src.add((at.t0 + i) * at.cols + t.cols[v]));
                 }
             }
-            for j in 0..f.k {
-                let mut w = [_mm512_setzero_ps(); V];
-                for (v, x) in w.iter_mut().enumerate() {
-                    *x = _mm512_loadu_ps(f.wt.add(j * at.cols + t.cols[v]) as *const f32);
-                }
-                for (i, a) in acc.iter_mut().enumerate() {
-                    let s = _mm512_castsi512_ps(_mm512_set1_epi32(*f.p.add((at.t0 + i) * f.k + j) as i32));
-                    for (x, &wv) in a.iter_mut().zip(&w) {
-                        *x = mac(*x, s, wv);
-                    }
-                }
-            }
+            let cols = std::array::from_fn(|v| t.cols[v]);
+            crate::lowrank::avx512::accumulate(&mut acc, f.p, at.t0, f.k, f.wt, at.cols, cols, mac);
             if let Some((cos, sin, i0)) = rot {
                 for h in 0..H {
                     let c = _mm512_loadu_ps(cos.as_ptr().add(i0 + 16 * h));
@@ -408,6 +398,32 @@ mod tests {
         Some(r.map(|()| d.iter().map(|x| unsafe { x.assume_init() }).collect()))
     }
 
+    /// `heads` half-split heads of `hd`, `n` rows, rank-`m` factors, a shift of `delta`.
+    struct Case {
+        cols: usize,
+        r: Rotation,
+        src: Vec<f32>,
+        p: Vec<f32>,
+        wt: Vec<f32>,
+        pm: Mat,
+        wm: Mat,
+    }
+
+    fn case(hd: usize, heads: usize, n: usize, m: usize, delta: i64) -> Case {
+        let cols = hd * heads;
+        let spec = RopeSpec::new(hd, 10000.0, PairLayout::HalfSplit);
+        let (p, wt) = (wave(n * m, 0.2), wave(m * cols, 0.3));
+        Case {
+            cols,
+            r: Rotation::new(&spec, 0, delta).unwrap(),
+            src: wave(n * cols, 0.1),
+            pm: Mat::from_f32(n, m, p.clone()).unwrap(),
+            wm: Mat::from_f32(m, cols, wt.clone()).unwrap(),
+            p,
+            wt,
+        }
+    }
+
     fn avx512() -> bool {
         #[cfg(target_arch = "x86_64")]
         return std::arch::is_x86_feature_detected!("avx512f");
@@ -420,20 +436,14 @@ mod tests {
     #[test]
     fn sweep_is_the_blockwise_arithmetic() {
         for (hd, heads, n, m) in [(64, 3, 37, 32), (256, 1, 9, 5), (32, 2, 6, 3), (64, 2, 1, 1)] {
-            let cols = hd * heads;
-            let spec = RopeSpec::new(hd, 10000.0, PairLayout::HalfSplit);
-            let r = Rotation::new(&spec, 0, 917).unwrap();
-            let (src, p, wt) = (wave(n * cols, 0.1), wave(n * m, 0.2), wave(m * cols, 0.3));
-            let (pm, wm) = (
-                Mat::from_f32(n, m, p.clone()).unwrap(),
-                Mat::from_f32(m, cols, wt.clone()).unwrap(),
-            );
-            let f = Factors::new(&pm, &wm);
+            let c = case(hd, heads, n, m, 917);
+            let (cols, r, src, p, wt) = (c.cols, &c.r, &c.src, &c.p, &c.wt);
+            let f = Factors::new(&c.pm, &c.wm);
             for (patched, rotated) in [(true, true), (true, false), (false, true), (false, false)] {
-                let rot = rotated.then_some((&r, heads));
+                let rot = rotated.then_some((r, heads));
                 let fac = patched.then_some(&f);
-                let want = reference(&src, cols, patched.then_some((&p[..], &wt[..], m)), rot);
-                match run(&src, cols, fac, rot) {
+                let want = reference(src, cols, patched.then_some((&p[..], &wt[..], m)), rot);
+                match run(src, cols, fac, rot) {
                     Some(got) => assert_eq!(
                         got.unwrap(),
                         want,
@@ -488,16 +498,10 @@ mod tests {
     #[test]
     fn head_first_destination() {
         let (hd, heads, n, m, cap, row0) = (64, 3, 10, 4, 16, 5);
-        let cols = hd * heads;
-        let spec = RopeSpec::new(hd, 10000.0, PairLayout::HalfSplit);
-        let r = Rotation::new(&spec, 0, 3).unwrap();
-        let (src, p, wt) = (wave(n * cols, 0.1), wave(n * m, 0.2), wave(m * cols, 0.3));
-        let (pm, wm) = (
-            Mat::from_f32(n, m, p.clone()).unwrap(),
-            Mat::from_f32(m, cols, wt.clone()).unwrap(),
-        );
-        let f = Factors::new(&pm, &wm);
-        let want = reference(&src, cols, Some((&p, &wt, m)), Some((&r, heads)));
+        let c = case(hd, heads, n, m, 3);
+        let (cols, r, src, p, wt) = (c.cols, &c.r, &c.src, &c.p, &c.wt);
+        let f = Factors::new(&c.pm, &c.wm);
+        let want = reference(src, cols, Some((p, wt, m)), Some((r, heads)));
         let mut d = vec![MaybeUninit::new(-7.0f32); heads * cap * hd];
         let mut dst = Dst {
             data: &mut d,
@@ -505,7 +509,7 @@ mod tests {
             group_base: (0..heads).map(|g| (g * cap + row0) * hd).collect(),
             width: hd,
         };
-        let Some(res) = sweep(&src, cols, Some(&f), Some((&r, heads)), &mut dst) else {
+        let Some(res) = sweep(src, cols, Some(&f), Some((r, heads)), &mut dst) else {
             return assert!(!avx512());
         };
         res.unwrap();
