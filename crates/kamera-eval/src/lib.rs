@@ -11,6 +11,7 @@ mod generate;
 mod kv;
 mod method;
 mod metrics;
+mod mixed;
 mod noise;
 mod orbit;
 mod qcal;

@@ -32,6 +32,10 @@ pub struct PatchSpec {
     /// share F of the budget on 4-bit directions, the rest on 2-bit (ternary) or 3-bit ones
     /// after them.
     pub tail: Option<Tail>,
+    /// Mixed 4/8-bit factors, simulated (`/m8=N`; `kamera-budget` with `/q4/rf` only): the N
+    /// (layer, K/V) matrices with the largest `--layer-sensitivity` get int8 codes, the rest
+    /// int4, in one byte budget (0: none).
+    pub int8_matrices: usize,
 }
 
 /// The split of a mixed-bit budget ([`PatchSpec::tail`]).
@@ -166,6 +170,7 @@ impl PatchSpec {
             refit: false,
             alloc: Alloc::default(),
             tail: None,
+            int8_matrices: 0,
         }
     }
     /// The operator's patch settings.
@@ -340,6 +345,7 @@ fn modifiers(spec: &str, mut p: PatchSpec, mods: &[&str]) -> Result<PatchSpec> {
                     bits: if t.starts_with("t2") { 2 } else { 3 },
                 });
             }
+            e if e.starts_with("m8=") => p.int8_matrices = count(spec, &e[3..])?,
             "rel" => p.alloc.relative = true,
             "ls" => p.alloc.sensitivity = true,
             g if g.starts_with("kx=") || g.starts_with("gx=") => {
@@ -401,7 +407,7 @@ fn modifiers(spec: &str, mut p: PatchSpec, mods: &[&str]) -> Result<PatchSpec> {
                 return Err(Error::Method {
                     spec: spec.into(),
                     detail: format!(
-                        "unknown modifier {other:?} (q8, q4, q4d, q4g, q4a, q4=XXXX, f32, f16, bf16, drop=S, w, w=LETTERS, wq=cal, wf=F, wc=C, rf, t2=F, t3=F, rel, ls, kx=F, gx=F)"
+                        "unknown modifier {other:?} (q8, q4, q4d, q4g, q4a, q4=XXXX, f32, f16, bf16, drop=S, w, w=LETTERS, wq=cal, wf=F, wc=C, rf, t2=F, t3=F, m8=N, rel, ls, kx=F, gx=F)"
                     ),
                 });
             }
@@ -430,6 +436,16 @@ fn modifiers(spec: &str, mut p: PatchSpec, mods: &[&str]) -> Result<PatchSpec> {
         return Err(Error::Method {
             spec: spec.into(),
             detail: "t2 and t3 split a byte budget of error-aware 4-bit factors (kamera-budget:B/q4/rf only)".into(),
+        });
+    }
+    if p.int8_matrices > 0
+        && (!(matches!(p.rank, RankPolicy::Budget { .. }) && p.quant == Quant::Int4 && p.refit)
+            || p.tail.is_some()
+            || (p.weighting.k_cols_cal && !p.weighting.cal_raw))
+    {
+        return Err(Error::Method {
+            spec: spec.into(),
+            detail: "m8 mixes int8 and int4 matrices in a byte budget of error-aware 4-bit factors (kamera-budget:B/q4/rf, without t2/t3 or wq=cal)".into(),
         });
     }
     Ok(p)
@@ -564,6 +580,9 @@ impl fmt::Display for PatchSpec {
         if let Some(t) = self.tail {
             write!(f, "/t{}={}", t.bits, t.head_share)?;
         }
+        if self.int8_matrices > 0 {
+            write!(f, "/m8={}", self.int8_matrices)?;
+        }
         if self.alloc.relative {
             write!(f, "/rel")?;
         }
@@ -653,10 +672,14 @@ mod tests {
              kamera:32/q4d,kamera-budget:0.1/q4a,orbit-slot:16/q4g,kamera:8/q4=gddg,kamera-budget:0.1/q4/w,\
              kamera:32/w=qkvo2/wf=0.1/q8/rf,kamera-budget:0.095/q4/rf/rel/ls/kx=2/gx=0.5,oracle-layer:3,oracle-layer:17v,oracle-except:2k,\
              kamera-budget:0.1/q4/rf/ls/t2=0.6,kamera-budget:0.1/q4/rf/t3=0.5,kamera-budget:0.1/q4/wq=cal/rf/ls,\
-             kamera-budget:0.1/q4/wq=cal/w=v/wf=0.5/rf,kamera-budget:0.1/q4/w=p/wq=cal,kamera:8/q4/wq=calraw",
+             kamera-budget:0.1/q4/wq=cal/w=v/wf=0.5/rf,kamera-budget:0.1/q4/w=p/wq=cal,kamera:8/q4/wq=calraw,\
+             kamera-budget:0.098/q4/rf/ls/gx=2/m8=2",
         )
         .unwrap();
-        assert_eq!(ms.len(), 30);
+        assert_eq!(ms.len(), 31);
+        let Method::Kamera(m8) = &ms[30].1 else { panic!() };
+        assert_eq!((m8.int8_matrices, m8.alloc.global_gain), (2, 2.0));
+        assert_eq!(ms[30].1.to_string(), "kamera-budget:0.098/q4/rf/m8=2/ls/gx=2");
         assert_eq!(ms[29].1.to_string(), "kamera:8/q4/wq=calraw");
         assert_eq!(ms[28].1.to_string(), "kamera-budget:0.1/q4/w=p/wq=cal");
         let Method::Kamera(c) = &ms[26].1 else { panic!() };
@@ -742,6 +765,11 @@ mod tests {
             "kamera-budget:0.1/t2=0.5",
             "kamera-budget:0.1/q4/t2=0.5",
             "kamera-budget:0.1/q4/rf/t2=0",
+            "kamera-budget:0.1/q4/m8=2",
+            "kamera:32/q4/rf/m8=2",
+            "kamera-budget:0.1/q4/rf/t3=0.5/m8=1",
+            "kamera-budget:0.1/q4/rf/wq=cal/m8=1",
+            "kamera-budget:0.1/q4/rf/m8=x",
             "kamera",
             "kamera:x",
             "cacheblend:2",

@@ -397,6 +397,15 @@ impl<'a> Evaluator<'a> {
                     let (patch, bytes) = crate::qcal::domain_patch(s, w, n, c.layout(), kv, &cfg)?;
                     return Ok((patch, Some(bytes)));
                 }
+                if spec.int8_matrices > 0 {
+                    let sens = &self.cfg.layer_sensitivity;
+                    if sens.is_empty() {
+                        return Err(invalid("m8 picks its int8 matrices from --layer-sensitivity"));
+                    }
+                    let wide = crate::mixed::widest(sens, spec.int8_matrices);
+                    let (patch, bytes) = crate::mixed::mixed_patch(s, w, n, c.layout(), kv, &cfg, &wide)?;
+                    return Ok((patch, Some(bytes)));
+                }
                 if let Some(tail) = spec.tail {
                     let (patch, bytes) = crate::tail::tail_patch(s, w, n, c.layout(), kv, &cfg, tail)?;
                     return Ok((patch, Some(bytes)));

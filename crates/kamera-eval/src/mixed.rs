@@ -1,0 +1,231 @@
+//! Mixed 4/8-bit factors per matrix, simulated (`/m8=N`): the N (layer, K/V) matrices the
+//! layer-sensitivity table ranks highest keep int8 codes, every other int4, within one greedy
+//! byte budget that prices each direction at its own matrix's bytes.
+//!
+//! Codes carry an f16 scale per group of 32 either way and each matrix is quantised with the
+//! error-aware refit (kamera-ops `quantise_refit_ranges`, ±127 or ±7). Bytes are those of a
+//! v2-like record ([`crate::tail::simulated_bytes`]: per matrix a 4-bit and an 8-bit rank).
+
+use kamera_ops::{Grain, KvLayout, LayerPatch, LowRank, Patch, PatchConfig, PatchWeights, RankPolicy, Svd};
+
+use crate::error::{Error, OpsCtx, Result};
+use crate::tail::{HeadTail, direction_bytes, simulated_bytes};
+
+/// Per layer, whether K and V get int8 codes: the `count` matrices with the largest
+/// sensitivities (ties to the lower layer, K before V).
+pub(crate) fn widest(sens: &[(f64, f64)], count: usize) -> Vec<(bool, bool)> {
+    let mut all: Vec<(f64, usize, usize)> = sens
+        .iter()
+        .enumerate()
+        .flat_map(|(l, &(k, v))| [(k, l, 0), (v, l, 1)])
+        .collect();
+    all.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+    let mut out = vec![(false, false); sens.len()];
+    for &(_, l, ch) in all.iter().take(count) {
+        if ch == 0 {
+            out[l].0 = true;
+        } else {
+            out[l].1 = true;
+        }
+    }
+    out
+}
+
+/// Bits of a matrix's codes.
+fn bits(wide: bool) -> usize {
+    if wide { 8 } else { 4 }
+}
+
+/// Per layer, the (K, V) ranks of a greedy budget whose directions cost their own matrix's
+/// bytes (8-bit where `wide`), the gain of each being σ² times its layer's (K, V) gain.
+pub(crate) fn mixed_ranks(
+    svds: &[(Svd, Svd)],
+    gains: &[(f64, f64)],
+    wide: &[(bool, bool)],
+    n: usize,
+    layout: &KvLayout,
+    budget: usize,
+) -> Vec<(usize, usize)> {
+    let f = [layout.k_features(), layout.v_features()];
+    let mut items: Vec<(f64, usize, usize, usize, usize)> = Vec::new();
+    for (l, (sk, sv)) in svds.iter().enumerate() {
+        for (ch, s) in [sk, sv].into_iter().enumerate() {
+            let g = [gains[l].0, gains[l].1][ch];
+            let w = [wide[l].0, wide[l].1][ch];
+            let cost = direction_bytes(n, f[ch], bits(w));
+            if !(g.is_finite() && g > 0.0) {
+                continue;
+            }
+            for (j, &x) in s.singular.iter().enumerate() {
+                items.push(((x as f64).powi(2) * g / cost as f64, l, ch, j, cost));
+            }
+        }
+    }
+    items.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.3.cmp(&b.3)));
+    let mut ranks = vec![(0usize, 0usize); svds.len()];
+    let mut used = 0;
+    for (gain, l, ch, j, cost) in items {
+        let r = if ch == 0 { &mut ranks[l].0 } else { &mut ranks[l].1 };
+        if gain > 0.0 && *r == j && used + cost <= budget {
+            *r += 1;
+            used += cost;
+        }
+    }
+    ranks
+}
+
+/// The mixed 4/8-bit patch of one chunk and its simulated record bytes. `cfg` holds the byte
+/// budget (`Budget` or `BudgetGains`, its gains already set); `wide` marks the int8 matrices.
+pub(crate) fn mixed_patch(
+    svds: &[(Svd, Svd)],
+    weights: Option<&PatchWeights>,
+    n: usize,
+    layout: &KvLayout,
+    kv_bytes: usize,
+    cfg: &PatchConfig,
+    wide: &[(bool, bool)],
+) -> Result<(Patch, usize)> {
+    let invalid = |detail: String| Error::Invalid {
+        op: "mixed 4/8-bit patch",
+        detail,
+    };
+    let (fraction, gains) = match &cfg.rank {
+        RankPolicy::Budget { fraction } => (*fraction, vec![(1.0, 1.0); svds.len()]),
+        RankPolicy::BudgetGains { fraction, gains } => (*fraction, gains.clone()),
+        other => return Err(invalid(format!("/m8 needs a byte budget, not {other:?}"))),
+    };
+    if wide.len() != svds.len() || gains.len() != svds.len() {
+        return Err(invalid(format!(
+            "{} layers, {} int8 flags, {} gains",
+            svds.len(),
+            wide.len(),
+            gains.len()
+        )));
+    }
+    let budget = (fraction * kv_bytes as f64).floor() as usize;
+    let ranks = mixed_ranks(svds, &gains, wide, n, layout, budget);
+    let mut layers = Vec::with_capacity(svds.len());
+    let mut split: Vec<(HeadTail, HeadTail)> = Vec::with_capacity(svds.len());
+    for (l, ((sk, sv), (&(rk, rv), &(wk, wv)))) in svds.iter().zip(ranks.iter().zip(wide)).enumerate() {
+        let w = weights.map(|w| &w.layers[l]);
+        let q = |s: &Svd, r: usize, wide: bool, ch: usize| -> Result<LowRank> {
+            let lr = s.truncate(r, cfg.dtype).ops("truncate")?;
+            if r == 0 {
+                return Ok(lr);
+            }
+            let max = vec![if wide { 127.0 } else { 7.0 }; r];
+            let mw = w.map(|(k, v)| if ch == 0 { k } else { v });
+            let rows = mw.and_then(|m| m.rows.as_deref());
+            let cols = mw.and_then(|m| m.cols.as_deref());
+            let out = kamera_ops::quantise_refit_ranges(&lr, [Grain::Group; 2], &max, rows, cols)
+                .ops("mixed 4/8-bit quantise")?;
+            out.map(|(lr, _)| lr)
+                .ok_or_else(|| invalid(format!("layer {l}: the refit is not finite")))
+        };
+        layers.push(LayerPatch {
+            k: q(sk, rk, wk, 0)?,
+            v: q(sv, rv, wv, 1)?,
+        });
+        let ht = |r: usize, wide: bool| if wide { (0, r) } else { (r, 0) };
+        split.push((ht(rk, wk), ht(rv, wv)));
+    }
+    let patch = Patch::new(*layout, n, layers).ops("mixed 4/8-bit patch")?.compact_spectra();
+    Ok((patch, simulated_bytes(layout, n, &split, 8)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kamera_ops::{Mat, Quant};
+
+    fn svds(layers: usize, n: usize, f: usize, seed: u64) -> Vec<(Svd, Svd)> {
+        let mut rng = crate::Rng::new(seed);
+        let mut mat = || {
+            let v = (0..n * f).map(|_| (rng.below(1000) as f32 / 1000.0) - 0.5).collect();
+            Svd::compute(&Mat::from_f32(n, f, v).unwrap()).unwrap()
+        };
+        (0..layers).map(|_| (mat(), mat())).collect()
+    }
+
+    #[test]
+    fn widest_picks_the_most_sensitive_matrices() {
+        let sens = [(0.1, 0.3), (0.4, 0.0), (0.3, 0.2)];
+        assert_eq!(widest(&sens, 0), vec![(false, false); 3]);
+        assert_eq!(widest(&sens, 2), vec![(false, true), (true, false), (false, false)]);
+        // A tie goes to the lower layer.
+        assert_eq!(widest(&sens, 3), vec![(false, true), (true, false), (true, false)]);
+        assert_eq!(widest(&sens, 9), vec![(true, true); 3]);
+    }
+
+    #[test]
+    fn without_int8_matrices_it_is_the_int4_budget_patch() {
+        let layout = KvLayout::gqa(3, 2, 1, 32);
+        let (n, kv) = (40, 3 * 2 * 40 * 32 * 2);
+        let s = svds(3, n, 32, 5);
+        let gains = vec![(1.0, 0.5), (2.0, 1.0), (0.0, 3.0)];
+        let cfg = PatchConfig {
+            rank: RankPolicy::BudgetGains {
+                fraction: 0.1,
+                gains: gains.clone(),
+            },
+            quant: Quant::Int4,
+            refit: true,
+            ..PatchConfig::fixed(0, kamera_ops::DType::Bf16)
+        };
+        let int4 = kamera_ops::patch_from_weighted_svds(&s, None, n, &layout, kv, &cfg)
+            .unwrap()
+            .compact_spectra();
+        let (mixed, bytes) = mixed_patch(&s, None, n, &layout, kv, &cfg, &[(false, false); 3]).unwrap();
+        assert!(int4.ranks().iter().any(|&(k, v)| k + v > 0));
+        assert_eq!(mixed.ranks(), int4.ranks());
+        // The same codes (an empty matrix may differ in its dtype only).
+        for (a, b) in mixed.layers().iter().zip(int4.layers()) {
+            assert_eq!((a.k.p.to_f32_vec(), a.k.wt.to_f32_vec()), (b.k.p.to_f32_vec(), b.k.wt.to_f32_vec()));
+            assert_eq!((a.v.p.to_f32_vec(), a.v.wt.to_f32_vec()), (b.v.p.to_f32_vec(), b.v.wt.to_f32_vec()));
+        }
+        let ht: Vec<_> = int4.ranks().iter().map(|&(k, v)| ((k, 0), (v, 0))).collect();
+        assert_eq!(bytes, simulated_bytes(&layout, n, &ht, 8));
+    }
+
+    #[test]
+    fn int8_matrices_cost_more_per_direction_and_round_finer() {
+        let layout = KvLayout::gqa(2, 2, 1, 32);
+        let (n, kv) = (40, 2 * 2 * 40 * 32 * 2);
+        let s = svds(2, n, 32, 7);
+        let cfg = PatchConfig {
+            rank: RankPolicy::Budget { fraction: 0.2 },
+            quant: Quant::Int4,
+            refit: true,
+            ..PatchConfig::fixed(0, kamera_ops::DType::Bf16)
+        };
+        let narrow = [(false, false); 2];
+        let wide = [(true, false), (false, false)];
+        let (p4, b4) = mixed_patch(&s, None, n, &layout, kv, &cfg, &narrow).unwrap();
+        let (p8, b8) = mixed_patch(&s, None, n, &layout, kv, &cfg, &wide).unwrap();
+        let budget = (0.2 * kv as f64) as usize;
+        let spent = |ranks: &[(usize, usize)], w: &[(bool, bool)]| -> usize {
+            ranks
+                .iter()
+                .zip(w)
+                .map(|(&(k, v), &(wk, wv))| {
+                    k * direction_bytes(n, 32, bits(wk)) + v * direction_bytes(n, 32, bits(wv))
+                })
+                .sum()
+        };
+        assert!(spent(&p8.ranks(), &wide) <= budget && spent(&p4.ranks(), &narrow) <= budget);
+        // Layer 0's K is bought at 8 bits: fewer of its directions fit.
+        assert!(p8.ranks()[0].0 < p4.ranks()[0].0, "{:?} {:?}", p8.ranks(), p4.ranks());
+        assert!(b8 <= b4 + 64 && b8 + 600 >= b4, "{b8} {b4}");
+        // At the same rank, 8-bit codes leave less error than 4-bit ones.
+        let err = |lr: &LowRank, exact: &LowRank| {
+            let (a, b) = (lr.dense(), exact.dense());
+            a.iter().zip(&b).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>()
+        };
+        let r = p8.ranks()[0].0;
+        let exact = s[0].0.truncate(r, kamera_ops::DType::Bf16).unwrap();
+        let four = kamera_ops::quantise_refit(&exact, Quant::Int4, [Grain::Group; 2], None, None)
+            .unwrap()
+            .0;
+        assert!(err(&p8.layers()[0].k, &exact) * 20.0 < err(&four, &exact));
+    }
+}
