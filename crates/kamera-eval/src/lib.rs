@@ -27,6 +27,7 @@ pub use error::{Error, Result};
 pub use generate::{GenConfig, Rng, filler_text, generate};
 pub use kamera_ops::orbit_orderings;
 pub use method::{Method, OrbitKind, PatchSpec, Tail, WEIGHT_FLOOR, Weighting, parse_methods};
+pub use mixed::Form;
 pub use metrics::{Scores, gap_recovered, kl, log_softmax, score};
 pub use noise::{NoiseFloor, TaskNoise, precision_noise};
 pub use qcal::{QueryCalibration, calibrate_queries};

@@ -6,6 +6,7 @@ use std::str::FromStr;
 use kamera_ops::{DType, Grain, Grains, PatchConfig, Quant, RankPolicy};
 
 use crate::alloc::Alloc;
+use crate::mixed::Form;
 
 use crate::error::{Error, Result};
 
@@ -32,10 +33,11 @@ pub struct PatchSpec {
     /// share F of the budget on 4-bit directions, the rest on 2-bit (ternary) or 3-bit ones
     /// after them.
     pub tail: Option<Tail>,
-    /// Mixed 4/8-bit factors, simulated (`/m8=N`; `kamera-budget` with `/q4/rf` only): the N
-    /// (layer, K/V) matrices with the largest `--layer-sensitivity` get int8 codes, the rest
-    /// int4, in one byte budget (0: none).
-    pub int8_matrices: usize,
+    /// Mixed storage per matrix, simulated (`/m8=N`, `/d8=N`, `/d4=N`; `kamera-budget` with
+    /// `/q4/rf` only): the N (layer, K/V) matrices with the largest `--layer-sensitivity` get
+    /// int8 factors, or their dense deficit in int8 or int4, the rest int4 factors, in one byte
+    /// budget.
+    pub mixed: Option<(Form, usize)>,
 }
 
 /// The split of a mixed-bit budget ([`PatchSpec::tail`]).
@@ -170,7 +172,7 @@ impl PatchSpec {
             refit: false,
             alloc: Alloc::default(),
             tail: None,
-            int8_matrices: 0,
+            mixed: None,
         }
     }
     /// The operator's patch settings.
@@ -345,7 +347,10 @@ fn modifiers(spec: &str, mut p: PatchSpec, mods: &[&str]) -> Result<PatchSpec> {
                     bits: if t.starts_with("t2") { 2 } else { 3 },
                 });
             }
-            e if e.starts_with("m8=") => p.int8_matrices = count(spec, &e[3..])?,
+            e if e.len() > 3 && e.as_bytes()[2] == b'=' && Form::parse(&e[..2]).is_some() => {
+                let n = count(spec, &e[3..])?;
+                p.mixed = Form::parse(&e[..2]).filter(|_| n > 0).map(|f| (f, n));
+            }
             "rel" => p.alloc.relative = true,
             "ls" => p.alloc.sensitivity = true,
             g if g.starts_with("kx=") || g.starts_with("gx=") => {
@@ -407,7 +412,7 @@ fn modifiers(spec: &str, mut p: PatchSpec, mods: &[&str]) -> Result<PatchSpec> {
                 return Err(Error::Method {
                     spec: spec.into(),
                     detail: format!(
-                        "unknown modifier {other:?} (q8, q4, q4d, q4g, q4a, q4=XXXX, f32, f16, bf16, drop=S, w, w=LETTERS, wq=cal, wf=F, wc=C, rf, t2=F, t3=F, m8=N, rel, ls, kx=F, gx=F)"
+                        "unknown modifier {other:?} (q8, q4, q4d, q4g, q4a, q4=XXXX, f32, f16, bf16, drop=S, w, w=LETTERS, wq=cal, wf=F, wc=C, rf, t2=F, t3=F, m8=N, d8=N, d4=N, rel, ls, kx=F, gx=F)"
                     ),
                 });
             }
@@ -438,14 +443,14 @@ fn modifiers(spec: &str, mut p: PatchSpec, mods: &[&str]) -> Result<PatchSpec> {
             detail: "t2 and t3 split a byte budget of error-aware 4-bit factors (kamera-budget:B/q4/rf only)".into(),
         });
     }
-    if p.int8_matrices > 0
+    if p.mixed.is_some()
         && (!(matches!(p.rank, RankPolicy::Budget { .. }) && p.quant == Quant::Int4 && p.refit)
             || p.tail.is_some()
             || (p.weighting.k_cols_cal && !p.weighting.cal_raw))
     {
         return Err(Error::Method {
             spec: spec.into(),
-            detail: "m8 mixes int8 and int4 matrices in a byte budget of error-aware 4-bit factors (kamera-budget:B/q4/rf, without t2/t3 or wq=cal)".into(),
+            detail: "m8, d8 and d4 mix matrix forms in a byte budget of error-aware 4-bit factors (kamera-budget:B/q4/rf, without t2/t3 or wq=cal)".into(),
         });
     }
     Ok(p)
@@ -580,8 +585,8 @@ impl fmt::Display for PatchSpec {
         if let Some(t) = self.tail {
             write!(f, "/t{}={}", t.bits, t.head_share)?;
         }
-        if self.int8_matrices > 0 {
-            write!(f, "/m8={}", self.int8_matrices)?;
+        if let Some((form, n)) = self.mixed {
+            write!(f, "/{}={n}", form.letters())?;
         }
         if self.alloc.relative {
             write!(f, "/rel")?;
@@ -673,12 +678,14 @@ mod tests {
              kamera:32/w=qkvo2/wf=0.1/q8/rf,kamera-budget:0.095/q4/rf/rel/ls/kx=2/gx=0.5,oracle-layer:3,oracle-layer:17v,oracle-except:2k,\
              kamera-budget:0.1/q4/rf/ls/t2=0.6,kamera-budget:0.1/q4/rf/t3=0.5,kamera-budget:0.1/q4/wq=cal/rf/ls,\
              kamera-budget:0.1/q4/wq=cal/w=v/wf=0.5/rf,kamera-budget:0.1/q4/w=p/wq=cal,kamera:8/q4/wq=calraw,\
-             kamera-budget:0.098/q4/rf/ls/gx=2/m8=2",
+             kamera-budget:0.098/q4/rf/ls/gx=2/m8=2,kamera-budget:0.1/q4/rf/d4=3",
         )
         .unwrap();
-        assert_eq!(ms.len(), 31);
+        assert_eq!(ms.len(), 32);
         let Method::Kamera(m8) = &ms[30].1 else { panic!() };
-        assert_eq!((m8.int8_matrices, m8.alloc.global_gain), (2, 2.0));
+        assert_eq!((m8.mixed, m8.alloc.global_gain), (Some((Form::Int8Factors, 2)), 2.0));
+        let Method::Kamera(d4) = &ms[31].1 else { panic!() };
+        assert_eq!(d4.mixed, Some((Form::Dense4, 3)));
         assert_eq!(ms[30].1.to_string(), "kamera-budget:0.098/q4/rf/m8=2/ls/gx=2");
         assert_eq!(ms[29].1.to_string(), "kamera:8/q4/wq=calraw");
         assert_eq!(ms[28].1.to_string(), "kamera-budget:0.1/q4/w=p/wq=cal");

@@ -1,17 +1,78 @@
-//! Mixed 4/8-bit factors per matrix, simulated (`/m8=N`): the N (layer, K/V) matrices the
-//! layer-sensitivity table ranks highest keep int8 codes, every other int4, within one greedy
-//! byte budget that prices each direction at its own matrix's bytes.
+//! Mixed storage per matrix, simulated (`/m8=N`, `/d8=N`, `/d4=N`): the N (layer, K/V) matrices
+//! the layer-sensitivity table ranks highest keep int8 factors (`m8`) or their whole deficit as
+//! a dense int8 / int4 matrix (`d8`, `d4`), every other int4 factors, within one greedy byte
+//! budget that prices each direction at its own matrix's bytes (dense matrices first).
 //!
-//! Codes carry an f16 scale per group of 32 either way and each matrix is quantised with the
+//! Codes carry an f16 scale per group of 32 either way; factors are quantised with the
 //! error-aware refit (kamera-ops `quantise_refit_ranges`, ±127 or ±7). Bytes are those of a
-//! v2-like record ([`crate::tail::simulated_bytes`]: per matrix a 4-bit and an 8-bit rank).
+//! v2-like record ([`crate::tail::simulated_bytes`]: per matrix a 4-bit and an 8-bit rank, one
+//! form byte per layer, a dense matrix's codes and scales).
 
-use kamera_ops::{Grain, KvLayout, LayerPatch, LowRank, Patch, PatchConfig, PatchWeights, RankPolicy, Svd};
+use kamera_ops::{
+    Grain, INT4_GROUP, KvLayout, LayerPatch, LowRank, Mat, Patch, PatchConfig, PatchWeights, Quant, RankPolicy, Svd,
+};
 
 use crate::error::{Error, OpsCtx, Result};
 use crate::tail::{HeadTail, direction_bytes, simulated_bytes};
 
-/// Per layer, whether K and V get int8 codes: the `count` matrices with the largest
+/// How the chosen matrices are stored ([`crate::PatchSpec::mixed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Form {
+    /// Factors with int8 codes (`m8`).
+    Int8Factors,
+    /// The deficit itself, tokens x features, int8 codes (`d8`).
+    Dense8,
+    /// The deficit itself, int4 codes (`d4`).
+    Dense4,
+}
+
+impl Form {
+    pub(crate) fn letters(self) -> &'static str {
+        match self {
+            Form::Int8Factors => "m8",
+            Form::Dense8 => "d8",
+            Form::Dense4 => "d4",
+        }
+    }
+    pub(crate) fn parse(s: &str) -> Option<Form> {
+        [Form::Int8Factors, Form::Dense8, Form::Dense4]
+            .into_iter()
+            .find(|f| f.letters() == s)
+    }
+    fn dense_bits(self) -> Option<usize> {
+        match self {
+            Form::Int8Factors => None,
+            Form::Dense8 => Some(8),
+            Form::Dense4 => Some(4),
+        }
+    }
+}
+
+/// Bytes of a dense `bits`-bit matrix of `n` tokens x `f` features: the codes and an f16 scale
+/// per group of 32 tokens of each feature.
+pub(crate) fn dense_bytes(n: usize, f: usize, bits: usize) -> usize {
+    (n * f * bits).div_ceil(8) + 2 * f * n.div_ceil(INT4_GROUP)
+}
+
+/// The deficit behind `s`, whole, quantised to `bits`-bit codes with an f16 scale per group of 32
+/// tokens of each feature; as factors P = the codes' values, Wᵀ = the identity (not stored).
+fn dense(s: &Svd, bits: usize) -> Result<LowRank> {
+    let full = s.truncate(s.max_rank(), kamera_ops::DType::F32).ops("truncate")?;
+    let f = full.wt.cols();
+    let n = full.p.rows();
+    let eye: Vec<f32> = (0..f * f).map(|i| if i % (f + 1) == 0 { 1.0 } else { 0.0 }).collect();
+    let lr = LowRank {
+        p: Mat::from_f32(n, f, full.dense()).ops("dense deficit")?,
+        wt: Mat::from_f32(f, f, eye).ops("identity")?,
+        spectrum: full.spectrum.clone(),
+    };
+    let q = if bits == 8 { Quant::Int8 } else { Quant::Int4 };
+    let (mut out, _) = kamera_ops::quantise_grains(&lr, q, [Grain::Group; 2]).ops("dense quantise")?;
+    out.wt = lr.wt;
+    Ok(out)
+}
+
+/// Per layer, whether K and V get the special form: the `count` matrices with the largest
 /// sensitivities (ties to the lower layer, K before V).
 pub(crate) fn widest(sens: &[(f64, f64)], count: usize) -> Vec<(bool, bool)> {
     let mut all: Vec<(f64, usize, usize)> = sens
@@ -31,13 +92,14 @@ pub(crate) fn widest(sens: &[(f64, f64)], count: usize) -> Vec<(bool, bool)> {
     out
 }
 
-/// Bits of a matrix's codes.
+/// Bits of a factor matrix's codes.
 fn bits(wide: bool) -> usize {
     if wide { 8 } else { 4 }
 }
 
 /// Per layer, the (K, V) ranks of a greedy budget whose directions cost their own matrix's
-/// bytes (8-bit where `wide`), the gain of each being σ² times its layer's (K, V) gain.
+/// bytes (8-bit where `wide`), the gain of each being σ² times its layer's (K, V) gain; a
+/// matrix with gain 0 gets none.
 pub(crate) fn mixed_ranks(
     svds: &[(Svd, Svd)],
     gains: &[(f64, f64)],
@@ -74,8 +136,9 @@ pub(crate) fn mixed_ranks(
     ranks
 }
 
-/// The mixed 4/8-bit patch of one chunk and its simulated record bytes. `cfg` holds the byte
-/// budget (`Budget` or `BudgetGains`, its gains already set); `wide` marks the int8 matrices.
+/// The mixed patch of one chunk and its simulated record bytes. `cfg` holds the byte budget
+/// (`Budget` or `BudgetGains`, its gains already set); `chosen` marks the matrices stored as
+/// `form`, the rest get int4 factors.
 pub(crate) fn mixed_patch(
     svds: &[(Svd, Svd)],
     weights: Option<&PatchWeights>,
@@ -83,30 +146,50 @@ pub(crate) fn mixed_patch(
     layout: &KvLayout,
     kv_bytes: usize,
     cfg: &PatchConfig,
-    wide: &[(bool, bool)],
+    chosen: &[(bool, bool)],
+    form: Form,
 ) -> Result<(Patch, usize)> {
     let invalid = |detail: String| Error::Invalid {
-        op: "mixed 4/8-bit patch",
+        op: "mixed patch",
         detail,
     };
-    let (fraction, gains) = match &cfg.rank {
+    let (fraction, mut gains) = match &cfg.rank {
         RankPolicy::Budget { fraction } => (*fraction, vec![(1.0, 1.0); svds.len()]),
         RankPolicy::BudgetGains { fraction, gains } => (*fraction, gains.clone()),
-        other => return Err(invalid(format!("/m8 needs a byte budget, not {other:?}"))),
+        other => return Err(invalid(format!("/{} needs a byte budget, not {other:?}", form.letters()))),
     };
-    if wide.len() != svds.len() || gains.len() != svds.len() {
+    if chosen.len() != svds.len() || gains.len() != svds.len() {
         return Err(invalid(format!(
-            "{} layers, {} int8 flags, {} gains",
+            "{} layers, {} form flags, {} gains",
             svds.len(),
-            wide.len(),
+            chosen.len(),
             gains.len()
         )));
     }
-    let budget = (fraction * kv_bytes as f64).floor() as usize;
-    let ranks = mixed_ranks(svds, &gains, wide, n, layout, budget);
+    let (kf, vf) = (layout.k_features(), layout.v_features());
+    let mut budget = (fraction * kv_bytes as f64).floor() as usize;
+    let mut dense_total = 0;
+    let mut wide = chosen.to_vec();
+    if let Some(b) = form.dense_bits() {
+        // Dense matrices are paid first; the greedy spends the rest on the others' factors.
+        for (l, (&(ck, cv), (sk, sv))) in chosen.iter().zip(svds).enumerate() {
+            // A matrix without deficit (the first chunk's) stores nothing.
+            if ck {
+                gains[l].0 = 0.0;
+                dense_total += if sk.tail_energy(0) > 0.0 { dense_bytes(n, kf, b) } else { 0 };
+            }
+            if cv {
+                gains[l].1 = 0.0;
+                dense_total += if sv.tail_energy(0) > 0.0 { dense_bytes(n, vf, b) } else { 0 };
+            }
+        }
+        budget = budget.saturating_sub(dense_total);
+        wide = vec![(false, false); svds.len()];
+    }
+    let ranks = mixed_ranks(svds, &gains, &wide, n, layout, budget);
     let mut layers = Vec::with_capacity(svds.len());
     let mut split: Vec<(HeadTail, HeadTail)> = Vec::with_capacity(svds.len());
-    for (l, ((sk, sv), (&(rk, rv), &(wk, wv)))) in svds.iter().zip(ranks.iter().zip(wide)).enumerate() {
+    for (l, ((sk, sv), (&(rk, rv), &(wk, wv)))) in svds.iter().zip(ranks.iter().zip(&wide)).enumerate() {
         let w = weights.map(|w| &w.layers[l]);
         let q = |s: &Svd, r: usize, wide: bool, ch: usize| -> Result<LowRank> {
             let lr = s.truncate(r, cfg.dtype).ops("truncate")?;
@@ -118,19 +201,24 @@ pub(crate) fn mixed_patch(
             let rows = mw.and_then(|m| m.rows.as_deref());
             let cols = mw.and_then(|m| m.cols.as_deref());
             let out = kamera_ops::quantise_refit_ranges(&lr, [Grain::Group; 2], &max, rows, cols)
-                .ops("mixed 4/8-bit quantise")?;
+                .ops("mixed quantise")?;
             out.map(|(lr, _)| lr)
                 .ok_or_else(|| invalid(format!("layer {l}: the refit is not finite")))
         };
+        let pick = |s: &Svd, r: usize, wide: bool, on: bool, ch: usize| match form.dense_bits() {
+            Some(b) if on && s.tail_energy(0) > 0.0 => dense(s, b),
+            _ => q(s, r, wide, ch),
+        };
         layers.push(LayerPatch {
-            k: q(sk, rk, wk, 0)?,
-            v: q(sv, rv, wv, 1)?,
+            k: pick(sk, rk, wk, chosen[l].0, 0)?,
+            v: pick(sv, rv, wv, chosen[l].1, 1)?,
         });
         let ht = |r: usize, wide: bool| if wide { (0, r) } else { (r, 0) };
         split.push((ht(rk, wk), ht(rv, wv)));
     }
-    let patch = Patch::new(*layout, n, layers).ops("mixed 4/8-bit patch")?.compact_spectra();
-    Ok((patch, simulated_bytes(layout, n, &split, 8)))
+    let patch = Patch::new(*layout, n, layers).ops("mixed patch")?.compact_spectra();
+    let form_bytes = if form.dense_bits().is_some() { svds.len() } else { 0 };
+    Ok((patch, simulated_bytes(layout, n, &split, 8) + dense_total + form_bytes))
 }
 
 #[cfg(test)]
@@ -175,7 +263,7 @@ mod tests {
         let int4 = kamera_ops::patch_from_weighted_svds(&s, None, n, &layout, kv, &cfg)
             .unwrap()
             .compact_spectra();
-        let (mixed, bytes) = mixed_patch(&s, None, n, &layout, kv, &cfg, &[(false, false); 3]).unwrap();
+        let (mixed, bytes) = mixed_patch(&s, None, n, &layout, kv, &cfg, &[(false, false); 3], Form::Int8Factors).unwrap();
         assert!(int4.ranks().iter().any(|&(k, v)| k + v > 0));
         assert_eq!(mixed.ranks(), int4.ranks());
         // The same codes (an empty matrix may differ in its dtype only).
@@ -200,8 +288,8 @@ mod tests {
         };
         let narrow = [(false, false); 2];
         let wide = [(true, false), (false, false)];
-        let (p4, b4) = mixed_patch(&s, None, n, &layout, kv, &cfg, &narrow).unwrap();
-        let (p8, b8) = mixed_patch(&s, None, n, &layout, kv, &cfg, &wide).unwrap();
+        let (p4, b4) = mixed_patch(&s, None, n, &layout, kv, &cfg, &narrow, Form::Int8Factors).unwrap();
+        let (p8, b8) = mixed_patch(&s, None, n, &layout, kv, &cfg, &wide, Form::Int8Factors).unwrap();
         let budget = (0.2 * kv as f64) as usize;
         let spent = |ranks: &[(usize, usize)], w: &[(bool, bool)]| -> usize {
             ranks
@@ -227,5 +315,43 @@ mod tests {
             .unwrap()
             .0;
         assert!(err(&p8.layers()[0].k, &exact) * 20.0 < err(&four, &exact));
+    }
+
+    #[test]
+    fn dense_matrices_hold_the_whole_deficit_and_are_paid_first() {
+        let layout = KvLayout::gqa(2, 2, 1, 32);
+        let (n, kv) = (40, 2 * 2 * 40 * 32 * 2);
+        let s = svds(2, n, 32, 9);
+        let cfg = PatchConfig {
+            rank: RankPolicy::Budget { fraction: 0.3 },
+            quant: Quant::Int4,
+            refit: true,
+            ..PatchConfig::fixed(0, kamera_ops::DType::Bf16)
+        };
+        let chosen = [(false, true), (false, false)];
+        let none = [(false, false); 2];
+        let (p0, b0) = mixed_patch(&s, None, n, &layout, kv, &cfg, &none, Form::Dense8).unwrap();
+        for (form, bits, tol) in [(Form::Dense8, 8, 1e-4), (Form::Dense4, 4, 2e-2)] {
+            let (p, b) = mixed_patch(&s, None, n, &layout, kv, &cfg, &chosen, form).unwrap();
+            let exact = s[0].1.truncate(32, kamera_ops::DType::F32).unwrap().dense();
+            let got = p.layers()[0].v.dense();
+            let err: f64 = exact.iter().zip(&got).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+            let total: f64 = exact.iter().map(|&x| (x as f64).powi(2)).sum();
+            assert!(err < tol * total, "{form:?}: {err} of {total}");
+            // 40 x 32 codes and 32 features x 2 groups of f16 scales.
+            assert_eq!(dense_bytes(n, 32, bits), 40 * 32 * bits / 8 + 32 * 2 * 2);
+            // The others get what the dense matrix leaves of the budget.
+            let spent: usize = p
+                .ranks()
+                .iter()
+                .zip(&chosen)
+                .map(|(&(k, v), &(ck, cv))| (if ck { 0 } else { k } + if cv { 0 } else { v }) * direction_bytes(n, 32, 4))
+                .sum();
+            assert!(spent + dense_bytes(n, 32, bits) <= (0.3 * kv as f64) as usize);
+            let others: usize = p.ranks().iter().map(|&(k, v)| k + v).sum::<usize>() - 32;
+            let before: usize = p0.ranks().iter().map(|&(k, v)| k + v).sum();
+            assert!(others < before, "{others} {before}");
+            assert!(b <= b0 + dense_bytes(n, 32, bits) + 2, "{b} {b0}");
+        }
     }
 }

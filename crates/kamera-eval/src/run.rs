@@ -397,13 +397,14 @@ impl<'a> Evaluator<'a> {
                     let (patch, bytes) = crate::qcal::domain_patch(s, w, n, c.layout(), kv, &cfg)?;
                     return Ok((patch, Some(bytes)));
                 }
-                if spec.int8_matrices > 0 {
+                if let Some((form, count)) = spec.mixed {
                     let sens = &self.cfg.layer_sensitivity;
                     if sens.is_empty() {
-                        return Err(invalid("m8 picks its int8 matrices from --layer-sensitivity"));
+                        return Err(invalid("m8, d8 and d4 pick their matrices from --layer-sensitivity"));
                     }
-                    let wide = crate::mixed::widest(sens, spec.int8_matrices);
-                    let (patch, bytes) = crate::mixed::mixed_patch(s, w, n, c.layout(), kv, &cfg, &wide)?;
+                    let chosen = crate::mixed::widest(sens, count);
+                    let (patch, bytes) =
+                        crate::mixed::mixed_patch(s, w, n, c.layout(), kv, &cfg, &chosen, form)?;
                     return Ok((patch, Some(bytes)));
                 }
                 if let Some(tail) = spec.tail {
