@@ -347,6 +347,7 @@ fn modifiers(spec: &str, mut p: PatchSpec, mods: &[&str]) -> Result<PatchSpec> {
                     bits: if t.starts_with("t2") { 2 } else { 3 },
                 });
             }
+            "da4" => p.mixed = Some((Form::DenseAuto4, 0)),
             e if e.len() > 3 && e.as_bytes()[2] == b'=' && Form::parse(&e[..2]).is_some() => {
                 let n = count(spec, &e[3..])?;
                 p.mixed = Form::parse(&e[..2]).filter(|_| n > 0).map(|f| (f, n));
@@ -412,7 +413,7 @@ fn modifiers(spec: &str, mut p: PatchSpec, mods: &[&str]) -> Result<PatchSpec> {
                 return Err(Error::Method {
                     spec: spec.into(),
                     detail: format!(
-                        "unknown modifier {other:?} (q8, q4, q4d, q4g, q4a, q4=XXXX, f32, f16, bf16, drop=S, w, w=LETTERS, wq=cal, wf=F, wc=C, rf, t2=F, t3=F, m8=N, d8=N, d4=N, rel, ls, kx=F, gx=F)"
+                        "unknown modifier {other:?} (q8, q4, q4d, q4g, q4a, q4=XXXX, f32, f16, bf16, drop=S, w, w=LETTERS, wq=cal, wf=F, wc=C, rf, t2=F, t3=F, m8=N, d8=N, d4=N, da4, rel, ls, kx=F, gx=F)"
                     ),
                 });
             }
@@ -450,7 +451,7 @@ fn modifiers(spec: &str, mut p: PatchSpec, mods: &[&str]) -> Result<PatchSpec> {
     {
         return Err(Error::Method {
             spec: spec.into(),
-            detail: "m8, d8 and d4 mix matrix forms in a byte budget of error-aware 4-bit factors (kamera-budget:B/q4/rf, without t2/t3 or wq=cal)".into(),
+            detail: "m8, d8, d4 and da4 mix matrix forms in a byte budget of error-aware 4-bit factors (kamera-budget:B/q4/rf, without t2/t3 or wq=cal)".into(),
         });
     }
     Ok(p)
@@ -585,8 +586,10 @@ impl fmt::Display for PatchSpec {
         if let Some(t) = self.tail {
             write!(f, "/t{}={}", t.bits, t.head_share)?;
         }
-        if let Some((form, n)) = self.mixed {
-            write!(f, "/{}={n}", form.letters())?;
+        match self.mixed {
+            Some((form, _)) if form.auto() => write!(f, "/{}", form.letters())?,
+            Some((form, n)) => write!(f, "/{}={n}", form.letters())?,
+            None => {}
         }
         if self.alloc.relative {
             write!(f, "/rel")?;
@@ -678,10 +681,13 @@ mod tests {
              kamera:32/w=qkvo2/wf=0.1/q8/rf,kamera-budget:0.095/q4/rf/rel/ls/kx=2/gx=0.5,oracle-layer:3,oracle-layer:17v,oracle-except:2k,\
              kamera-budget:0.1/q4/rf/ls/t2=0.6,kamera-budget:0.1/q4/rf/t3=0.5,kamera-budget:0.1/q4/wq=cal/rf/ls,\
              kamera-budget:0.1/q4/wq=cal/w=v/wf=0.5/rf,kamera-budget:0.1/q4/w=p/wq=cal,kamera:8/q4/wq=calraw,\
-             kamera-budget:0.098/q4/rf/ls/gx=2/m8=2,kamera-budget:0.1/q4/rf/d4=3",
+             kamera-budget:0.098/q4/rf/ls/gx=2/m8=2,kamera-budget:0.1/q4/rf/d4=3,kamera-budget:0.1/q4/rf/ls/da4",
         )
         .unwrap();
-        assert_eq!(ms.len(), 32);
+        assert_eq!(ms.len(), 33);
+        let Method::Kamera(da) = &ms[32].1 else { panic!() };
+        assert_eq!(da.mixed, Some((Form::DenseAuto4, 0)));
+        assert_eq!(ms[32].1.to_string(), "kamera-budget:0.1/q4/rf/da4/ls");
         let Method::Kamera(m8) = &ms[30].1 else { panic!() };
         assert_eq!((m8.mixed, m8.alloc.global_gain), (Some((Form::Int8Factors, 2)), 2.0));
         let Method::Kamera(d4) = &ms[31].1 else { panic!() };
@@ -777,6 +783,7 @@ mod tests {
             "kamera-budget:0.1/q4/rf/t3=0.5/m8=1",
             "kamera-budget:0.1/q4/rf/wq=cal/m8=1",
             "kamera-budget:0.1/q4/rf/m8=x",
+            "kamera-budget:0.1/q4/da4",
             "kamera",
             "kamera:x",
             "cacheblend:2",

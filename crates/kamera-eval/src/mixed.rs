@@ -24,6 +24,9 @@ pub enum Form {
     Dense8,
     /// The deficit itself, int4 codes (`d4`).
     Dense4,
+    /// Dense int4 matrices where the budget itself finds them worth their bytes (`da4`, no
+    /// count): see [`auto_dense`].
+    DenseAuto4,
 }
 
 impl Form {
@@ -32,10 +35,15 @@ impl Form {
             Form::Int8Factors => "m8",
             Form::Dense8 => "d8",
             Form::Dense4 => "d4",
+            Form::DenseAuto4 => "da4",
         }
     }
+    /// Whether the budget picks the matrices (no count).
+    pub(crate) fn auto(self) -> bool {
+        self == Form::DenseAuto4
+    }
     pub(crate) fn parse(s: &str) -> Option<Form> {
-        [Form::Int8Factors, Form::Dense8, Form::Dense4]
+        [Form::Int8Factors, Form::Dense8, Form::Dense4, Form::DenseAuto4]
             .into_iter()
             .find(|f| f.letters() == s)
     }
@@ -43,7 +51,7 @@ impl Form {
         match self {
             Form::Int8Factors => None,
             Form::Dense8 => Some(8),
-            Form::Dense4 => Some(4),
+            Form::Dense4 | Form::DenseAuto4 => Some(4),
         }
     }
 }
@@ -136,9 +144,80 @@ pub(crate) fn mixed_ranks(
     ranks
 }
 
+/// The matrices a greedy budget stores dense (`bits`-bit codes): starting from factors
+/// everywhere, repeatedly the matrix whose dense form gains most over its factors at the
+/// budget's marginal price λ (the lowest gain per byte the greedy bought): gain
+/// g · (‖Δ‖² − the energy its factors hold) − λ · (dense bytes − its factors' bytes), if > 0
+/// and affordable; then the greedy is rerun on what is left.
+pub(crate) fn auto_dense(
+    svds: &[(Svd, Svd)],
+    gains: &[(f64, f64)],
+    n: usize,
+    layout: &KvLayout,
+    budget: usize,
+    bits: usize,
+) -> Vec<(bool, bool)> {
+    let f = [layout.k_features(), layout.v_features()];
+    let dir = [direction_bytes(n, f[0], 4), direction_bytes(n, f[1], 4)];
+    let mut on = vec![(false, false); svds.len()];
+    let narrow = vec![(false, false); svds.len()];
+    loop {
+        let mut g = gains.to_vec();
+        let mut left = budget;
+        for (l, &(ck, cv)) in on.iter().enumerate() {
+            for (ch, c) in [ck, cv].into_iter().enumerate() {
+                if c {
+                    if ch == 0 { g[l].0 = 0.0 } else { g[l].1 = 0.0 }
+                    left = left.saturating_sub(dense_bytes(n, f[ch], bits));
+                }
+            }
+        }
+        let ranks = mixed_ranks(svds, &g, &narrow, n, layout, left);
+        let at = |l: usize, ch: usize| {
+            let s = if ch == 0 { &svds[l].0 } else { &svds[l].1 };
+            let gain = if ch == 0 { g[l].0 } else { g[l].1 };
+            let r = if ch == 0 { ranks[l].0 } else { ranks[l].1 };
+            (s, gain, r)
+        };
+        let mut lambda = f64::INFINITY;
+        let mut spent = 0;
+        for l in 0..svds.len() {
+            for ch in 0..2 {
+                let (s, gain, r) = at(l, ch);
+                if r > 0 {
+                    lambda = lambda.min(gain * (s.singular[r - 1] as f64).powi(2) / dir[ch] as f64);
+                    spent += r * dir[ch];
+                }
+            }
+        }
+        if !lambda.is_finite() {
+            lambda = 0.0;
+        }
+        let mut best: Option<(f64, usize, usize)> = None;
+        for l in 0..svds.len() {
+            for ch in 0..2 {
+                let (s, gain, r) = at(l, ch);
+                let (held, cost) = (r * dir[ch], dense_bytes(n, f[ch], bits));
+                if gain <= 0.0 || s.tail_energy(0) <= 0.0 || cost > left - spent + held {
+                    continue;
+                }
+                let value = gain * s.tail_energy(r) - lambda * (cost as f64 - held as f64);
+                if value > 0.0 && best.is_none_or(|b| value > b.0) {
+                    best = Some((value, l, ch));
+                }
+            }
+        }
+        match best {
+            Some((_, l, 0)) => on[l].0 = true,
+            Some((_, l, _)) => on[l].1 = true,
+            None => return on,
+        }
+    }
+}
+
 /// The mixed patch of one chunk and its simulated record bytes. `cfg` holds the byte budget
 /// (`Budget` or `BudgetGains`, its gains already set); `chosen` marks the matrices stored as
-/// `form`, the rest get int4 factors.
+/// `form`, the rest get int4 factors (ignored for [`Form::DenseAuto4`], whose budget picks them).
 pub(crate) fn mixed_patch(
     svds: &[(Svd, Svd)],
     weights: Option<&PatchWeights>,
@@ -168,6 +247,13 @@ pub(crate) fn mixed_patch(
     }
     let (kf, vf) = (layout.k_features(), layout.v_features());
     let mut budget = (fraction * kv_bytes as f64).floor() as usize;
+    let picked;
+    let chosen = if form.auto() {
+        picked = auto_dense(svds, &gains, n, layout, budget, 4);
+        &picked[..]
+    } else {
+        chosen
+    };
     let mut dense_total = 0;
     let mut wide = chosen.to_vec();
     if let Some(b) = form.dense_bits() {
@@ -353,5 +439,27 @@ mod tests {
             assert!(others < before, "{others} {before}");
             assert!(b <= b0 + dense_bytes(n, 32, bits) + 2, "{b} {b0}");
         }
+    }
+
+    #[test]
+    fn the_budget_goes_dense_where_a_matrix_needs_every_direction() {
+        // Layer 0's K: a flat spectrum (every direction matters, dense is cheaper than its
+        // factors); the rest: one strong direction each, which factors hold for a few bytes.
+        let layout = KvLayout::gqa(2, 2, 1, 32);
+        let n = 64;
+        let flat = svds(1, n, 32, 11).remove(0).0;
+        let spike = |seed: u64| {
+            let mut rng = crate::Rng::new(seed);
+            let u: Vec<f32> = (0..n).map(|_| rng.below(100) as f32 / 100.0 - 0.5).collect();
+            let w: Vec<f32> = (0..32).map(|_| rng.below(100) as f32 / 100.0 - 0.5).collect();
+            let m: Vec<f32> = u.iter().flat_map(|&a| w.iter().map(move |&b| a * b)).collect();
+            Svd::compute(&Mat::from_f32(n, 32, m).unwrap()).unwrap()
+        };
+        let s = vec![(flat, spike(1)), (spike(2), spike(3))];
+        let gains = vec![(1.0, 1.0); 2];
+        let budget = dense_bytes(n, 32, 4) + 10 * direction_bytes(n, 32, 4);
+        assert_eq!(auto_dense(&s, &gains, n, &layout, budget, 4), vec![(true, false), (false, false)]);
+        // Without the bytes for it, nothing goes dense.
+        assert_eq!(auto_dense(&s, &gains, n, &layout, dense_bytes(n, 32, 4) - 1, 4), vec![(false, false); 2]);
     }
 }

@@ -399,10 +399,15 @@ impl<'a> Evaluator<'a> {
                 }
                 if let Some((form, count)) = spec.mixed {
                     let sens = &self.cfg.layer_sensitivity;
-                    if sens.is_empty() {
+                    if sens.is_empty() && !form.auto() {
                         return Err(invalid("m8, d8 and d4 pick their matrices from --layer-sensitivity"));
                     }
-                    let chosen = crate::mixed::widest(sens, count);
+                    // da4's budget picks its own matrices.
+                    let chosen = if form.auto() {
+                        vec![(false, false); s.len()]
+                    } else {
+                        crate::mixed::widest(sens, count)
+                    };
                     let (patch, bytes) =
                         crate::mixed::mixed_patch(s, w, n, c.layout(), kv, &cfg, &chosen, form)?;
                     return Ok((patch, Some(bytes)));
