@@ -347,10 +347,20 @@ fn modifiers(spec: &str, mut p: PatchSpec, mods: &[&str]) -> Result<PatchSpec> {
                     bits: if t.starts_with("t2") { 2 } else { 3 },
                 });
             }
-            "da4" => p.mixed = Some((Form::DenseAuto4, 0)),
-            e if e.len() > 3 && e.as_bytes()[2] == b'=' && Form::parse(&e[..2]).is_some() => {
-                let n = count(spec, &e[3..])?;
-                p.mixed = Form::parse(&e[..2]).filter(|_| n > 0).map(|f| (f, n));
+            e if e == "da4" || (e.len() > 3 && e.as_bytes()[2] == b'=' && Form::parse(&e[..2]).is_some()) => {
+                if p.mixed.is_some() {
+                    return Err(Error::Method {
+                        spec: spec.into(),
+                        detail: format!("{e}: one of m8, d8, d4, da4 per method"),
+                    });
+                }
+                p.mixed = match e.split_once('=') {
+                    None => Some((Form::DenseAuto4, 0)),
+                    Some((f, n)) => {
+                        let n = count(spec, n)?;
+                        Form::parse(f).filter(|_| n > 0).map(|f| (f, n))
+                    }
+                };
             }
             "rel" => p.alloc.relative = true,
             "ls" => p.alloc.sensitivity = true,
@@ -784,6 +794,7 @@ mod tests {
             "kamera-budget:0.1/q4/rf/wq=cal/m8=1",
             "kamera-budget:0.1/q4/rf/m8=x",
             "kamera-budget:0.1/q4/da4",
+            "kamera-budget:0.1/q4/rf/d4=6/m8=2",
             "kamera",
             "kamera:x",
             "cacheblend:2",

@@ -167,7 +167,11 @@ pub(crate) fn auto_dense(
         for (l, &(ck, cv)) in on.iter().enumerate() {
             for (ch, c) in [ck, cv].into_iter().enumerate() {
                 if c {
-                    if ch == 0 { g[l].0 = 0.0 } else { g[l].1 = 0.0 }
+                    if ch == 0 {
+                        g[l].0 = 0.0
+                    } else {
+                        g[l].1 = 0.0
+                    }
                     left = left.saturating_sub(dense_bytes(n, f[ch], bits));
                 }
             }
@@ -235,7 +239,12 @@ pub(crate) fn mixed_patch(
     let (fraction, mut gains) = match &cfg.rank {
         RankPolicy::Budget { fraction } => (*fraction, vec![(1.0, 1.0); svds.len()]),
         RankPolicy::BudgetGains { fraction, gains } => (*fraction, gains.clone()),
-        other => return Err(invalid(format!("/{} needs a byte budget, not {other:?}", form.letters()))),
+        other => {
+            return Err(invalid(format!(
+                "/{} needs a byte budget, not {other:?}",
+                form.letters()
+            )));
+        }
     };
     if chosen.len() != svds.len() || gains.len() != svds.len() {
         return Err(invalid(format!(
@@ -262,11 +271,19 @@ pub(crate) fn mixed_patch(
             // A matrix without deficit (the first chunk's) stores nothing.
             if ck {
                 gains[l].0 = 0.0;
-                dense_total += if sk.tail_energy(0) > 0.0 { dense_bytes(n, kf, b) } else { 0 };
+                dense_total += if sk.tail_energy(0) > 0.0 {
+                    dense_bytes(n, kf, b)
+                } else {
+                    0
+                };
             }
             if cv {
                 gains[l].1 = 0.0;
-                dense_total += if sv.tail_energy(0) > 0.0 { dense_bytes(n, vf, b) } else { 0 };
+                dense_total += if sv.tail_energy(0) > 0.0 {
+                    dense_bytes(n, vf, b)
+                } else {
+                    0
+                };
             }
         }
         budget = budget.saturating_sub(dense_total);
@@ -286,8 +303,8 @@ pub(crate) fn mixed_patch(
             let mw = w.map(|(k, v)| if ch == 0 { k } else { v });
             let rows = mw.and_then(|m| m.rows.as_deref());
             let cols = mw.and_then(|m| m.cols.as_deref());
-            let out = kamera_ops::quantise_refit_ranges(&lr, [Grain::Group; 2], &max, rows, cols)
-                .ops("mixed quantise")?;
+            let out =
+                kamera_ops::quantise_refit_ranges(&lr, [Grain::Group; 2], &max, rows, cols).ops("mixed quantise")?;
             out.map(|(lr, _)| lr)
                 .ok_or_else(|| invalid(format!("layer {l}: the refit is not finite")))
         };
@@ -349,13 +366,20 @@ mod tests {
         let int4 = kamera_ops::patch_from_weighted_svds(&s, None, n, &layout, kv, &cfg)
             .unwrap()
             .compact_spectra();
-        let (mixed, bytes) = mixed_patch(&s, None, n, &layout, kv, &cfg, &[(false, false); 3], Form::Int8Factors).unwrap();
+        let (mixed, bytes) =
+            mixed_patch(&s, None, n, &layout, kv, &cfg, &[(false, false); 3], Form::Int8Factors).unwrap();
         assert!(int4.ranks().iter().any(|&(k, v)| k + v > 0));
         assert_eq!(mixed.ranks(), int4.ranks());
         // The same codes (an empty matrix may differ in its dtype only).
         for (a, b) in mixed.layers().iter().zip(int4.layers()) {
-            assert_eq!((a.k.p.to_f32_vec(), a.k.wt.to_f32_vec()), (b.k.p.to_f32_vec(), b.k.wt.to_f32_vec()));
-            assert_eq!((a.v.p.to_f32_vec(), a.v.wt.to_f32_vec()), (b.v.p.to_f32_vec(), b.v.wt.to_f32_vec()));
+            assert_eq!(
+                (a.k.p.to_f32_vec(), a.k.wt.to_f32_vec()),
+                (b.k.p.to_f32_vec(), b.k.wt.to_f32_vec())
+            );
+            assert_eq!(
+                (a.v.p.to_f32_vec(), a.v.wt.to_f32_vec()),
+                (b.v.p.to_f32_vec(), b.v.wt.to_f32_vec())
+            );
         }
         let ht: Vec<_> = int4.ranks().iter().map(|&(k, v)| ((k, 0), (v, 0))).collect();
         assert_eq!(bytes, simulated_bytes(&layout, n, &ht, 8));
@@ -381,9 +405,7 @@ mod tests {
             ranks
                 .iter()
                 .zip(w)
-                .map(|(&(k, v), &(wk, wv))| {
-                    k * direction_bytes(n, 32, bits(wk)) + v * direction_bytes(n, 32, bits(wv))
-                })
+                .map(|(&(k, v), &(wk, wv))| k * direction_bytes(n, 32, bits(wk)) + v * direction_bytes(n, 32, bits(wv)))
                 .sum()
         };
         assert!(spent(&p8.ranks(), &wide) <= budget && spent(&p4.ranks(), &narrow) <= budget);
@@ -431,7 +453,9 @@ mod tests {
                 .ranks()
                 .iter()
                 .zip(&chosen)
-                .map(|(&(k, v), &(ck, cv))| (if ck { 0 } else { k } + if cv { 0 } else { v }) * direction_bytes(n, 32, 4))
+                .map(|(&(k, v), &(ck, cv))| {
+                    (if ck { 0 } else { k } + if cv { 0 } else { v }) * direction_bytes(n, 32, 4)
+                })
                 .sum();
             assert!(spent + dense_bytes(n, 32, bits) <= (0.3 * kv as f64) as usize);
             let others: usize = p.ranks().iter().map(|&(k, v)| k + v).sum::<usize>() - 32;
@@ -458,8 +482,14 @@ mod tests {
         let s = vec![(flat, spike(1)), (spike(2), spike(3))];
         let gains = vec![(1.0, 1.0); 2];
         let budget = dense_bytes(n, 32, 4) + 10 * direction_bytes(n, 32, 4);
-        assert_eq!(auto_dense(&s, &gains, n, &layout, budget, 4), vec![(true, false), (false, false)]);
+        assert_eq!(
+            auto_dense(&s, &gains, n, &layout, budget, 4),
+            vec![(true, false), (false, false)]
+        );
         // Without the bytes for it, nothing goes dense.
-        assert_eq!(auto_dense(&s, &gains, n, &layout, dense_bytes(n, 32, 4) - 1, 4), vec![(false, false); 2]);
+        assert_eq!(
+            auto_dense(&s, &gains, n, &layout, dense_bytes(n, 32, 4) - 1, 4),
+            vec![(false, false); 2]
+        );
     }
 }
