@@ -229,8 +229,7 @@ pub(crate) fn mixed_patch(
     layout: &KvLayout,
     kv_bytes: usize,
     cfg: &PatchConfig,
-    chosen: &[(bool, bool)],
-    form: Form,
+    (form, chosen): (Form, &[(bool, bool)]),
 ) -> Result<(Patch, usize)> {
     let invalid = |detail: String| Error::Invalid {
         op: "mixed patch",
@@ -366,8 +365,16 @@ mod tests {
         let int4 = kamera_ops::patch_from_weighted_svds(&s, None, n, &layout, kv, &cfg)
             .unwrap()
             .compact_spectra();
-        let (mixed, bytes) =
-            mixed_patch(&s, None, n, &layout, kv, &cfg, &[(false, false); 3], Form::Int8Factors).unwrap();
+        let (mixed, bytes) = mixed_patch(
+            &s,
+            None,
+            n,
+            &layout,
+            kv,
+            &cfg,
+            (Form::Int8Factors, &[(false, false); 3]),
+        )
+        .unwrap();
         assert!(int4.ranks().iter().any(|&(k, v)| k + v > 0));
         assert_eq!(mixed.ranks(), int4.ranks());
         // The same codes (an empty matrix may differ in its dtype only).
@@ -398,8 +405,8 @@ mod tests {
         };
         let narrow = [(false, false); 2];
         let wide = [(true, false), (false, false)];
-        let (p4, b4) = mixed_patch(&s, None, n, &layout, kv, &cfg, &narrow, Form::Int8Factors).unwrap();
-        let (p8, b8) = mixed_patch(&s, None, n, &layout, kv, &cfg, &wide, Form::Int8Factors).unwrap();
+        let (p4, b4) = mixed_patch(&s, None, n, &layout, kv, &cfg, (Form::Int8Factors, &narrow)).unwrap();
+        let (p8, b8) = mixed_patch(&s, None, n, &layout, kv, &cfg, (Form::Int8Factors, &wide)).unwrap();
         let budget = (0.2 * kv as f64) as usize;
         let spent = |ranks: &[(usize, usize)], w: &[(bool, bool)]| -> usize {
             ranks
@@ -438,9 +445,9 @@ mod tests {
         };
         let chosen = [(false, true), (false, false)];
         let none = [(false, false); 2];
-        let (p0, b0) = mixed_patch(&s, None, n, &layout, kv, &cfg, &none, Form::Dense8).unwrap();
+        let (p0, b0) = mixed_patch(&s, None, n, &layout, kv, &cfg, (Form::Dense8, &none)).unwrap();
         for (form, bits, tol) in [(Form::Dense8, 8, 1e-4), (Form::Dense4, 4, 2e-2)] {
-            let (p, b) = mixed_patch(&s, None, n, &layout, kv, &cfg, &chosen, form).unwrap();
+            let (p, b) = mixed_patch(&s, None, n, &layout, kv, &cfg, (form, &chosen)).unwrap();
             let exact = s[0].1.truncate(32, kamera_ops::DType::F32).unwrap().dense();
             let got = p.layers()[0].v.dense();
             let err: f64 = exact.iter().zip(&got).map(|(x, y)| ((x - y) as f64).powi(2)).sum();

@@ -408,7 +408,7 @@ impl<'a> Evaluator<'a> {
                     } else {
                         crate::mixed::widest(sens, count)
                     };
-                    let (patch, bytes) = crate::mixed::mixed_patch(s, w, n, c.layout(), kv, &cfg, &chosen, form)?;
+                    let (patch, bytes) = crate::mixed::mixed_patch(s, w, n, c.layout(), kv, &cfg, (form, &chosen))?;
                     return Ok((patch, Some(bytes)));
                 }
                 if let Some(tail) = spec.tail {
