@@ -6,6 +6,7 @@ use std::str::FromStr;
 use kamera_ops::{DType, Grain, Grains, PatchConfig, Quant, RankPolicy};
 
 use crate::alloc::Alloc;
+use crate::mixed::Form;
 
 use crate::error::{Error, Result};
 
@@ -32,6 +33,11 @@ pub struct PatchSpec {
     /// share F of the budget on 4-bit directions, the rest on 2-bit (ternary) or 3-bit ones
     /// after them.
     pub tail: Option<Tail>,
+    /// Mixed storage per matrix, simulated (`/m8=N`, `/d8=N`, `/d4=N`; `kamera-budget` with
+    /// `/q4/rf` only): the N (layer, K/V) matrices with the largest `--layer-sensitivity` get
+    /// int8 factors, or their dense deficit in int8 or int4, the rest int4 factors, in one byte
+    /// budget.
+    pub mixed: Option<(Form, usize)>,
 }
 
 /// The split of a mixed-bit budget ([`PatchSpec::tail`]).
@@ -166,6 +172,7 @@ impl PatchSpec {
             refit: false,
             alloc: Alloc::default(),
             tail: None,
+            mixed: None,
         }
     }
     /// The operator's patch settings.
@@ -340,6 +347,21 @@ fn modifiers(spec: &str, mut p: PatchSpec, mods: &[&str]) -> Result<PatchSpec> {
                     bits: if t.starts_with("t2") { 2 } else { 3 },
                 });
             }
+            e if e == "da4" || (e.len() > 3 && e.as_bytes()[2] == b'=' && Form::parse(&e[..2]).is_some()) => {
+                if p.mixed.is_some() {
+                    return Err(Error::Method {
+                        spec: spec.into(),
+                        detail: format!("{e}: one of m8, d8, d4, da4 per method"),
+                    });
+                }
+                p.mixed = match e.split_once('=') {
+                    None => Some((Form::DenseAuto4, 0)),
+                    Some((f, n)) => {
+                        let n = count(spec, n)?;
+                        Form::parse(f).filter(|_| n > 0).map(|f| (f, n))
+                    }
+                };
+            }
             "rel" => p.alloc.relative = true,
             "ls" => p.alloc.sensitivity = true,
             g if g.starts_with("kx=") || g.starts_with("gx=") => {
@@ -401,7 +423,7 @@ fn modifiers(spec: &str, mut p: PatchSpec, mods: &[&str]) -> Result<PatchSpec> {
                 return Err(Error::Method {
                     spec: spec.into(),
                     detail: format!(
-                        "unknown modifier {other:?} (q8, q4, q4d, q4g, q4a, q4=XXXX, f32, f16, bf16, drop=S, w, w=LETTERS, wq=cal, wf=F, wc=C, rf, t2=F, t3=F, rel, ls, kx=F, gx=F)"
+                        "unknown modifier {other:?} (q8, q4, q4d, q4g, q4a, q4=XXXX, f32, f16, bf16, drop=S, w, w=LETTERS, wq=cal, wf=F, wc=C, rf, t2=F, t3=F, m8=N, d8=N, d4=N, da4, rel, ls, kx=F, gx=F)"
                     ),
                 });
             }
@@ -430,6 +452,16 @@ fn modifiers(spec: &str, mut p: PatchSpec, mods: &[&str]) -> Result<PatchSpec> {
         return Err(Error::Method {
             spec: spec.into(),
             detail: "t2 and t3 split a byte budget of error-aware 4-bit factors (kamera-budget:B/q4/rf only)".into(),
+        });
+    }
+    if p.mixed.is_some()
+        && (!(matches!(p.rank, RankPolicy::Budget { .. }) && p.quant == Quant::Int4 && p.refit)
+            || p.tail.is_some()
+            || (p.weighting.k_cols_cal && !p.weighting.cal_raw))
+    {
+        return Err(Error::Method {
+            spec: spec.into(),
+            detail: "m8, d8, d4 and da4 mix matrix forms in a byte budget of error-aware 4-bit factors (kamera-budget:B/q4/rf, without t2/t3 or wq=cal)".into(),
         });
     }
     Ok(p)
@@ -564,6 +596,11 @@ impl fmt::Display for PatchSpec {
         if let Some(t) = self.tail {
             write!(f, "/t{}={}", t.bits, t.head_share)?;
         }
+        match self.mixed {
+            Some((form, _)) if form.auto() => write!(f, "/{}", form.letters())?,
+            Some((form, n)) => write!(f, "/{}={n}", form.letters())?,
+            None => {}
+        }
         if self.alloc.relative {
             write!(f, "/rel")?;
         }
@@ -653,10 +690,19 @@ mod tests {
              kamera:32/q4d,kamera-budget:0.1/q4a,orbit-slot:16/q4g,kamera:8/q4=gddg,kamera-budget:0.1/q4/w,\
              kamera:32/w=qkvo2/wf=0.1/q8/rf,kamera-budget:0.095/q4/rf/rel/ls/kx=2/gx=0.5,oracle-layer:3,oracle-layer:17v,oracle-except:2k,\
              kamera-budget:0.1/q4/rf/ls/t2=0.6,kamera-budget:0.1/q4/rf/t3=0.5,kamera-budget:0.1/q4/wq=cal/rf/ls,\
-             kamera-budget:0.1/q4/wq=cal/w=v/wf=0.5/rf,kamera-budget:0.1/q4/w=p/wq=cal,kamera:8/q4/wq=calraw",
+             kamera-budget:0.1/q4/wq=cal/w=v/wf=0.5/rf,kamera-budget:0.1/q4/w=p/wq=cal,kamera:8/q4/wq=calraw,\
+             kamera-budget:0.098/q4/rf/ls/gx=2/m8=2,kamera-budget:0.1/q4/rf/d4=3,kamera-budget:0.1/q4/rf/ls/da4",
         )
         .unwrap();
-        assert_eq!(ms.len(), 30);
+        assert_eq!(ms.len(), 33);
+        let Method::Kamera(da) = &ms[32].1 else { panic!() };
+        assert_eq!(da.mixed, Some((Form::DenseAuto4, 0)));
+        assert_eq!(ms[32].1.to_string(), "kamera-budget:0.1/q4/rf/da4/ls");
+        let Method::Kamera(m8) = &ms[30].1 else { panic!() };
+        assert_eq!((m8.mixed, m8.alloc.global_gain), (Some((Form::Int8Factors, 2)), 2.0));
+        let Method::Kamera(d4) = &ms[31].1 else { panic!() };
+        assert_eq!(d4.mixed, Some((Form::Dense4, 3)));
+        assert_eq!(ms[30].1.to_string(), "kamera-budget:0.098/q4/rf/m8=2/ls/gx=2");
         assert_eq!(ms[29].1.to_string(), "kamera:8/q4/wq=calraw");
         assert_eq!(ms[28].1.to_string(), "kamera-budget:0.1/q4/w=p/wq=cal");
         let Method::Kamera(c) = &ms[26].1 else { panic!() };
@@ -742,6 +788,13 @@ mod tests {
             "kamera-budget:0.1/t2=0.5",
             "kamera-budget:0.1/q4/t2=0.5",
             "kamera-budget:0.1/q4/rf/t2=0",
+            "kamera-budget:0.1/q4/m8=2",
+            "kamera:32/q4/rf/m8=2",
+            "kamera-budget:0.1/q4/rf/t3=0.5/m8=1",
+            "kamera-budget:0.1/q4/rf/wq=cal/m8=1",
+            "kamera-budget:0.1/q4/rf/m8=x",
+            "kamera-budget:0.1/q4/da4",
+            "kamera-budget:0.1/q4/rf/d4=6/m8=2",
             "kamera",
             "kamera:x",
             "cacheblend:2",

@@ -397,6 +397,20 @@ impl<'a> Evaluator<'a> {
                     let (patch, bytes) = crate::qcal::domain_patch(s, w, n, c.layout(), kv, &cfg)?;
                     return Ok((patch, Some(bytes)));
                 }
+                if let Some((form, count)) = spec.mixed {
+                    let sens = &self.cfg.layer_sensitivity;
+                    if sens.is_empty() && !form.auto() {
+                        return Err(invalid("m8, d8 and d4 pick their matrices from --layer-sensitivity"));
+                    }
+                    // da4's budget picks its own matrices.
+                    let chosen = if form.auto() {
+                        vec![(false, false); s.len()]
+                    } else {
+                        crate::mixed::widest(sens, count)
+                    };
+                    let (patch, bytes) = crate::mixed::mixed_patch(s, w, n, c.layout(), kv, &cfg, (form, &chosen))?;
+                    return Ok((patch, Some(bytes)));
+                }
                 if let Some(tail) = spec.tail {
                     let (patch, bytes) = crate::tail::tail_patch(s, w, n, c.layout(), kv, &cfg, tail)?;
                     return Ok((patch, Some(bytes)));

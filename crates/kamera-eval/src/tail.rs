@@ -28,8 +28,9 @@ fn factor_bytes(n: usize, f: usize, (head, tail): HeadTail, bits: usize) -> usiz
     packed(n * head, 4) + packed(n * tail, bits) + packed(head * f, 4) + packed(tail * f, bits) + scales
 }
 
-/// Bytes of one tail direction (an upper bound, as the budget's own per-direction cost).
-fn tail_direction_bytes(n: usize, f: usize, bits: usize) -> usize {
+/// Bytes of one direction of `bits`-bit codes (an upper bound, as a budget's own
+/// per-direction cost).
+pub(crate) fn direction_bytes(n: usize, f: usize, bits: usize) -> usize {
     (n * bits).div_ceil(8) + (f * bits).div_ceil(8) + 2 * (n.div_ceil(INT4_GROUP) + f.div_ceil(INT4_GROUP))
 }
 
@@ -105,7 +106,7 @@ pub(crate) fn tail_patch(
             .into_iter()
             .enumerate()
         {
-            let cost = tail_direction_bytes(n, f, bits) as f64;
+            let cost = direction_bytes(n, f, bits) as f64;
             for &x in s.singular.iter().skip(r) {
                 let e = g * (x as f64) * (x as f64);
                 if e > 0.0 {
@@ -117,7 +118,7 @@ pub(crate) fn tail_patch(
     cand.sort_by(|a, b| b.0.total_cmp(&a.0));
     let mut tails = vec![(0usize, 0usize); svds.len()];
     for (_, l, ch) in cand {
-        let cost = tail_direction_bytes(n, if ch == 0 { kf } else { vf }, bits) as i64;
+        let cost = direction_bytes(n, if ch == 0 { kf } else { vf }, bits) as i64;
         if cost > left {
             continue;
         }
@@ -194,6 +195,6 @@ mod tests {
         assert_eq!(simulated_bytes(&layout, n, &ranks, 2), stored + 4 * 2);
         assert_eq!(simulated_bytes(&layout, n, &ranks, 3), stored + 4 * 2);
         // A 2-bit direction over 40 tokens and 16 features: 10 + 4 code bytes, 2 + 1 f16 scales.
-        assert_eq!(tail_direction_bytes(n, 16, 2), 14 + 6);
+        assert_eq!(direction_bytes(n, 16, 2), 14 + 6);
     }
 }
