@@ -317,7 +317,7 @@ fn as_uninit<T: Copy>(d: &mut [T]) -> &mut [MaybeUninit<T>] {
 impl Fuse<'_> {
     fn run(&self, src: &Mat, mut out: Out<'_>) -> Result<(), usize> {
         let cols = src.cols();
-        // With a patch, one sweep overlaps its product with the stream of the chunk's bytes; a
+        // With a patch, one sweep (each tile read and written once) where the shapes allow; a
         // plain relocation streams faster blockwise (a copy, then the rotation in cache).
         if self.patch.is_some()
             && let Some(mut dst) = sweep_dst(&mut out, cols)
