@@ -27,13 +27,15 @@ pub struct EvalArgs {
     /// /q4a: chosen per factor matrix, /q4=XXXX: d or g for K's P, K's Wᵀ, V's P, V's Wᵀ),
     /// /f32 /f16 /bf16 (float factors; bf16 by default),
     /// /drop=S (drop layers holding under share S of the deficit energy), and more (the
-    /// kamera-eval README): /w=LETTERS, /rf, /rel, /ls, /kx=F, /gx=F, /t2=F, /t3=F (mixed-bit
-    /// factors, simulated bytes); oracle-layer:L[k|v],
+    /// kamera-eval README): /w=LETTERS, /rf, /rel, /ls, /kx=F, /gx=F, /klt and /klte
+    /// (transform-coded in --deficit-basis), /t2=F, /t3=F (mixed-bit factors, simulated bytes);
+    /// oracle-layer:L[k|v],
     /// oracle-except:L[k|v] probe one layer's sensitivity.
     #[arg(long, default_value = DEFAULT_METHODS)]
     methods: String,
-    /// Where to write the JSON report (required unless --calibrate-queries).
-    #[arg(long, required_unless_present = "calibrate_queries")]
+    /// Where to write the JSON report (required unless --calibrate-queries or
+    /// --calibrate-basis).
+    #[arg(long, required_unless_present_any = ["calibrate_queries", "calibrate_basis"])]
     json: Option<PathBuf>,
     /// Also write a Markdown report here.
     #[arg(long)]
@@ -73,6 +75,14 @@ pub struct EvalArgs {
     /// Measure that table on --tasks (calibration tasks) and write it here; runs no methods.
     #[arg(long)]
     calibrate_queries: Option<PathBuf>,
+    /// A per-model deficit basis (written by --calibrate-basis on other tasks than the scored
+    /// ones): the basis `/klt` patches are coded in.
+    #[arg(long)]
+    deficit_basis: Option<PathBuf>,
+    /// Measure the deficit basis on --tasks (calibration tasks) and write it here (a JSON
+    /// header line, then f32 bases); runs no methods.
+    #[arg(long)]
+    calibrate_basis: Option<PathBuf>,
     /// Arithmetic of the model's long prefills (the chunks', the system prefix's, the full
     /// re-prefill's): `f32` (the operator's reference) or `bf16` (AVX512_BF16 CPUs, what the
     /// runtime runs); default the fastest this CPU runs. Recorded in the report.
@@ -114,6 +124,14 @@ pub fn run(a: EvalArgs) -> Result<()> {
         }
         None => (Vec::new(), Vec::new()),
     };
+    let deficit_basis = match &a.deficit_basis {
+        Some(p) => {
+            let b = kamera_eval::DeficitBasis::load(p)?;
+            b.check(&model.layout())?;
+            Some(std::sync::Arc::new(b))
+        }
+        None => None,
+    };
     let cfg = EvalConfig {
         orbit_orderings: a.orbit_orderings,
         check_layer: a.check_layer,
@@ -128,7 +146,28 @@ pub fn run(a: EvalArgs) -> Result<()> {
         layer_sensitivity,
         query_calibration,
         query_calibration_tasks,
+        deficit_basis_from: deficit_basis.as_ref().map(|b| b.header.clone()),
+        deficit_basis,
     };
+    if let Some(out) = &a.calibrate_basis {
+        let bar = ProgressBar::new(tasks.len() as u64);
+        if std::io::stderr().is_terminal() {
+            bar.set_draw_target(ProgressDrawTarget::stderr());
+        } else {
+            bar.set_draw_target(ProgressDrawTarget::hidden());
+        }
+        let basis =
+            kamera_eval::calibrate_basis(&model, &a.model, &tasks, cfg, &mut |i| bar.set_position(i as u64 + 1))?;
+        bar.finish_and_clear();
+        basis.save(out)?;
+        eprintln!(
+            "deficit basis of {} layers from {} tasks written to {}",
+            basis.header.layers,
+            basis.header.tasks.len(),
+            out.display()
+        );
+        return Ok(());
+    }
     if let Some(out) = &a.calibrate_queries {
         let table = kamera_eval::calibrate_queries(&model, &a.model, &tasks, cfg)?;
         std::fs::write(out, serde_json::to_string(&table)?).with_context(|| format!("writing {}", out.display()))?;

@@ -38,6 +38,13 @@ pub struct PatchSpec {
     /// int8 factors, or their dense deficit in int8 or int4, the rest int4 factors, in one byte
     /// budget.
     pub mixed: Option<(Form, usize)>,
+    /// Transform-coded patches, simulated (`/klt`; `kamera-budget` only): the deficit in the
+    /// per-model basis of `--deficit-basis`, its coefficient columns at bit widths from the
+    /// byte budget (kamera-eval `klt`).
+    pub klt: bool,
+    /// With `klt`: entropy-coded records (`/klte`): codes and width map Huffman-coded where that is
+    /// shorter.
+    pub klt_entropy: bool,
 }
 
 /// The split of a mixed-bit budget ([`PatchSpec::tail`]).
@@ -173,6 +180,8 @@ impl PatchSpec {
             alloc: Alloc::default(),
             tail: None,
             mixed: None,
+            klt: false,
+            klt_entropy: false,
         }
     }
     /// The operator's patch settings.
@@ -362,6 +371,11 @@ fn modifiers(spec: &str, mut p: PatchSpec, mods: &[&str]) -> Result<PatchSpec> {
                     }
                 };
             }
+            "klt" => p.klt = true,
+            "klte" => {
+                p.klt = true;
+                p.klt_entropy = true;
+            }
             "rel" => p.alloc.relative = true,
             "ls" => p.alloc.sensitivity = true,
             g if g.starts_with("kx=") || g.starts_with("gx=") => {
@@ -423,7 +437,7 @@ fn modifiers(spec: &str, mut p: PatchSpec, mods: &[&str]) -> Result<PatchSpec> {
                 return Err(Error::Method {
                     spec: spec.into(),
                     detail: format!(
-                        "unknown modifier {other:?} (q8, q4, q4d, q4g, q4a, q4=XXXX, f32, f16, bf16, drop=S, w, w=LETTERS, wq=cal, wf=F, wc=C, rf, t2=F, t3=F, m8=N, d8=N, d4=N, da4, rel, ls, kx=F, gx=F)"
+                        "unknown modifier {other:?} (q8, q4, q4d, q4g, q4a, q4=XXXX, f32, f16, bf16, drop=S, w, w=LETTERS, wq=cal, wf=F, wc=C, rf, t2=F, t3=F, m8=N, d8=N, d4=N, da4, klt, klte, rel, ls, kx=F, gx=F)"
                     ),
                 });
             }
@@ -462,6 +476,20 @@ fn modifiers(spec: &str, mut p: PatchSpec, mods: &[&str]) -> Result<PatchSpec> {
         return Err(Error::Method {
             spec: spec.into(),
             detail: "m8, d8, d4 and da4 mix matrix forms in a byte budget of error-aware 4-bit factors (kamera-budget:B/q4/rf, without t2/t3 or wq=cal)".into(),
+        });
+    }
+    if p.klt
+        && (!matches!(p.rank, RankPolicy::Budget { .. })
+            || p.quant != Quant::None
+            || p.refit
+            || p.tail.is_some()
+            || p.mixed.is_some()
+            || p.weighting.k_cols
+            || (p.weighting.k_cols_cal && p.weighting.cal_raw))
+    {
+        return Err(Error::Method {
+            spec: spec.into(),
+            detail: "klt codes a byte budget's deficit in the per-model basis (kamera-budget:B/klt, with ls, rel, kx, gx, row weights w=k, w=v and the per-model column metrics wq=cal, w=o; no factor quantisation, t2/t3, m8/d8/d4 or per-chunk query columns w=q)".into(),
         });
     }
     Ok(p)
@@ -601,6 +629,9 @@ impl fmt::Display for PatchSpec {
             Some((form, n)) => write!(f, "/{}={n}", form.letters())?,
             None => {}
         }
+        if self.klt {
+            write!(f, "/{}", if self.klt_entropy { "klte" } else { "klt" })?;
+        }
         if self.alloc.relative {
             write!(f, "/rel")?;
         }
@@ -695,6 +726,16 @@ mod tests {
         )
         .unwrap();
         assert_eq!(ms.len(), 33);
+        let klt =
+            parse_methods("kamera-budget:0.098/klt/wq=cal/wf=1/ls,kamera-budget:0.1/klt/w=vo,kamera-budget:0.1/klte")
+                .unwrap();
+        let Method::Kamera(e) = &klt[2].1 else { panic!() };
+        assert!(e.klt && e.klt_entropy);
+        assert_eq!(klt[2].1.to_string(), "kamera-budget:0.1/klte");
+        let Method::Kamera(k) = &klt[0].1 else { panic!() };
+        assert!(k.klt && k.weighting.k_cols_cal && k.alloc.sensitivity && k.quant == Quant::None);
+        assert_eq!(klt[0].1.to_string(), "kamera-budget:0.098/wq=cal/wf=1/klt/ls");
+        assert_eq!(klt[1].1.to_string(), "kamera-budget:0.1/w=vo/klt");
         let Method::Kamera(da) = &ms[32].1 else { panic!() };
         assert_eq!(da.mixed, Some((Form::DenseAuto4, 0)));
         assert_eq!(ms[32].1.to_string(), "kamera-budget:0.1/q4/rf/da4/ls");
@@ -795,6 +836,10 @@ mod tests {
             "kamera-budget:0.1/q4/rf/m8=x",
             "kamera-budget:0.1/q4/da4",
             "kamera-budget:0.1/q4/rf/d4=6/m8=2",
+            "kamera:32/klt",
+            "kamera-budget:0.1/q4/klt",
+            "kamera-budget:0.1/klt/w=q",
+            "kamera-budget:0.1/rf/klt",
             "kamera",
             "kamera:x",
             "cacheblend:2",

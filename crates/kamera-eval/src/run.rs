@@ -49,6 +49,13 @@ pub struct EvalConfig {
     /// on (empty: no table).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub query_calibration_tasks: Vec<String>,
+    /// The per-model deficit basis `/klt` codes patches in (`--deficit-basis`; kamera-eval
+    /// `klt`). Not written to reports (its header is, below).
+    #[serde(skip)]
+    pub deficit_basis: Option<std::sync::Arc<crate::klt::DeficitBasis>>,
+    /// Where `deficit_basis` came from (its header; none without a basis).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deficit_basis_from: Option<crate::klt::BasisHeader>,
 }
 
 /// The default system prefix.
@@ -66,6 +73,8 @@ impl Default for EvalConfig {
             layer_sensitivity: Vec::new(),
             query_calibration: Vec::new(),
             query_calibration_tasks: Vec::new(),
+            deficit_basis: None,
+            deficit_basis_from: None,
         }
     }
 }
@@ -395,6 +404,14 @@ impl<'a> Evaluator<'a> {
                     }
                     let w = w.ok_or_else(|| invalid("wq=cal needs its weights"))?;
                     let (patch, bytes) = crate::qcal::domain_patch(s, w, n, c.layout(), kv, &cfg)?;
+                    return Ok((patch, Some(bytes)));
+                }
+                if spec.klt {
+                    let basis =
+                        self.cfg.deficit_basis.as_deref().ok_or_else(|| {
+                            invalid("klt codes the deficit in the per-model basis of --deficit-basis")
+                        })?;
+                    let (patch, bytes) = crate::klt::klt_patch(s, w, n, c.layout(), kv, &cfg, basis, spec.klt_entropy)?;
                     return Ok((patch, Some(bytes)));
                 }
                 if let Some((form, count)) = spec.mixed {

@@ -240,3 +240,61 @@ fn bf16_prefills_move_the_full_answer_by_a_small_share_of_the_gap() -> Result<()
     assert!(n.kl > 0.0 && n.share_of_gap < 0.01, "{n:?}");
     Ok(())
 }
+
+#[test]
+fn transform_coded_patches_keep_the_budget_and_close_the_gap() -> Result<()> {
+    // The basis from other tasks than the scored ones, as `--calibrate-basis` measures it.
+    let calibration = generate(&GenConfig {
+        seed: 12,
+        tasks: 3,
+        pages: 3,
+        filler: 1,
+    });
+    let basis = kamera_eval::calibrate_basis(
+        model(),
+        "smollm2-135m",
+        &calibration,
+        EvalConfig::default(),
+        &mut |_| {},
+    )?;
+    assert_eq!(basis.header.tasks.len(), 3);
+    let tasks = generate(&GenConfig {
+        seed: 11,
+        tasks: 2,
+        pages: 3,
+        filler: 1,
+    });
+    let methods = parse_methods("blind,kamera-budget:0.2/klt,kamera-budget:0.2/klte,kamera-budget:1/klt")?;
+    let cfg = EvalConfig {
+        deficit_basis_from: Some(basis.header.clone()),
+        deficit_basis: Some(std::sync::Arc::new(basis)),
+        ..EvalConfig::default()
+    };
+    let r = evaluate(model(), "smollm2-135m", &tasks, &methods, cfg, &mut |_, _| {})?;
+    let blind = kl(&r, "blind");
+    for m in ["kamera-budget:0.2/klt", "kamera-budget:0.2/klte"] {
+        let s = &r.methods[m];
+        assert!(s.chunk_bytes_max <= 0.2, "{m}: {} of a chunk", s.chunk_bytes_max);
+        assert!(s.kl < blind / 2.0, "{m}: KL {} against blind {blind}", s.kl);
+    }
+    // Every column at 8 bits: the deficit almost exactly, in half the bytes of the f32 chunk's KV.
+    let all = &r.methods["kamera-budget:1/klt"];
+    assert!(
+        all.kl < 0.02 * blind,
+        "8-bit columns: KL {} against blind {blind}",
+        all.kl
+    );
+    // Without a basis `/klt` is a named error, not a silent fallback.
+    let err = evaluate(
+        model(),
+        "smollm2-135m",
+        &tasks,
+        &methods,
+        EvalConfig::default(),
+        &mut |_, _| {},
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("--deficit-basis"), "{err}");
+    Ok(())
+}
