@@ -15,9 +15,10 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
 
 use half::f16;
-use kamera_ops::{INT4_GROUP, KvLayout, LayerPatch, LowRank, Mat, Patch, PatchConfig, PatchWeights, RankPolicy, Svd};
+use kamera_ops::{INT4_GROUP, KvLayout, LayerPatch, LowRank, Mat, Patch, PatchConfig, RankPolicy, Svd};
 use serde::{Deserialize, Serialize};
 
+use crate::deficit::ChunkDeficit;
 use crate::error::{Error, OpsCtx, Result};
 use crate::run::{EvalConfig, Evaluator};
 use crate::task::Task;
@@ -512,15 +513,18 @@ fn allocate(cols: &mut [Column], budget: usize) {
 /// rows, and its feature columns by a per-model metric D (`wq=cal`, `o`): the matrix is then coded
 /// as Δ·D^½ in the eigenbasis of D^½·ΔᵀΔ·D^½, and read back times D^-½.
 pub(crate) fn klt_patch(
-    svds: &[(Svd, Svd)],
-    weights: Option<&PatchWeights>,
-    n: usize,
-    layout: &KvLayout,
-    kv_bytes: usize,
+    deficit: &ChunkDeficit,
     cfg: &PatchConfig,
     basis: &DeficitBasis,
     entropy: bool,
 ) -> Result<(Patch, usize)> {
+    let ChunkDeficit {
+        svds,
+        weights,
+        n,
+        layout,
+        kv_bytes,
+    } = *deficit;
     const OP: &str = "klt patch";
     basis.check(layout)?;
     let (fraction, gains) = match &cfg.rank {
@@ -768,13 +772,20 @@ mod tests {
             layers: vec![(identity(f), identity(f)); 2],
         };
         let kv = 100_000;
+        let chunk = ChunkDeficit {
+            svds: &svds,
+            weights: None,
+            n,
+            layout: &lay,
+            kv_bytes: kv,
+        };
         let cfg = PatchConfig {
             rank: RankPolicy::Budget { fraction: 0.004 },
             ..PatchConfig::fixed(0, kamera_ops::DType::F32)
         };
-        let (patch, bytes) = klt_patch(&svds, None, n, &lay, kv, &cfg, &basis, false).unwrap();
+        let (patch, bytes) = klt_patch(&chunk, &cfg, &basis, false).unwrap();
         assert!(bytes <= 400, "{bytes} bytes over the budget of 400");
-        let (_, coded) = klt_patch(&svds, None, n, &lay, kv, &cfg, &basis, true).unwrap();
+        let (_, coded) = klt_patch(&chunk, &cfg, &basis, true).unwrap();
         assert!(coded <= 400, "{coded} bytes Huffman-coded over the budget of 400");
         assert!(patch.layers()[0].k.rank() >= 1, "the energetic column is bought first");
         // Its reconstruction is within 8-bit-ish error of the column.
@@ -788,7 +799,7 @@ mod tests {
             rank: RankPolicy::Budget { fraction: 1.0 },
             ..PatchConfig::fixed(0, kamera_ops::DType::F32)
         };
-        let (patch, bytes) = klt_patch(&svds, None, n, &lay, kv, &cfg, &basis, false).unwrap();
+        let (patch, bytes) = klt_patch(&chunk, &cfg, &basis, false).unwrap();
         let column = n + 2 * n.div_ceil(INT4_GROUP);
         assert_eq!(bytes, klt_fixed_bytes(&lay) + 4 * f * column, "every column at 8 bits");
         for (l, (sk, sv)) in svds.iter().enumerate() {

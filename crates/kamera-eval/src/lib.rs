@@ -6,6 +6,7 @@
 
 mod alloc;
 mod bench;
+mod deficit;
 mod error;
 mod generate;
 mod klt;

@@ -8,10 +8,9 @@
 //! v2-like record ([`crate::tail::simulated_bytes`]: per matrix a 4-bit and an 8-bit rank, one
 //! form byte per layer, a dense matrix's codes and scales).
 
-use kamera_ops::{
-    Grain, INT4_GROUP, KvLayout, LayerPatch, LowRank, Mat, Patch, PatchConfig, PatchWeights, Quant, RankPolicy, Svd,
-};
+use kamera_ops::{Grain, INT4_GROUP, KvLayout, LayerPatch, LowRank, Mat, Patch, PatchConfig, Quant, RankPolicy, Svd};
 
+use crate::deficit::ChunkDeficit;
 use crate::error::{Error, OpsCtx, Result};
 use crate::tail::{HeadTail, direction_bytes, simulated_bytes};
 
@@ -223,14 +222,17 @@ pub(crate) fn auto_dense(
 /// (`Budget` or `BudgetGains`, its gains already set); `chosen` marks the matrices stored as
 /// `form`, the rest get int4 factors (ignored for [`Form::DenseAuto4`], whose budget picks them).
 pub(crate) fn mixed_patch(
-    svds: &[(Svd, Svd)],
-    weights: Option<&PatchWeights>,
-    n: usize,
-    layout: &KvLayout,
-    kv_bytes: usize,
+    deficit: &ChunkDeficit,
     cfg: &PatchConfig,
     (form, chosen): (Form, &[(bool, bool)]),
 ) -> Result<(Patch, usize)> {
+    let ChunkDeficit {
+        svds,
+        weights,
+        n,
+        layout,
+        kv_bytes,
+    } = *deficit;
     let invalid = |detail: String| Error::Invalid {
         op: "mixed patch",
         detail,
@@ -366,11 +368,13 @@ mod tests {
             .unwrap()
             .compact_spectra();
         let (mixed, bytes) = mixed_patch(
-            &s,
-            None,
-            n,
-            &layout,
-            kv,
+            &ChunkDeficit {
+                svds: &s,
+                weights: None,
+                n,
+                layout: &layout,
+                kv_bytes: kv,
+            },
             &cfg,
             (Form::Int8Factors, &[(false, false); 3]),
         )
@@ -405,8 +409,30 @@ mod tests {
         };
         let narrow = [(false, false); 2];
         let wide = [(true, false), (false, false)];
-        let (p4, b4) = mixed_patch(&s, None, n, &layout, kv, &cfg, (Form::Int8Factors, &narrow)).unwrap();
-        let (p8, b8) = mixed_patch(&s, None, n, &layout, kv, &cfg, (Form::Int8Factors, &wide)).unwrap();
+        let (p4, b4) = mixed_patch(
+            &ChunkDeficit {
+                svds: &s,
+                weights: None,
+                n,
+                layout: &layout,
+                kv_bytes: kv,
+            },
+            &cfg,
+            (Form::Int8Factors, &narrow),
+        )
+        .unwrap();
+        let (p8, b8) = mixed_patch(
+            &ChunkDeficit {
+                svds: &s,
+                weights: None,
+                n,
+                layout: &layout,
+                kv_bytes: kv,
+            },
+            &cfg,
+            (Form::Int8Factors, &wide),
+        )
+        .unwrap();
         let budget = (0.2 * kv as f64) as usize;
         let spent = |ranks: &[(usize, usize)], w: &[(bool, bool)]| -> usize {
             ranks
@@ -445,9 +471,31 @@ mod tests {
         };
         let chosen = [(false, true), (false, false)];
         let none = [(false, false); 2];
-        let (p0, b0) = mixed_patch(&s, None, n, &layout, kv, &cfg, (Form::Dense8, &none)).unwrap();
+        let (p0, b0) = mixed_patch(
+            &ChunkDeficit {
+                svds: &s,
+                weights: None,
+                n,
+                layout: &layout,
+                kv_bytes: kv,
+            },
+            &cfg,
+            (Form::Dense8, &none),
+        )
+        .unwrap();
         for (form, bits, tol) in [(Form::Dense8, 8, 1e-4), (Form::Dense4, 4, 2e-2)] {
-            let (p, b) = mixed_patch(&s, None, n, &layout, kv, &cfg, (form, &chosen)).unwrap();
+            let (p, b) = mixed_patch(
+                &ChunkDeficit {
+                    svds: &s,
+                    weights: None,
+                    n,
+                    layout: &layout,
+                    kv_bytes: kv,
+                },
+                &cfg,
+                (form, &chosen),
+            )
+            .unwrap();
             let exact = s[0].1.truncate(32, kamera_ops::DType::F32).unwrap().dense();
             let got = p.layers()[0].v.dense();
             let err: f64 = exact.iter().zip(&got).map(|(x, y)| ((x - y) as f64).powi(2)).sum();

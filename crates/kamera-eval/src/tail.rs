@@ -11,10 +11,10 @@
 //! plus the head ranks).
 
 use kamera_ops::{
-    Grain, INT4_GROUP, KvLayout, LayerPatch, Patch, PatchConfig, PatchWeights, RankPolicy, Svd, policy_ranks,
-    quantise_refit_ranges,
+    Grain, INT4_GROUP, KvLayout, LayerPatch, Patch, PatchConfig, RankPolicy, Svd, policy_ranks, quantise_refit_ranges,
 };
 
+use crate::deficit::ChunkDeficit;
 use crate::error::{Error, OpsCtx, Result};
 use crate::method::Tail;
 
@@ -56,15 +56,14 @@ pub(crate) fn simulated_bytes(layout: &KvLayout, n: usize, ranks: &[(HeadTail, H
 /// its bytes go to the 4-bit directions it picks, the rest (with what the head leaves unspent,
 /// unless the share is 1) to `tail.bits`-bit directions after them, greedily by gain · σ² per
 /// byte.
-pub(crate) fn tail_patch(
-    svds: &[(Svd, Svd)],
-    weights: Option<&PatchWeights>,
-    n: usize,
-    layout: &KvLayout,
-    kv_bytes: usize,
-    cfg: &PatchConfig,
-    tail: Tail,
-) -> Result<(Patch, usize)> {
+pub(crate) fn tail_patch(deficit: &ChunkDeficit, cfg: &PatchConfig, tail: Tail) -> Result<(Patch, usize)> {
+    let ChunkDeficit {
+        svds,
+        weights,
+        n,
+        layout,
+        kv_bytes,
+    } = *deficit;
     let (head_share, bits) = (tail.head_share, tail.bits as usize);
     let invalid = |detail: String| Error::Invalid {
         op: "mixed-bit patch",
