@@ -518,13 +518,7 @@ pub(crate) fn klt_patch(
     basis: &DeficitBasis,
     entropy: bool,
 ) -> Result<(Patch, usize)> {
-    let ChunkDeficit {
-        svds,
-        weights,
-        n,
-        layout,
-        kv_bytes,
-    } = *deficit;
+    let (svds, weights, n, layout, kv_bytes) = deficit.parts();
     const OP: &str = "klt patch";
     basis.check(layout)?;
     let (fraction, gains) = match &cfg.rank {
@@ -772,13 +766,7 @@ mod tests {
             layers: vec![(identity(f), identity(f)); 2],
         };
         let kv = 100_000;
-        let chunk = ChunkDeficit {
-            svds: &svds,
-            weights: None,
-            n,
-            layout: &lay,
-            kv_bytes: kv,
-        };
+        let chunk = ChunkDeficit::plain(&svds, n, &lay, kv);
         let cfg = PatchConfig {
             rank: RankPolicy::Budget { fraction: 0.004 },
             ..PatchConfig::fixed(0, kamera_ops::DType::F32)

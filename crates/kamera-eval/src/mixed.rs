@@ -226,13 +226,7 @@ pub(crate) fn mixed_patch(
     cfg: &PatchConfig,
     (form, chosen): (Form, &[(bool, bool)]),
 ) -> Result<(Patch, usize)> {
-    let ChunkDeficit {
-        svds,
-        weights,
-        n,
-        layout,
-        kv_bytes,
-    } = *deficit;
+    let (svds, weights, n, layout, kv_bytes) = deficit.parts();
     let invalid = |detail: String| Error::Invalid {
         op: "mixed patch",
         detail,
@@ -368,13 +362,7 @@ mod tests {
             .unwrap()
             .compact_spectra();
         let (mixed, bytes) = mixed_patch(
-            &ChunkDeficit {
-                svds: &s,
-                weights: None,
-                n,
-                layout: &layout,
-                kv_bytes: kv,
-            },
+            &ChunkDeficit::plain(&s, n, &layout, kv),
             &cfg,
             (Form::Int8Factors, &[(false, false); 3]),
         )
@@ -410,25 +398,13 @@ mod tests {
         let narrow = [(false, false); 2];
         let wide = [(true, false), (false, false)];
         let (p4, b4) = mixed_patch(
-            &ChunkDeficit {
-                svds: &s,
-                weights: None,
-                n,
-                layout: &layout,
-                kv_bytes: kv,
-            },
+            &ChunkDeficit::plain(&s, n, &layout, kv),
             &cfg,
             (Form::Int8Factors, &narrow),
         )
         .unwrap();
         let (p8, b8) = mixed_patch(
-            &ChunkDeficit {
-                svds: &s,
-                weights: None,
-                n,
-                layout: &layout,
-                kv_bytes: kv,
-            },
+            &ChunkDeficit::plain(&s, n, &layout, kv),
             &cfg,
             (Form::Int8Factors, &wide),
         )
@@ -471,31 +447,9 @@ mod tests {
         };
         let chosen = [(false, true), (false, false)];
         let none = [(false, false); 2];
-        let (p0, b0) = mixed_patch(
-            &ChunkDeficit {
-                svds: &s,
-                weights: None,
-                n,
-                layout: &layout,
-                kv_bytes: kv,
-            },
-            &cfg,
-            (Form::Dense8, &none),
-        )
-        .unwrap();
+        let (p0, b0) = mixed_patch(&ChunkDeficit::plain(&s, n, &layout, kv), &cfg, (Form::Dense8, &none)).unwrap();
         for (form, bits, tol) in [(Form::Dense8, 8, 1e-4), (Form::Dense4, 4, 2e-2)] {
-            let (p, b) = mixed_patch(
-                &ChunkDeficit {
-                    svds: &s,
-                    weights: None,
-                    n,
-                    layout: &layout,
-                    kv_bytes: kv,
-                },
-                &cfg,
-                (form, &chosen),
-            )
-            .unwrap();
+            let (p, b) = mixed_patch(&ChunkDeficit::plain(&s, n, &layout, kv), &cfg, (form, &chosen)).unwrap();
             let exact = s[0].1.truncate(32, kamera_ops::DType::F32).unwrap().dense();
             let got = p.layers()[0].v.dense();
             let err: f64 = exact.iter().zip(&got).map(|(x, y)| ((x - y) as f64).powi(2)).sum();

@@ -57,13 +57,7 @@ pub(crate) fn simulated_bytes(layout: &KvLayout, n: usize, ranks: &[(HeadTail, H
 /// unless the share is 1) to `tail.bits`-bit directions after them, greedily by gain · σ² per
 /// byte.
 pub(crate) fn tail_patch(deficit: &ChunkDeficit, cfg: &PatchConfig, tail: Tail) -> Result<(Patch, usize)> {
-    let ChunkDeficit {
-        svds,
-        weights,
-        n,
-        layout,
-        kv_bytes,
-    } = *deficit;
+    let (svds, weights, n, layout, kv_bytes) = deficit.parts();
     let (head_share, bits) = (tail.head_share, tail.bits as usize);
     let invalid = |detail: String| Error::Invalid {
         op: "mixed-bit patch",
