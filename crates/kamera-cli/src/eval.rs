@@ -150,12 +150,7 @@ pub fn run(a: EvalArgs) -> Result<()> {
         deficit_basis,
     };
     if let Some(out) = &a.calibrate_basis {
-        let bar = ProgressBar::new(tasks.len() as u64);
-        if std::io::stderr().is_terminal() {
-            bar.set_draw_target(ProgressDrawTarget::stderr());
-        } else {
-            bar.set_draw_target(ProgressDrawTarget::hidden());
-        }
+        let bar = crate::progress::bar(tasks.len(), "calibration tasks");
         let basis =
             kamera_eval::calibrate_basis(&model, &a.model, &tasks, cfg, &mut |i| bar.set_position(i as u64 + 1))?;
         bar.finish_and_clear();

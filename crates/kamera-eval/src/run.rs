@@ -366,84 +366,90 @@ impl<'a> Evaluator<'a> {
     ) -> Result<(Vec<Formed>, f64)> {
         let t = Instant::now();
         let cfg = spec.config();
-        let patches =
-            svds.iter()
-                .zip(&p.canon)
-                .enumerate()
-                .map(|(i, (s, c))| {
-                    let w = weights.map(|w| &w[i]);
-                    let (n, kv) = (c.n_tokens(), store_kv_bytes(c));
-                    // Layer gains from the spectra the ranks come from.
-                    let rank_from = rank_svds.map_or(s, |r| &r[i]);
-                    let cfg = kamera_ops::PatchConfig {
-                        rank: spec.alloc.policy(
-                            &cfg.rank,
-                            c,
-                            rank_from,
-                            &self.model.config().local_layers,
-                            &self.cfg.layer_sensitivity,
-                        )?,
-                        ..cfg.clone()
+        let klt_basis = match (spec.klt, self.cfg.deficit_basis.as_deref()) {
+            (false, _) => None,
+            (true, Some(b)) => Some(b),
+            (true, None) => {
+                return Err(invalid(
+                    "klt codes the deficit in the per-model basis of --deficit-basis",
+                ));
+            }
+        };
+        let patches = svds
+            .iter()
+            .zip(&p.canon)
+            .enumerate()
+            .map(|(i, (s, c))| {
+                let w = weights.map(|w| &w[i]);
+                let (n, kv) = (c.n_tokens(), store_kv_bytes(c));
+                // Layer gains from the spectra the ranks come from.
+                let rank_from = rank_svds.map_or(s, |r| &r[i]);
+                let cfg = kamera_ops::PatchConfig {
+                    rank: spec.alloc.policy(
+                        &cfg.rank,
+                        c,
+                        rank_from,
+                        &self.model.config().local_layers,
+                        &self.cfg.layer_sensitivity,
+                    )?,
+                    ..cfg.clone()
+                };
+                // Ranks from other spectra (the plain ones) than the factors' own.
+                let cfg = match rank_svds {
+                    Some(r) => kamera_ops::PatchConfig {
+                        rank: kamera_ops::RankPolicy::PerLayerKv(
+                            kamera_ops::policy_ranks(&r[i], n, c.layout(), kv, &cfg).ops("patch ranks")?,
+                        ),
+                        drop_below: 0.0,
+                        ..cfg
+                    },
+                    None => cfg,
+                };
+                if spec.weighting.k_cols_cal && !spec.weighting.cal_raw && cfg.quant != kamera_ops::Quant::None {
+                    if spec.tail.is_some() {
+                        return Err(invalid(
+                            "wq=cal with quantised factors stores them weighted; no mixed-bit tails",
+                        ));
+                    }
+                    let w = w.ok_or_else(|| invalid("wq=cal needs its weights"))?;
+                    let (patch, bytes) = crate::qcal::domain_patch(s, w, n, c.layout(), kv, &cfg)?;
+                    return Ok((patch, Some(bytes)));
+                }
+                let deficit = crate::deficit::ChunkDeficit {
+                    svds: s,
+                    weights: w,
+                    n,
+                    layout: c.layout(),
+                    kv_bytes: kv,
+                };
+                if let Some(basis) = klt_basis {
+                    let (patch, bytes) = crate::klt::klt_patch(&deficit, &cfg, basis, spec.klt_entropy)?;
+                    return Ok((patch, Some(bytes)));
+                }
+                if let Some((form, count)) = spec.mixed {
+                    let sens = &self.cfg.layer_sensitivity;
+                    if sens.is_empty() && !form.auto() {
+                        return Err(invalid("m8, d8 and d4 pick their matrices from --layer-sensitivity"));
+                    }
+                    // da4's budget picks its own matrices.
+                    let chosen = if form.auto() {
+                        vec![(false, false); s.len()]
+                    } else {
+                        crate::mixed::widest(sens, count)
                     };
-                    // Ranks from other spectra (the plain ones) than the factors' own.
-                    let cfg = match rank_svds {
-                        Some(r) => kamera_ops::PatchConfig {
-                            rank: kamera_ops::RankPolicy::PerLayerKv(
-                                kamera_ops::policy_ranks(&r[i], n, c.layout(), kv, &cfg).ops("patch ranks")?,
-                            ),
-                            drop_below: 0.0,
-                            ..cfg
-                        },
-                        None => cfg,
-                    };
-                    if spec.weighting.k_cols_cal && !spec.weighting.cal_raw && cfg.quant != kamera_ops::Quant::None {
-                        if spec.tail.is_some() {
-                            return Err(invalid(
-                                "wq=cal with quantised factors stores them weighted; no mixed-bit tails",
-                            ));
-                        }
-                        let w = w.ok_or_else(|| invalid("wq=cal needs its weights"))?;
-                        let (patch, bytes) = crate::qcal::domain_patch(s, w, n, c.layout(), kv, &cfg)?;
-                        return Ok((patch, Some(bytes)));
-                    }
-                    let deficit = crate::deficit::ChunkDeficit {
-                        svds: s,
-                        weights: w,
-                        n,
-                        layout: c.layout(),
-                        kv_bytes: kv,
-                    };
-                    if spec.klt {
-                        let basis = self.cfg.deficit_basis.as_deref().ok_or_else(|| {
-                            invalid("klt codes the deficit in the per-model basis of --deficit-basis")
-                        })?;
-                        let (patch, bytes) = crate::klt::klt_patch(&deficit, &cfg, basis, spec.klt_entropy)?;
-                        return Ok((patch, Some(bytes)));
-                    }
-                    if let Some((form, count)) = spec.mixed {
-                        let sens = &self.cfg.layer_sensitivity;
-                        if sens.is_empty() && !form.auto() {
-                            return Err(invalid("m8, d8 and d4 pick their matrices from --layer-sensitivity"));
-                        }
-                        // da4's budget picks its own matrices.
-                        let chosen = if form.auto() {
-                            vec![(false, false); s.len()]
-                        } else {
-                            crate::mixed::widest(sens, count)
-                        };
-                        let (patch, bytes) = crate::mixed::mixed_patch(&deficit, &cfg, (form, &chosen))?;
-                        return Ok((patch, Some(bytes)));
-                    }
-                    if let Some(tail) = spec.tail {
-                        let (patch, bytes) = crate::tail::tail_patch(&deficit, &cfg, tail)?;
-                        return Ok((patch, Some(bytes)));
-                    }
-                    kamera_ops::patch_from_weighted_svds(s, w, n, c.layout(), kv, &cfg)
-                        .map(Patch::compact_spectra)
-                        .map(|p| (p, None))
-                        .ops("patch formation")
-                })
-                .collect::<Result<Vec<_>>>()?;
+                    let (patch, bytes) = crate::mixed::mixed_patch(&deficit, &cfg, (form, &chosen))?;
+                    return Ok((patch, Some(bytes)));
+                }
+                if let Some(tail) = spec.tail {
+                    let (patch, bytes) = crate::tail::tail_patch(&deficit, &cfg, tail)?;
+                    return Ok((patch, Some(bytes)));
+                }
+                kamera_ops::patch_from_weighted_svds(s, w, n, c.layout(), kv, &cfg)
+                    .map(Patch::compact_spectra)
+                    .map(|p| (p, None))
+                    .ops("patch formation")
+            })
+            .collect::<Result<Vec<_>>>()?;
         Ok((patches, ms(t)))
     }
 
