@@ -1,7 +1,7 @@
 //! Per-layer gains of the greedy byte budget (kamera-ops `RankPolicy::BudgetGains`): by the
 //! layer's own KV energy, by a measured per-layer KL sensitivity, by K/V and by attention kind.
 
-use kamera_ops::{ChunkKv, RankPolicy, Svd};
+use kamera_ops::{ChunkKv, RankPolicy, SENSITIVITY_FLOOR, Svd};
 
 use crate::error::{Error, Result};
 use crate::report::Report;
@@ -31,10 +31,6 @@ impl Default for Alloc {
         }
     }
 }
-
-/// The smallest sensitivity a layer gets (of the blind KL): a layer measured at ~0 on the
-/// calibration tasks still gets directions where its deficit is large.
-pub const SENSITIVITY_FLOOR: f64 = 0.005;
 
 fn energy(m: &kamera_ops::Mat) -> f64 {
     m.to_f32_vec().iter().map(|&x| (x as f64) * (x as f64)).sum()

@@ -23,12 +23,12 @@ mod tail;
 mod task;
 mod weighted;
 
-pub use alloc::{Alloc, SENSITIVITY_FLOOR, layer_sensitivity};
+pub use alloc::{Alloc, layer_sensitivity};
 pub use bench::{BenchConfig, BenchReport, Limits, bench_reuse};
 pub use error::{Error, Result};
 pub use generate::{GenConfig, Rng, filler_text, generate};
 pub use kamera_ops::orbit_orderings;
-pub use klt::{BasisHeader, DeficitBasis, WIDTHS, calibrate_basis, klt_fixed_bytes};
+pub use klt::{BasisHeader, DeficitBasis, calibrate_basis};
 pub use method::{Method, OrbitKind, PatchSpec, Tail, WEIGHT_FLOOR, Weighting, parse_methods};
 pub use metrics::{Scores, gap_recovered, kl, log_softmax, score};
 pub use mixed::Form;

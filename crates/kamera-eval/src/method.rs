@@ -193,6 +193,7 @@ impl PatchSpec {
             grain: self.grain,
             drop_below: self.drop_below,
             refit: self.refit,
+            basis: None,
         }
     }
 }

@@ -138,6 +138,7 @@ pub(crate) fn domain_patch(
         grain: None,
         drop_below: 0.0,
         refit: false,
+        basis: None,
     };
     let float =
         patch_from_weighted_svds(svds, Some(weights), n, layout, kv_bytes, &float_cfg).ops("patch formation")?;
@@ -222,6 +223,7 @@ mod tests {
             grain: None,
             drop_below: 0.0,
             refit: true,
+            basis: None,
         };
         let weigh = |cols: Vec<f32>| PatchWeights {
             layers: (0..2)

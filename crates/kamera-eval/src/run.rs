@@ -423,8 +423,7 @@ impl<'a> Evaluator<'a> {
                     kv_bytes: kv,
                 };
                 if let Some(basis) = klt_basis {
-                    let (patch, bytes) = crate::klt::klt_patch(&deficit, &cfg, basis, spec.klt_entropy)?;
-                    return Ok((patch, Some(bytes)));
+                    return Ok((crate::klt::klt_patch(&deficit, &cfg, basis, spec.klt_entropy)?, None));
                 }
                 if let Some((form, count)) = spec.mixed {
                     let sens = &self.cfg.layer_sensitivity;

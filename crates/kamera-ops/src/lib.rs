@@ -17,7 +17,9 @@
 //! # Ok::<(), kamera_ops::Error>(())
 //! ```
 
+mod basis;
 mod chunk;
+mod coding;
 mod deficit;
 mod error;
 mod lanes;
@@ -32,9 +34,12 @@ mod rope;
 mod stream;
 mod svd;
 mod tensor;
+mod transform;
 mod weights;
 
+pub use basis::{BasisFp, PatchBasis};
 pub use chunk::{ChunkKv, LayerKv};
+pub use coding::{CodedColumn, WIDTHS};
 pub use deficit::{Deficit, deficit};
 pub use error::{Error, Result};
 pub use layout::{Attention, KvLayout};
@@ -52,6 +57,9 @@ pub use reuse::{Heads, Placement, assemble, check_place, check_reuse, reuse, reu
 pub use rope::{PairLayout, RopeScaling, RopeSpec, Rotation};
 pub use svd::{LowRank, Svd};
 pub use tensor::{Buf, DType, Elem, Mat};
+pub use transform::{
+    BasisCode, BasisCoding, Coefficients, SENSITIVITY_FLOOR, code_coefficients, coefficients, transform_patch,
+};
 pub use weights::{
     MatWeights, PatchWeights, key_feature_weights, normalise_weights, token_weights, value_feature_weights,
 };

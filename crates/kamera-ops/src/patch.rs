@@ -2,6 +2,8 @@
 //! frame deficit, with a fixed rank or per-layer ranks chosen under a byte budget by singular
 //! energy (KAMERA.md, "The operator": KV^(B|A) = R(δ)·(KV(B|∅) + U_m V_mᵀ)).
 
+use std::sync::Arc;
+
 use crate::chunk::{ChunkKv, LayerKv};
 use crate::deficit::{Deficit, deficit};
 use crate::error::{Result, invalid, shape};
@@ -10,6 +12,7 @@ use crate::quant::{Grain, Grains, Quant, Scales, quantise, quantise_auto, quanti
 use crate::rope::RopeSpec;
 use crate::svd::{LowRank, Svd};
 use crate::tensor::{Buf, DType, Mat};
+use crate::transform::{BasisCode, BasisCoding, transform_patch};
 use crate::weights::PatchWeights;
 
 /// How many directions each (layer, K/V) keeps.
@@ -57,6 +60,9 @@ pub struct PatchConfig {
     /// Quantised factors: Wᵀ refitted by least squares to the quantised P before it is
     /// quantised ([`crate::quantise_refit`]; not with `Int4Mixed` layouts chosen per matrix).
     pub refit: bool,
+    /// Transform coding in the model's basis ([`crate::transform_patch`]; a byte budget, no
+    /// factor quantisation): the patch stores coefficient codes instead of factors.
+    pub basis: Option<BasisCoding>,
 }
 
 impl PatchConfig {
@@ -68,6 +74,7 @@ impl PatchConfig {
             grain: None,
             drop_below: 0.0,
             refit: false,
+            basis: None,
         }
     }
     /// Bytes a patch stores per layer besides its directions (the scale-layout flags of
@@ -115,6 +122,8 @@ pub struct Patch {
     quant: Quant,
     /// Per layer, the (K, V) scales of a quantised patch (empty for floats).
     scales: Vec<(Scales, Scales)>,
+    /// The stored form of a transform-coded patch (its factors are the code read in its basis).
+    code: Option<Arc<BasisCode>>,
 }
 
 impl Patch {
@@ -143,7 +152,16 @@ impl Patch {
             layers,
             quant: Quant::None,
             scales: Vec::new(),
+            code: None,
         })
+    }
+
+    pub(crate) fn set_code(&mut self, code: BasisCode) {
+        self.code = Some(Arc::new(code));
+    }
+    /// The stored form of a transform-coded patch ([`crate::transform_patch`]).
+    pub fn code(&self) -> Option<&BasisCode> {
+        self.code.as_deref()
     }
 
     /// A quantised patch whose dense factors hold code · scale (as [`crate::dequantise`] builds
@@ -219,8 +237,12 @@ impl Patch {
                 rows.map_or(0, |w| w.layers.len()),
             ));
         }
-        if self.quant != Quant::None {
-            return Err(invalid("Patch::quantise", "patch", "already quantised"));
+        if self.quant != Quant::None || self.code.is_some() {
+            return Err(invalid(
+                "Patch::quantise",
+                "patch",
+                "already quantised or transform-coded",
+            ));
         }
         let mut layers = Vec::with_capacity(self.layers.len());
         let mut scales = Vec::with_capacity(self.layers.len());
@@ -291,6 +313,9 @@ impl Patch {
     /// Exact storage bytes of all factors (codes and scales when quantised, and for
     /// `Int4Mixed` one byte per layer naming its matrices' scale layouts).
     pub fn bytes(&self) -> usize {
+        if let Some(c) = &self.code {
+            return c.bytes();
+        }
         if self.quant == Quant::None {
             return self.layers.iter().map(|l| l.k.bytes() + l.v.bytes()).sum();
         }
@@ -340,6 +365,16 @@ pub fn patch_from_deficit(d: &Deficit, layout: &KvLayout, kv_bytes: usize, cfg: 
     const OP: &str = "patch_from_deficit";
     if d.layers.len() != layout.n_layers {
         return Err(shape(OP, "deficit layers", layout.n_layers, d.layers.len()));
+    }
+    if let Some(coding) = &cfg.basis {
+        if cfg.quant != Quant::None {
+            return Err(invalid(
+                OP,
+                "patch config",
+                "transform coding takes no factor quantisation",
+            ));
+        }
+        return transform_patch(d, layout, kv_bytes, &cfg.rank, coding);
     }
     let svds: Vec<(Svd, Svd)> = d
         .layers
@@ -399,6 +434,13 @@ pub fn patch_from_weighted_svds(
     kv_bytes: usize,
     cfg: &PatchConfig,
 ) -> Result<Patch> {
+    if cfg.basis.is_some() {
+        return Err(invalid(
+            "patch_from_svds",
+            "patch config",
+            "transform coding codes the dense deficit (patch_from_deficit)",
+        ));
+    }
     let ranks = policy_ranks(svds, n, layout, kv_bytes, cfg)?;
     let layers = svds
         .iter()

@@ -1,12 +1,14 @@
-//! The record encoding, format versions 1 and 2 (documented byte for byte in the crate README): an
+//! The record encoding, format versions 1-3 (documented byte for byte in the crate README): an
 //! 80-byte little-endian header, the payload, and a 16-byte blake3 checksum over the key, the
 //! header and the payload. Version 2 adds quantised patch factors (int8, 4-bit with group scales,
-//! 4-bit with a scale layout per factor matrix); float records are still written as version 1. Decoding checks magic, version and checksum before it trusts a byte.
+//! 4-bit with a scale layout per factor matrix), version 3 transform-coded patches (coefficient
+//! codes in a per-model basis); each record is written in the oldest version that holds it.
+//! Decoding checks magic, version and checksum before it trusts a byte.
 
 use half::{bf16, f16};
 use kamera_ops::{
-    Attention, Buf, ChunkKv, DType, Grain, KvLayout, LayerKv, LayerPatch, LowRank, Mat, Patch, Quant, Scales,
-    dequantise, pack_nibbles, quant_codes, unpack_nibbles,
+    Attention, BasisCode, Buf, ChunkKv, DType, Grain, KvLayout, LayerKv, LayerPatch, LowRank, Mat, Patch, PatchBasis,
+    Quant, Scales, dequantise, pack_nibbles, quant_codes, unpack_nibbles,
 };
 
 use crate::error::{Error, Result};
@@ -15,8 +17,10 @@ use crate::record::{Body, Record};
 
 /// "KMRA".
 pub const MAGIC: [u8; 4] = *b"KMRA";
-/// The newest format version this build writes and reads (2: quantised patch factors).
-pub const FORMAT_VERSION: u16 = 2;
+/// The newest format version this build writes and reads (3: transform-coded patches).
+pub const FORMAT_VERSION: u16 = 3;
+/// The version of records with quantised patch factors.
+pub const QUANT_VERSION: u16 = 2;
 /// The version of records without quantised factors (still written for them, so readers of
 /// version 1 keep reading every float record).
 pub const FLOAT_VERSION: u16 = 1;
@@ -28,6 +32,11 @@ pub const DTYPE_INT4: u8 = 4;
 /// layer after its ranks, bit 0 K's P, bit 1 K's Wᵀ, bit 2 V's P, bit 3 V's Wᵀ; a set bit is one
 /// f32 scale per direction, a clear bit f16 scales per group of 32 codes (version 2, patches only).
 pub const DTYPE_INT4_MIXED: u8 = 5;
+/// Dtype byte of a transform-coded patch (version 3): the basis fingerprint, a 4-bit width per
+/// basis column, then the coded columns (kamera-ops `BasisCode`).
+pub const DTYPE_BASIS: u8 = 6;
+/// As [`DTYPE_BASIS`], with the width map and the codes Huffman-coded where shorter.
+pub const DTYPE_BASIS_ENTROPY: u8 = 7;
 /// Header bytes before the payload.
 pub const HEADER_LEN: usize = 80;
 /// Checksum bytes after the payload.
@@ -48,11 +57,16 @@ pub fn encode(key: &Key, rec: &Record, dtype: Option<DType>) -> Result<Vec<u8>> 
         Body::Kv(kv) => (*kv.layout(), kv.n_tokens(), kv.offset(), Quant::None),
         Body::Patch(p) => (*p.layout(), p.n_tokens(), 0, p.quant()),
     };
-    let (version, dtype_byte) = match quant {
-        Quant::None => (FLOAT_VERSION, dtype_code(dtype)),
-        Quant::Int8 => (FORMAT_VERSION, DTYPE_INT8),
-        Quant::Int4 => (FORMAT_VERSION, DTYPE_INT4),
-        Quant::Int4Mixed => (FORMAT_VERSION, DTYPE_INT4_MIXED),
+    let code = rec.as_patch().and_then(Patch::code);
+    let (version, dtype_byte) = match (quant, code) {
+        (_, Some(c)) => (
+            FORMAT_VERSION,
+            if c.entropy { DTYPE_BASIS_ENTROPY } else { DTYPE_BASIS },
+        ),
+        (Quant::None, None) => (FLOAT_VERSION, dtype_code(dtype)),
+        (Quant::Int8, None) => (QUANT_VERSION, DTYPE_INT8),
+        (Quant::Int4, None) => (QUANT_VERSION, DTYPE_INT4),
+        (Quant::Int4Mixed, None) => (QUANT_VERSION, DTYPE_INT4_MIXED),
     };
     let mut out = Vec::with_capacity(HEADER_LEN + rec.bytes() * dtype.size() / 2 + CHECKSUM_LEN + 64);
     out.extend_from_slice(&MAGIC);
@@ -84,6 +98,9 @@ pub fn encode(key: &Key, rec: &Record, dtype: Option<DType>) -> Result<Vec<u8>> 
                 put_mat(&mut out, &l.k, dtype);
                 put_mat(&mut out, &l.v, dtype);
             }
+        }
+        Body::Patch(p) if p.code().is_some() => {
+            p.code().expect("matched").write(&mut out);
         }
         Body::Patch(p) => {
             let no_scales = (Scales::default(), Scales::default());
@@ -128,6 +145,8 @@ pub struct Header {
     pub dtype: DType,
     /// Quantised patch factors (version 2 only).
     pub quant: Quant,
+    /// A transform-coded patch (version 3 only): whether it is entropy-coded.
+    pub coded: Option<bool>,
     pub model: ModelFp,
     pub layout: KvLayout,
     pub n_tokens: usize,
@@ -150,7 +169,7 @@ pub fn verify(key: &Key, bytes: &[u8]) -> Result<Header> {
         return Err(Error::corrupt(OP, key, "bad magic"));
     }
     let version = u16::from_le_bytes([bytes[4], bytes[5]]);
-    if version != FORMAT_VERSION && version != FLOAT_VERSION {
+    if !(FLOAT_VERSION..=FORMAT_VERSION).contains(&version) {
         return Err(Error::Version {
             op: OP,
             key: key.to_string(),
@@ -176,19 +195,30 @@ pub fn verify(key: &Key, bytes: &[u8]) -> Result<Header> {
     let kind = Kind::from_u8(body[6]).filter(|k| *k == key.kind);
     let kind =
         kind.ok_or_else(|| Error::corrupt(OP, key, format!("kind byte {} for a {} key", body[6], key.kind.name())))?;
-    let (dtype, quant) = match body[7] {
-        DTYPE_INT8 | DTYPE_INT4 | DTYPE_INT4_MIXED if version >= 2 && kind != Kind::Canonical => {
+    let (dtype, quant, coded) = match body[7] {
+        DTYPE_INT8 | DTYPE_INT4 | DTYPE_INT4_MIXED if version == QUANT_VERSION && kind != Kind::Canonical => {
             let q = match body[7] {
                 DTYPE_INT8 => Quant::Int8,
                 DTYPE_INT4 => Quant::Int4,
                 _ => Quant::Int4Mixed,
             };
-            (DType::F32, q)
+            (DType::F32, q, None)
         }
-        b => (
+        DTYPE_BASIS | DTYPE_BASIS_ENTROPY if version == FORMAT_VERSION && kind != Kind::Canonical => {
+            (DType::F32, Quant::None, Some(body[7] == DTYPE_BASIS_ENTROPY))
+        }
+        b if version == FLOAT_VERSION => (
             dtype_of(b).ok_or_else(|| Error::corrupt(OP, key, format!("dtype byte {b} (version {version})")))?,
             Quant::None,
+            None,
         ),
+        b => {
+            return Err(Error::corrupt(
+                OP,
+                key,
+                format!("dtype byte {b} in a version {version} {} record", kind.name()),
+            ));
+        }
     };
     let u = |at: usize| u32::from_le_bytes(body[at..at + 4].try_into().unwrap_or_default()) as usize;
     let (a, b, c) = (u(28), u(32), u(36));
@@ -226,6 +256,7 @@ pub fn verify(key: &Key, bytes: &[u8]) -> Result<Header> {
         kind,
         dtype,
         quant,
+        coded,
         model,
         layout,
         n_tokens: u(52),
@@ -249,6 +280,21 @@ pub fn decode(key: &Key, bytes: &[u8]) -> Result<Record> {
     let n = h.n_tokens;
     let (kf, vf) = (h.layout.k_features(), h.layout.v_features());
     check_payload_size(key, &h)?;
+    if let Some(entropy) = h.coded {
+        let code = BasisCode::read(r.b, &h.layout, n, entropy).map_err(ops)?;
+        let basis = PatchBasis::registered(code.basis).ok_or_else(|| Error::MissingBasis {
+            op: OP,
+            key: key.to_string(),
+            basis: code.basis.to_string(),
+        })?;
+        basis.check(OP, &h.layout).map_err(ops)?;
+        let patch = Patch::from_code(h.layout, code, basis.mats()).map_err(ops)?;
+        return Ok(Record {
+            model: h.model,
+            cost_us: h.cost_us,
+            body: Body::Patch(patch),
+        });
+    }
     let body = match h.kind {
         Kind::Canonical => {
             let mut layers = Vec::with_capacity(h.layout.n_layers);
@@ -351,6 +397,7 @@ fn check_payload_size(key: &Key, h: &Header) -> Result<()> {
                 .and_then(|x| x.checked_mul(l)),
             true,
         ),
+        Kind::Patch | Kind::Orbit if h.coded.is_some() => (Some(8), false),
         Kind::Patch | Kind::Orbit => (Some(16 * l), false),
     };
     match need {

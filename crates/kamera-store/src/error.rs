@@ -63,6 +63,15 @@ pub enum Error {
         key: String,
         detail: String,
     },
+    /// A transform-coded patch whose basis (a per-model constant, like the weights) is not loaded.
+    #[error(
+        "{op}: record {key} is coded in patch basis {basis}, which is not loaded (load the model's basis first: kamera run --patch-basis FILE)"
+    )]
+    MissingBasis {
+        op: &'static str,
+        key: String,
+        basis: String,
+    },
     /// A KV or patch shape rejected by kamera-ops while decoding.
     #[error("{op}: {source}")]
     Ops {

@@ -230,3 +230,66 @@ fn every_byte_flip_of_a_quantised_record_is_detected() -> Result<()> {
     }
     Ok(())
 }
+
+/// Version 3 adds transform-coded patches (coefficient codes in a per-model basis): they round
+/// trip once the basis is registered, their size is what `Patch::bytes` says, a record whose basis
+/// is not loaded is refused by name, and these golden files pin the encoding byte for byte.
+#[test]
+fn transform_coded_patches_round_trip_and_golden_record_v3() -> Result<()> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
+    let m = ModelFp::of("golden-model");
+    let id = ChunkId::of(b"golden observation", "golden-encoder", m);
+    let layout = kamera_ops::KvLayout::gqa(2, 4, 2, 4);
+    let basis = common::basis(layout, 1).register();
+    for (file, entropy, code) in [
+        ("patch_basis_v3.kmr", false, codec::DTYPE_BASIS),
+        ("patch_basis_entropy_v3.kmr", true, codec::DTYPE_BASIS_ENTROPY),
+    ] {
+        let key = Key::patch(m, id, &[(ChunkId::of(b"antecedent", "golden-encoder", m), 0)], 7);
+        let p = common::coded_patch(layout, 40, 5, basis.clone(), entropy, 0.4);
+        assert!(
+            p.layers().iter().any(|l| l.k.rank() > 0),
+            "the budget codes some columns"
+        );
+        let rec = Record::patch(m, 99, p.clone());
+        let bytes = codec::encode(&key, &rec, Some(DType::Bf16))?;
+        assert_eq!(bytes.len(), HEADER_LEN + codec::CHECKSUM_LEN + p.bytes());
+        let path = dir.join(file);
+        if std::env::var_os("KAMERA_BLESS").is_some() {
+            std::fs::write(&path, &bytes)?;
+        }
+        let golden = std::fs::read(&path)?;
+        assert_eq!(golden, bytes, "{file}: the v3 encoding changed");
+        assert_eq!(codec::decode(&key, &golden)?, rec);
+        let h = codec::verify(&key, &golden)?;
+        assert_eq!((h.version, h.coded, golden[7]), (3, Some(entropy), code));
+        // Every damaged byte is detected.
+        for pos in (0..bytes.len()).step_by(7) {
+            let mut bad = bytes.clone();
+            bad[pos] ^= 0x10;
+            assert!(codec::decode(&key, &bad).is_err_and(|e| e.is_miss()), "flip at {pos}");
+        }
+    }
+    for layout in common::layouts() {
+        let basis = common::basis(layout, 3).register();
+        for (n, entropy) in [(1, false), (7, true), (70, true)] {
+            let key = Key::orbit(m, id, &[id]);
+            let rec = Record::patch(m, 1, common::coded_patch(layout, n, 9, basis.clone(), entropy, 0.2));
+            assert_eq!(codec::decode(&key, &codec::encode(&key, &rec, None)?)?, rec);
+        }
+    }
+    // A basis never registered: the record names it instead of decoding garbage.
+    let unknown = std::sync::Arc::new(common::basis(layout, 1000));
+    let rec = Record::patch(m, 1, common::coded_patch(layout, 9, 2, unknown.clone(), true, 0.4));
+    let bytes = codec::encode(&key_of(m, id), &rec, None)?;
+    let e = codec::decode(&key_of(m, id), &bytes).unwrap_err();
+    assert!(
+        matches!(&e, Error::MissingBasis { basis, .. } if *basis == unknown.fp().to_string()),
+        "{e}"
+    );
+    Ok(())
+}
+
+fn key_of(m: ModelFp, id: ChunkId) -> Key {
+    Key::patch(m, id, &[(id, 0)], 3)
+}

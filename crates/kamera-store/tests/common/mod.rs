@@ -127,3 +127,45 @@ pub fn rec_of(v: u8) -> Record {
         chunk(layouts()[(v % 3) as usize], 1 + v as usize % 7, v as u64, DType::Bf16),
     )
 }
+
+/// A signed permutation basis per layer (orthonormal, distinct per `seed`), with its fingerprint.
+pub fn basis(layout: KvLayout, seed: usize) -> kamera_ops::PatchBasis {
+    let perm = |f: usize, s: usize| {
+        let mut m = vec![0f32; f * f];
+        (0..f).for_each(|j| m[j * f + (j + s) % f] = if j % 2 == 0 { 1.0 } else { -1.0 });
+        m
+    };
+    let (kf, vf) = (layout.k_features(), layout.v_features());
+    let layers = (0..layout.n_layers)
+        .map(|l| (perm(kf, seed + l), perm(vf, seed + 2 * l + 1)))
+        .collect();
+    kamera_ops::PatchBasis::new(kf, vf, layers, None).expect("a valid basis")
+}
+
+/// A transform-coded patch of a seeded deficit of `n` tokens in `basis`, at `fraction` of the KV.
+pub fn coded_patch(
+    layout: KvLayout,
+    n: usize,
+    seed: u64,
+    basis: std::sync::Arc<kamera_ops::PatchBasis>,
+    entropy: bool,
+    fraction: f64,
+) -> Patch {
+    let d = kamera_ops::Deficit {
+        layers: chunk(layout, n, seed, DType::F32)
+            .layers()
+            .iter()
+            .map(|l| (l.k.clone(), l.v.clone()))
+            .collect(),
+    };
+    let kv_bytes = n * layout.n_layers * (layout.k_features() + layout.v_features()) * 2;
+    let coding = kamera_ops::BasisCoding { basis, entropy };
+    kamera_ops::transform_patch(
+        &d,
+        &layout,
+        kv_bytes,
+        &kamera_ops::RankPolicy::Budget { fraction },
+        &coding,
+    )
+    .expect("a coded patch")
+}
