@@ -123,9 +123,10 @@ pub struct Budget {
     /// Most new tokens per model answer.
     #[serde(default = "default_decode")]
     pub max_new_tokens: usize,
-    /// Rank of the conditioning patches the session forms (0: plain relocation).
-    #[serde(default = "default_patch_rank")]
-    pub patch_rank: usize,
+    /// Rank of the conditioning patches the session forms (0: plain relocation). Unset: the cost
+    /// model's best measured point within its byte budget (kamera-sched `CostModel::patch_config`).
+    #[serde(default)]
+    pub patch_rank: Option<usize>,
     /// Repair the survivors of an eviction after each answer (prefill them again in place and
     /// store their patches for the new context): exact answers and patches for recurring
     /// contexts, at the cost of that prefill between steps. Off: survivors are only re-rotated.
@@ -145,10 +146,6 @@ fn default_repair() -> bool {
     true
 }
 
-fn default_patch_rank() -> usize {
-    16
-}
-
 fn default_steps() -> usize {
     16
 }
@@ -165,7 +162,7 @@ impl Default for Budget {
             steps: default_steps(),
             window_tokens: default_window(),
             max_new_tokens: default_decode(),
-            patch_rank: default_patch_rank(),
+            patch_rank: None,
             repair: default_repair(),
             screenshot_pixels: default_screenshot_pixels(),
         }

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use kamera_agent::{RunSummary, Scenario, StepRecord};
 use kamera_harness::RunConfig;
 use kamera_model::Model;
+use kamera_sched::CostModel;
 use kamera_store::ChunkStore;
 use tokio_util::sync::CancellationToken;
 
@@ -46,6 +47,45 @@ pub struct ModelArg {
     /// CPUs). Default: the fastest this CPU runs.
     #[arg(long)]
     prefill_precision: Option<kamera_model::PrefillPrecision>,
+    /// The model's patch basis (written by `kamera eval --calibrate-basis`): patches are then
+    /// transform-coded in it where the cost model's measured points favour that (Gemma 3).
+    /// Default: `$KAMERA_HOME/bases/<model>.bin` when it exists.
+    #[arg(long)]
+    patch_basis: Option<PathBuf>,
+}
+
+impl ModelArg {
+    fn name(&self) -> &str {
+        self.model
+            .as_deref()
+            .unwrap_or(kamera_model::ModelName::Smollm2_135m.as_str())
+    }
+}
+
+/// The cost model for `model`: calibrated on this machine where `kamera calibrate` ran, with
+/// the model's measured patch points and, where one is given or installed, its patch basis.
+fn cost_model(m: &ModelArg, model: &Model) -> Result<CostModel> {
+    let mut cost = crate::calibrate::load(model).unwrap_or_default();
+    cost.set_model(m.name());
+    let installed = kamera_model::default_home()
+        .join("bases")
+        .join(format!("{}.bin", m.name()));
+    let path = match &m.patch_basis {
+        Some(p) => Some(p.clone()),
+        None => installed.exists().then_some(installed),
+    };
+    if let Some(p) = path {
+        let b =
+            kamera_eval::DeficitBasis::load(&p).with_context(|| format!("loading the patch basis {}", p.display()))?;
+        b.basis
+            .check("patch basis", &model.layout())
+            .with_context(|| format!("{} is not a basis of the model {:?}", p.display(), m.name()))?;
+        cost.basis = Some(b.basis.clone());
+    }
+    if let Some(p) = cost.patch_point() {
+        tracing::info!(point = %p.label, gap = p.gap, bytes = p.bytes, "recall patches");
+    }
+    Ok(cost)
 }
 
 #[derive(Args)]
@@ -137,10 +177,7 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 }
 
 fn load_model(m: &ModelArg) -> Result<Arc<Model>> {
-    let name = m
-        .model
-        .as_deref()
-        .unwrap_or(kamera_model::ModelName::Smollm2_135m.as_str());
+    let name = m.name();
     let model =
         crate::models::load_with(name, m.prefill_precision).with_context(|| format!("loading the model {name:?}"))?;
     Ok(Arc::new(model))
@@ -194,14 +231,14 @@ fn execute(
     trace_dir: &Path,
     report: Option<&Path>,
     store: &StoreArgs,
-    model: &ModelArg,
+    model_arg: &ModelArg,
     baseline: bool,
 ) -> Result<RunSummary> {
     let path = kamera_agent::resolve(scenario_arg);
     let scenario = Scenario::load(&path)?;
     ensure_chromium()?;
-    let model = load_model(model)?;
-    let cost = crate::calibrate::load(&model);
+    let model = load_model(model_arg)?;
+    let cost = Some(cost_model(model_arg, &model)?);
     let rt = runtime()?;
     let cancel = cancel_on_ctrl_c(&rt);
     let pb = crate::progress::bar(scenario.budget.steps, "steps");

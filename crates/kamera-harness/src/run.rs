@@ -126,10 +126,7 @@ pub fn session_for(
     backend: Option<Box<dyn Backend + Send>>,
     cost: Option<CostModel>,
 ) -> Session {
-    let mut cfg = SessionConfig::for_scenario(scenario);
-    if let Some(c) = cost {
-        cfg.cost = c;
-    }
+    let cfg = SessionConfig::for_scenario_with(scenario, cost.unwrap_or_default());
     Session::new(
         model,
         store.unwrap_or_else(|| Arc::new(MemStore::new())),

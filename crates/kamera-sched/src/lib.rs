@@ -30,7 +30,10 @@ mod exec;
 mod plan;
 mod window;
 
-pub use cost::{Choice, CostModel, Decision, OrbitVariant, PatchPoint, default_patch_points};
+pub use cost::{
+    Choice, CostModel, Decision, OrbitVariant, PatchPoint, default_patch_points, gemma3_patch_points,
+    qwen25_patch_points,
+};
 pub use error::{Error, Result, short};
 pub use exec::{BoxError, Encoder, ExecConfig, ExecStats, Executor};
 pub use plan::{OrbitKey, Plan, Step};

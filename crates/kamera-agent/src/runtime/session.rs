@@ -62,11 +62,21 @@ impl Default for SessionConfig {
 }
 
 impl SessionConfig {
-    /// The session a scenario's `[budget]` asks for (window, patch rank, repair, image size).
+    /// The session a scenario's `[budget]` asks for (window, patch rank, repair, image size)
+    /// under the default cost model.
     pub fn for_scenario(scenario: &Scenario) -> SessionConfig {
+        SessionConfig::for_scenario_with(scenario, CostModel::default())
+    }
+    /// As [`SessionConfig::for_scenario`] under `cost`: patches are its choice
+    /// ([`CostModel::patch_config`]) unless the scenario fixes their rank.
+    pub fn for_scenario_with(scenario: &Scenario, cost: CostModel) -> SessionConfig {
         SessionConfig {
             window_tokens: scenario.budget.window_tokens,
-            patch: PatchConfig::fixed(scenario.budget.patch_rank, DType::F32),
+            patch: match scenario.budget.patch_rank {
+                Some(rank) => PatchConfig::fixed(rank, DType::F32),
+                None => cost.patch_config(),
+            },
+            cost,
             repair: scenario.budget.repair,
             image_max_pixels: scenario.budget.screenshot_pixels,
             ..SessionConfig::default()
