@@ -80,7 +80,9 @@ pub struct EvalArgs {
     #[arg(long)]
     deficit_basis: Option<PathBuf>,
     /// Measure the deficit basis on --tasks (calibration tasks) and write it here (a JSON
-    /// header line, then f32 bases); runs no methods.
+    /// header line, then f32 second moments), with --layer-sensitivity's table when given (the
+    /// runtime weighs layers by it); runs no methods. Installed as
+    /// `$KAMERA_HOME/bases/<model>.bin`, `kamera run` codes the model's patches in it.
     #[arg(long)]
     calibrate_basis: Option<PathBuf>,
     /// Arithmetic of the model's long prefills (the chunks', the system prefix's, the full

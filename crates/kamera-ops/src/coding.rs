@@ -218,13 +218,17 @@ pub(crate) fn code_bytes(codes: &[i8], bits: u8, huffman: bool) -> Option<usize>
     Some(bits.div_ceil(8))
 }
 
-/// Chooses fixed-width or (with `entropy`, where strictly shorter) Huffman-coded codes.
-pub(crate) fn choose_huffman(col: &mut CodedColumn, entropy: bool) {
-    col.huffman = false;
-    if entropy && col.bits > 0 {
-        let fixed = code_bytes(&col.codes, col.bits, false);
-        col.huffman = code_bytes(&col.codes, col.bits, true).is_some_and(|h| Some(h) < fixed);
-    }
+/// Chooses fixed-width or (with `entropy`, where strictly shorter) Huffman-coded codes; returns
+/// the column's bytes ([`CodedColumn::bytes`]).
+pub(crate) fn choose_huffman(col: &mut CodedColumn, entropy: bool) -> usize {
+    let fixed = code_bytes(&col.codes, col.bits, false).unwrap_or(0);
+    let coded = if entropy && col.bits > 0 {
+        code_bytes(&col.codes, col.bits, true).filter(|&h| h < fixed)
+    } else {
+        None
+    };
+    col.huffman = coded.is_some();
+    2 * col.scales.len() + coded.unwrap_or(fixed)
 }
 
 /// Optimal code lengths for `counts` (0 for unused symbols; a lone symbol gets 1): the two

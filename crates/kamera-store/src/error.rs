@@ -91,6 +91,7 @@ impl Error {
                 | Error::ForeignModel { .. }
                 | Error::Incomplete { .. }
                 | Error::Ops { .. }
+                | Error::MissingBasis { .. }
         )
     }
 

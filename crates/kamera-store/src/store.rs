@@ -89,7 +89,7 @@ pub struct Stats {
     pub misses: u64,
     /// Records that failed their checksum or did not parse.
     pub corrupt: u64,
-    /// Records of an unknown format version.
+    /// Records of an unknown format version, or coded in a patch basis that is not loaded.
     pub version: u64,
     /// Records of another model.
     pub foreign: u64,
@@ -154,7 +154,7 @@ impl Counters {
         use crate::Error as E;
         match e {
             E::Corrupt { .. } | E::Ops { .. } => Counters::add(&self.corrupt, 1),
-            E::Version { .. } => Counters::add(&self.version, 1),
+            E::Version { .. } | E::MissingBasis { .. } => Counters::add(&self.version, 1),
             E::ForeignModel { .. } => Counters::add(&self.foreign, 1),
             E::Incomplete { .. } => Counters::add(&self.incomplete, 1),
             _ => {}
