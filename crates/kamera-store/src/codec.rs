@@ -354,6 +354,24 @@ pub fn decode(key: &Key, bytes: &[u8]) -> Result<Record> {
     })
 }
 
+/// Checks a record as [`decode`] does and returns its token count, except that a transform-coded
+/// patch whose basis this process has not loaded is checked short of the basis (its header,
+/// checksum and the structure of every code), so `verify` never calls a record damaged for a
+/// basis it lacks.
+pub fn check(key: &Key, bytes: &[u8]) -> Result<usize> {
+    match decode(key, bytes) {
+        Ok(r) => Ok(r.n_tokens()),
+        Err(Error::MissingBasis { .. }) => {
+            let h = verify(key, bytes)?;
+            let payload = &bytes[HEADER_LEN..bytes.len() - CHECKSUM_LEN];
+            BasisCode::read(payload, &h.layout, h.n_tokens, h.coded == Some(true))
+                .map_err(|e| Error::corrupt("check", key, e.to_string()))?;
+            Ok(h.n_tokens)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// The most layers a record may declare (models have at most a few hundred): a bound on what
 /// decoding a record of zero-token layers allocates.
 pub const MAX_LAYERS: usize = 4096;

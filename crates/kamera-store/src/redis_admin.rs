@@ -71,10 +71,10 @@ impl RedisStore {
         for (_, key) in self.manifests(None)? {
             let read = self
                 .fetch(&key)
-                .and_then(|b| b.map(|b| codec::decode(&key, &b).map(|r| (b.len(), r))).transpose());
+                .and_then(|b| b.map(|b| codec::check(&key, &b).map(|n| (b.len(), n))).transpose());
             match read {
                 Ok(None) => {} // removed or evicted since the scan
-                Ok(Some((len, r))) => rep.healthy(key.kind, len as u64, r.n_tokens() as u64),
+                Ok(Some((len, n))) => rep.healthy(key.kind, len as u64, n as u64),
                 Err(e) if e.is_miss() => rep.bad.push((key.to_string(), e.to_string())),
                 Err(e) => return Err(e),
             }

@@ -272,7 +272,8 @@ impl SledStore {
         Ok((n, freed))
     }
 
-    /// Decodes every record; reports the healthy ones by kind and every unusable one.
+    /// Decodes every record ([`codec::check`]); reports the healthy ones by kind and every
+    /// unusable one.
     pub fn verify(&self) -> Result<VerifyReport> {
         let mut rep = VerifyReport::default();
         for kv in self.records.iter() {
@@ -285,8 +286,8 @@ impl SledStore {
                     continue;
                 }
             };
-            match codec::decode(&key, &v) {
-                Ok(r) => rep.healthy(key.kind, v.len() as u64, r.n_tokens() as u64),
+            match codec::check(&key, &v) {
+                Ok(n) => rep.healthy(key.kind, v.len() as u64, n as u64),
                 Err(e) => rep.bad.push((key.to_string(), e.to_string())),
             }
         }
