@@ -1,12 +1,10 @@
 //! `kamera eval`: every reuse method side by side on a task suite (kamera-eval), as JSON, an
 //! optional Markdown report and an SVG plot of gap recovered against bytes stored.
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use anyhow::{Context as _, Result};
 use clap::Args;
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kamera_eval::{EvalConfig, evaluate, load_tasks, parse_methods};
 
 /// Every method at the settings the targets name.
@@ -188,15 +186,7 @@ pub fn run(a: EvalArgs) -> Result<()> {
     } else {
         None
     };
-    let bar = ProgressBar::new(tasks.len() as u64);
-    if std::io::stderr().is_terminal() {
-        bar.set_draw_target(ProgressDrawTarget::stderr());
-        bar.set_style(ProgressStyle::with_template(
-            "{bar:40} {pos}/{len} tasks, {elapsed} (eta {eta}) {msg}",
-        )?);
-    } else {
-        bar.set_draw_target(ProgressDrawTarget::hidden());
-    }
+    let bar = crate::progress::bar(tasks.len(), "tasks");
     let mut report = evaluate(&model, &a.model, &tasks, &methods, cfg, &mut |i, r| {
         bar.set_position(i as u64 + 1);
         bar.set_message(format!("{} blind KL {:.3}", r.id, r.blind_kl));

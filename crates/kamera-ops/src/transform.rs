@@ -138,12 +138,34 @@ impl Patch {
             let mut wt = Vec::with_capacity(r * f);
             for (k, c) in cols.iter().enumerate() {
                 let j = c.index as usize;
-                if j >= f || c.codes.len() != n {
+                if j >= f || c.codes.len() != n || c.scales.len() != n.div_ceil(crate::quant::INT4_GROUP) {
                     return Err(shape(
                         OP,
-                        format!("matrix {m} column {j} (index, tokens)"),
-                        format!("< {f}, {n}"),
-                        format!("{j}, {}", c.codes.len()),
+                        format!("matrix {m} column {j} (index, codes, scales)"),
+                        format!("< {f}, {n}, {}", n.div_ceil(crate::quant::INT4_GROUP)),
+                        format!("{j}, {}, {}", c.codes.len(), c.scales.len()),
+                    ));
+                }
+                let q = if c.bits >= 2 { (1i32 << (c.bits - 1)) - 1 } else { 0 };
+                if c.bits == 0
+                    || !WIDTHS.contains(&c.bits)
+                    || c.codes.iter().any(|&x| (x as i32).abs() > q)
+                    || c.scales.iter().any(|s| !s.is_finite())
+                {
+                    return Err(invalid(
+                        OP,
+                        "coded column",
+                        format!(
+                            "matrix {m} column {j}: {} bits (one of {WIDTHS:?} but 0), codes within ±{q}, finite scales",
+                            c.bits
+                        ),
+                    ));
+                }
+                if k > 0 && cols[k - 1].index >= c.index {
+                    return Err(invalid(
+                        OP,
+                        "coded column",
+                        format!("matrix {m}: columns out of order at {j}"),
                     ));
                 }
                 c.values().into_iter().enumerate().for_each(|(i, v)| p[i * r + k] = v);
@@ -549,6 +571,17 @@ mod tests {
                 .to_string()
                 .contains("trailing")
         );
+        // A hand-built code with an unknown width or short scales is refused by name.
+        let mut bad = p.code().unwrap().clone();
+        let col = bad.mats.iter_mut().flatten().next().unwrap();
+        col.bits = 7;
+        let e = Patch::from_code(layout, bad, coding.basis.mats())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("7 bits"), "{e}");
+        let mut bad = p.code().unwrap().clone();
+        bad.mats.iter_mut().flatten().next().unwrap().scales.pop();
+        assert!(Patch::from_code(layout, bad, coding.basis.mats()).is_err());
         let other = KvLayout::mha(3, 1, f);
         assert!(transform_patch(&d, &other, kv_bytes, &RankPolicy::Budget { fraction: 0.1 }, &coding).is_err());
     }
