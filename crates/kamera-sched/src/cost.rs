@@ -67,6 +67,9 @@ pub struct PatchPoint {
     /// Transform-coded in the model's basis (`Some(entropy)`): [`CostModel::patch_config`] fills
     /// in [`CostModel::basis`], and the point is not chosen without one.
     pub coded: Option<bool>,
+    /// µs per token that forming a patch of this point costs beyond the SVD (the transform
+    /// coder's greedy; 0 for factors): part of [`CostModel::svd`].
+    pub form_us_per_token: f64,
 }
 
 /// Which orbit patches a reorder forms.
@@ -95,6 +98,7 @@ pub fn default_patch_points() -> Vec<PatchPoint> {
         gap,
         bytes,
         coded: None,
+        form_us_per_token: 0.0,
     };
     vec![
         point(
@@ -160,6 +164,7 @@ pub fn default_patch_points() -> Vec<PatchPoint> {
             gap: 0.933,
             bytes: 0.096,
             coded: None,
+            form_us_per_token: 0.0,
         },
     ]
 }
@@ -177,13 +182,15 @@ fn refit_point(label: &str, fraction: f64, gap: f64, bytes: f64) -> PatchPoint {
         gap,
         bytes,
         coded: None,
+        form_us_per_token: 0.0,
     }
 }
 
 /// Gemma 3 270M's measured points (kamera-eval README, issue 16, bf16 prefills, tasks 1-8 and
 /// 25-40): int4 factors reach 0.908 at +9.6%; transform-coded patches in the model's basis (from
 /// 96 calibration tasks, layers weighed by the basis' KL sensitivities: `/klte/ls`) 0.954 at
-/// +10.0%, chosen when that basis is loaded.
+/// +10.0%, chosen when that basis is loaded; forming those took 8.9 s per 3-chunk task of 912
+/// tokens on 2 cores (~9.8 ms per token, of which the coder's greedy is most).
 pub fn gemma3_patch_points() -> Vec<PatchPoint> {
     vec![
         refit_point("kamera-budget:0.095/q4/rf", 0.095, 0.908, 0.096),
@@ -196,6 +203,7 @@ pub fn gemma3_patch_points() -> Vec<PatchPoint> {
             gap: 0.954,
             bytes: 0.100,
             coded: Some(true),
+            form_us_per_token: 9500.0,
         },
     ]
 }
@@ -356,9 +364,10 @@ impl CostModel {
     pub fn reuse(&self, n: usize) -> f64 {
         n as f64 * (self.read_us_per_token + self.place_us_per_token)
     }
-    /// SVDs of a patch of `n` tokens.
+    /// SVDs of a patch of `n` tokens, and the coding of [`CostModel::patch_point`]'s patches.
     pub fn svd(&self, n: usize) -> f64 {
-        n as f64 * self.svd_us_per_token
+        let coding = self.patch_point().map_or(0.0, |p| p.form_us_per_token);
+        n as f64 * (self.svd_us_per_token + coding)
     }
 
     /// A new chunk of `n` tokens appended after `ctx` tokens: it is prefilled in place (exact)

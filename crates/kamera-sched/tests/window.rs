@@ -214,6 +214,7 @@ proptest! {
                     gap,
                     bytes,
                     coded: None,
+                    form_us_per_token: 0.0,
                 })
                 .collect(),
             patch_bytes_budget: budget,
@@ -563,6 +564,7 @@ fn transform_coded_points_need_the_models_basis() {
     c.set_model("gemma3-270m");
     assert_eq!(c.patch_point().unwrap().label, "kamera-budget:0.095/q4/rf");
     assert!(c.patch_config().basis.is_none());
+    let plain = c.svd(100);
     let f = 4;
     let eye: Vec<f32> = (0..f * f).map(|i| if i % (f + 1) == 0 { 1.0 } else { 0.0 }).collect();
     let basis = kamera_ops::PatchBasis::new(f, f, vec![(eye.clone(), eye)], None)
@@ -605,6 +607,8 @@ fn transform_coded_patches_are_formed_stored_on_disk_and_served() {
     cost.patch_points[1].config.rank = kamera_ops::RankPolicy::Budget { fraction: 1.0 };
     cost.patch_points[1].bytes = 1.0;
     cost.revisit_rate = 0.0;
+    // Coding costs ~10 ms per token: at 4 expected reuses re-prefilling 40 tokens is cheaper.
+    cost.expected_reuses = 100.0;
     let cfg = ExecConfig::new(model(), &cost, DType::F32);
     assert!(
         cfg.patch.basis.is_some(),
