@@ -577,6 +577,9 @@ fn transform_coded_points_need_the_models_basis() {
         cfg.basis.as_ref().map(|b| (b.basis.fp(), b.entropy)),
         Some((basis.fp(), true))
     );
+    // Forming a coded patch costs its coding too.
+    assert_eq!(c.svd(100), plain + 100.0 * c.patch_point().unwrap().form_us_per_token);
+    assert!(c.svd(100) > plain);
     c.patch_bytes_budget = 0.097;
     assert_eq!(
         c.patch_point().unwrap().label,
