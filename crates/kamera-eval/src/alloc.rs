@@ -1,7 +1,7 @@
 //! Per-layer gains of the greedy byte budget (kamera-ops `RankPolicy::BudgetGains`): by the
 //! layer's own KV energy, by a measured per-layer KL sensitivity, by K/V and by attention kind.
 
-use kamera_ops::{ChunkKv, RankPolicy, SENSITIVITY_FLOOR, Svd};
+use kamera_ops::{ChunkKv, RankPolicy, Svd, sensitivity_gain};
 
 use crate::error::{Error, Result};
 use crate::report::Report;
@@ -73,9 +73,8 @@ impl Alloc {
                 }
                 if self.sensitivity {
                     // A matrix without deficit (the first chunk's) gets no directions anyway.
-                    let per = |s: f64, e: f64| if e > 0.0 { s.max(SENSITIVITY_FLOOR) / e } else { 0.0 };
-                    g[0] *= per(sens[l].0, sk.tail_energy(0));
-                    g[1] *= per(sens[l].1, sv.tail_energy(0));
+                    g[0] *= sensitivity_gain(sens[l].0, sk.tail_energy(0));
+                    g[1] *= sensitivity_gain(sens[l].1, sv.tail_energy(0));
                 }
                 (g[0], g[1])
             })
@@ -132,7 +131,7 @@ pub fn layer_sensitivity(report: &Report) -> Result<Vec<(f64, f64)>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kamera_ops::{KvLayout, LayerKv, Mat};
+    use kamera_ops::{KvLayout, LayerKv, Mat, SENSITIVITY_FLOOR};
 
     fn chunk(scales: &[f32]) -> ChunkKv {
         let layout = KvLayout::gqa(scales.len(), 1, 1, 2);

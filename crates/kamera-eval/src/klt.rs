@@ -53,25 +53,11 @@ fn invalid(op: &'static str, detail: impl Into<String>) -> Error {
 }
 
 impl DeficitBasis {
-    /// Checks the basis against a patch layout.
+    /// Checks the basis against a patch layout (kamera-ops `PatchBasis::check`).
     pub fn check(&self, layout: &KvLayout) -> Result<()> {
-        let h = &self.header;
-        if h.layers != layout.n_layers || h.k_features != layout.k_features() || h.v_features != layout.v_features() {
-            return Err(invalid(
-                "deficit basis",
-                format!(
-                    "basis of {} layers x ({}, {}) features (model {}) for a model of {} layers x ({}, {}): measured on another model?",
-                    h.layers,
-                    h.k_features,
-                    h.v_features,
-                    h.model,
-                    layout.n_layers,
-                    layout.k_features(),
-                    layout.v_features()
-                ),
-            ));
-        }
-        Ok(())
+        self.basis
+            .check("deficit basis", layout)
+            .map_err(|e| invalid("deficit basis", format!("{e} (measured on {})", self.header.model)))
     }
 
     /// The basis of `grams` (per layer, K and V, full symmetric `f x f`).

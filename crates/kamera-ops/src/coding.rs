@@ -36,6 +36,41 @@ fn qmax(bits: u8) -> i32 {
 }
 
 impl CodedColumn {
+    /// Checks a column of `n` tokens: a stored width (not 0), `n` codes within its range, one
+    /// finite, non-negative scale per [`INT4_GROUP`] tokens.
+    pub fn check(&self, op: &'static str, n: usize) -> Result<()> {
+        let j = self.index;
+        if self.bits == 0 || !WIDTHS.contains(&self.bits) {
+            return Err(invalid(
+                op,
+                "coded column",
+                format!("column {j}: {} bits (one of {WIDTHS:?} but 0)", self.bits),
+            ));
+        }
+        let q = qmax(self.bits);
+        if self.codes.len() != n || self.scales.len() != n.div_ceil(INT4_GROUP) {
+            return Err(invalid(
+                op,
+                "coded column",
+                format!(
+                    "column {j}: {} codes and {} scales for {n} tokens",
+                    self.codes.len(),
+                    self.scales.len()
+                ),
+            ));
+        }
+        if let Some(c) = self.codes.iter().find(|&&c| (c as i32).abs() > q) {
+            return Err(invalid(
+                op,
+                "coded column",
+                format!("column {j}: code {c} outside ±{q}"),
+            ));
+        }
+        if let Some(s) = self.scales.iter().find(|s| !s.is_finite() || s.is_sign_negative()) {
+            return Err(invalid(op, "coded column", format!("column {j}: scale {s}")));
+        }
+        Ok(())
+    }
     /// code · scale per token.
     pub fn values(&self) -> Vec<f32> {
         self.codes

@@ -58,7 +58,8 @@ pub use rope::{PairLayout, RopeScaling, RopeSpec, Rotation};
 pub use svd::{LowRank, Svd};
 pub use tensor::{Buf, DType, Elem, Mat};
 pub use transform::{
-    BasisCode, BasisCoding, Coefficients, SENSITIVITY_FLOOR, code_coefficients, coefficients, transform_patch,
+    BasisCode, BasisCoding, Coefficients, SENSITIVITY_FLOOR, code_coefficients, coefficients, sensitivity_gain,
+    transform_patch,
 };
 pub use weights::{
     MatWeights, PatchWeights, key_feature_weights, normalise_weights, token_weights, value_feature_weights,

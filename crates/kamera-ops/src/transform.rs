@@ -22,6 +22,17 @@ use crate::tensor::Mat;
 /// the budget: a layer measured at ~0 still gets columns where its deficit is large.
 pub const SENSITIVITY_FLOOR: f64 = 0.005;
 
+/// A matrix's gain in a sensitivity-weighted budget: its layer's KL sensitivity `s` (floored at
+/// [`SENSITIVITY_FLOOR`]) over its deficit energy, so each unit of error counts as its share of
+/// the KL that leaving the matrix uncorrected costs (0 for a matrix without deficit).
+pub fn sensitivity_gain(s: f64, energy: f64) -> f64 {
+    if energy > 0.0 {
+        s.max(SENSITIVITY_FLOOR) / energy
+    } else {
+        0.0
+    }
+}
+
 /// Transform coding in a patch configuration: the model's basis, and whether codes and the width
 /// map are Huffman-coded where shorter.
 #[derive(Debug, Clone, PartialEq)]
@@ -138,29 +149,13 @@ impl Patch {
             let mut wt = Vec::with_capacity(r * f);
             for (k, c) in cols.iter().enumerate() {
                 let j = c.index as usize;
-                if j >= f || c.codes.len() != n || c.scales.len() != n.div_ceil(crate::quant::INT4_GROUP) {
-                    return Err(shape(
-                        OP,
-                        format!("matrix {m} column {j} (index, codes, scales)"),
-                        format!("< {f}, {n}, {}", n.div_ceil(crate::quant::INT4_GROUP)),
-                        format!("{j}, {}, {}", c.codes.len(), c.scales.len()),
-                    ));
+                if j >= f {
+                    return Err(shape(OP, format!("matrix {m} column index"), format!("< {f}"), j));
                 }
-                let q = if c.bits >= 2 { (1i32 << (c.bits - 1)) - 1 } else { 0 };
-                if c.bits == 0
-                    || !WIDTHS.contains(&c.bits)
-                    || c.codes.iter().any(|&x| (x as i32).abs() > q)
-                    || c.scales.iter().any(|s| !s.is_finite())
-                {
-                    return Err(invalid(
-                        OP,
-                        "coded column",
-                        format!(
-                            "matrix {m} column {j}: {} bits (one of {WIDTHS:?} but 0), codes within ±{q}, finite scales",
-                            c.bits
-                        ),
-                    ));
-                }
+                c.check(OP, n).map_err(|e| match e {
+                    crate::Error::Invalid { what, detail, .. } => invalid(OP, what, format!("matrix {m}: {detail}")),
+                    e => e,
+                })?;
                 if k > 0 && cols[k - 1].index >= c.index {
                     return Err(invalid(
                         OP,
@@ -216,17 +211,28 @@ pub fn transform_patch(
     if d.layers.len() != layout.n_layers {
         return Err(shape(OP, "deficit layers", layout.n_layers, d.layers.len()));
     }
-    let energy = |m: &Mat| m.to_f32_vec().iter().map(|&x| (x as f64).powi(2)).sum::<f64>();
+    // Per matrix (layer-major, K then V): its values and deficit energy, read once.
+    let dense: Vec<(Vec<f32>, f64)> = d
+        .layers
+        .iter()
+        .flat_map(|(k, v)| [k, v])
+        .map(|m| {
+            let x = m.to_f32_vec();
+            let e = x.iter().map(|&v| (v as f64).powi(2)).sum();
+            (x, e)
+        })
+        .collect();
     let (fraction, gains): (f64, Vec<(f64, f64)>) = match rank {
         RankPolicy::Budget { fraction } => {
             let gains = match basis.sensitivity() {
-                Some(s) => d
-                    .layers
+                Some(s) => s
                     .iter()
-                    .zip(s)
-                    .map(|((k, v), &(sk, sv))| {
-                        let per = |s: f64, e: f64| if e > 0.0 { s.max(SENSITIVITY_FLOOR) / e } else { 0.0 };
-                        (per(sk, energy(k)), per(sv, energy(v)))
+                    .enumerate()
+                    .map(|(l, &(sk, sv))| {
+                        (
+                            sensitivity_gain(sk, dense[2 * l].1),
+                            sensitivity_gain(sv, dense[2 * l + 1].1),
+                        )
                     })
                     .collect(),
                 None => vec![(1.0, 1.0); layout.n_layers],
@@ -250,19 +256,19 @@ pub fn transform_patch(
         ));
     }
     let n = d.n_tokens();
-    let mut mats = Vec::with_capacity(2 * layout.n_layers);
-    for (l, (k, v)) in d.layers.iter().enumerate() {
-        for (ch, m) in [(0, k), (1, v)] {
-            let f = m.cols();
-            let values = (energy(m) > 0.0).then(|| coefficients(&m.to_f32_vec(), n, f, &basis.mats()[2 * l + ch]));
-            mats.push(Coefficients {
-                values,
+    let mats: Vec<Coefficients> = dense
+        .iter()
+        .enumerate()
+        .map(|(m, (x, e))| {
+            let (l, f) = (m / 2, [layout.k_features(), layout.v_features()][m % 2]);
+            Coefficients {
+                values: (*e > 0.0).then(|| coefficients(x, n, f, &basis.mats()[m])),
                 rows: None,
                 features: f,
-                gain: if ch == 0 { gains[l].0 } else { gains[l].1 },
-            });
-        }
-    }
+                gain: if m % 2 == 0 { gains[l].0 } else { gains[l].1 },
+            }
+        })
+        .collect();
     let budget = (fraction * kv_bytes as f64).floor() as usize;
     let code = code_coefficients(&mats, n, budget, coding.entropy, basis.fp());
     Patch::from_code(*layout, code, basis.mats())
@@ -402,12 +408,17 @@ pub fn code_coefficients(mats: &[Coefficients], n: usize, budget: usize, entropy
         })
         .collect();
     let n_cols: usize = mats.iter().map(|m| m.features).sum();
+    // Each matrix's first symbol in the width map.
+    let base: Vec<usize> = mats
+        .iter()
+        .scan(0, |at, m| {
+            let b = *at;
+            *at += m.features;
+            Some(b)
+        })
+        .collect();
     let total = |cols: &[Column]| {
         let mut symbols = vec![0usize; n_cols];
-        let mut base = vec![0usize; mats.len()];
-        for m in 1..mats.len() {
-            base[m] = base[m - 1] + mats[m - 1].features;
-        }
         let mut bytes = 8;
         for (c, &(m, j)) in cols.iter().zip(&owner) {
             let o = &c.opts[c.at];

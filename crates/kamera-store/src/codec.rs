@@ -99,9 +99,7 @@ pub fn encode(key: &Key, rec: &Record, dtype: Option<DType>) -> Result<Vec<u8>> 
                 put_mat(&mut out, &l.v, dtype);
             }
         }
-        Body::Patch(p) if p.code().is_some() => {
-            p.code().expect("matched").write(&mut out);
-        }
+        Body::Patch(p) if let Some(c) = p.code() => c.write(&mut out),
         Body::Patch(p) => {
             let no_scales = (Scales::default(), Scales::default());
             for (i, l) in p.layers().iter().enumerate() {
