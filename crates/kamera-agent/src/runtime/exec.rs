@@ -84,10 +84,12 @@ impl Session {
             }
         }
         steps.extend(repair);
+        let t0 = Instant::now();
         let result = steps.iter().try_for_each(|s| self.step(s, &mut t));
         self.staged.clear();
         result?;
         self.sync_end(&mut t)?;
+        self.stats.deferred_ms += ms(t0);
         Ok(t)
     }
 

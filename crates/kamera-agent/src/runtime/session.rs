@@ -132,6 +132,10 @@ pub struct SessionStats {
     /// Screenshots run through the vision tower (once per image the session had to prefill).
     #[serde(default)]
     pub images_encoded: usize,
+    /// Milliseconds of deferred work executed (canonical KV, patches, repairs run after the
+    /// answer or in the background): part of the session's total work, off the first token.
+    #[serde(default)]
+    pub deferred_ms: f64,
 }
 
 impl SessionStats {
@@ -151,6 +155,7 @@ impl SessionStats {
             patches_applied: self.patches_applied - earlier.patches_applied,
             bytes_moved: self.bytes_moved - earlier.bytes_moved,
             images_encoded: self.images_encoded - earlier.images_encoded,
+            deferred_ms: self.deferred_ms - earlier.deferred_ms,
         }
     }
 }
