@@ -53,6 +53,32 @@ pub struct CostModel {
     /// chosen only with one (not serialised).
     #[serde(skip)]
     pub basis: Option<Arc<PatchBasis>>,
+    /// How a chunk's canonical record is made ([`CanonicalSource`]).
+    pub canonical: CanonicalSource,
+    /// Most mean KL (next-token distribution against a full re-prefill of the same window) that a
+    /// placement without a forward pass may cost: where the predicted KL of a blind placement is
+    /// above it, the window re-prefills or patches instead.
+    pub kl_budget: f64,
+    /// Predicted mean KL of a recalled chunk placed blind: its kept KV relocated, no patch
+    /// (measured by `kamera bench session`; the window's own records, not a guess).
+    pub recall_blind_kl: f64,
+    /// Predicted mean KL of survivors of an eviction re-rotated blind, as llama.cpp's context
+    /// shift does (measured likewise). Above [`CostModel::kl_budget`], survivors are repaired.
+    pub survivor_blind_kl: f64,
+}
+
+/// Where a chunk's canonical record (the KV a recall relocates) comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CanonicalSource {
+    /// The chunk's KV as first met in the window, relocated to position 0 when it is evicted (or
+    /// the session flushes): no forward pass. It keeps what preceded it then (the pinned prefix,
+    /// earlier pages), so a recall after the same context is exact by relocation alone.
+    #[default]
+    Kept,
+    /// The chunk prefilled alone (KV(B|∅), the paper's canonical KV) in the background, one
+    /// more forward pass per new chunk.
+    Alone,
 }
 
 /// A patch configuration with its measured gap recovered (1 − KL/KL_blind against the full
@@ -231,6 +257,10 @@ impl Default for CostModel {
             orbit_slot_share: 0.91,
             patch_points: default_patch_points(),
             basis: None,
+            canonical: CanonicalSource::Kept,
+            kl_budget: 0.01,
+            recall_blind_kl: 0.005,
+            survivor_blind_kl: 0.005,
         }
     }
 }
@@ -370,12 +400,29 @@ impl CostModel {
         n as f64 * (self.svd_us_per_token + coding)
     }
 
-    /// A new chunk of `n` tokens appended after `ctx` tokens: it is prefilled in place (exact)
-    /// and alone (its canonical KV, for the store); the choice is whether to keep the difference
-    /// of the two as the patch for this earlier context, which spares a conditioned prefill each
-    /// time the chunk comes back after the same context.
+    /// A new chunk of `n` tokens appended after `ctx` tokens: it is prefilled in place (exact).
+    /// With [`CanonicalSource::Kept`] that is all (its KV is kept at eviction, no second pass);
+    /// with [`CanonicalSource::Alone`] it is also prefilled alone in the background, and the
+    /// choice is whether to keep the difference of the two as the patch for this earlier context,
+    /// which spares a conditioned prefill each time the chunk comes back after the same context.
     pub fn insert(&self, chunk: ChunkId, n: usize, ctx: usize) -> Decision {
         let canonical = self.prefill(n, 0);
+        if self.canonical == CanonicalSource::Kept {
+            let in_place = self.prefill(n, ctx);
+            return Decision {
+                op: "insert",
+                chunk: Some(chunk),
+                choice: Choice::Reprefill,
+                options: vec![
+                    (Choice::Reprefill, in_place),
+                    (Choice::PrefillKeepPatch, in_place + canonical + self.svd(n)),
+                ],
+                reason: format!(
+                    "prefill in place (exact); its KV is kept as its canonical record when it leaves, which spares the {:.1} ms of a prefill alone",
+                    canonical / 1000.0
+                ),
+            };
+        }
         if ctx == 0 {
             return Decision {
                 op: "insert",
@@ -409,7 +456,7 @@ impl CostModel {
     }
 
     /// A chunk of `n` tokens brought back (recall) after `ctx` tokens of fixed earlier context.
-    pub fn recall(&self, chunk: ChunkId, n: usize, ctx: usize, patch_cached: bool) -> Decision {
+    pub fn recall(&self, chunk: ChunkId, n: usize, ctx: usize, patch_cached: bool, expected_reuses: f64) -> Decision {
         let reuse = self.reuse(n);
         if ctx == 0 {
             return Decision {
@@ -417,7 +464,7 @@ impl CostModel {
                 chunk: Some(chunk),
                 choice: Choice::Relocate,
                 options: vec![(Choice::Relocate, reuse), (Choice::Reprefill, self.prefill(n, 0))],
-                reason: "nothing precedes it: the relocated canonical KV is exact".into(),
+                reason: "nothing precedes it: its stored KV relocated to 0".into(),
             };
         }
         let prefill = self.prefill(n, ctx);
@@ -431,25 +478,42 @@ impl CostModel {
             };
         }
         let form = prefill + self.svd(n) + reuse;
-        let saved = self.expected_reuses * (prefill - reuse);
+        let options = vec![
+            (Choice::FormPatch, form),
+            (Choice::Reprefill, prefill),
+            (Choice::Blind, reuse),
+        ];
+        if self.recall_blind_kl <= self.kl_budget {
+            return Decision {
+                op: "recall",
+                chunk: Some(chunk),
+                choice: Choice::Blind,
+                options,
+                reason: format!(
+                    "its stored KV relocated without a patch: predicted KL {:.2e} within the budget {:.2e}",
+                    self.recall_blind_kl, self.kl_budget
+                ),
+            };
+        }
+        let saved = expected_reuses * (prefill - reuse);
         let extra = form - prefill;
         let (choice, reason) = if saved > extra {
             (
                 Choice::FormPatch,
                 format!(
-                    "forming costs {:.1} ms more than a re-prefill now and saves {:.1} ms over {} expected reuses",
+                    "blind placement's predicted KL {:.2e} is over the budget; forming costs {:.1} ms more than a re-prefill now and saves {:.1} ms over {expected_reuses:.2} expected reuses",
+                    self.recall_blind_kl,
                     extra / 1000.0,
                     saved / 1000.0,
-                    self.expected_reuses
                 ),
             )
         } else {
             (
                 Choice::Reprefill,
                 format!(
-                    "a patch would save {:.1} ms over {} expected reuses, less than the {:.1} ms it costs to form",
+                    "blind placement's predicted KL {:.2e} is over the budget; a patch would save {:.1} ms over {expected_reuses:.2} expected reuses, less than the {:.1} ms it costs to form",
+                    self.recall_blind_kl,
                     saved / 1000.0,
-                    self.expected_reuses,
                     extra / 1000.0
                 ),
             )
@@ -458,17 +522,43 @@ impl CostModel {
             op: "recall",
             chunk: Some(chunk),
             choice,
-            options: vec![
-                (Choice::FormPatch, form),
-                (Choice::Reprefill, prefill),
-                (Choice::Blind, reuse),
-            ],
+            options,
             reason,
         }
     }
 
-    /// Reordering a set of `n_chunks` chunks, `tokens` in all, after `ctx` fixed tokens, with
-    /// `variant`'s orbit patches (`per_chunk` of them per chunk, [`CostModel::orbit_variant`]).
+    /// What happens to the survivors of an eviction (`n` tokens from `ctx` on): re-rotated blind
+    /// (exact as rotation, their KV still conditioned on the evicted chunk), or repaired later
+    /// (prefilled again in place in the background), by predicted KL against the budget.
+    pub fn survivors(&self, n: usize, ctx: usize) -> Decision {
+        let blind = self.reuse(n);
+        let repair = blind + self.prefill(n, ctx);
+        let (choice, reason) = if self.survivor_blind_kl <= self.kl_budget {
+            (
+                Choice::Blind,
+                format!(
+                    "re-rotated only: predicted KL {:.2e} within the budget {:.2e}",
+                    self.survivor_blind_kl, self.kl_budget
+                ),
+            )
+        } else {
+            (
+                Choice::Reprefill,
+                format!(
+                    "re-rotated now, repaired after the answer: blind survivors' predicted KL {:.2e} is over the budget {:.2e}",
+                    self.survivor_blind_kl, self.kl_budget
+                ),
+            )
+        };
+        Decision {
+            op: "survivors",
+            chunk: None,
+            choice,
+            options: vec![(Choice::Blind, blind), (Choice::Reprefill, repair)],
+            reason,
+        }
+    }
+
     pub fn reorder(
         &self,
         tokens: usize,

@@ -1,29 +1,20 @@
-//! A reference runner: executes plans against an [`Encoder`] (the model), a [`ChunkStore`] and
-//! kamera-ops, holding the window's KV per resident chunk. A real runtime can execute plans on
-//! another backend; this one is the executable meaning of every [`Step`].
+//! The executor: the one runner of plans. It holds the window's KV per resident chunk (each with
+//! a version), stages canonical KV read from the store, runs every [`Step`] through an
+//! [`Encoder`] (the model) and a [`ChunkStore`], and queues the plan's background steps until
+//! [`Executor::settle`]. It makes no decision of its own: the window plans, the cost model
+//! prices, this runs.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use kamera_ops::{ChunkKv, DType, KvLayout, PatchConfig, Placement, RopeSpec};
+use kamera_ops::{ChunkKv, DType, PatchConfig};
 use kamera_store::{ChunkId, ChunkStore, Key, ModelFp, Record};
 
 use crate::cost::CostModel;
+use crate::encoder::{BoxError, Encoder, Part, Prior, Timings};
 use crate::error::{Error, Result};
-use crate::plan::{Plan, Step};
-
-/// A boxed error of the model runner.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-/// The model side of a runner: encodes and prefills a chunk's content (known by its id).
-pub trait Encoder {
-    fn layout(&self) -> KvLayout;
-    fn rope(&self) -> &RopeSpec;
-    /// KV of `chunk`'s tokens at positions `at..`, after `context` (KV of positions `0..at`);
-    /// `None` with `at == 0` prefills the chunk alone (its canonical KV).
-    fn prefill(&mut self, chunk: ChunkId, at: i64, context: Option<&ChunkKv>) -> Result<ChunkKv, BoxError>;
-}
+use crate::plan::{OrbitKey, Plan, Step};
 
 /// Executor settings.
 #[derive(Debug, Clone, PartialEq)]
@@ -46,18 +37,33 @@ impl ExecConfig {
     }
 }
 
-/// Work done, for reports and tests.
+/// Work done since the executor was made, for reports and tests.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ExecStats {
     pub prefills: u64,
     pub prefill_tokens: u64,
+    /// Of those, tokens of background steps (canonical KV alone, repairs).
+    pub background_prefill_tokens: u64,
     pub placed_tokens: u64,
     pub relocated_tokens: u64,
     pub patches_formed: u64,
+    pub patches_applied: u64,
     pub orbit_patches_formed: u64,
-    pub prefill_s: f64,
-    pub place_s: f64,
-    pub form_s: f64,
+    /// Canonical records kept from resident KV (no forward pass).
+    pub kept: u64,
+    /// KV bytes written into resident chunks (prefills, placements, relocations).
+    pub bytes_moved: u64,
+    /// Time by kind of work, foreground and background together.
+    pub time: Timings,
+    /// Of that, the background steps' own time.
+    pub background_ms: f64,
+}
+
+/// A resident chunk's KV at its window position, and its version.
+#[derive(Debug, Clone)]
+pub struct Resident {
+    pub kv: ChunkKv,
+    pub version: u64,
 }
 
 /// Executes plans; holds the resident KV of each chunk at its window position.
@@ -67,7 +73,12 @@ pub struct Executor<E, S> {
     cfg: ExecConfig,
     staged: BTreeMap<ChunkId, Arc<ChunkKv>>,
     encode_us: BTreeMap<ChunkId, u64>,
-    resident: BTreeMap<ChunkId, ChunkKv>,
+    /// Conditioned KV a `FormPatch` computed, exact where it was computed: the `Place` after it
+    /// uses it instead of canonical + the patch that approximates it.
+    exact: BTreeMap<ChunkId, Resident>,
+    resident: BTreeMap<ChunkId, Resident>,
+    queued: Vec<Step>,
+    version: u64,
     pub stats: ExecStats,
 }
 
@@ -80,6 +91,9 @@ fn store_err(op: &'static str) -> impl FnOnce(kamera_store::Error) -> Error {
 fn ops_err(op: &'static str) -> impl FnOnce(kamera_ops::Error) -> Error {
     move |source| Error::Ops { op, source }
 }
+fn ms(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
+}
 
 impl<E: Encoder, S: ChunkStore> Executor<E, S> {
     pub fn new(enc: E, store: S, cfg: ExecConfig) -> Executor<E, S> {
@@ -89,7 +103,10 @@ impl<E: Encoder, S: ChunkStore> Executor<E, S> {
             cfg,
             staged: BTreeMap::new(),
             encode_us: BTreeMap::new(),
+            exact: BTreeMap::new(),
             resident: BTreeMap::new(),
+            queued: Vec::new(),
+            version: 0,
             stats: ExecStats::default(),
         }
     }
@@ -102,10 +119,17 @@ impl<E: Encoder, S: ChunkStore> Executor<E, S> {
     pub fn store(&self) -> &S {
         &self.store
     }
+    pub fn config(&self) -> &ExecConfig {
+        &self.cfg
+    }
+    /// Background steps waiting for [`Executor::settle`].
+    pub fn queued(&self) -> &[Step] {
+        &self.queued
+    }
 
     /// The resident KV of `chunk` (at its window position).
     pub fn resident(&self, chunk: &ChunkId) -> Option<&ChunkKv> {
-        self.resident.get(chunk)
+        self.resident.get(chunk).map(|r| &r.kv)
     }
 
     /// The resident chunks: (id, first position, tokens), by position.
@@ -113,50 +137,51 @@ impl<E: Encoder, S: ChunkStore> Executor<E, S> {
         let mut v: Vec<_> = self
             .resident
             .iter()
-            .map(|(id, kv)| (*id, kv.offset(), kv.n_tokens()))
+            .map(|(id, r)| (*id, r.kv.offset(), r.kv.n_tokens()))
             .collect();
         v.sort_by_key(|x| x.1);
         v
     }
 
-    /// The window's KV (positions `0..end`) as one chunk.
-    pub fn window_kv(&self) -> Result<Option<ChunkKv>> {
-        let end = self
-            .resident
-            .values()
-            .map(|kv| kv.offset() + kv.n_tokens() as i64)
+    /// Where the resident KV ends (positions).
+    pub fn end(&self) -> i64 {
+        self.resident
+            .iter()
+            .map(|(id, r)| r.kv.offset() + self.enc.span(id, r.kv.n_tokens()))
             .max()
-            .unwrap_or(0);
-        self.context(end)
+            .unwrap_or(0)
     }
 
-    /// The resident KV of positions `0..at`, which must be tiled exactly by resident chunks.
-    fn context(&self, at: i64) -> Result<Option<ChunkKv>> {
-        const OP: &str = "Executor::context";
-        if at == 0 {
-            return Ok(None);
-        }
-        let mut parts: Vec<&ChunkKv> = self.resident.values().filter(|kv| kv.offset() < at).collect();
-        parts.sort_by_key(|kv| kv.offset());
-        let mut pos = 0;
-        for kv in &parts {
-            if kv.offset() != pos {
-                return Err(Error::Invalid {
-                    op: OP,
-                    detail: format!("resident KV does not tile 0..{at}: gap or overlap at {pos}"),
-                });
-            }
-            pos += kv.n_tokens() as i64;
-        }
-        if pos != at {
-            return Err(Error::Invalid {
-                op: OP,
-                detail: format!("resident KV ends at {pos}, expected {at}"),
-            });
-        }
-        let placements: Vec<Placement<'_>> = parts.iter().map(|kv| Placement { chunk: kv, patch: None }).collect();
-        let kv = kamera_ops::assemble(&placements, self.enc.rope(), 0, self.cfg.dtype).map_err(ops_err(OP))?;
-        Ok(Some(kv))
+    /// The window's KV (positions `0..end`) as one chunk.
+    pub fn window_kv(&self) -> Result<Option<ChunkKv>> {
+        self.prior("Executor::window_kv", self.end())?
+            .assemble(self.enc.rope(), self.cfg.dtype)
+            .map_err(ops_err("Executor::window_kv"))
+    }
+
+    fn prior(&self, op: &'static str, at: i64) -> Result<Prior<'_>> {
+        prior_of(&self.resident, &self.enc, op, at)
+    }
+
+    /// Makes the encoder's live context hold the window's KV of positions `0..at` (before a
+    /// model call on the window), timed.
+    pub fn sync(&mut self, at: i64) -> Result<f64> {
+        let t = Instant::now();
+        let prior = prior_of(&self.resident, &self.enc, "sync", at)?;
+        self.enc.sync(&prior).map_err(runner("sync"))?;
+        let dt = ms(t);
+        self.stats.time.sync_ms += dt;
+        Ok(dt)
+    }
+
+    fn next_version(&mut self) -> u64 {
+        self.version += 1;
+        self.version
+    }
+
+    fn set_resident(&mut self, chunk: ChunkId, kv: ChunkKv, version: u64) {
+        self.stats.bytes_moved += kv.kv_bytes() as u64;
+        self.resident.insert(chunk, Resident { kv, version });
     }
 
     fn canonical(&mut self, op: &'static str, chunk: ChunkId) -> Result<Arc<ChunkKv>> {
@@ -175,43 +200,82 @@ impl<E: Encoder, S: ChunkStore> Executor<E, S> {
         Ok(kv)
     }
 
-    fn prefill(&mut self, op: &'static str, chunk: ChunkId, at: i64, ctx: Option<&ChunkKv>) -> Result<ChunkKv> {
-        let t = Instant::now();
-        let kv = self.enc.prefill(chunk, at, ctx).map_err(runner(op))?;
+    /// `chunk` prefilled at `at` after the resident KV of `0..at`, under a new version.
+    fn prefill_after(&mut self, op: &'static str, chunk: ChunkId, at: i64) -> Result<Resident> {
+        let version = self.next_version();
+        let prior = prior_of(&self.resident, &self.enc, op, at)?;
+        let kv = self.enc.prefill_after(chunk, at, &prior, version).map_err(runner(op))?;
+        self.count_prefill(&kv);
+        Ok(Resident { kv, version })
+    }
+
+    fn count_prefill(&mut self, kv: &ChunkKv) {
         self.stats.prefills += 1;
         self.stats.prefill_tokens += kv.n_tokens() as u64;
-        self.stats.prefill_s += t.elapsed().as_secs_f64();
-        Ok(kv)
     }
 
-    /// Executes every step of `plan` in order.
-    pub fn run(&mut self, plan: &Plan) -> Result<()> {
-        for step in &plan.steps {
-            tracing::debug!(%step, "execute");
-            self.step(step)?;
-        }
+    /// Executes `plan`'s steps in order and queues its background steps for
+    /// [`Executor::settle`]. The time by kind of work is returned (and added to the stats).
+    pub fn run(&mut self, plan: &Plan) -> Result<Timings> {
+        let mut t = Timings::default();
+        let result = plan.steps.iter().try_for_each(|s| {
+            tracing::debug!(step = %s, "execute");
+            self.step(s, &mut t)
+        });
         self.staged.clear();
-        Ok(())
+        self.exact.clear();
+        self.stats.time.add(&t);
+        result?;
+        self.queued.extend(plan.background.iter().cloned());
+        Ok(t)
     }
 
-    fn step(&mut self, step: &Step) -> Result<()> {
-        let rope = self.enc.rope().clone();
+    /// Runs `plan` and then everything queued, its background steps included: for a caller with
+    /// nothing to overlap them with (tools, tests).
+    pub fn run_now(&mut self, plan: &Plan) -> Result<Timings> {
+        let mut t = self.run(plan)?;
+        t.add(&self.settle()?);
+        Ok(t)
+    }
+
+    /// Runs the queued background steps (in the order the plans queued them).
+    pub fn settle(&mut self) -> Result<Timings> {
+        let mut t = Timings::default();
+        let steps = std::mem::take(&mut self.queued);
+        let t0 = Instant::now();
+        let prefilled = self.stats.prefill_tokens;
+        let result = steps.iter().try_for_each(|s| {
+            tracing::debug!(step = %s, "execute later");
+            self.step(s, &mut t)
+        });
+        self.staged.clear();
+        self.exact.clear();
+        self.stats.background_prefill_tokens += self.stats.prefill_tokens - prefilled;
+        self.stats.background_ms += ms(t0);
+        self.stats.time.add(&t);
+        result?;
+        Ok(t)
+    }
+
+    fn step(&mut self, step: &Step, t: &mut Timings) -> Result<()> {
         let model = self.cfg.model;
+        let t0 = Instant::now();
         match step {
             Step::Prefill { chunk, alone: true, .. } => {
-                let t = Instant::now();
-                let kv = self.prefill("prefill", *chunk, 0, None)?;
-                self.encode_us.insert(*chunk, t.elapsed().as_micros() as u64);
+                let kv = self.enc.prefill_alone(*chunk).map_err(runner("prefill alone"))?;
+                self.count_prefill(&kv);
+                self.encode_us.insert(*chunk, t0.elapsed().as_micros() as u64);
                 self.staged.insert(*chunk, Arc::new(kv));
+                t.prefill_ms += ms(t0);
             }
             Step::Prefill {
                 chunk,
                 at,
                 alone: false,
             } => {
-                let ctx = self.context(*at)?;
-                let kv = self.prefill("prefill", *chunk, *at, ctx.as_ref())?;
-                self.resident.insert(*chunk, kv);
+                let r = self.prefill_after("prefill in place", *chunk, *at)?;
+                self.set_resident(*chunk, r.kv, r.version);
+                t.prefill_ms += ms(t0);
             }
             Step::StoreCanonical { chunk } => {
                 let kv = self.canonical("store", *chunk)?;
@@ -220,115 +284,82 @@ impl<E: Encoder, S: ChunkStore> Executor<E, S> {
                 self.store
                     .put(&Key::canonical(model, *chunk), rec)
                     .map_err(store_err("store"))?;
+                t.place_ms += ms(t0);
+            }
+            Step::KeepCanonical { chunk } => {
+                self.keep_canonical(*chunk)?;
+                t.place_ms += ms(t0);
             }
             Step::Recall { chunk } => {
                 self.staged.remove(chunk);
                 self.canonical("recall", *chunk)?;
+                t.place_ms += ms(t0);
             }
             Step::FormPatch { chunk, key, at } => {
-                let t = Instant::now();
                 let canon = self.canonical("form-patch", *chunk)?;
-                let ctx = self.context(*at)?;
-                let cond = self.prefill("form-patch", *chunk, *at, ctx.as_ref())?;
-                let patch =
-                    kamera_ops::form_patch(&cond, &canon, &rope, &self.cfg.patch).map_err(ops_err("form-patch"))?;
-                let cost = t.elapsed().as_micros() as u64;
-                self.store
-                    .put(key, Record::patch(model, cost, patch))
-                    .map_err(store_err("form-patch"))?;
-                self.stats.patches_formed += 1;
-                self.stats.form_s += t.elapsed().as_secs_f64();
+                let cond = self.prefill_after("conditioned prefill", *chunk, *at)?;
+                self.put_patch("form-patch", key, &cond.kv, &canon, t0)?;
+                self.exact.insert(*chunk, cond);
+                t.patch_ms += ms(t0);
             }
             Step::StorePatch { chunk, key } => {
-                let t = Instant::now();
                 let canon = self.canonical("store-patch", *chunk)?;
                 let placed = self
                     .resident
                     .get(chunk)
-                    .ok_or_else(|| Error::chunk("store-patch", chunk, "is not resident"))?;
-                let patch =
-                    kamera_ops::form_patch(placed, &canon, &rope, &self.cfg.patch).map_err(ops_err("store-patch"))?;
-                let cost = t.elapsed().as_micros() as u64;
-                self.store
-                    .put(key, Record::patch(model, cost, patch))
-                    .map_err(store_err("store-patch"))?;
-                self.stats.patches_formed += 1;
-                self.stats.form_s += t.elapsed().as_secs_f64();
+                    .ok_or_else(|| Error::chunk("store-patch", chunk, "is not resident"))?
+                    .kv
+                    .clone();
+                self.put_patch("store-patch", key, &placed, &canon, t0)?;
+                t.patch_ms += ms(t0);
             }
             Step::FormOrbit {
                 keys, orderings, at, ..
             } => {
-                let t = Instant::now();
-                let base = self.context(*at)?;
-                let mut cond: BTreeMap<ChunkId, Vec<ChunkKv>> = BTreeMap::new();
-                for ordering in orderings {
-                    let mut ctx = base.clone();
-                    let mut pos = *at;
-                    for c in ordering {
-                        let kv = self.prefill("form-orbit", *c, pos, ctx.as_ref())?;
-                        pos += kv.n_tokens() as i64;
-                        ctx = Some(match ctx {
-                            None => kv.clone(),
-                            Some(prev) => {
-                                let parts = [
-                                    Placement {
-                                        chunk: &prev,
-                                        patch: None,
-                                    },
-                                    Placement {
-                                        chunk: &kv,
-                                        patch: None,
-                                    },
-                                ];
-                                kamera_ops::assemble(&parts, &rope, 0, self.cfg.dtype).map_err(ops_err("form-orbit"))?
-                            }
-                        });
-                        cond.entry(*c).or_default().push(kv);
-                    }
-                }
-                let cost = t.elapsed().as_micros() as u64 / keys.len().max(1) as u64;
-                for k in keys {
-                    let canon = self.canonical("form-orbit", k.chunk)?;
-                    // cond[c][i] is c's KV under orderings[i].
-                    let conds: Vec<ChunkKv> =
-                        k.covered(cond.get(&k.chunk).map(Vec::as_slice).unwrap_or_default(), orderings);
-                    let patch = kamera_ops::orbit_patch(&conds, &canon, &rope, &self.cfg.patch)
-                        .map_err(ops_err("form-orbit"))?;
-                    self.store
-                        .put(&k.key, Record::patch(model, cost, patch))
-                        .map_err(store_err("form-orbit"))?;
-                    self.stats.orbit_patches_formed += 1;
-                }
-                self.stats.form_s += t.elapsed().as_secs_f64();
+                self.form_orbit(keys, orderings, *at)?;
+                t.patch_ms += ms(t0);
             }
             Step::Place { chunk, at, patch } => {
-                let t = Instant::now();
+                if let Some(r) = self.exact.remove(chunk).filter(|r| r.kv.offset() == *at) {
+                    self.stats.placed_tokens += r.kv.n_tokens() as u64;
+                    self.set_resident(*chunk, r.kv, r.version);
+                    t.place_ms += ms(t0);
+                    return Ok(());
+                }
                 let canon = self.canonical("place", *chunk)?;
                 let rec = match patch {
                     Some(key) => Some(
                         self.store
                             .lookup(key)
                             .map_err(store_err("place"))?
+                            .filter(|r| r.as_patch().is_some())
                             .ok_or_else(|| Error::chunk("place", chunk, format!("patch {key} is not in the store")))?,
                     ),
                     None => None,
                 };
                 let p = rec.as_ref().and_then(|r| r.as_patch());
-                let mut dst =
-                    ChunkKv::zeros(*canon.layout(), *at, canon.n_tokens(), self.cfg.dtype).map_err(ops_err("place"))?;
-                kamera_ops::reuse_into(&canon, p, &rope, &mut dst, 0).map_err(ops_err("place"))?;
-                self.resident.insert(*chunk, dst);
-                self.stats.placed_tokens += canon.n_tokens() as u64;
-                self.stats.place_s += t.elapsed().as_secs_f64();
+                let placed = self
+                    .enc
+                    .reuse(&canon, p, *at, self.cfg.dtype)
+                    .map_err(runner("place"))?;
+                self.stats.placed_tokens += placed.n_tokens() as u64;
+                self.stats.patches_applied += u64::from(p.is_some());
+                let v = self.next_version();
+                self.set_resident(*chunk, placed, v);
+                t.place_ms += ms(t0);
             }
             Step::Relocate { chunk, delta } => {
-                let kv = self
+                let r = self
                     .resident
                     .get(chunk)
                     .ok_or_else(|| Error::chunk("relocate", chunk, "is not resident"))?;
-                let moved = kamera_ops::relocate(kv, &rope, kv.offset() + delta).map_err(ops_err("relocate"))?;
+                let to = r.kv.offset() + delta;
+                let kv = r.kv.clone();
+                let moved = self.enc.reuse(&kv, None, to, kv.dtype()).map_err(runner("relocate"))?;
                 self.stats.relocated_tokens += moved.n_tokens() as u64;
-                self.resident.insert(*chunk, moved);
+                let v = self.next_version();
+                self.set_resident(*chunk, moved, v);
+                t.place_ms += ms(t0);
             }
             Step::EvictToStore { chunk } => {
                 if self.resident.remove(chunk).is_none() {
@@ -339,4 +370,117 @@ impl<E: Encoder, S: ChunkStore> Executor<E, S> {
         }
         Ok(())
     }
+
+    /// Stores the resident KV of `chunk`, relocated to 0, as its canonical record, unless the
+    /// store holds one (a record already there is never replaced: patches are formed against it).
+    fn keep_canonical(&mut self, chunk: ChunkId) -> Result<()> {
+        const OP: &str = "keep";
+        let key = Key::canonical(self.cfg.model, chunk);
+        if self.store.contains(&key).map_err(store_err(OP))? {
+            return Ok(());
+        }
+        let kv = self
+            .resident
+            .get(&chunk)
+            .ok_or_else(|| Error::chunk(OP, &chunk, "is not resident"))?
+            .kv
+            .clone();
+        let t = Instant::now();
+        let at0 = self.enc.reuse(&kv, None, 0, kv.dtype()).map_err(runner(OP))?;
+        let cost = t.elapsed().as_micros() as u64;
+        self.store
+            .put(&key, Record::kv(self.cfg.model, cost, at0))
+            .map_err(store_err(OP))?;
+        self.stats.kept += 1;
+        Ok(())
+    }
+
+    /// Forms the patch taking `canon` to `cond` and stores it under `key`.
+    fn put_patch(&mut self, op: &'static str, key: &Key, cond: &ChunkKv, canon: &ChunkKv, t0: Instant) -> Result<()> {
+        let patch = kamera_ops::form_patch(cond, canon, self.enc.rope(), &self.cfg.patch).map_err(ops_err(op))?;
+        let cost = t0.elapsed().as_micros() as u64;
+        self.store
+            .put(key, Record::patch(self.cfg.model, cost, patch))
+            .map_err(store_err(op))?;
+        self.stats.patches_formed += 1;
+        Ok(())
+    }
+
+    /// The orbit patches `keys` of a set: the set prefilled after the resident KV of `0..at`
+    /// under each ordering (as temporary chunks), each key's deficits (every ordering, or those
+    /// putting its chunk at its slot) averaged.
+    fn form_orbit(&mut self, keys: &[OrbitKey], orderings: &[Vec<ChunkId>], at: i64) -> Result<()> {
+        const OP: &str = "form-orbit";
+        let t0 = Instant::now();
+        let mut cond: BTreeMap<ChunkId, Vec<ChunkKv>> = BTreeMap::new();
+        for ordering in orderings {
+            let mut temps: Vec<(ChunkId, Resident)> = Vec::new();
+            let mut pos = at;
+            for c in ordering {
+                let version = self.next_version();
+                let kv = {
+                    let mut prior = prior_of(&self.resident, &self.enc, OP, at)?;
+                    prior.parts.extend(temps.iter().map(|(id, r)| Part {
+                        chunk: *id,
+                        version: r.version,
+                        kv: &r.kv,
+                    }));
+                    prior.end = pos;
+                    self.enc.prefill_after(*c, pos, &prior, version).map_err(runner(OP))?
+                };
+                self.count_prefill(&kv);
+                pos += self.enc.span(c, kv.n_tokens());
+                cond.entry(*c).or_default().push(kv.clone());
+                temps.push((*c, Resident { kv, version }));
+            }
+        }
+        let cost = t0.elapsed().as_micros() as u64 / keys.len().max(1) as u64;
+        for k in keys {
+            let canon = self.canonical(OP, k.chunk)?;
+            // cond[c][i] is c's KV under orderings[i].
+            let conds: Vec<ChunkKv> = k.covered(cond.get(&k.chunk).map(Vec::as_slice).unwrap_or_default(), orderings);
+            let patch = kamera_ops::orbit_patch(&conds, &canon, self.enc.rope(), &self.cfg.patch).map_err(ops_err(OP))?;
+            self.store
+                .put(&k.key, Record::patch(self.cfg.model, cost, patch))
+                .map_err(store_err(OP))?;
+            self.stats.orbit_patches_formed += 1;
+        }
+        Ok(())
+    }
+}
+
+/// The resident KV of positions `0..at`, which must be tiled exactly by resident chunks.
+fn prior_of<'a, E: Encoder>(
+    resident: &'a BTreeMap<ChunkId, Resident>,
+    enc: &E,
+    op: &'static str,
+    at: i64,
+) -> Result<Prior<'a>> {
+    let mut parts: Vec<Part<'a>> = resident
+        .iter()
+        .filter(|(_, r)| r.kv.offset() < at)
+        .map(|(id, r)| Part {
+            chunk: *id,
+            version: r.version,
+            kv: &r.kv,
+        })
+        .collect();
+    parts.sort_by_key(|p| p.kv.offset());
+    let mut pos = 0;
+    for p in &parts {
+        if p.kv.offset() != pos {
+            return Err(Error::Invalid {
+                op,
+                detail: format!("resident KV does not tile 0..{at}: gap or overlap at {pos}"),
+            });
+        }
+        pos += enc.span(&p.chunk, p.kv.n_tokens());
+    }
+    if pos != at {
+        return Err(Error::Invalid {
+            op,
+            detail: format!("resident KV ends at {pos}, expected {at}"),
+        });
+    }
+    Ok(Prior { parts, end: at })
 }

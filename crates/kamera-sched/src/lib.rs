@@ -4,7 +4,9 @@
 //! reorder (orbit patches), recall (rehydrate + relocate + a patch for its fixed earlier context)
 //! — returns an explicit [`Plan`] of [`Step`]s for a model runner, with the [`CostModel`]'s
 //! reasons. The window is synchronous and deterministic and names no tensor library;
-//! [`Executor`] is a reference runner over kamera-ops and a [`kamera_store::ChunkStore`].
+//! [`Executor`] is the one runner of plans, over an [`Encoder`] (the model: kamera-agent's
+//! session encoder on kamera-model, or kamera-ops alone in tests) and a
+//! [`kamera_store::ChunkStore`].
 //!
 //! ```
 //! use kamera_sched::{Step, Window, WindowConfig};
@@ -25,16 +27,18 @@
 //! ```
 
 mod cost;
+mod encoder;
 mod error;
 mod exec;
 mod plan;
 mod window;
 
 pub use cost::{
-    Choice, CostModel, Decision, OrbitVariant, PatchPoint, default_patch_points, gemma3_patch_points,
+    CanonicalSource, Choice, CostModel, Decision, OrbitVariant, PatchPoint, default_patch_points, gemma3_patch_points,
     qwen25_patch_points,
 };
 pub use error::{Error, Result, short};
-pub use exec::{BoxError, Encoder, ExecConfig, ExecStats, Executor};
+pub use encoder::{BoxError, Encoder, Part, Prior, Timings};
+pub use exec::{ExecConfig, ExecStats, Executor, Resident};
 pub use plan::{OrbitKey, Plan, Step};
 pub use window::{Order, Slot, SlotState, Visit, Window, WindowConfig, orbit_orderings};

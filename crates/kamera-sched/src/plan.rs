@@ -1,6 +1,6 @@
-//! Plans: every decision of the scheduler is an explicit list of steps that a model runner
-//! executes in order (kamera-sched's `Executor` is one such runner), plus the cost model's
-//! explanation of each choice.
+//! Plans: every decision of the scheduler is an explicit list of steps that the executor
+//! ([`crate::Executor`], the only one) runs in order, the steps that may run later off the path
+//! to the first token, and the cost model's explanation of each choice.
 
 use std::fmt;
 
@@ -48,6 +48,10 @@ pub enum Step {
     },
     /// Re-rotate a resident chunk's KV by `delta` positions (exact; no patch).
     Relocate { chunk: ChunkId, delta: i64 },
+    /// Store the resident KV of `chunk`, relocated to position 0, as its canonical record where
+    /// the store has none (no forward pass): the KV it was met with, conditioned on what preceded
+    /// it then. A later recall relocates it (and patches it, where a patch is kept).
+    KeepCanonical { chunk: ChunkId },
     /// Drop `chunk`'s KV from the window; its canonical KV stays in the store.
     EvictToStore { chunk: ChunkId },
     /// Drop the live tail's KV (`tokens` of them): what it attended to has changed.
@@ -85,13 +89,17 @@ impl OrbitKey {
 /// What the runner must do for one operation, and why.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Plan {
+    /// Run now, in order, before the model reads the window.
     pub steps: Vec<Step>,
+    /// Run later, in order, off the path to the first token (the executor queues them until
+    /// [`crate::Executor::settle`]): canonical KV formed alone, difference patches, repairs.
+    pub background: Vec<Step>,
     pub decisions: Vec<Decision>,
 }
 
 impl Plan {
     pub fn is_empty(&self) -> bool {
-        self.steps.is_empty()
+        self.steps.is_empty() && self.background.is_empty()
     }
     /// Estimated cost of the chosen options, µs.
     pub fn cost_us(&self) -> f64 {
@@ -100,30 +108,43 @@ impl Plan {
     pub(crate) fn push(&mut self, s: Step) {
         self.steps.push(s);
     }
-    /// Appends `other`'s steps and decisions (they run after this plan's).
+    pub(crate) fn later(&mut self, s: Step) {
+        self.background.push(s);
+    }
+    /// Appends `other`'s steps, background steps and decisions (they run after this plan's).
     pub fn append(&mut self, other: Plan) {
         self.steps.extend(other.steps);
+        self.background.extend(other.background);
         self.decisions.extend(other.decisions);
     }
-    /// Tokens prefilled by this plan's forward passes (`tokens` of each chunk by id), the
-    /// passes that form orbit patches included.
+    /// Tokens prefilled by this plan's forward passes before the first token (`tokens` of each
+    /// chunk by id), the passes that form orbit patches included.
     pub fn prefill_tokens(&self, tokens: impl Fn(&ChunkId) -> usize) -> usize {
+        self.steps.iter().map(|s| s.prefill_tokens(&tokens)).sum()
+    }
+    /// Tokens prefilled by the background steps.
+    pub fn background_prefill_tokens(&self, tokens: impl Fn(&ChunkId) -> usize) -> usize {
+        self.background.iter().map(|s| s.prefill_tokens(&tokens)).sum()
+    }
+    /// Number of steps (now and later) of each name, for tests and logs.
+    pub fn count(&self, name: &str) -> usize {
         self.steps
             .iter()
-            .map(|s| match s {
-                Step::Prefill { chunk, .. } | Step::FormPatch { chunk, .. } => tokens(chunk),
-                Step::FormOrbit { orderings, .. } => orderings.iter().flatten().map(&tokens).sum(),
-                _ => 0,
-            })
-            .sum()
-    }
-    /// Number of steps of each name, for tests and logs.
-    pub fn count(&self, name: &str) -> usize {
-        self.steps.iter().filter(|s| s.name() == name).count()
+            .chain(&self.background)
+            .filter(|s| s.name() == name)
+            .count()
     }
 }
 
 impl Step {
+    /// Tokens this step runs through a forward pass (`tokens` of each chunk by id).
+    pub fn prefill_tokens(&self, tokens: &impl Fn(&ChunkId) -> usize) -> usize {
+        match self {
+            Step::Prefill { chunk, .. } | Step::FormPatch { chunk, .. } => tokens(chunk),
+            Step::FormOrbit { orderings, .. } => orderings.iter().flatten().map(tokens).sum(),
+            _ => 0,
+        }
+    }
     pub fn name(&self) -> &'static str {
         match self {
             Step::Prefill { .. } => "prefill",
@@ -134,6 +155,7 @@ impl Step {
             Step::FormOrbit { .. } => "form-orbit",
             Step::Place { .. } => "place",
             Step::Relocate { .. } => "relocate",
+            Step::KeepCanonical { .. } => "keep",
             Step::EvictToStore { .. } => "evict",
             Step::DropTail { .. } => "drop-tail",
         }
@@ -176,6 +198,9 @@ impl fmt::Display for Step {
                 None => write!(f, "place {} at {at} (relocation only)", short(chunk)),
             },
             Step::Relocate { chunk, delta } => write!(f, "relocate {} by {delta}", short(chunk)),
+            Step::KeepCanonical { chunk } => {
+                write!(f, "keep the KV of {} as met, at position 0, in the store", short(chunk))
+            }
             Step::EvictToStore { chunk } => write!(f, "evict {} to the store", short(chunk)),
             Step::DropTail { tokens } => write!(f, "drop the {tokens}-token tail"),
         }
@@ -186,6 +211,9 @@ impl fmt::Display for Plan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for s in &self.steps {
             writeln!(f, "  {s}")?;
+        }
+        for s in &self.background {
+            writeln!(f, "  later: {s}")?;
         }
         for d in &self.decisions {
             writeln!(f, "  why: {d}")?;

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use kamera_store::{ChunkId, Key, ModelFp};
 
-use crate::cost::{Choice, CostModel, OrbitVariant};
+use crate::cost::{CanonicalSource, Choice, CostModel, OrbitVariant};
 use crate::error::{Error, Result};
 use crate::plan::{OrbitKey, Plan, Step};
 
@@ -117,7 +117,22 @@ pub struct Window {
     /// Position spans declared for chunks that do not occupy one position per token.
     spans: BTreeMap<ChunkId, i64>,
     patches: BTreeSet<Key>,
+    /// Chunks whose canonical record is in the store or planned (kept, formed alone, found).
+    canonical: BTreeSet<ChunkId>,
+    /// Where each chunk was first met (its patch key then): its kept KV is exact there.
+    met: BTreeMap<ChunkId, Key>,
+    /// Chunks whose canonical record this window kept from their resident KV.
+    kept: BTreeSet<ChunkId>,
+    /// Patches this window formed, and placements that reused a stored patch: the session's
+    /// own evidence of how often a formed patch is used again.
+    formed: u64,
+    reused: u64,
     clock: u64,
+}
+
+/// A `stored` answer for callers without a store: nothing is there.
+fn nothing_stored(_: &Key) -> bool {
+    false
 }
 
 impl Window {
@@ -129,6 +144,11 @@ impl Window {
             known: BTreeMap::new(),
             spans: BTreeMap::new(),
             patches: BTreeSet::new(),
+            canonical: BTreeSet::new(),
+            met: BTreeMap::new(),
+            kept: BTreeSet::new(),
+            formed: 0,
+            reused: 0,
             clock: 0,
         }
     }
@@ -305,21 +325,84 @@ impl Window {
         });
     }
 
-    /// Steps that encode a new chunk, store its canonical KV and make its KV at `at` exact.
-    fn encode_steps(plan: &mut Plan, chunk: ChunkId, at: i64) -> SlotState {
-        plan.push(Step::Prefill { chunk, at, alone: true });
-        plan.push(Step::StoreCanonical { chunk });
-        if at == 0 {
-            plan.push(Step::Place { chunk, at, patch: None });
-            SlotState::Relocated
-        } else {
-            plan.push(Step::Prefill {
+    /// Steps that encode a new chunk in place at `at` (exact) and, with
+    /// [`CanonicalSource::Alone`], form and store its canonical KV in the background. With
+    /// [`CanonicalSource::Kept`] its KV is kept when it leaves ([`Step::KeepCanonical`]).
+    fn encode_steps(&mut self, plan: &mut Plan, chunk: ChunkId, at: i64) -> SlotState {
+        plan.push(Step::Prefill {
+            chunk,
+            at,
+            alone: false,
+        });
+        let met = self.key_after(chunk, self.slots.len(), at);
+        self.met.insert(chunk, met);
+        // At 0 the in-place KV is the canonical KV: it is kept like any other.
+        if self.cfg.cost.canonical == CanonicalSource::Alone && at > 0 {
+            plan.later(Step::Prefill { chunk, at, alone: true });
+            plan.later(Step::StoreCanonical { chunk });
+            self.canonical.insert(chunk);
+        }
+        SlotState::Exact
+    }
+
+    /// Plans keeping resident `chunk`'s KV as its canonical record, unless it has one.
+    fn keep(&mut self, plan: &mut Plan, chunk: ChunkId, later: bool) {
+        if self.canonical.insert(chunk) {
+            self.kept.insert(chunk);
+            let s = Step::KeepCanonical { chunk };
+            if later { plan.later(s) } else { plan.push(s) }
+        }
+    }
+
+    /// Predicted further uses of a patch formed now: this window's record of placements that
+    /// reused a stored patch per patch formed, shrunk towards the cost model's prior.
+    pub fn expected_reuses(&self) -> f64 {
+        const PRIOR_WEIGHT: f64 = 2.0;
+        (self.reused as f64 + PRIOR_WEIGHT * self.cfg.cost.expected_reuses) / (self.formed as f64 + PRIOR_WEIGHT)
+    }
+
+    /// Keeps the canonical record of every resident chunk that has none (before the session
+    /// ends: a later session then places them from the store without a forward pass).
+    pub fn keep_resident(&mut self) -> Plan {
+        let mut plan = Plan::default();
+        let chunks: Vec<ChunkId> = self.slots.iter().map(|s| s.chunk).collect();
+        for c in chunks {
+            self.keep(&mut plan, c, false);
+        }
+        plan
+    }
+
+    /// The repair of survivors of evictions, where the cost model says blind survivors would cost
+    /// more KL than its budget: from the first shifted chunk on, each placed chunk is prefilled
+    /// again in place (in the background, after the answer) and its patch for this context
+    /// stored, so the context is exact again and served exactly when it recurs.
+    pub fn repair(&mut self) -> Plan {
+        let mut plan = Plan::default();
+        let Some(first) = self.slots.iter().position(|s| s.shifted && !s.pinned) else {
+            return plan;
+        };
+        let tokens: usize = self.slots[first..].iter().map(|s| s.n_tokens).sum();
+        let d = self.cfg.cost.survivors(tokens, self.slots[first].start as usize);
+        if d.choice != Choice::Reprefill {
+            return plan;
+        }
+        for i in first..self.slots.len() {
+            let (chunk, start) = (self.slots[i].chunk, self.slots[i].start);
+            self.keep(&mut plan, chunk, true);
+            plan.later(Step::Prefill {
                 chunk,
-                at,
+                at: start,
                 alone: false,
             });
-            SlotState::Exact
+            let key = self.key_after(chunk, i, start);
+            plan.later(Step::StorePatch { chunk, key });
+            self.patches.insert(key);
+            let s = &mut self.slots[i];
+            s.state = SlotState::Exact;
+            s.shifted = false;
         }
+        plan.decisions.push(d);
+        plan
     }
 
     fn check_new(&self, op: &'static str, id: &ChunkId, n: usize) -> Result<()> {
@@ -353,7 +436,8 @@ impl Window {
         }
         let mut plan = Plan::default();
         self.drop_tail(&mut plan);
-        let state = Self::encode_steps(&mut plan, id, self.end());
+        let at = self.end();
+        let state = self.encode_steps(&mut plan, id, at);
         self.new_slot(id, n_tokens, true, state);
         Ok(plan)
     }
@@ -362,15 +446,21 @@ impl Window {
     /// its canonical KV, and keep the difference as a patch where the cost model says so;
     /// evicts (by [`WindowConfig::evict`]) to make room.
     pub fn insert(&mut self, id: ChunkId, n_tokens: usize) -> Result<Plan> {
+        self.insert_with(id, n_tokens, &nothing_stored)
+    }
+
+    /// [`Window::insert`], where `stored` reports patches in the store (survivors of the
+    /// evictions it makes are placed with a stored patch for their new context where one is).
+    pub fn insert_with(&mut self, id: ChunkId, n_tokens: usize, stored: &dyn Fn(&Key) -> bool) -> Result<Plan> {
         const OP: &str = "insert";
         self.check_new(OP, &id, n_tokens)?;
-        let mut plan = self.make_room(OP, n_tokens)?;
+        let mut plan = self.make_room(OP, n_tokens, stored)?;
         let at = self.end();
-        let state = Self::encode_steps(&mut plan, id, at);
         let d = self.cfg.cost.insert(id, n_tokens, at as usize);
+        let state = self.encode_steps(&mut plan, id, at);
         if d.choice == Choice::PrefillKeepPatch {
             let key = self.key_after(id, self.slots.len(), at);
-            plan.push(Step::StorePatch { chunk: id, key });
+            plan.later(Step::StorePatch { chunk: id, key });
             self.patches.insert(key);
         }
         plan.decisions.push(d);
@@ -378,8 +468,11 @@ impl Window {
         Ok(plan)
     }
 
-    /// Evicts `victims` (placed chunks) and re-rotates the survivors after them.
-    fn evict_many(&mut self, victims: &BTreeSet<ChunkId>, plan: &mut Plan) {
+    /// Evicts `victims` (placed chunks), keeping the KV of those without a canonical record, and
+    /// moves the survivors after them: placed from canonical KV + a stored patch for their new
+    /// context where `stored` (or this window) knows one, else re-rotated only (exact as
+    /// rotation; what the cost model's survivors decision prices).
+    fn evict_many(&mut self, victims: &BTreeSet<ChunkId>, plan: &mut Plan, stored: &dyn Fn(&Key) -> bool) {
         if victims.is_empty() {
             return;
         }
@@ -387,6 +480,7 @@ impl Window {
         let mut kept = Vec::with_capacity(self.slots.len());
         for s in std::mem::take(&mut self.slots) {
             if victims.contains(&s.chunk) {
+                self.keep(plan, s.chunk, false);
                 plan.push(Step::EvictToStore { chunk: s.chunk });
             } else {
                 kept.push(s);
@@ -394,16 +488,39 @@ impl Window {
         }
         // Lay survivors out again from 0; each moves left by what was removed before it.
         let mut pos = 0i64;
-        for s in &mut kept {
-            let delta = pos - s.start;
+        let (mut blind, mut from) = (0usize, None);
+        for i in 0..kept.len() {
+            let delta = pos - kept[i].start;
             if delta != 0 {
-                plan.push(Step::Relocate { chunk: s.chunk, delta });
+                let id = kept[i].chunk;
+                let ants: Vec<(ChunkId, i64)> = kept[..i].iter().map(|s| (s.chunk, s.start)).collect();
+                let key = Key::patch(self.cfg.model, id, &ants, pos);
+                let s = &mut kept[i];
                 s.start = pos;
-                s.shifted = true;
+                if self.patches.contains(&key) || stored(&key) {
+                    self.patches.insert(key);
+                    self.reused += 1;
+                    plan.push(Step::Recall { chunk: id });
+                    plan.push(Step::Place {
+                        chunk: id,
+                        at: pos,
+                        patch: Some(key),
+                    });
+                    s.state = SlotState::Patched(key);
+                    s.shifted = false;
+                } else {
+                    plan.push(Step::Relocate { chunk: id, delta });
+                    s.shifted = true;
+                    blind += s.n_tokens;
+                    from.get_or_insert(pos);
+                }
             }
-            pos += s.span;
+            pos += kept[i].span;
         }
         self.slots = kept;
+        if let Some(from) = from {
+            plan.decisions.push(self.cfg.cost.survivors(blind, from as usize));
+        }
     }
 
     /// Evicts one placed chunk: its KV leaves the window, its canonical KV stays in the store;
@@ -416,7 +533,7 @@ impl Window {
             Some(_) => {}
         }
         let mut plan = Plan::default();
-        self.evict_many(&BTreeSet::from([*id]), &mut plan);
+        self.evict_many(&BTreeSet::from([*id]), &mut plan, &nothing_stored);
         Ok(plan)
     }
 
@@ -435,7 +552,7 @@ impl Window {
             used -= s.n_tokens;
         }
         let mut plan = Plan::default();
-        self.evict_many(&victims, &mut plan);
+        self.evict_many(&victims, &mut plan, &nothing_stored);
         Ok(plan)
     }
 
@@ -453,7 +570,7 @@ impl Window {
     }
 
     /// Drops the tail and evicts by the configured order until `need` tokens fit.
-    fn make_room(&mut self, op: &'static str, need: usize) -> Result<Plan> {
+    fn make_room(&mut self, op: &'static str, need: usize, stored: &dyn Fn(&Key) -> bool) -> Result<Plan> {
         self.check_fits(op, need)?;
         let mut plan = Plan::default();
         self.drop_tail(&mut plan);
@@ -472,7 +589,7 @@ impl Window {
             victims.insert(s.chunk);
             used -= s.n_tokens;
         }
-        self.evict_many(&victims, &mut plan);
+        self.evict_many(&victims, &mut plan, stored);
         Ok(plan)
     }
 
@@ -481,7 +598,7 @@ impl Window {
     /// before it, by id and position), formed once and cached — or re-prefill, as the cost
     /// model decides.
     pub fn recall(&mut self, id: ChunkId) -> Result<Plan> {
-        self.recall_with(id, &|_| false)
+        self.recall_with(id, &nothing_stored)
     }
 
     /// [`Window::recall`], where `stored` reports patches already in the store (formed in an
@@ -495,14 +612,27 @@ impl Window {
             return Err(Error::chunk(OP, &id, "is already in the window"));
         }
         let n = k.n_tokens;
-        let mut plan = self.make_room(OP, n)?;
+        let mut plan = self.make_room(OP, n, stored)?;
         let at = self.end();
         let key = self.key_after(id, self.slots.len(), at);
         let cached = self.patches.contains(&key) || stored(&key);
         if cached {
             self.patches.insert(key);
         }
-        let d = self.cfg.cost.recall(id, n, at as usize, cached);
+        let mut d = self
+            .cfg
+            .cost
+            .recall(id, n, at as usize, cached, self.expected_reuses());
+        if self.met.get(&id) == Some(&key) && self.kept.contains(&id) && !cached {
+            // Back where it was first met: its kept KV relocated is its KV here, exactly.
+            d.choice = Choice::Relocate;
+            d.reason = "back after exactly the context it was first met in: its kept KV is exact here".into();
+        }
+        match d.choice {
+            Choice::CachedPatch => self.reused += 1,
+            Choice::FormPatch => self.formed += 1,
+            _ => {}
+        }
         let state = match d.choice {
             Choice::Relocate | Choice::Blind => {
                 plan.push(Step::Recall { chunk: id });
@@ -588,6 +718,10 @@ impl Window {
             return Ok(plan);
         }
         self.drop_tail(&mut plan);
+        // Every chunk of the set needs a canonical record (orbit patches are formed against it).
+        for c in &old_order {
+            self.keep(&mut plan, *c, false);
+        }
         let moved: Vec<Slot> = self.slots.drain(first_placed + same..).collect();
         for s in &moved {
             plan.push(Step::EvictToStore { chunk: s.chunk });

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use anyhow::{Context as _, Result};
 use kamera_model::{Context, Model, ModelName, default_home, fetch};
 use kamera_ops::{ChunkKv, DType, PatchConfig, Placement, RopeSpec};
-use kamera_sched::{BoxError, Choice, CostModel, Encoder, ExecConfig, Executor, Window, WindowConfig};
+use kamera_sched::{BoxError, CanonicalSource, Choice, CostModel, Encoder, ExecConfig, Executor, Prior, Window, WindowConfig};
 use kamera_store::{ChunkId, ChunkStore, EvictionPolicy, Key, ModelFp, SledStore, StoreConfig, Tiered};
 
 struct ModelEncoder {
@@ -24,10 +24,14 @@ impl Encoder for ModelEncoder {
     fn rope(&self) -> &RopeSpec {
         self.model.rope()
     }
-    fn prefill(&mut self, chunk: ChunkId, at: i64, context: Option<&ChunkKv>) -> Result<ChunkKv, BoxError> {
+    fn prefill_alone(&mut self, chunk: ChunkId) -> Result<ChunkKv, BoxError> {
         let toks = self.tokens.get(&chunk).ok_or("unknown chunk")?;
-        let ctx = match context {
-            Some(kv) => Context::from_chunk(kv)?,
+        Ok(self.model.prefill(toks, 0, &self.model.empty_context())?.chunk)
+    }
+    fn prefill_after(&mut self, chunk: ChunkId, at: i64, prior: &Prior<'_>, _: u64) -> Result<ChunkKv, BoxError> {
+        let toks = self.tokens.get(&chunk).ok_or("unknown chunk")?;
+        let ctx = match prior.assemble(self.model.rope(), DType::F32)? {
+            Some(kv) => Context::from_chunk(&kv)?,
             None => self.model.empty_context(),
         };
         Ok(self.model.prefill(toks, at, &ctx)?.chunk)
@@ -96,20 +100,24 @@ fn evict_three_and_recall_them_in_a_new_order() -> Result<()> {
     };
     let mut ex = Executor::new(enc, store, cfg);
     let mut wcfg = WindowConfig::new(512, fp);
+    // The paper's recall: canonical KV prefilled alone, every recall exact (a patch formed
+    // once, then reused).
     wcfg.cost = CostModel {
         expected_reuses: 8.0,
+        canonical: CanonicalSource::Alone,
+        recall_blind_kl: f64::INFINITY,
         ..CostModel::default()
     };
     let mut w = Window::new(wcfg);
-    ex.run(&w.pin(sys.0, sys.1)?)?;
+    ex.run_now(&w.pin(sys.0, sys.1)?)?;
     for (id, n) in &notes {
-        ex.run(&w.insert(*id, *n)?)?;
+        ex.run_now(&w.insert(*id, *n)?)?;
     }
     let recall_order = [notes[3], notes[1], notes[2]];
     let mut measured = Vec::new();
     for round in 0..2 {
         for (id, _) in [notes[1], notes[2], notes[3]] {
-            ex.run(&w.evict(&id)?)?;
+            ex.run_now(&w.evict(&id)?)?;
         }
         for (id, _) in recall_order {
             let plan = w.recall(id)?;
@@ -120,7 +128,7 @@ fn evict_three_and_recall_them_in_a_new_order() -> Result<()> {
                 Choice::CachedPatch
             };
             anyhow::ensure!(plan.decisions[0].choice == want, "round {round}: {}", plan.decisions[0]);
-            ex.run(&plan)?;
+            ex.run_now(&plan)?;
         }
         let seq: Vec<ChunkId> = w.slots().iter().map(|s| s.chunk).collect();
         let kv = ex.window_kv()?.context("window KV")?;

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{Synth, max_diff, model};
+use common::{Synth, exact, max_diff, model};
 use kamera_ops::{DType, PatchConfig};
 use kamera_sched::{Choice, CostModel, Error, ExecConfig, Executor, Order, Step, Window, WindowConfig};
 use kamera_store::{ChunkId, MemStore};
@@ -22,10 +22,10 @@ fn executor(synth: Synth) -> Executor<Synth, MemStore> {
 
 fn window(budget: usize, reuses: f64) -> Window {
     let mut cfg = WindowConfig::new(budget, model());
-    cfg.cost = CostModel {
+    cfg.cost = exact(CostModel {
         expected_reuses: reuses,
         ..CostModel::default()
-    };
+    });
     Window::new(cfg)
 }
 
@@ -90,7 +90,7 @@ proptest! {
         if pin > 0 {
             let sys = ex.encoder_mut().chunk(1000, pin);
             let plan = w.pin(sys, pin).unwrap();
-            ex.run(&plan).unwrap();
+            ex.run_now(&plan).unwrap();
         }
         let mut next = 0;
         for op in ops {
@@ -120,7 +120,7 @@ proptest! {
                 Op::Tail(n) => match w.set_tail(n) { Ok(()) => continue, Err(e) => Err(e) },
             };
             match r {
-                Ok(plan) => ex.run(&plan).unwrap(),
+                Ok(plan) => { ex.run_now(&plan).unwrap(); }
                 Err(Error::OverBudget { .. }) => prop_assert_eq!(w.slots(), &before[..], "a refused operation changed the window"),
                 Err(e) => panic!("unexpected error: {e}"),
             }
@@ -143,10 +143,10 @@ proptest! {
         let mut w = window(500, 1000.0);
         if pin > 0 {
             let sys = ex.encoder_mut().chunk(1000, pin);
-            ex.run(&w.pin(sys, pin).unwrap()).unwrap();
+            ex.run_now(&w.pin(sys, pin).unwrap()).unwrap();
         }
         for (i, id) in ids.iter().enumerate() {
-            ex.run(&w.insert(*id, 2 + i).unwrap()).unwrap();
+            ex.run_now(&w.insert(*id, 2 + i).unwrap()).unwrap();
         }
         let mut set = ids.clone();
         set.sort();
@@ -170,7 +170,7 @@ proptest! {
                     }
                 }
             }
-            ex.run(&plan).unwrap();
+            ex.run_now(&plan).unwrap();
             if formed && plan.count("form-orbit") == 0 {
                 prop_assert_eq!(ex.encoder().calls, calls, "a cached reorder ran the model");
             }
@@ -252,11 +252,11 @@ proptest! {
         let mut w = window(1000, 4.0);
         let mut seq = Vec::new();
         if pin > 0 {
-            ex.run(&w.pin(sys, pin.max(1)).unwrap()).unwrap();
+            ex.run_now(&w.pin(sys, pin.max(1)).unwrap()).unwrap();
             seq.push(sys);
         }
         for (id, n) in ids.iter().zip(&sizes) {
-            ex.run(&w.insert(*id, *n).unwrap()).unwrap();
+            ex.run_now(&w.insert(*id, *n).unwrap()).unwrap();
             seq.push(*id);
         }
         let got = ex.window_kv().unwrap().unwrap();
@@ -276,11 +276,11 @@ fn recall_forms_a_patch_once_and_restores_the_conditioned_kv() {
         let mut w = window(100, 10.0);
         w.cost_model_mut().revisit_rate = revisit_rate;
         for (id, n) in [(a, 5), (b, 6), (c, 7)] {
-            ex.run(&w.insert(id, n).unwrap()).unwrap();
+            ex.run_now(&w.insert(id, n).unwrap()).unwrap();
         }
         let exact = ex.window_kv().unwrap().unwrap();
         for round in 0..2 {
-            ex.run(&w.evict(&c).unwrap()).unwrap();
+            ex.run_now(&w.evict(&c).unwrap()).unwrap();
             let plan = w.recall(c).unwrap();
             let want = if round == 0 && revisit_rate == 0.0 {
                 Choice::FormPatch
@@ -293,7 +293,7 @@ fn recall_forms_a_patch_once_and_restores_the_conditioned_kv() {
             );
             assert_eq!(plan.count("form-patch"), usize::from(want == Choice::FormPatch));
             assert_eq!(plan.count("prefill"), 0, "recall must not re-encode");
-            ex.run(&plan).unwrap();
+            ex.run_now(&plan).unwrap();
             let got = ex.window_kv().unwrap().unwrap();
             let err = max_diff(&got, &exact);
             assert!(
@@ -330,9 +330,9 @@ fn recall_after_a_changed_context_gets_a_new_patch_and_reprefills_when_not_worth
     let mut ex = executor(synth);
     let mut w = window(100, 0.0);
     for (id, n) in [(a, 5), (b, 6), (c, 7)] {
-        ex.run(&w.insert(id, n).unwrap()).unwrap();
+        ex.run_now(&w.insert(id, n).unwrap()).unwrap();
     }
-    ex.run(&w.evict(&b).unwrap()).unwrap();
+    ex.run_now(&w.evict(&b).unwrap()).unwrap();
     let plan = w.recall(b).unwrap();
     assert_eq!(plan.decisions[0].choice, Choice::Reprefill, "{plan}");
     assert!(plan.steps.contains(&Step::Prefill {
@@ -340,7 +340,7 @@ fn recall_after_a_changed_context_gets_a_new_patch_and_reprefills_when_not_worth
         at: 12,
         alone: false
     }));
-    ex.run(&plan).unwrap();
+    ex.run_now(&plan).unwrap();
     let got = ex.window_kv().unwrap().unwrap();
     let want = ex.encoder().full(&[a, c, b]);
     // a is untouched; c was prefilled after [a, b] and only re-rotated when b left; b is
@@ -362,15 +362,15 @@ fn orbit_patches_are_formed_once_per_set_and_serve_other_orders() {
     let ids: Vec<ChunkId> = (0..4).map(|i| synth.chunk(i, 4 + i as usize)).collect();
     let mut ex = executor(synth);
     let mut w = window(200, 50.0);
-    ex.run(&w.pin(sys, 3).unwrap()).unwrap();
+    ex.run_now(&w.pin(sys, 3).unwrap()).unwrap();
     for (i, id) in ids.iter().enumerate() {
-        ex.run(&w.insert(*id, 4 + i).unwrap()).unwrap();
+        ex.run_now(&w.insert(*id, 4 + i).unwrap()).unwrap();
     }
     let order1 = vec![ids[2], ids[0], ids[3], ids[1]];
     let plan = w.reorder_to(&order1).unwrap();
     assert_eq!(plan.count("form-orbit"), 1, "{plan}");
     assert_eq!(plan.count("place"), 4);
-    ex.run(&plan).unwrap();
+    ex.run_now(&plan).unwrap();
     // Slot-conditioned by default: one patch per chunk and slot (the pinned prefix precedes
     // the set, so its first slot has one too).
     assert_eq!(ex.stats.orbit_patches_formed, 16);
@@ -379,14 +379,14 @@ fn orbit_patches_are_formed_once_per_set_and_serve_other_orders() {
     let plan = w.reorder_to(&order2).unwrap();
     assert_eq!(plan.decisions[0].choice, Choice::CachedPatch, "{plan}");
     assert_eq!(plan.count("form-orbit") + plan.count("prefill"), 0);
-    ex.run(&plan).unwrap();
+    ex.run_now(&plan).unwrap();
     assert_eq!(ex.encoder().calls, calls, "a cached reorder runs no model");
     let got: Vec<ChunkId> = w.slots().iter().skip(1).map(|s| s.chunk).collect();
     assert_eq!(got, order2);
     // Reorder by relevance: the most relevant chunk lands next to the tail.
     w.set_relevance(&ids[0], 9.0);
     let plan = w.reorder(Order::Relevance).unwrap();
-    ex.run(&plan).unwrap();
+    ex.run_now(&plan).unwrap();
     assert_eq!(w.slots().last().map(|s| s.chunk), Some(ids[0]));
     // The orbit patch approximates every order's conditioned KV better than no patch.
     let got = ex.window_kv().unwrap().unwrap();
@@ -414,14 +414,14 @@ fn slot_orbit_patches_beat_the_mean() {
         let mut ex = executor(synth);
         let mut w = window(200, 50.0);
         w.cost_model_mut().orbit_bytes_budget = orbit_bytes_budget;
-        ex.run(&w.pin(sys, 3).unwrap()).unwrap();
+        ex.run_now(&w.pin(sys, 3).unwrap()).unwrap();
         for id in &ids {
-            ex.run(&w.insert(*id, 5).unwrap()).unwrap();
+            ex.run_now(&w.insert(*id, 5).unwrap()).unwrap();
         }
         let mut err = 0.0f32;
         for order in [[2, 0, 1], [1, 2, 0], [0, 2, 1]] {
             let order: Vec<ChunkId> = order.iter().map(|&i| ids[i]).collect();
-            ex.run(&w.reorder_to(&order).unwrap()).unwrap();
+            ex.run_now(&w.reorder_to(&order).unwrap()).unwrap();
             let seq: Vec<ChunkId> = w.slots().iter().map(|s| s.chunk).collect();
             let got = ex.window_kv().unwrap().unwrap();
             err = err.max(max_diff(&got, &ex.encoder().full(&seq)));
@@ -441,19 +441,21 @@ fn slide_survivors_are_only_re_rotated() {
     let mut ex = executor(synth);
     let mut w = window(30, 4.0);
     for id in &ids {
-        ex.run(&w.insert(*id, 6).unwrap()).unwrap();
+        ex.run_now(&w.insert(*id, 6).unwrap()).unwrap();
     }
     let before = ex.window_kv().unwrap().unwrap();
     let plan = w.slide(12).unwrap();
     assert_eq!(plan.count("evict"), 2);
     assert_eq!(plan.count("relocate"), 3);
-    assert_eq!(plan.steps.len(), 5, "{plan}");
+    // The first chunk (at 0, no canonical KV formed there) is kept as it leaves.
+    assert_eq!(plan.steps.len(), 5 + plan.count("keep"), "{plan}");
+    assert_eq!(plan.count("keep"), 1, "{plan}");
     assert!(
         plan.steps
             .iter()
             .all(|s| !matches!(s, Step::Relocate { delta, .. } if *delta != -12))
     );
-    ex.run(&plan).unwrap();
+    ex.run_now(&plan).unwrap();
     let after = ex.window_kv().unwrap().unwrap();
     // Survivors = the old rows 12..30 re-rotated by -12.
     let old_tail = kamera_ops::ChunkKv::new(
@@ -481,19 +483,19 @@ fn slide_survivors_are_only_re_rotated() {
 
 #[test]
 fn cost_model_explains_each_choice() {
-    let c = CostModel::default();
+    let c = exact(CostModel::default());
     let id = ChunkId::of(b"x", "t", model());
-    assert_eq!(c.recall(id, 100, 0, false).choice, Choice::Relocate);
-    assert_eq!(c.recall(id, 100, 500, true).choice, Choice::CachedPatch);
-    let form = c.recall(id, 100, 500, false);
+    assert_eq!(c.recall(id, 100, 0, false, c.expected_reuses).choice, Choice::Relocate);
+    assert_eq!(c.recall(id, 100, 500, true, c.expected_reuses).choice, Choice::CachedPatch);
+    let form = c.recall(id, 100, 500, false, c.expected_reuses);
     assert_eq!(form.choice, Choice::FormPatch);
     assert!(form.to_string().contains("saves"), "{form}");
-    let never = CostModel {
+    let never = exact(CostModel {
         expected_reuses: 0.0,
         ..CostModel::default()
-    };
-    assert_eq!(never.recall(id, 100, 500, false).choice, Choice::Reprefill);
-    assert!(c.recall(id, 100, 500, true).chosen_cost() < c.prefill(100, 500) / 10.0);
+    });
+    assert_eq!(never.recall(id, 100, 500, false, never.expected_reuses).choice, Choice::Reprefill);
+    assert!(c.recall(id, 100, 500, true, c.expected_reuses).chosen_cost() < c.prefill(100, 500) / 10.0);
     let v = c.orbit_variant(3, true);
     assert_eq!(c.reorder(300, 3, 10, true, v).choice, Choice::CachedPatch);
     assert_eq!(never.reorder(300, 3, 10, false, v).choice, Choice::Reprefill);
@@ -620,10 +622,10 @@ fn transform_coded_patches_are_formed_stored_on_disk_and_served() {
     let store = kamera_store::SledStore::open(kamera_store::StoreConfig::at(&dir)).unwrap();
     let mut ex = Executor::new(synth, Box::new(store) as Box<dyn kamera_store::ChunkStore>, cfg);
     let mut wcfg = WindowConfig::new(100, model());
-    wcfg.cost = cost;
+    wcfg.cost = exact(cost);
     let mut w = Window::new(wcfg);
     for (id, n) in [(a, 5), (b, 6), (c, 40)] {
-        ex.run(&w.insert(id, n).unwrap()).unwrap();
+        ex.run_now(&w.insert(id, n).unwrap()).unwrap();
     }
     let exact = ex.window_kv().unwrap().unwrap();
     // Without a patch the recalled chunk would be off by this much.
@@ -631,10 +633,10 @@ fn transform_coded_patches_are_formed_stored_on_disk_and_served() {
         &kamera_ops::relocate(&ex.encoder().kv(c, 0, None), &ex.encoder().rope, 11).unwrap(),
         ex.resident(&c).unwrap(),
     );
-    ex.run(&w.evict(&c).unwrap()).unwrap();
+    ex.run_now(&w.evict(&c).unwrap()).unwrap();
     let plan = w.recall(c).unwrap();
     assert_eq!(plan.decisions[0].choice, Choice::FormPatch, "{plan}");
-    ex.run(&plan).unwrap();
+    ex.run_now(&plan).unwrap();
     let err = max_diff(&ex.window_kv().unwrap().unwrap(), &exact);
     assert!(
         err > 0.0 && err < blind / 10.0,

@@ -45,36 +45,43 @@ pub trait ChunkStore: Send + Sync {
     }
 }
 
-/// A boxed store is a store (so tiers can be stacked at run time).
-impl<S: ChunkStore + ?Sized> ChunkStore for Box<S> {
-    fn get(&self, key: &Key) -> Result<Option<Arc<Record>>> {
-        (**self).get(key)
-    }
-    fn put(&self, key: &Key, record: Record) -> Result<()> {
-        (**self).put(key, record)
-    }
-    fn contains(&self, key: &Key) -> Result<bool> {
-        (**self).contains(key)
-    }
-    fn remove(&self, key: &Key) -> Result<bool> {
-        (**self).remove(key)
-    }
-    fn keys(&self, model: Option<ModelFp>) -> Result<Vec<Key>> {
-        (**self).keys(model)
-    }
-    fn flush(&self) -> Result<()> {
-        (**self).flush()
-    }
-    fn stats(&self) -> Stats {
-        (**self).stats()
-    }
-    fn touch(&self, key: &Key) -> Result<()> {
-        (**self).touch(key)
-    }
-    fn lookup(&self, key: &Key) -> Result<Option<Arc<Record>>> {
-        (**self).lookup(key)
-    }
+/// A boxed or shared store is a store (so tiers can be stacked at run time, and a runtime can
+/// hand one store to its executor and its own checks).
+macro_rules! forward_store {
+    ($ptr:ident) => {
+        impl<S: ChunkStore + ?Sized> ChunkStore for $ptr<S> {
+            fn get(&self, key: &Key) -> Result<Option<Arc<Record>>> {
+                (**self).get(key)
+            }
+            fn put(&self, key: &Key, record: Record) -> Result<()> {
+                (**self).put(key, record)
+            }
+            fn contains(&self, key: &Key) -> Result<bool> {
+                (**self).contains(key)
+            }
+            fn remove(&self, key: &Key) -> Result<bool> {
+                (**self).remove(key)
+            }
+            fn keys(&self, model: Option<ModelFp>) -> Result<Vec<Key>> {
+                (**self).keys(model)
+            }
+            fn flush(&self) -> Result<()> {
+                (**self).flush()
+            }
+            fn stats(&self) -> Stats {
+                (**self).stats()
+            }
+            fn touch(&self, key: &Key) -> Result<()> {
+                (**self).touch(key)
+            }
+            fn lookup(&self, key: &Key) -> Result<Option<Arc<Record>>> {
+                (**self).lookup(key)
+            }
+        }
+    };
 }
+forward_store!(Box);
+forward_store!(Arc);
 
 /// Counters of a store (a snapshot).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 
 use kamera_store::{ChunkId, Key};
 
-use super::{Known, Slot, Visit, Window};
+use super::{Known, Slot, SlotState, Visit, Window};
 use crate::error::Result;
 use crate::plan::{Plan, Step};
 
@@ -35,15 +35,17 @@ impl Window {
                     relevance: 0.0,
                 },
             );
+            self.canonical.insert(id);
             return match self.recall_with(id, stored) {
                 Ok(plan) => Ok((Visit::Stored, plan)),
                 Err(e) => {
                     self.known.remove(&id);
+                    self.canonical.remove(&id);
                     Err(e)
                 }
             };
         }
-        Ok((Visit::New, self.insert(id, n_tokens)?))
+        Ok((Visit::New, self.insert_with(id, n_tokens, stored)?))
     }
 
     /// [`Window::pin`], or where `stored` reports the chunk's canonical KV and it goes first, its
@@ -53,10 +55,19 @@ impl Window {
             return self.pin(id, n_tokens);
         }
         let mut plan = self.pin(id, n_tokens)?;
-        plan.steps
-            .retain(|s| !matches!(s, Step::Prefill { .. } | Step::StoreCanonical { .. }));
-        let place = plan.steps.len().saturating_sub(1);
-        plan.steps.insert(place, Step::Recall { chunk: id });
+        let encode = |s: &Step| matches!(s, Step::Prefill { .. } | Step::StoreCanonical { .. });
+        plan.steps.retain(|s| !encode(s));
+        plan.background.retain(|s| !encode(s));
+        plan.push(Step::Recall { chunk: id });
+        plan.push(Step::Place {
+            chunk: id,
+            at: 0,
+            patch: None,
+        });
+        self.canonical.insert(id);
+        if let Some(s) = self.slots.last_mut() {
+            s.state = SlotState::Relocated;
+        }
         Ok(plan)
     }
 
@@ -104,7 +115,7 @@ impl Window {
                 continue;
             }
             let evicted: Vec<String> = victims.iter().map(crate::error::short).collect();
-            self.evict_many(&victims, &mut plan);
+            self.evict_many(&victims, &mut plan, stored);
             let mut p = self.recall_with(id, stored)?;
             for d in &mut p.decisions {
                 d.reason = format!(

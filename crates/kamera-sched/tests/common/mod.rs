@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use kamera_ops::{Buf, ChunkKv, DType, KvLayout, LayerKv, Mat, PairLayout, RopeSpec};
-use kamera_sched::{BoxError, Encoder};
+use kamera_sched::{BoxError, Encoder, Prior};
 use kamera_store::{ChunkId, ModelFp};
 
 pub fn values(seed: u64, n: usize) -> Vec<f32> {
@@ -112,6 +112,16 @@ impl Encoder for Synth {
     fn rope(&self) -> &RopeSpec {
         &self.rope
     }
+    fn prefill_alone(&mut self, chunk: ChunkId) -> Result<ChunkKv, BoxError> {
+        self.prefill(chunk, 0, None)
+    }
+    fn prefill_after(&mut self, chunk: ChunkId, at: i64, prior: &Prior<'_>, _: u64) -> Result<ChunkKv, BoxError> {
+        let ctx = prior.assemble(&self.rope, DType::F32)?;
+        self.prefill(chunk, at, ctx.as_ref())
+    }
+}
+
+impl Synth {
     fn prefill(&mut self, chunk: ChunkId, at: i64, context: Option<&ChunkKv>) -> Result<ChunkKv, BoxError> {
         self.calls += 1;
         if !self.chunks.contains_key(&chunk) {
@@ -132,4 +142,15 @@ pub fn max_diff(a: &ChunkKv, b: &ChunkKv) -> f32 {
         }
     }
     m
+}
+
+/// `cost` with the paper's canonical KV (prefilled alone) and no blind placement allowed: every
+/// recall and survivor exact or patched, as the tests of patch formation need.
+pub fn exact(cost: kamera_sched::CostModel) -> kamera_sched::CostModel {
+    kamera_sched::CostModel {
+        canonical: kamera_sched::CanonicalSource::Alone,
+        recall_blind_kl: f64::INFINITY,
+        survivor_blind_kl: f64::INFINITY,
+        ..cost
+    }
 }
