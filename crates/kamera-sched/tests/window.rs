@@ -637,6 +637,13 @@ fn transform_coded_patches_are_formed_stored_on_disk_and_served() {
     let plan = w.recall(c).unwrap();
     assert_eq!(plan.decisions[0].choice, Choice::FormPatch, "{plan}");
     ex.run_now(&plan).unwrap();
+    // The first placement is the conditioned prefill itself (exact); the next recall after the
+    // same context goes through the coded patch read from the store.
+    assert_eq!(max_diff(&ex.window_kv().unwrap().unwrap(), &exact), 0.0);
+    ex.run_now(&w.evict(&c).unwrap()).unwrap();
+    let again = w.recall(c).unwrap();
+    assert_eq!(again.decisions[0].choice, Choice::CachedPatch, "{again}");
+    ex.run_now(&again).unwrap();
     let err = max_diff(&ex.window_kv().unwrap().unwrap(), &exact);
     assert!(
         err > 0.0 && err < blind / 10.0,
