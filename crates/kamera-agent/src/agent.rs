@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::llm::Llm;
 use crate::lm::{LanguageModel, View};
 use crate::policy::{Decision, Mind, Policy};
-use crate::runtime::{Applied, Session, SessionStats};
+use crate::runtime::{Applied, ApplyTimings, Session, SessionStats};
 use crate::scenario::{MiniWobSpec, Scenario};
 use crate::trace::{
     EndRecord, Header, Line, ObsRecord, StepRecord, StepResult, StepTimings, TRACE_VERSION, TraceWriter, sha256_hex,
@@ -202,8 +202,13 @@ impl Run<'_, '_> {
         let t_step = Instant::now();
         let mut timings = StepTimings::default();
         let t = Instant::now();
-        let obs = self.agent.browser.observe().await?;
+        let (obs, settled) = self.observe_while_settling().await;
+        let obs = obs?;
         timings.observe_ms = ms(t);
+        // The earlier steps' deferred work ran beside the browser; it is this step's record's.
+        let settled = settled?;
+        timings.encode_ms += settled.prefill_ms;
+        timings.patch_ms += settled.patch_ms;
         let shot = match self.opts.trace.as_ref() {
             Some(tw) => tw.resource(&obs.screenshot_png, "png")?,
             None => sha256_hex(&obs.screenshot_png),
@@ -244,8 +249,8 @@ impl Run<'_, '_> {
             let recalled = blocking(|| session.recall_relevant(&query))?;
             merge(&mut applied, recalled);
         }
-        timings.encode_ms = applied.timings.prefill_ms;
-        timings.patch_ms = applied.timings.patch_ms;
+        timings.encode_ms += applied.timings.prefill_ms;
+        timings.patch_ms += applied.timings.patch_ms;
         timings.reuse_ms = applied.timings.place_ms + applied.timings.sync_ms;
         let chunk = applied.chunk.ok_or_else(|| Error::Runtime {
             op: "observe",
@@ -282,20 +287,6 @@ impl Run<'_, '_> {
             }
             Ok(d) => self.act(d, &mut record).await,
         };
-        // The new page's canonical KV and difference patch, off the path to the model's answer.
-        let session = &mut *self.agent.session;
-        match blocking(|| session.settle()) {
-            Ok(t) => {
-                record.timings.encode_ms += t.prefill_ms;
-                record.timings.patch_ms += t.patch_ms;
-            }
-            Err(e) if fatal.is_none() => {
-                record.result = StepResult::Failed { error: e.to_string() };
-                record.timings.total_ms = ms(t_step);
-                return Ok((record, Some(e)));
-            }
-            Err(_) => {}
-        }
         record.timings.total_ms = ms(t_step);
         let blocked = self.agent.browser.blocked();
         record.blocked = blocked.get(self.blocked_seen..).unwrap_or_default().to_vec();
@@ -405,6 +396,34 @@ impl Run<'_, '_> {
             }
         }
         None
+    }
+
+    /// Observes the page while the session's deferred work (the plans' background steps, repairs)
+    /// runs on a worker thread, so no step waits for it beyond the page itself; on a
+    /// current-thread runtime the work runs first, then the observation.
+    async fn observe_while_settling(&mut self) -> (Result<Observation>, Result<ApplyTimings>) {
+        let browser = &mut *self.agent.browser;
+        let session = &mut *self.agent.session;
+        let multi = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        if !multi {
+            let settled = session.settle();
+            return (browser.observe().await.map_err(Error::from), settled);
+        }
+        let handle = tokio::runtime::Handle::current();
+        tokio::task::block_in_place(|| {
+            std::thread::scope(|s| {
+                let worker = s.spawn(|| session.settle());
+                let obs = handle.block_on(browser.observe()).map_err(Error::from);
+                let settled = worker.join().unwrap_or_else(|_| {
+                    Err(Error::Runtime {
+                        op: "settle",
+                        detail: "the deferred-work thread panicked".into(),
+                    })
+                });
+                (obs, settled)
+            })
+        })
     }
 
     /// Judges the run, writes the end line, and returns the summary or the fatal error.

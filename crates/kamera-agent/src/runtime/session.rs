@@ -1,20 +1,20 @@
 //! [`Session`]: one window, one store, one live model context. Pages and prompts become chunks by
 //! content id; each visit is a kamera-sched plan (hit, insert, recall, evict, relocate, reorder)
-//! executed in place, so a hit costs nothing and only chunks that moved are touched.
+//! run by kamera-sched's executor over the session's encoder, so a hit costs nothing and only
+//! chunks that moved are touched. The session plans nothing itself: the window plans and prices,
+//! the executor runs, and background steps wait for [`Session::settle`].
 
-use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use kamera_gpu::Backend;
 use kamera_model::{Context, Model};
-use kamera_ops::{ChunkKv, DType, PatchConfig};
-use kamera_sched::{CostModel, Order, Plan, Visit, Window, WindowConfig};
-use kamera_store::{ChunkId, ChunkStore, Key, ModelFp, Record};
+use kamera_ops::{DType, PatchConfig};
+use kamera_sched::{CostModel, ExecConfig, Executor, Order, Plan, Visit, Window, WindowConfig};
+use kamera_store::{ChunkId, ChunkStore, Key, ModelFp};
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
-use crate::runtime::image::ImageContent;
+use crate::runtime::encoder::{Content, SessionEncoder};
 use crate::runtime::relevance::Relevance;
 use crate::scenario::Scenario;
 
@@ -35,11 +35,12 @@ pub struct SessionConfig {
     pub evict: Order,
     /// Relevance recall: evicted chunks scoring above this are brought back before a question.
     pub min_relevance: f64,
-    /// Keep a new chunk's canonical prefill, its storage and its difference patch for
-    /// [`Session::settle`] (after the model call) instead of doing them before the first token.
+    /// Run the plans' background steps (canonical KV formed alone, difference patches, repairs)
+    /// in [`Session::settle`], off the path to the first token, instead of right after the plan.
     pub defer: bool,
-    /// Repair survivors of an eviction in [`Session::settle`] (prefill them again in place and
-    /// store their patches for the new context), so a recurring context is served exactly.
+    /// Allow the repair of survivors of an eviction in [`Session::settle`] (prefilled again in
+    /// place, their patches for the new context stored) where the cost model predicts that blind
+    /// survivors cost more KL than its budget ([`CostModel::survivors`]); off: never repaired.
     pub repair: bool,
     /// Pixel budget of a screenshot chunk ([`Session::observe_image`]): larger screenshots are
     /// downscaled, as the model's preprocessor does, to fit (28x28 pixels per merged token).
@@ -84,18 +85,8 @@ impl SessionConfig {
     }
 }
 
-/// Milliseconds spent executing one plan, by kind of work.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct ApplyTimings {
-    /// Forward passes: new chunks alone and in place, re-prefills.
-    pub prefill_ms: f64,
-    /// Conditioned prefills + SVDs forming patches, and difference patches.
-    pub patch_ms: f64,
-    /// Relocating and patching chunks (the Backend), reading them from the store.
-    pub place_ms: f64,
-    /// Writing moved chunks into the model context.
-    pub sync_ms: f64,
-}
+/// Milliseconds spent executing one plan, by kind of work (kamera-sched's [`kamera_sched::Timings`]).
+pub type ApplyTimings = kamera_sched::Timings;
 
 /// What one visit, pin or recall did.
 #[derive(Debug, Clone, Default)]
@@ -160,51 +151,22 @@ impl SessionStats {
     }
 }
 
-/// A chunk's content: what a prefill needs.
-#[derive(Debug, Clone)]
-pub(crate) struct Content {
-    pub tokens: Vec<u32>,
-    /// An image chunk's pixels and tower output (its `tokens` are the vision markers and pads).
-    pub image: Option<Arc<ImageContent>>,
-}
-
-/// A resident chunk's KV at its window position, with the version that the context copy of it
-/// must match.
-pub(crate) struct Resident {
-    pub kv: ChunkKv,
-    pub version: u64,
-}
-
 /// The runtime session.
 pub struct Session {
     pub(crate) model: Arc<Model>,
     pub(crate) fp: ModelFp,
     pub(crate) store: Arc<dyn ChunkStore>,
-    pub(crate) backend: Box<dyn Backend + Send>,
     pub(crate) cfg: SessionConfig,
     pub(crate) window: Window,
-    pub(crate) content: HashMap<ChunkId, Content>,
-    pub(crate) resident: HashMap<ChunkId, Resident>,
-    /// Canonical KV needed by the plan being executed.
-    pub(crate) staged: HashMap<ChunkId, Arc<Record>>,
-    /// Conditioned KV computed by a FormPatch step of the plan being executed (exact where it was
-    /// computed).
-    pub(crate) exact: HashMap<ChunkId, ChunkKv>,
-    /// Resident chunks whose KV still carries an evicted chunk's conditioning.
-    pub(crate) stale: std::collections::HashSet<ChunkId>,
-    /// Steps kept for [`Session::settle`].
-    pub(crate) deferred: Vec<kamera_sched::Step>,
-    pub(crate) ctx: Context,
-    /// The chunks (id, version) whose rows the context holds, in order from position 0.
-    pub(crate) ctx_chunks: Vec<(ChunkId, u64)>,
-    pub(crate) version: u64,
+    /// The one executor of plans, over the session's encoder (model, live context, backend).
+    pub(crate) exec: Executor<SessionEncoder, Arc<dyn ChunkStore>>,
     pub(crate) stats: SessionStats,
     pub(crate) relevance: Relevance,
     pinned_tokens: usize,
     /// The page chunk observed last: never evicted by a recall for relevance.
     last: Option<ChunkId>,
-    /// Images run through the vision tower (counted where the tower runs, behind `&self`).
-    pub(crate) images_encoded: AtomicUsize,
+    /// Tokens prefilled by the background steps of repairs (for [`SessionStats::repair_tokens`]).
+    repair_pending: usize,
 }
 
 impl Session {
@@ -220,28 +182,24 @@ impl Session {
         let mut wcfg = WindowConfig::new(cfg.window_tokens, fp);
         wcfg.cost = cfg.cost.clone();
         wcfg.evict = cfg.evict;
-        let ctx = model.empty_context();
+        let enc = SessionEncoder::new(model.clone(), backend, cfg.image_max_pixels);
+        let ecfg = ExecConfig {
+            model: fp,
+            patch: cfg.patch.clone(),
+            dtype: DType::F32,
+        };
         Session {
+            exec: Executor::new(enc, store.clone(), ecfg),
             model,
             fp,
             store,
-            backend,
             window: Window::new(wcfg),
             cfg,
-            content: HashMap::new(),
-            resident: HashMap::new(),
-            staged: HashMap::new(),
-            exact: HashMap::new(),
-            stale: Default::default(),
-            deferred: Vec::new(),
-            ctx,
-            ctx_chunks: Vec::new(),
-            version: 0,
             stats: SessionStats::default(),
             relevance: Relevance::default(),
             pinned_tokens: 0,
             last: None,
-            images_encoded: AtomicUsize::new(0),
+            repair_pending: 0,
         }
     }
 
@@ -262,7 +220,11 @@ impl Session {
     }
     /// The backend's name (`cpu`, `cuda`).
     pub fn backend_name(&self) -> &'static str {
-        self.backend.name()
+        self.exec.encoder().backend.name()
+    }
+    /// Background steps waiting for [`Session::settle`].
+    pub fn queued(&self) -> &[kamera_sched::Step] {
+        self.exec.queued()
     }
 
     /// The content id of a page chunk: what the model reads of it (its text), under this model
@@ -279,15 +241,16 @@ impl Session {
 
     /// The tokens of a chunk this session has met.
     pub fn chunk_tokens(&self, id: &ChunkId) -> Option<&[u32]> {
-        self.content.get(id).map(|c| c.tokens.as_slice())
+        self.exec.encoder().content.get(id).map(|c| c.tokens.as_slice())
     }
 
     /// Keeps a chunk's tokens; a page chunk (`scored`) also joins relevance scoring.
     fn learn(&mut self, id: ChunkId, text: &str, tokens: Vec<u32>, scored: bool) {
-        if scored && !self.content.contains_key(&id) {
+        let content = &mut self.exec.encoder_mut().content;
+        if scored && !content.contains_key(&id) {
             self.relevance.add(id, text);
         }
-        self.content.insert(id, Content { tokens, image: None });
+        content.insert(id, Content { tokens, image: None });
     }
 
     /// Whether the store holds `key` (a store that cannot answer counts as not holding it).
@@ -324,7 +287,7 @@ impl Session {
     pub fn observe(&mut self, text: &str) -> Result<Applied> {
         self.settle()?;
         let id = self.chunk_id(text);
-        let tokens = match self.content.get(&id) {
+        let tokens = match self.exec.encoder().content.get(&id) {
             Some(c) => c.tokens.clone(),
             None => self.tokenize(text, false)?,
         };
@@ -374,9 +337,8 @@ impl Session {
     /// The model context of the window (positions `0..end`), ready for a model call that
     /// appends a prompt with [`Model::extend`] and truncates back to [`Context::len`] after.
     pub fn context(&mut self) -> Result<&mut Context> {
-        let end = self.window.end();
-        self.sync_to(end)?;
-        Ok(&mut self.ctx)
+        self.exec.sync(self.window.end())?;
+        Ok(&mut self.exec.encoder_mut().ctx)
     }
 
     /// The tokens of the window's chunks in order (what a full re-prefill would run).
@@ -384,26 +346,76 @@ impl Session {
         self.window
             .slots()
             .iter()
-            .filter_map(|s| self.content.get(&s.chunk))
+            .filter_map(|s| self.exec.encoder().content.get(&s.chunk))
             .flat_map(|c| c.tokens.iter().copied())
             .collect()
     }
 
-    /// Runs deferred work, then makes every record written durable.
+    /// Runs deferred work, keeps the canonical record of every resident chunk that has none (a
+    /// later session then places them from the store with no forward pass), then makes every
+    /// record written durable.
     pub fn flush(&mut self) -> Result<()> {
         self.settle()?;
+        let keep = self.window.keep_resident();
+        self.exec.run(&keep)?;
+        self.count_work();
         Ok(self.store.flush()?)
     }
 
-    pub(crate) fn apply(&mut self, chunk: Option<ChunkId>, visit: Option<Visit>, mut plan: Plan) -> Result<Applied> {
-        self.patch_survivors(&mut plan);
-        let content = &self.content;
-        let prefill_tokens = plan.prefill_tokens(|id| content.get(id).map_or(0, |c| c.tokens.len()));
-        let timings = self.execute(&plan);
-        self.stats.images_encoded = self.images_encoded.load(Ordering::Relaxed);
-        let timings = timings?;
-        self.mark_stale(&plan);
-        self.stats.prefill_tokens += prefill_tokens;
+    /// Runs the background steps queued by earlier plans (canonical KV formed alone, difference
+    /// patches) and the repair of survivors of evictions the window plans where the cost model
+    /// says it pays ([`Window::repair`]), off the path to the first token and before the next
+    /// plan. Their own time is counted in [`SessionStats::deferred_ms`].
+    pub fn settle(&mut self) -> Result<ApplyTimings> {
+        if self.cfg.repair {
+            let repair = self.window.repair();
+            if !repair.is_empty() {
+                self.repair_pending += repair.background_prefill_tokens(|id| self.tokens_of(id));
+                for d in &repair.decisions {
+                    tracing::debug!(decision = %d, "repair");
+                }
+                self.exec.run(&repair)?;
+            }
+        }
+        let mut t = ApplyTimings::default();
+        if !self.exec.queued().is_empty() {
+            t = self.exec.settle()?;
+            t.sync_ms += self.exec.sync(self.window.end())?;
+        }
+        self.stats.repair_tokens += std::mem::take(&mut self.repair_pending);
+        self.count_work();
+        Ok(t)
+    }
+
+    fn tokens_of(&self, id: &ChunkId) -> usize {
+        self.exec.encoder().content.get(id).map_or(0, |c| c.tokens.len())
+    }
+
+    /// Copies the executor's and the encoder's counters into the session's.
+    fn count_work(&mut self) {
+        let (x, e) = (&self.exec.stats, self.exec.encoder());
+        self.stats.prefill_tokens = x.prefill_tokens as usize;
+        self.stats.placed_tokens = x.placed_tokens as usize;
+        self.stats.patches_formed = (x.patches_formed + x.orbit_patches_formed) as usize;
+        self.stats.patches_applied = x.patches_applied as usize;
+        self.stats.bytes_moved = x.bytes_moved + e.bytes_moved;
+        self.stats.images_encoded = e.images_encoded;
+        self.stats.deferred_ms = x.background_ms;
+    }
+
+    pub(crate) fn apply(&mut self, chunk: Option<ChunkId>, visit: Option<Visit>, plan: Plan) -> Result<Applied> {
+        let prefill_tokens = plan.prefill_tokens(|id| self.tokens_of(id));
+        let run = if self.cfg.defer {
+            self.exec.run(&plan)
+        } else {
+            self.exec.run_now(&plan)
+        };
+        let synced = run.and_then(|mut t| {
+            t.sync_ms += self.exec.sync(self.window.end())?;
+            Ok(t)
+        });
+        self.count_work();
+        let timings = synced?;
         self.stats.evictions += plan.count("evict");
         self.stats.relocations += plan.count("relocate");
         for d in &plan.decisions {

@@ -1,0 +1,198 @@
+//! The session's side of kamera-sched's executor: a [`kamera_sched::Encoder`] over kamera-model
+//! and the `Backend`. It keeps the model's live context, which holds the window's KV rows by
+//! (chunk, version) from position 0 and is only rewritten from the first chunk that changed; a
+//! prefill after the window appends to it in place; image chunks get the vision tower's
+//! embeddings (computed once) and 3-D rotary ids.
+
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+
+use kamera_gpu::Backend;
+use kamera_model::vision::RgbImage;
+use kamera_model::vl::Grid;
+use kamera_model::{Context, Input, Model, Prefill, PrefillOptions};
+use kamera_ops::{ChunkKv, DType, KvLayout, Patch, RopeSpec};
+use kamera_sched::{BoxError, Encoder, Prior};
+use kamera_store::ChunkId;
+
+use crate::error::{Error, Result, model};
+
+/// A chunk's content: what a prefill needs.
+#[derive(Debug, Clone)]
+pub(crate) struct Content {
+    pub tokens: Vec<u32>,
+    /// An image chunk's pixels and tower output (its `tokens` are the vision markers and pads).
+    pub image: Option<Arc<ImageContent>>,
+}
+
+/// An image chunk's pixels and patch grid, and the tower's output once computed (resized and
+/// encoded only when a prefill of it is needed).
+#[derive(Debug)]
+pub(crate) struct ImageContent {
+    pub image: RgbImage,
+    pub grid: Grid,
+    pub embeds: OnceLock<Vec<f32>>,
+}
+
+/// A chunk's prefill input: embeddings to use instead of its tokens (image chunks), and 3-D
+/// rotary ids (M-RoPE models).
+type ChunkInput = (Option<Vec<f32>>, Option<Vec<[i64; 3]>>);
+
+/// The model, the chunks' contents and the live context, for the executor.
+pub(crate) struct SessionEncoder {
+    pub model: Arc<Model>,
+    pub backend: Box<dyn Backend + Send>,
+    pub content: HashMap<ChunkId, Content>,
+    /// Position spans of chunks that do not occupy one position per token (images).
+    pub spans: HashMap<ChunkId, i64>,
+    pub image_max_pixels: usize,
+    pub ctx: Context,
+    /// The chunks (id, version) whose rows the context holds, in order from position 0.
+    ctx_chunks: Vec<(ChunkId, u64)>,
+    /// Screenshots run through the vision tower.
+    pub images_encoded: usize,
+    /// KV bytes written into the live context.
+    pub bytes_moved: u64,
+}
+
+impl SessionEncoder {
+    pub fn new(model: Arc<Model>, backend: Box<dyn Backend + Send>, image_max_pixels: usize) -> SessionEncoder {
+        let ctx = model.empty_context();
+        SessionEncoder {
+            model,
+            backend,
+            content: HashMap::new(),
+            spans: HashMap::new(),
+            image_max_pixels,
+            ctx,
+            ctx_chunks: Vec::new(),
+            images_encoded: 0,
+            bytes_moved: 0,
+        }
+    }
+
+    fn content_of(&self, op: &'static str, chunk: &ChunkId) -> Result<&Content> {
+        self.content.get(chunk).ok_or_else(|| Error::Runtime {
+            op,
+            detail: format!("chunk {chunk} has no known content to prefill"),
+        })
+    }
+
+    /// What a prefill of `chunk` at rotary position `at` takes: the input embeddings (image
+    /// chunks: the tower's output spliced in, computed once) and, for M-RoPE models, the 3-D
+    /// rotary ids of its tokens.
+    fn chunk_input(&mut self, op: &'static str, chunk: &ChunkId, at: i64) -> Result<ChunkInput> {
+        let c = self.content_of(op, chunk)?.clone();
+        let mrope = self.model.config().mrope_sections.is_some();
+        let Some(img) = &c.image else {
+            let rot = mrope.then(|| (0..c.tokens.len() as i64).map(|i| [at + i; 3]).collect());
+            return Ok((None, rot));
+        };
+        let vision = self.model.vision().ok_or_else(|| Error::Runtime {
+            op,
+            detail: "an image chunk needs a vision-language model".into(),
+        })?;
+        let embeds = match img.embeds.get() {
+            Some(e) => e,
+            None => {
+                let (_, out) = vision
+                    .encode_image(&img.image, Some(self.image_max_pixels))
+                    .map_err(model("vision tower"))?;
+                self.images_encoded += 1;
+                img.embeds.get_or_init(|| out.embeds)
+            }
+        };
+        let x = self.model.embed_tokens(&c.tokens).map_err(model(op))?;
+        let x = vision.splice(&c.tokens, x, &[embeds]).map_err(model(op))?;
+        let rot = vision.chunk_positions(img.grid, at);
+        Ok((Some(x), Some(rot)))
+    }
+
+    /// Prefills `chunk` alone at position 0 (its canonical KV); the live context is untouched.
+    fn prefill_alone_kv(&mut self, op: &'static str, chunk: &ChunkId) -> Result<Prefill> {
+        let empty = self.model.empty_context();
+        let (embeds, rot) = self.chunk_input(op, chunk, 0)?;
+        let c = self.content_of(op, chunk)?;
+        let input = match &embeds {
+            Some(x) => Input::Embeddings {
+                data: x,
+                n: c.tokens.len(),
+            },
+            None => Input::Tokens(&c.tokens),
+        };
+        match rot {
+            Some(rot) => self.model.prefill_rotary(input, &rot, &empty, PrefillOptions::default()),
+            None => self.model.prefill_with(input, 0, &empty, PrefillOptions::default()),
+        }
+        .map_err(model(op))
+    }
+
+    /// Appends `chunk` to the live context in place (at its rotary end), recording its span.
+    fn extend_chunk(&mut self, op: &'static str, chunk: &ChunkId) -> Result<Prefill> {
+        let at = self.ctx.rotary_end();
+        let (embeds, rot) = self.chunk_input(op, chunk, at)?;
+        let tokens = self.content_of(op, chunk)?.tokens.clone();
+        let n = tokens.len();
+        let span = self.span(chunk, n);
+        let out = match (&embeds, rot) {
+            (Some(x), Some(rot)) => self
+                .model
+                .extend_rotary(Input::Embeddings { data: x, n }, &rot, &mut self.ctx),
+            _ => self.model.extend(&tokens, &mut self.ctx),
+        }
+        .map_err(model(op))?;
+        self.ctx.mark_span(n, span).map_err(model(op))?;
+        Ok(out)
+    }
+
+    /// Makes the live context hold exactly `prior`'s chunks: rows of the longest unchanged run
+    /// of (chunk, version) from position 0 stay; the context is cut there and the rest written.
+    fn sync_to(&mut self, prior: &Prior<'_>) -> Result<()> {
+        let keep = self
+            .ctx_chunks
+            .iter()
+            .zip(&prior.parts)
+            .take_while(|(have, p)| have.0 == p.chunk && have.1 == p.version)
+            .count();
+        let rows: usize = prior.parts[..keep].iter().map(|p| p.kv.n_tokens()).sum();
+        self.ctx.truncate(rows);
+        self.ctx_chunks.truncate(keep);
+        for p in &prior.parts[keep..] {
+            let span = self.span(&p.chunk, p.kv.n_tokens());
+            self.ctx.push_spanned(p.kv, span).map_err(model("context push"))?;
+            self.bytes_moved += p.kv.kv_bytes() as u64;
+            self.ctx_chunks.push((p.chunk, p.version));
+        }
+        Ok(())
+    }
+}
+
+impl Encoder for SessionEncoder {
+    fn layout(&self) -> KvLayout {
+        self.model.layout()
+    }
+    fn rope(&self) -> &RopeSpec {
+        self.model.rope()
+    }
+    fn span(&self, chunk: &ChunkId, n_tokens: usize) -> i64 {
+        self.spans.get(chunk).copied().unwrap_or(n_tokens as i64)
+    }
+    fn prefill_alone(&mut self, chunk: ChunkId) -> std::result::Result<ChunkKv, BoxError> {
+        Ok(self.prefill_alone_kv("prefill alone", &chunk)?.chunk)
+    }
+    fn prefill_after(&mut self, chunk: ChunkId, at: i64, prior: &Prior<'_>, version: u64) -> std::result::Result<ChunkKv, BoxError> {
+        self.sync_to(prior)?;
+        if self.ctx.rotary_end() != at {
+            return Err(format!("prefill of {chunk} at {at}: the context ends at {}", self.ctx.rotary_end()).into());
+        }
+        let out = self.extend_chunk("prefill in place", &chunk)?;
+        self.ctx_chunks.push((chunk, version));
+        Ok(out.chunk)
+    }
+    fn reuse(&mut self, kv: &ChunkKv, patch: Option<&Patch>, at: i64, _dtype: DType) -> std::result::Result<ChunkKv, BoxError> {
+        Ok(self.backend.reuse(kv, patch, self.model.rope(), at)?)
+    }
+    fn sync(&mut self, prior: &Prior<'_>) -> std::result::Result<(), BoxError> {
+        Ok(self.sync_to(prior)?)
+    }
+}
