@@ -61,8 +61,7 @@ pub trait Encoder {
     /// `chunk`'s KV at positions `at..`, after `prior` (the window's KV of positions `0..at`).
     /// `version` is what the executor will call this KV if it becomes resident: an encoder that
     /// keeps a live context may keep the rows it appended under `(chunk, version)`.
-    fn prefill_after(&mut self, chunk: ChunkId, at: i64, prior: &Prior<'_>, version: u64)
-    -> Result<ChunkKv, BoxError>;
+    fn prefill_after(&mut self, chunk: ChunkId, at: i64, prior: &Prior<'_>, version: u64) -> Result<ChunkKv, BoxError>;
     /// `kv` relocated to start at `at` (exact RoPE re-rotation), plus `patch` if any, in one pass
     /// (kamera-ops on the CPU; a runtime routes it to its `Backend`).
     fn reuse(&mut self, kv: &ChunkKv, patch: Option<&Patch>, at: i64, dtype: DType) -> Result<ChunkKv, BoxError> {

@@ -439,7 +439,8 @@ impl<E: Encoder, S: ChunkStore> Executor<E, S> {
             let canon = self.canonical(OP, k.chunk)?;
             // cond[c][i] is c's KV under orderings[i].
             let conds: Vec<ChunkKv> = k.covered(cond.get(&k.chunk).map(Vec::as_slice).unwrap_or_default(), orderings);
-            let patch = kamera_ops::orbit_patch(&conds, &canon, self.enc.rope(), &self.cfg.patch).map_err(ops_err(OP))?;
+            let patch =
+                kamera_ops::orbit_patch(&conds, &canon, self.enc.rope(), &self.cfg.patch).map_err(ops_err(OP))?;
             self.store
                 .put(&k.key, Record::patch(self.cfg.model, cost, patch))
                 .map_err(store_err(OP))?;

@@ -9,7 +9,9 @@ use std::collections::BTreeMap;
 use anyhow::{Context as _, Result};
 use kamera_model::{Context, Model, ModelName, default_home, fetch};
 use kamera_ops::{ChunkKv, DType, PatchConfig, Placement, RopeSpec};
-use kamera_sched::{BoxError, CanonicalSource, Choice, CostModel, Encoder, ExecConfig, Executor, Prior, Window, WindowConfig};
+use kamera_sched::{
+    BoxError, CanonicalSource, Choice, CostModel, Encoder, ExecConfig, Executor, Prior, Window, WindowConfig,
+};
 use kamera_store::{ChunkId, ChunkStore, EvictionPolicy, Key, ModelFp, SledStore, StoreConfig, Tiered};
 
 struct ModelEncoder {

@@ -486,7 +486,10 @@ fn cost_model_explains_each_choice() {
     let c = exact(CostModel::default());
     let id = ChunkId::of(b"x", "t", model());
     assert_eq!(c.recall(id, 100, 0, false, c.expected_reuses).choice, Choice::Relocate);
-    assert_eq!(c.recall(id, 100, 500, true, c.expected_reuses).choice, Choice::CachedPatch);
+    assert_eq!(
+        c.recall(id, 100, 500, true, c.expected_reuses).choice,
+        Choice::CachedPatch
+    );
     let form = c.recall(id, 100, 500, false, c.expected_reuses);
     assert_eq!(form.choice, Choice::FormPatch);
     assert!(form.to_string().contains("saves"), "{form}");
@@ -494,7 +497,10 @@ fn cost_model_explains_each_choice() {
         expected_reuses: 0.0,
         ..CostModel::default()
     });
-    assert_eq!(never.recall(id, 100, 500, false, never.expected_reuses).choice, Choice::Reprefill);
+    assert_eq!(
+        never.recall(id, 100, 500, false, never.expected_reuses).choice,
+        Choice::Reprefill
+    );
     assert!(c.recall(id, 100, 500, true, c.expected_reuses).chosen_cost() < c.prefill(100, 500) / 10.0);
     let v = c.orbit_variant(3, true);
     assert_eq!(c.reorder(300, 3, 10, true, v).choice, Choice::CachedPatch);

@@ -121,7 +121,9 @@ impl SessionEncoder {
             None => Input::Tokens(&c.tokens),
         };
         match rot {
-            Some(rot) => self.model.prefill_rotary(input, &rot, &empty, PrefillOptions::default()),
+            Some(rot) => self
+                .model
+                .prefill_rotary(input, &rot, &empty, PrefillOptions::default()),
             None => self.model.prefill_with(input, 0, &empty, PrefillOptions::default()),
         }
         .map_err(model(op))
@@ -180,16 +182,32 @@ impl Encoder for SessionEncoder {
     fn prefill_alone(&mut self, chunk: ChunkId) -> std::result::Result<ChunkKv, BoxError> {
         Ok(self.prefill_alone_kv("prefill alone", &chunk)?.chunk)
     }
-    fn prefill_after(&mut self, chunk: ChunkId, at: i64, prior: &Prior<'_>, version: u64) -> std::result::Result<ChunkKv, BoxError> {
+    fn prefill_after(
+        &mut self,
+        chunk: ChunkId,
+        at: i64,
+        prior: &Prior<'_>,
+        version: u64,
+    ) -> std::result::Result<ChunkKv, BoxError> {
         self.sync_to(prior)?;
         if self.ctx.rotary_end() != at {
-            return Err(format!("prefill of {chunk} at {at}: the context ends at {}", self.ctx.rotary_end()).into());
+            return Err(format!(
+                "prefill of {chunk} at {at}: the context ends at {}",
+                self.ctx.rotary_end()
+            )
+            .into());
         }
         let out = self.extend_chunk("prefill in place", &chunk)?;
         self.ctx_chunks.push((chunk, version));
         Ok(out.chunk)
     }
-    fn reuse(&mut self, kv: &ChunkKv, patch: Option<&Patch>, at: i64, _dtype: DType) -> std::result::Result<ChunkKv, BoxError> {
+    fn reuse(
+        &mut self,
+        kv: &ChunkKv,
+        patch: Option<&Patch>,
+        at: i64,
+        _dtype: DType,
+    ) -> std::result::Result<ChunkKv, BoxError> {
         Ok(self.backend.reuse(kv, patch, self.model.rope(), at)?)
     }
     fn sync(&mut self, prior: &Prior<'_>) -> std::result::Result<(), BoxError> {

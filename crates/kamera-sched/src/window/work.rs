@@ -1,0 +1,70 @@
+//! The work a window plans beyond placement, each priced by the cost model: keeping canonical
+//! records from resident KV, the session's own record of patch reuse, and survivor repair.
+
+use kamera_store::ChunkId;
+
+use super::{SlotState, Window};
+use crate::cost::Choice;
+use crate::plan::{Plan, Step};
+
+impl Window {
+    /// Plans keeping resident `chunk`'s KV as its canonical record, unless it has one.
+    pub(super) fn keep(&mut self, plan: &mut Plan, chunk: ChunkId, later: bool) {
+        if self.canonical.insert(chunk) {
+            self.kept.insert(chunk);
+            let s = Step::KeepCanonical { chunk };
+            if later { plan.later(s) } else { plan.push(s) }
+        }
+    }
+
+    /// Predicted further uses of a patch formed now: this window's record of placements that
+    /// reused a stored patch per patch formed, shrunk towards the cost model's prior.
+    pub fn expected_reuses(&self) -> f64 {
+        const PRIOR_WEIGHT: f64 = 2.0;
+        (self.reused as f64 + PRIOR_WEIGHT * self.cfg.cost.expected_reuses) / (self.formed as f64 + PRIOR_WEIGHT)
+    }
+
+    /// Keeps the canonical record of every resident chunk that has none (before the session
+    /// ends: a later session then places them from the store without a forward pass).
+    pub fn keep_resident(&mut self) -> Plan {
+        let mut plan = Plan::default();
+        let chunks: Vec<ChunkId> = self.slots.iter().map(|s| s.chunk).collect();
+        for c in chunks {
+            self.keep(&mut plan, c, false);
+        }
+        plan
+    }
+
+    /// The repair of survivors of evictions, where the cost model says blind survivors would cost
+    /// more KL than its budget: from the first shifted chunk on, each placed chunk is prefilled
+    /// again in place (in the background, after the answer) and its patch for this context
+    /// stored, so the context is exact again and served exactly when it recurs.
+    pub fn repair(&mut self) -> Plan {
+        let mut plan = Plan::default();
+        let Some(first) = self.slots.iter().position(|s| s.shifted && !s.pinned) else {
+            return plan;
+        };
+        let tokens: usize = self.slots[first..].iter().map(|s| s.n_tokens).sum();
+        let d = self.cfg.cost.survivors(tokens, self.slots[first].start as usize);
+        if d.choice != Choice::Reprefill {
+            return plan;
+        }
+        for i in first..self.slots.len() {
+            let (chunk, start) = (self.slots[i].chunk, self.slots[i].start);
+            self.keep(&mut plan, chunk, true);
+            plan.later(Step::Prefill {
+                chunk,
+                at: start,
+                alone: false,
+            });
+            let key = self.key_after(chunk, i, start);
+            plan.later(Step::StorePatch { chunk, key });
+            self.patches.insert(key);
+            let s = &mut self.slots[i];
+            s.state = SlotState::Exact;
+            s.shifted = false;
+        }
+        plan.decisions.push(d);
+        plan
+    }
+}
