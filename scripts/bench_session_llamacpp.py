@@ -105,6 +105,7 @@ def main() -> int:
             "cache_bytes": llm.cache.cache_size,
         })
         pc_logits.append(seen["logits"])
+        print(f"llama.cpp prompt-cache step {len(pc_rows) - 1}: ttft {pc_rows[-1]['ttft_ms']:.0f} ms", file=sys.stderr)
     np.stack(pc_logits).tofile(os.path.join(args.out, "prompt_cache.f32"))
     del llm
 
@@ -139,6 +140,7 @@ def main() -> int:
             "shifted": shifted,
         })
         cs_logits.append(logits)
+        print(f"llama.cpp context-shift step {len(cs_rows) - 1}: ttft {cs_rows[-1]['ttft_ms']:.0f} ms", file=sys.stderr)
     np.stack(cs_logits).tofile(os.path.join(args.out, "context_shift.f32"))
 
     # Reference: every sequence from an empty cache.

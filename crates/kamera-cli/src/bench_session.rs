@@ -64,8 +64,9 @@ pub struct SessionArgs {
     /// Do not repair the survivors of evictions after each answer (they are only re-rotated).
     #[arg(long)]
     no_repair: bool,
-    /// Bytes of KV the radix cache (and llama.cpp's prompt cache) may hold; default 3x the f32
-    /// KV of the window's tokens (pinned prefix included).
+    /// Bytes of KV the radix cache (and llama.cpp's prompt cache) may hold; default the f32 KV
+    /// of the window's tokens (pinned prefix included) and of every distinct page once, what
+    /// Kamera's window and store hold less its patches.
     #[arg(long)]
     radix_bytes: Option<usize>,
     /// Also run llama.cpp (prompt cache, context shift) through scripts/bench_session_llamacpp.py.
@@ -172,9 +173,18 @@ pub fn run(a: SessionArgs) -> Result<()> {
     let pinned = llm.tokens(&prefix_text, true)?;
     let layout = model.layout();
     let kv_per_token = 4 * layout.n_layers * (layout.k_features() + layout.v_features());
+    // Kamera holds its window and a store with every page's canonical KV: the same bytes for the
+    // radix cache by default (the window's tokens + every distinct page's tokens once).
+    let mut distinct: Vec<&String> = pages.iter().collect();
+    distinct.sort();
+    distinct.dedup();
+    let mut page_tokens = 0;
+    for p in distinct {
+        page_tokens += llm.tokens(p, false)?.len();
+    }
     let budget = a
         .radix_bytes
-        .unwrap_or(3 * kv_per_token * (a.window + pinned.len()));
+        .unwrap_or(kv_per_token * (a.window + pinned.len() + page_tokens));
     let mut radix = prefix::RadixCache::new(budget);
     let mut transcript = prefix::AppendLayout::new(pinned, a.window);
     let mut rows = Vec::new();

@@ -289,7 +289,7 @@ pub fn markdown(s: &Summary) -> String {
     let mem = &s.memory;
     let _ = writeln!(
         m,
-        "Radix cache: {} of {} requests hit, {} tokens reused, {} inserted, {} nodes evicted ({:.1} MB); budget {:.1} MB (Kamera's store at the end {:.1} MB, its window {:.1} MB).",
+        "Radix cache: {} of {} requests hit, {} tokens reused, {} inserted, {} nodes evicted ({:.1} MB); budget {:.1} MB, also llama.cpp's prompt cache's (Kamera's store at the end {:.1} MB + its window {:.1} MB).",
         r.hits,
         r.requests,
         r.tokens_reused,
