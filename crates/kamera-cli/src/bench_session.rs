@@ -279,7 +279,10 @@ pub fn run(a: SessionArgs) -> Result<()> {
         eprintln!(
             "step {i:>3} {:<22} {:<7} ttft kamera {:>6.0} ms (+{:>4.0} deferred), radix {:>6.0} ms ({} of {} reused), full {:>6.0} ms; KL kamera {:.1e} radix {:.1e}",
             w.path,
-            applied.visit.map(|v| format!("{v:?}").to_lowercase()).unwrap_or_default(),
+            applied
+                .visit
+                .map(|v| format!("{v:?}").to_lowercase())
+                .unwrap_or_default(),
             k_ttft,
             k_deferred,
             r.ttft_ms,

@@ -53,7 +53,10 @@ fn python(scripts: &Path) -> Result<PathBuf> {
         .output()
         .with_context(|| format!("running {}", scripts.join("llamacpp-venv.sh").display()))?;
     if !out.status.success() {
-        bail!("scripts/llamacpp-venv.sh failed ({}): llama.cpp could not be built", out.status);
+        bail!(
+            "scripts/llamacpp-venv.sh failed ({}): llama.cpp could not be built",
+            out.status
+        );
     }
     let line = String::from_utf8_lossy(&out.stdout);
     let p = line.lines().last().unwrap_or("").trim();
@@ -91,8 +94,18 @@ pub fn run(gguf: &Path, steps: &[SeqStep], threads: usize, cache_bytes: usize, v
     std::fs::write(&input, serde_json::to_vec(&serde_json::json!({ "steps": steps }))?)?;
     let out = Command::new(&python)
         .arg(scripts.join("bench_session_llamacpp.py"))
-        .args(["--gguf", &gguf.display().to_string(), "--steps", &input.display().to_string()])
-        .args(["--out", &dir.path().display().to_string(), "--threads", &threads.to_string()])
+        .args([
+            "--gguf",
+            &gguf.display().to_string(),
+            "--steps",
+            &input.display().to_string(),
+        ])
+        .args([
+            "--out",
+            &dir.path().display().to_string(),
+            "--threads",
+            &threads.to_string(),
+        ])
         .args(["--cache-bytes", &cache_bytes.to_string(), "--reference"])
         .stderr(std::process::Stdio::inherit())
         .output()

@@ -275,8 +275,16 @@ mod tests {
         let cat = |parts: &[&[u32]]| parts.concat();
         let mut t = RadixTrie::new(usize::MAX);
         serve(&mut t, &cat(&[&p, &a, &b, &c]));
-        assert_eq!(serve(&mut t, &cat(&[&p, &c])), 2, "after the shift only the prefix is cached");
-        assert_eq!(serve(&mut t, &cat(&[&p, &a, &b, &c])), 10, "the older layout is still whole");
+        assert_eq!(
+            serve(&mut t, &cat(&[&p, &c])),
+            2,
+            "after the shift only the prefix is cached"
+        );
+        assert_eq!(
+            serve(&mut t, &cat(&[&p, &a, &b, &c])),
+            10,
+            "the older layout is still whole"
+        );
         assert_eq!(t.nodes(), 3, "P, then a b c and c below it");
     }
 }

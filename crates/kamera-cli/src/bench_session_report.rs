@@ -11,8 +11,8 @@ use serde::Serialize;
 #[path = "bench_session_svg.rs"]
 mod svg_plot;
 
-use crate::bench_session::{METHODS, StepRow};
 use crate::bench_session::radix::RadixStats;
+use crate::bench_session::{METHODS, StepRow};
 pub use svg_plot::svg;
 
 /// Where and when the bench ran.

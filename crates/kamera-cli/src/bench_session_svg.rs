@@ -15,7 +15,12 @@ pub fn svg(rows: &[StepRow]) -> String {
         .map(|x| x.max(1.0))
         .collect();
     let (lo, hi) = (
-        all.iter().copied().fold(f64::INFINITY, f64::min).log10().floor().min(0.0),
+        all.iter()
+            .copied()
+            .fold(f64::INFINITY, f64::min)
+            .log10()
+            .floor()
+            .min(0.0),
         all.iter().copied().fold(1.0, f64::max).log10().ceil().max(1.0),
     );
     let n = rows.len().max(2) as f64;
