@@ -1,7 +1,22 @@
 //! `kamera bench session`: one long browsing session on the local site (real Chromium, revisits,
-//! back-and-forth, questions along the way) under a tight window, run three ways in one process
-//! on the same pages: the Kamera session, a prefix cache, and a full re-prefill every step.
+//! back-and-forth, questions along the way) under a tight window, every method on the same step
+//! prompts in one process: the Kamera session, a radix prefix cache (a token trie over every
+//! request, LRU by bytes) on its own transcript layout, a full re-prefill of Kamera's window every
+//! step, and with `--against-llamacpp` llama.cpp's prompt cache and context shift on the same GGUF.
+//! Per step and method: time to first token, total work (deferred work included), tokens
+//! prefilled, KL of the next-token distribution to the full re-prefill of the same sequence, and
+//! whether the chosen token (the chosen answer on question steps) is the same.
 
+#[path = "bench_session_llama.rs"]
+mod llama;
+#[path = "bench_session_prefix.rs"]
+mod prefix;
+#[path = "bench_session_radix.rs"]
+pub(crate) mod radix;
+#[path = "bench_session_walk.rs"]
+mod walk;
+
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -9,14 +24,22 @@ use std::time::Instant;
 use anyhow::{Context as _, Result};
 use clap::Args;
 use kamera_agent::{Llm, Session, SessionConfig};
-use kamera_browser::{Browser, ChromiumBrowser, ChromiumConfig, Content, Origins, Server};
 use kamera_gpu::CpuBackend;
-use kamera_model::{Context, Model};
 use kamera_ops::{DType, PatchConfig};
-use kamera_store::MemStore;
+use kamera_store::{ChunkStore, MemStore};
 use serde::Serialize;
 
 use crate::bench_session_report as report;
+pub use walk::WalkStep;
+
+/// The methods, in the report's order.
+pub const METHODS: [&str; 5] = [
+    "kamera",
+    "radix-cache",
+    "full-reprefill",
+    "llama.cpp-prompt-cache",
+    "llama.cpp-context-shift",
+];
 
 #[derive(Args)]
 pub struct SessionArgs {
@@ -24,10 +47,10 @@ pub struct SessionArgs {
     #[arg(long, default_value = "smollm2-135m")]
     model: String,
     /// Steps of the browsing session (page visits).
-    #[arg(long, default_value_t = 40)]
+    #[arg(long, default_value_t = 100)]
     steps: usize,
-    /// Page tokens the window holds (after the pinned prefix).
-    #[arg(long, default_value_t = 768)]
+    /// Page tokens the window holds (after the pinned prefix); the radix layout's too.
+    #[arg(long, default_value_t = 512)]
     window: usize,
     /// Rank of the patches the session forms.
     #[arg(long, default_value_t = 16)]
@@ -41,171 +64,98 @@ pub struct SessionArgs {
     /// Do not repair the survivors of evictions after each answer (they are only re-rotated).
     #[arg(long)]
     no_repair: bool,
+    /// Bytes of KV the radix cache (and llama.cpp's prompt cache) may hold; default the f32 KV
+    /// of the window's tokens (pinned prefix included) and of every distinct page once, what
+    /// Kamera's window and store hold less its patches.
+    #[arg(long)]
+    radix_bytes: Option<usize>,
+    /// Also run llama.cpp (prompt cache, context shift) through scripts/bench_session_llamacpp.py.
+    #[arg(long)]
+    against_llamacpp: bool,
     /// Folder for session.json, session.md and session.svg.
     #[arg(long, default_value = "bench-session")]
     out: PathBuf,
-}
-
-/// One step of the walk: a page, and a question asked on it.
-#[derive(Debug, Clone, Serialize)]
-pub struct WalkStep {
-    pub path: String,
-    pub question: Option<String>,
-    pub answer: Option<String>,
 }
 
 /// One method's figures at one step.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct MethodStep {
     pub ttft_ms: f64,
-    /// Work done after the first token (Kamera: a new page's canonical KV and difference patch).
-    pub deferred_ms: f64,
-    /// Kamera: the plan's execution (the rest of the time to first token is the prompt).
-    pub plan_ms: f64,
-    pub prefill_tokens: usize,
-    pub bytes_moved: u64,
-    /// KL of the answer distribution to the full re-prefill (question steps).
-    pub kl: Option<f64>,
+    /// Time to first token plus the work deferred past it (Kamera: `SessionStats::deferred_ms`
+    /// of this step; the radix cache: inserting the new rows and evicting; llama.cpp's prompt
+    /// cache: saving its state).
+    pub work_ms: f64,
+    /// Tokens through the model (Kamera: the plan's, the prompt's and the deferred repairs').
+    pub prefill_tokens: Option<usize>,
+    /// KL of the next-token distribution to the full re-prefill (ours) of the same sequence.
+    pub kl: f64,
+    /// llama.cpp: KL to llama.cpp's own full re-prefill of the same sequence.
+    pub kl_own_engine: Option<f64>,
+    /// The chosen next token (the chosen answer on question steps) is the full re-prefill's.
+    pub agree: bool,
     pub answer: Option<String>,
-}
-
-impl MethodStep {
-    /// A baseline's step: all of its work is before the first token, nothing is moved.
-    fn baseline(ttft_ms: f64, prefill_tokens: usize, kl: Option<f64>, answer: Option<String>) -> MethodStep {
-        MethodStep {
-            ttft_ms,
-            prefill_tokens,
-            kl,
-            answer,
-            ..MethodStep::default()
-        }
-    }
+    /// Kamera: the plan's execution; the radix cache: copying matched rows from the trie.
+    pub setup_ms: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
 pub struct StepRow {
     pub step: usize,
     pub path: String,
+    /// Kamera's visit (hit, new, recall, stored).
     pub visit: String,
     pub window_tokens: usize,
+    /// The radix layout: its tokens, whether the page was in it, tokens dropped before it.
+    pub radix_tokens: usize,
+    pub radix_hit: bool,
+    pub radix_dropped: usize,
     pub question: bool,
     /// The site's true answer, on question steps.
     pub truth: Option<String>,
-    pub kamera: MethodStep,
-    pub prefix: MethodStep,
-    pub full: MethodStep,
+    pub methods: BTreeMap<&'static str, MethodStep>,
 }
 
-/// A walk over the site as an agent that works a few orders: first it opens each order's pages
-/// (the list, the order, its shipment), then it goes back and forth over them (order, shipment,
-/// the list, the next order) answering a status question on each pass, with a detour to the
-/// catalogue now and then. The window holds about half of the working set, so revisits evict,
-/// relocate and recall pages instead of hitting them.
-fn walk(seed: u64, n: usize, orders: usize) -> Vec<WalkStep> {
-    let data = kamera_site::data(seed);
-    let orders = &data.orders[..orders.clamp(1, data.orders.len())];
-    let visit = |p: &str| WalkStep {
-        path: p.to_string(),
-        question: None,
-        answer: None,
-    };
-    let ask = |p: &str, order: &kamera_site::Order| WalkStep {
-        path: p.to_string(),
-        question: Some(format!("What is the shipping status of order {}?", order.id)),
-        answer: Some(order.status.clone()),
-    };
-    let mut out = vec![visit("/"), visit("/orders")];
-    for o in orders {
-        out.push(visit(&format!("/orders/{}", o.id)));
-        out.push(visit(&format!("/shipping/{}", o.tracking)));
-    }
-    let mut pass = 0;
-    while out.len() < n {
-        for (i, o) in orders.iter().enumerate() {
-            out.push(visit("/orders"));
-            out.push(visit(&format!("/orders/{}", o.id)));
-            out.push(visit(&format!("/shipping/{}", o.tracking)));
-            if (pass + i) % 2 == 0 {
-                out.push(ask(&format!("/orders/{}", o.id), o));
-            }
+fn ms(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
+}
+
+fn argmax(x: &[f32]) -> usize {
+    (0..x.len()).max_by(|&a, &b| x[a].total_cmp(&x[b])).unwrap_or(0)
+}
+
+/// What a method chose: the answer on question steps, else the next token.
+fn choice(llm: &Llm, logits: &[f32], choices: Option<&[String]>) -> Result<(String, Option<String>)> {
+    Ok(match choices {
+        Some(c) => {
+            let a = walk::answer_of(llm, logits, c)?;
+            (a.clone(), Some(a))
         }
-        if pass % 2 == 1 {
-            out.push(visit("/catalogue"));
-        }
-        pass += 1;
-    }
-    out.truncate(n);
-    out
+        None => (argmax(logits).to_string(), None),
+    })
 }
 
-/// A prefix cache: the last few token sequences with their KV; a request reuses the longest
-/// common token prefix of one of them, in place, and prefills the rest (vLLM's automatic prefix
-/// caching and SGLang's radix cache serve exactly this prefix).
-struct PrefixCache {
-    entries: Vec<(Vec<u32>, Context)>,
-    capacity: usize,
-}
-
-impl PrefixCache {
-    fn run(&mut self, model: &Model, seq: &[u32]) -> Result<(Vec<f32>, usize)> {
-        let lcp = |a: &[u32]| a.iter().zip(seq).take_while(|(x, y)| x == y).count();
-        let best = (0..self.entries.len()).max_by_key(|&i| lcp(&self.entries[i].0));
-        let (mut toks, mut ctx) = match best {
-            Some(i) if lcp(&self.entries[i].0) > 0 => self.entries.remove(i),
-            _ => {
-                if self.entries.len() >= self.capacity {
-                    self.entries.remove(0);
-                }
-                (Vec::new(), model.empty_context())
-            }
-        };
-        let keep = lcp(&toks).min(seq.len() - 1);
-        ctx.truncate(keep);
-        toks.truncate(keep);
-        let out = model.extend(&seq[keep..], &mut ctx)?;
-        toks.extend_from_slice(&seq[keep..]);
-        self.entries.push((toks, ctx));
-        Ok((out.logits, seq.len() - keep))
-    }
-}
-
-/// Observes every page of the walk once on real Chromium: the chunk text of each.
-async fn observe_pages(seed: u64, walk: &[WalkStep]) -> Result<Vec<String>> {
-    let server = Server::start(Content::Memory(kamera_site::generate(seed))).await?;
-    let origin = server.origin();
-    let mut browser =
-        ChromiumBrowser::launch(ChromiumConfig::new(Origins::new(std::slice::from_ref(&origin))?)).await?;
-    let mut out = Vec::new();
-    for w in walk {
-        browser.navigate(&server.url(&w.path)).await?;
-        let obs = browser.observe().await?;
-        out.push(kamera_agent::chunk_text(&obs, &origin));
-    }
-    browser.close().await?;
-    Ok(out)
-}
-
-fn answer_of(llm: &Llm, logits: &[f32], choices: &[String]) -> Result<String> {
-    // The choice whose first token the model finds most likely.
-    let mut best = (f32::NEG_INFINITY, String::new());
-    for c in choices {
-        let t = llm.tokens(c, false)?;
-        if let Some(&first) = t.first()
-            && logits[first as usize] > best.0
-        {
-            best = (logits[first as usize], c.clone());
-        }
-    }
-    Ok(best.1)
+/// Fidelity of `logits` to `reference` (KL, same choice) and the answer.
+fn judge(
+    llm: &Llm,
+    logits: &[f32],
+    reference: &[f32],
+    choices: Option<&[String]>,
+) -> Result<(f64, bool, Option<String>)> {
+    let (mine, answer) = choice(llm, logits, choices)?;
+    let (theirs, _) = choice(llm, reference, choices)?;
+    Ok((kamera_eval::kl(reference, logits), mine == theirs, answer))
 }
 
 pub fn run(a: SessionArgs) -> Result<()> {
+    let env = report::Machine::now();
     let model = Arc::new(crate::models::load(&a.model)?);
     let llm = Llm::new(model.clone());
-    let walk = walk(a.seed, a.steps, a.orders);
+    let threads = threads();
+    eprintln!("threads: {threads} (candle's rayon pool; llama.cpp's n_threads is the same)");
+    let walk = walk::walk(a.seed, a.steps, a.orders);
     eprintln!("observing {} pages on Chromium...", walk.len());
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    let pages = rt.block_on(observe_pages(a.seed, &walk))?;
+    let pages = rt.block_on(walk::observe_pages(a.seed, &walk))?;
     let goal = "Answer questions about orders and their shipments.";
     let choices: Vec<String> = kamera_site::STATUSES.iter().map(|s| s.to_string()).collect();
     let cfg = SessionConfig {
@@ -215,13 +165,31 @@ pub fn run(a: SessionArgs) -> Result<()> {
         repair: !a.no_repair,
         ..SessionConfig::default()
     };
-    let mut session = Session::new(model.clone(), Arc::new(MemStore::new()), Box::new(CpuBackend), cfg);
-    session.pin(&llm.prefix_text(goal))?;
-    let mut cache = PrefixCache {
-        entries: Vec::new(),
-        capacity: 4,
-    };
+    let store = Arc::new(MemStore::new());
+    let mut session = Session::new(model.clone(), store.clone(), Box::new(CpuBackend), cfg);
+    let prefix_text = llm.prefix_text(goal);
+    session.pin(&prefix_text)?;
+    session.settle()?;
+    let pinned = llm.tokens(&prefix_text, true)?;
+    let layout = model.layout();
+    let kv_per_token = 4 * layout.n_layers * (layout.k_features() + layout.v_features());
+    // Kamera holds its window and a store with every page's canonical KV: the same bytes for the
+    // radix cache by default (the window's tokens + every distinct page's tokens once).
+    let mut distinct: Vec<&String> = pages.iter().collect();
+    distinct.sort();
+    distinct.dedup();
+    let mut page_tokens = 0;
+    for p in distinct {
+        page_tokens += llm.tokens(p, false)?.len();
+    }
+    let budget = a
+        .radix_bytes
+        .unwrap_or(kv_per_token * (a.window + pinned.len() + page_tokens));
+    let mut radix = prefix::RadixCache::new(budget);
+    let mut transcript = prefix::AppendLayout::new(pinned, a.window);
     let mut rows = Vec::new();
+    let mut seqs = Vec::new();
+    let mut refs = Vec::new();
     for (i, (w, text)) in walk.iter().zip(&pages).enumerate() {
         let prompt = match &w.question {
             Some(q) => llm.question_prompt(q, &choices),
@@ -229,37 +197,108 @@ pub fn run(a: SessionArgs) -> Result<()> {
             None => llm.close_turn(&format!("Current page: {}. What should the agent do next?", w.path)),
         };
         let ptoks = llm.tokens(&prompt, false)?;
-        // Kamera: the session's plan, then the prompt on the live context.
-        let (moved0, prefilled0) = (session.stats().bytes_moved, session.stats().prefill_tokens);
+        let asks = w.question.as_ref().map(|_| choices.as_slice());
+        // Kamera: the session's plan, then the prompt on the live context, then its deferred work.
+        let prefilled0 = session.stats().prefill_tokens;
         let t0 = Instant::now();
         let applied = session.observe(text)?;
         if let Some(q) = &w.question {
             session.recall_relevant(&format!("{goal}\n{q}"))?;
         }
-        let k_plan = t0.elapsed().as_secs_f64() * 1e3;
+        let k_plan = ms(t0);
         let ctx = session.context()?;
         let base = ctx.len();
         let k_logits = model.extend(&ptoks, ctx)?.logits;
-        let k_ttft = t0.elapsed().as_secs_f64() * 1e3;
+        let k_ttft = ms(t0);
         ctx.truncate(base);
-        let t0 = Instant::now();
+        let d1 = session.stats().deferred_ms;
         session.settle()?;
-        let k_deferred = t0.elapsed().as_secs_f64() * 1e3;
+        let k_deferred = session.stats().deferred_ms - d1;
         let mut seq = session.window_tokens();
         let window_tokens = seq.len();
         seq.extend(&ptoks);
-        // Prefix cache over the same token sequence.
-        let t0 = Instant::now();
-        let (p_logits, p_prefill) = cache.run(&model, &seq)?;
-        let p_ttft = t0.elapsed().as_secs_f64() * 1e3;
-        // Full re-prefill.
+        // Full re-prefill of Kamera's window.
         let t0 = Instant::now();
         let f_logits = llm.full_prefill(&seq)?;
-        let f_ttft = t0.elapsed().as_secs_f64() * 1e3;
-        let q = w.question.is_some();
-        let kl = |l: &[f32]| q.then(|| kamera_eval::kl(&f_logits, l));
-        let ans = |l: &[f32]| -> Result<Option<String>> { q.then(|| answer_of(&llm, l, &choices)).transpose() };
-        let row = StepRow {
+        let f_ttft = ms(t0);
+        // The radix cache on its own layout, and the full re-prefill of that layout (reference).
+        let change = transcript.visit(text, &llm.tokens(text, false)?);
+        let mut rseq = transcript.tokens();
+        let radix_tokens = rseq.len();
+        rseq.extend(&ptoks);
+        let r = radix.run(&model, &rseq)?;
+        let rf_logits = if rseq == seq {
+            f_logits.clone()
+        } else {
+            llm.full_prefill(&rseq)?
+        };
+        let mut methods = BTreeMap::new();
+        let (kl, agree, answer) = judge(&llm, &k_logits, &f_logits, asks)?;
+        methods.insert(
+            METHODS[0],
+            MethodStep {
+                ttft_ms: k_ttft,
+                work_ms: k_ttft + k_deferred,
+                prefill_tokens: Some(session.stats().prefill_tokens - prefilled0 + ptoks.len()),
+                kl,
+                kl_own_engine: None,
+                agree,
+                answer,
+                setup_ms: Some(k_plan),
+            },
+        );
+        let (kl, agree, answer) = judge(&llm, &r.logits, &rf_logits, asks)?;
+        methods.insert(
+            METHODS[1],
+            MethodStep {
+                ttft_ms: r.ttft_ms,
+                work_ms: r.work_ms,
+                prefill_tokens: Some(r.prefilled),
+                kl,
+                kl_own_engine: None,
+                agree,
+                answer,
+                setup_ms: Some(r.copy_ms),
+            },
+        );
+        let (_, _, answer) = judge(&llm, &f_logits, &f_logits, asks)?;
+        methods.insert(
+            METHODS[2],
+            MethodStep {
+                ttft_ms: f_ttft,
+                work_ms: f_ttft,
+                prefill_tokens: Some(seq.len()),
+                kl: 0.0,
+                kl_own_engine: None,
+                agree: true,
+                answer,
+                setup_ms: None,
+            },
+        );
+        let k = &methods[METHODS[0]];
+        eprintln!(
+            "step {i:>3} {:<22} {:<7} ttft kamera {:>6.0} ms (+{:>4.0} deferred), radix {:>6.0} ms ({} of {} reused), full {:>6.0} ms; KL kamera {:.1e} radix {:.1e}",
+            w.path,
+            applied
+                .visit
+                .map(|v| format!("{v:?}").to_lowercase())
+                .unwrap_or_default(),
+            k_ttft,
+            k_deferred,
+            r.ttft_ms,
+            r.reused,
+            rseq.len(),
+            f_ttft,
+            k.kl,
+            methods[METHODS[1]].kl,
+        );
+        seqs.push(llama::SeqStep {
+            window: seq,
+            radix: rseq,
+            drop: (change.dropped > 0).then_some([transcript.prefix_len(), change.dropped]),
+        });
+        refs.push((f_logits, rf_logits));
+        rows.push(StepRow {
             step: i,
             path: w.path.clone(),
             visit: applied
@@ -267,34 +306,56 @@ pub fn run(a: SessionArgs) -> Result<()> {
                 .map(|v| format!("{v:?}").to_lowercase())
                 .unwrap_or_default(),
             window_tokens,
-            question: q,
+            radix_tokens,
+            radix_hit: change.hit,
+            radix_dropped: change.dropped,
+            question: w.question.is_some(),
             truth: w.answer.clone(),
-            kamera: MethodStep {
-                ttft_ms: k_ttft,
-                deferred_ms: k_deferred,
-                plan_ms: k_plan,
-                // The plan's, the prompt's, and the repair's after the answer.
-                prefill_tokens: session.stats().prefill_tokens - prefilled0 + ptoks.len(),
-                bytes_moved: session.stats().bytes_moved - moved0,
-                kl: kl(&k_logits),
-                answer: ans(&k_logits)?,
-            },
-            prefix: MethodStep::baseline(p_ttft, p_prefill, kl(&p_logits), ans(&p_logits)?),
-            full: MethodStep::baseline(f_ttft, seq.len(), kl(&f_logits), ans(&f_logits)?),
-        };
-        eprintln!(
-            "step {i:>2} {:<22} {:<7} ttft kamera {:>7.0} ms (plan {:>5.0}), prefix {:>7.0} ms, full {:>7.0} ms{}",
-            row.path,
-            row.visit,
-            k_ttft,
-            k_plan,
-            p_ttft,
-            f_ttft,
-            row.kamera.kl.map(|k| format!(", KL {k:.2e}")).unwrap_or_default()
-        );
-        rows.push(row);
+            methods,
+        });
     }
-    let summary = report::summarize(&a.model, (a.window, a.orders, a.rank), &rows, session.stats());
+    let llama_status = if a.against_llamacpp {
+        match run_llamacpp(&a, &llm, &choices, &walk, &seqs, &refs, threads, budget, &mut rows) {
+            Ok(meta) => Ok(meta),
+            Err(e) => Err(format!("not run: {e:#}")),
+        }
+    } else {
+        Err("not run: --against-llamacpp not given".to_string())
+    };
+    if let Err(e) = &llama_status {
+        eprintln!("llama.cpp: {e}");
+    }
+    let store_bytes: usize = store
+        .keys(None)?
+        .iter()
+        .filter_map(|k| store.get(k).ok().flatten())
+        .map(|r| r.bytes())
+        .sum();
+    let memory = report::Memory {
+        kv_bytes_per_token: kv_per_token,
+        radix_budget_bytes: budget,
+        radix_peak_note: "the trie's bytes never exceed the budget after a request; each method also holds one live context",
+        radix_bytes_end: radix.trie.bytes(),
+        kamera_store_bytes_end: store_bytes,
+        kamera_window_bytes: kv_per_token * (a.window + transcript.prefix_len()),
+    };
+    let params = report::Params {
+        model: a.model.clone(),
+        window: a.window,
+        orders: a.orders,
+        rank: a.rank,
+        seed: a.seed,
+        threads,
+    };
+    let summary = report::summarize(
+        params,
+        env.finish(),
+        &rows,
+        session.stats(),
+        radix.trie.stats,
+        memory,
+        llama_status,
+    );
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     std::fs::write(
         a.out.join("session.json"),
@@ -306,4 +367,62 @@ pub fn run(a: SessionArgs) -> Result<()> {
     println!("{md}");
     println!("wrote {}/session.{{json,md,svg}}", a.out.display());
     Ok(())
+}
+
+/// Runs llama.cpp's two methods and adds their figures to `rows`; returns the script's report.
+#[allow(clippy::too_many_arguments)]
+fn run_llamacpp(
+    a: &SessionArgs,
+    llm: &Llm,
+    choices: &[String],
+    walk: &[WalkStep],
+    seqs: &[llama::SeqStep],
+    refs: &[(Vec<f32>, Vec<f32>)],
+    threads: usize,
+    budget: usize,
+    rows: &mut [StepRow],
+) -> Result<serde_json::Value> {
+    let gguf = crate::models::resolve(&a.model)?;
+    anyhow::ensure!(
+        gguf.extension().is_some_and(|e| e == "gguf"),
+        "llama.cpp needs a GGUF model; {} is not one",
+        gguf.display()
+    );
+    let vocab = refs.first().map_or(0, |r| r.0.len());
+    let run = llama::run(&gguf, seqs, threads, budget, vocab)?;
+    for (i, row) in rows.iter_mut().enumerate() {
+        let asks = walk[i].question.as_ref().map(|_| choices);
+        for (name, steps, reference) in [
+            (METHODS[3], &run.prompt_cache, &refs[i].0),
+            (METHODS[4], &run.context_shift, &refs[i].1),
+        ] {
+            let s = &steps[i];
+            let (kl, agree, answer) = judge(llm, &s.logits, reference, asks)?;
+            let own = s.reference.as_ref().map(|r| kamera_eval::kl(r, &s.logits));
+            row.methods.insert(
+                name,
+                MethodStep {
+                    ttft_ms: s.ttft_ms,
+                    work_ms: s.work_ms,
+                    prefill_tokens: s.prefilled,
+                    kl,
+                    kl_own_engine: own,
+                    agree,
+                    answer,
+                    setup_ms: None,
+                },
+            );
+        }
+    }
+    Ok(run.meta)
+}
+
+/// Threads both engines use: rayon's pool size (`RAYON_NUM_THREADS`, else the CPUs this process
+/// may run on), passed to llama.cpp as its `n_threads`.
+fn threads() -> usize {
+    std::env::var("RAYON_NUM_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n: &usize| n > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }

@@ -1,43 +1,140 @@
-//! The report of `kamera bench session`: per-method percentiles and totals, ratios measured in
-//! the same run, a Markdown table and an SVG plot of time to first token per step.
+//! The report of `kamera bench session`: per method the percentiles of time to first token, the
+//! mean total work (deferred work included), fidelity to the full re-prefill at every step, ratios
+//! to Kamera measured in the same run, the machine (CPU, load before and after, commit, threads);
+//! a Markdown table and an SVG plot of time to first token per step.
 
 use std::fmt::Write;
 
 use kamera_agent::SessionStats;
 use serde::Serialize;
 
-use crate::bench_session::{MethodStep, StepRow};
+#[path = "bench_session_svg.rs"]
+mod svg_plot;
+
+use crate::bench_session::radix::RadixStats;
+use crate::bench_session::{METHODS, StepRow};
+pub use svg_plot::svg;
+
+/// Where and when the bench ran.
+#[derive(Debug, Clone, Serialize)]
+pub struct Machine {
+    pub cpu: String,
+    pub loadavg_start: String,
+    pub loadavg_end: String,
+    pub commit: String,
+}
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+impl Machine {
+    /// The CPU, the load average now, and the commit (`$KAMERA_GIT_COMMIT`, else `git rev-parse
+    /// HEAD` in the source tree, `-dirty` when it has changes).
+    pub fn now() -> Machine {
+        let cpu = read("/proc/cpuinfo")
+            .lines()
+            .find(|l| l.starts_with("model name"))
+            .and_then(|l| l.split(':').nth(1))
+            .unwrap_or("unknown")
+            .trim()
+            .to_string();
+        let commit = std::env::var("KAMERA_GIT_COMMIT").unwrap_or_else(|_| {
+            let git = |args: &[&str]| {
+                std::process::Command::new("git")
+                    .args(["-C", env!("CARGO_MANIFEST_DIR")])
+                    .args(args)
+                    .output()
+                    .ok()
+                    .filter(|o| o.status.success())
+                    .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            };
+            let head = git(&["rev-parse", "HEAD"]).unwrap_or_else(|| "unknown".into());
+            let dirty = git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+            if dirty { format!("{head}-dirty") } else { head }
+        });
+        Machine {
+            cpu,
+            loadavg_start: read("/proc/loadavg").trim().to_string(),
+            loadavg_end: String::new(),
+            commit,
+        }
+    }
+
+    /// The same, with the load average at the end.
+    pub fn finish(mut self) -> Machine {
+        self.loadavg_end = read("/proc/loadavg").trim().to_string();
+        self
+    }
+}
 
 #[derive(Debug, Clone, Serialize)]
+pub struct Params {
+    pub model: String,
+    pub window: usize,
+    pub orders: usize,
+    pub rank: usize,
+    pub seed: u64,
+    /// Candle's rayon threads = llama.cpp's n_threads.
+    pub threads: usize,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Memory {
+    /// f32 K and V of one token over all layers (ours; llama.cpp keeps f16, half of it).
+    pub kv_bytes_per_token: usize,
+    /// What the radix cache and llama.cpp's prompt cache may hold.
+    pub radix_budget_bytes: usize,
+    pub radix_peak_note: &'static str,
+    pub radix_bytes_end: usize,
+    /// Kamera's store (canonical KV and patches of every page met) at the end.
+    pub kamera_store_bytes_end: usize,
+    /// Kamera's window at its budget (pinned prefix + pages).
+    pub kamera_window_bytes: usize,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct MethodSummary {
     pub name: &'static str,
-    pub ttft_p50_ms: f64,
-    pub ttft_p95_ms: f64,
-    pub ttft_mean_ms: f64,
-    /// Mean time to first token plus the work deferred past it, per step.
-    pub compute_mean_ms: f64,
-    pub prefill_tokens: usize,
-    pub bytes_moved: u64,
-    /// Mean KL to the full re-prefill over the question steps.
+    /// "run", or "not run: <reason>" (then every figure is null).
+    pub status: String,
+    pub ttft_p50_ms: Option<f64>,
+    pub ttft_p95_ms: Option<f64>,
+    pub ttft_p25_ms: Option<f64>,
+    pub ttft_p75_ms: Option<f64>,
+    pub ttft_mean_ms: Option<f64>,
+    /// Time to first token plus the work deferred past it, mean per step.
+    pub work_mean_ms: Option<f64>,
+    pub work_p50_ms: Option<f64>,
+    /// KL of the next-token distribution to the full re-prefill (ours) of the same sequence,
+    /// over every step.
     pub mean_kl: Option<f64>,
     pub max_kl: Option<f64>,
+    /// llama.cpp: the same to llama.cpp's own full re-prefill (no engine difference).
+    pub mean_kl_own_engine: Option<f64>,
+    pub max_kl_own_engine: Option<f64>,
+    /// Steps whose chosen token (answer on question steps) is the full re-prefill's.
+    pub action_agreement: Option<f64>,
     /// Question steps answered with the site's true status.
-    pub correct: usize,
+    pub correct: Option<usize>,
+    pub prefill_tokens: Option<usize>,
+    /// This method / Kamera, same run.
+    pub ttft_p50_vs_kamera: Option<f64>,
+    pub work_mean_vs_kamera: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Summary {
-    pub model: String,
+    pub params: Params,
+    pub machine: Machine,
     pub steps: usize,
     pub questions: usize,
-    pub window_tokens: usize,
-    pub orders: usize,
-    pub rank: usize,
     pub methods: Vec<MethodSummary>,
-    /// p50 time to first token of full re-prefill / Kamera, and of the prefix cache / Kamera.
-    pub p50_speedup_vs_full: f64,
-    pub p50_speedup_vs_prefix: f64,
+    pub memory: Memory,
     pub session: SessionStats,
+    pub radix: RadixStats,
+    /// The llama.cpp script's report (version, system info), or why it did not run.
+    pub llamacpp: serde_json::Value,
 }
 
 pub(crate) fn percentile(mut xs: Vec<f64>, p: f64) -> f64 {
@@ -49,99 +146,135 @@ pub(crate) fn percentile(mut xs: Vec<f64>, p: f64) -> f64 {
     xs[i]
 }
 
-fn method(
-    name: &'static str,
-    rows: &[StepRow],
-    pick: impl Fn(&StepRow) -> &MethodStep,
-    truth: &[Option<String>],
-) -> MethodSummary {
-    let ttft: Vec<f64> = rows.iter().map(|r| pick(r).ttft_ms).collect();
-    let kls: Vec<f64> = rows.iter().filter_map(|r| pick(r).kl).collect();
+fn mean(xs: &[f64]) -> f64 {
+    xs.iter().sum::<f64>() / xs.len().max(1) as f64
+}
+
+fn method(name: &'static str, rows: &[StepRow], not_run: Option<&str>) -> MethodSummary {
+    let steps: Vec<_> = rows.iter().filter_map(|r| r.methods.get(name)).collect();
+    if let Some(why) = not_run.filter(|_| steps.is_empty()) {
+        return MethodSummary {
+            name,
+            status: why.to_string(),
+            ..MethodSummary::default()
+        };
+    }
+    let ttft: Vec<f64> = steps.iter().map(|s| s.ttft_ms).collect();
+    let work: Vec<f64> = steps.iter().map(|s| s.work_ms).collect();
+    let kls: Vec<f64> = steps.iter().map(|s| s.kl).collect();
+    let own: Vec<f64> = steps.iter().filter_map(|s| s.kl_own_engine).collect();
+    let prefill: Option<usize> = steps.iter().map(|s| s.prefill_tokens).sum();
     MethodSummary {
         name,
-        ttft_p50_ms: percentile(ttft.clone(), 0.5),
-        ttft_p95_ms: percentile(ttft.clone(), 0.95),
-        ttft_mean_ms: ttft.iter().sum::<f64>() / ttft.len().max(1) as f64,
-        compute_mean_ms: rows.iter().map(|r| pick(r).ttft_ms + pick(r).deferred_ms).sum::<f64>()
-            / rows.len().max(1) as f64,
-        prefill_tokens: rows.iter().map(|r| pick(r).prefill_tokens).sum(),
-        bytes_moved: rows.iter().map(|r| pick(r).bytes_moved).sum(),
-        mean_kl: (!kls.is_empty()).then(|| kls.iter().sum::<f64>() / kls.len() as f64),
+        status: "run".into(),
+        ttft_p50_ms: Some(percentile(ttft.clone(), 0.5)),
+        ttft_p95_ms: Some(percentile(ttft.clone(), 0.95)),
+        ttft_p25_ms: Some(percentile(ttft.clone(), 0.25)),
+        ttft_p75_ms: Some(percentile(ttft.clone(), 0.75)),
+        ttft_mean_ms: Some(mean(&ttft)),
+        work_mean_ms: Some(mean(&work)),
+        work_p50_ms: Some(percentile(work, 0.5)),
+        mean_kl: Some(mean(&kls)),
         max_kl: kls.iter().copied().reduce(f64::max),
-        correct: rows
-            .iter()
-            .zip(truth)
-            .filter(|(r, t)| t.is_some() && pick(r).answer == **t)
-            .count(),
+        mean_kl_own_engine: (!own.is_empty()).then(|| mean(&own)),
+        max_kl_own_engine: own.iter().copied().reduce(f64::max),
+        action_agreement: Some(steps.iter().filter(|s| s.agree).count() as f64 / steps.len().max(1) as f64),
+        correct: Some(
+            rows.iter()
+                .filter(|r| r.truth.is_some() && r.methods.get(name).is_some_and(|s| s.answer == r.truth))
+                .count(),
+        ),
+        prefill_tokens: prefill,
+        ttft_p50_vs_kamera: None,
+        work_mean_vs_kamera: None,
     }
 }
 
 pub fn summarize(
-    model: &str,
-    (window, orders, rank): (usize, usize, usize),
+    params: Params,
+    machine: Machine,
     rows: &[StepRow],
     session: &SessionStats,
+    radix: RadixStats,
+    memory: Memory,
+    llamacpp: std::result::Result<serde_json::Value, String>,
 ) -> Summary {
-    let truth: Vec<Option<String>> = rows.iter().map(|r| r.truth.clone()).collect();
-    let methods = vec![
-        method("kamera", rows, |r| &r.kamera, &truth),
-        method("prefix-cache", rows, |r| &r.prefix, &truth),
-        method("full-reprefill", rows, |r| &r.full, &truth),
-    ];
+    let not_run = llamacpp.as_ref().err().map(String::as_str);
+    let mut methods: Vec<MethodSummary> = METHODS.iter().map(|m| method(m, rows, not_run)).collect();
+    let (k_ttft, k_work) = (methods[0].ttft_p50_ms, methods[0].work_mean_ms);
+    for m in &mut methods {
+        m.ttft_p50_vs_kamera = m.ttft_p50_ms.zip(k_ttft).map(|(a, b)| a / b);
+        m.work_mean_vs_kamera = m.work_mean_ms.zip(k_work).map(|(a, b)| a / b);
+    }
     Summary {
-        model: model.to_string(),
+        params,
+        machine,
         steps: rows.len(),
         questions: rows.iter().filter(|r| r.question).count(),
-        window_tokens: window,
-        orders,
-        rank,
-        p50_speedup_vs_full: methods[2].ttft_p50_ms / methods[0].ttft_p50_ms,
-        p50_speedup_vs_prefix: methods[1].ttft_p50_ms / methods[0].ttft_p50_ms,
         methods,
+        memory,
         session: session.clone(),
+        radix,
+        llamacpp: match llamacpp {
+            Ok(v) => v,
+            Err(e) => serde_json::json!({ "status": e }),
+        },
     }
+}
+
+fn f(x: Option<f64>, digits: usize) -> String {
+    x.map_or("-".into(), |v| format!("{v:.digits$}"))
+}
+
+fn e(x: Option<f64>) -> String {
+    x.map_or("-".into(), |v| format!("{v:.1e}"))
 }
 
 pub fn markdown(s: &Summary) -> String {
     let mut m = String::new();
+    let p = &s.params;
     let _ = writeln!(
         m,
-        "`kamera bench session --model {} --steps {} --orders {} --window {}` (rank-{} patches; {} question steps)\n",
-        s.model, s.steps, s.orders, s.window_tokens, s.rank, s.questions
+        "`kamera bench session --model {} --steps {} --window {} --orders {} --seed {}` (rank-{} patches; {} question steps; {} threads on both engines)\n",
+        p.model, s.steps, p.window, p.orders, p.seed, p.rank, s.questions, p.threads
     );
     let _ = writeln!(
         m,
-        "| method | TTFT p50 | TTFT p95 | TTFT mean | TTFT + deferred work, mean | tokens prefilled | KV bytes moved | answer KL to full (mean / max) | correct answers |"
+        "| method | TTFT p50 [p25, p75] | TTFT p95 | work mean (TTFT + deferred) | TTFT p50 / kamera | work / kamera | tokens prefilled | KL to full re-prefill, mean / max | same choice as full | correct answers |"
     );
-    let _ = writeln!(m, "|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(m, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for x in &s.methods {
-        let kl = match (x.mean_kl, x.max_kl) {
-            (Some(a), Some(b)) => format!("{a:.2e} / {b:.2e}"),
-            _ => "-".into(),
-        };
+        if x.status != "run" {
+            let _ = writeln!(m, "| {} | {} | | | | | | | | |", x.name, x.status);
+            continue;
+        }
+        let own = x
+            .mean_kl_own_engine
+            .map(|o| format!(" (own engine {o:.1e} / {})", e(x.max_kl_own_engine)))
+            .unwrap_or_default();
         let _ = writeln!(
             m,
-            "| {} | {:.0} ms | {:.0} ms | {:.0} ms | {:.0} ms | {} | {:.1} MB | {kl} | {}/{} |",
+            "| {} | {} ms [{}, {}] | {} ms | {} ms | {}x | {}x | {} | {} / {}{own} | {}% | {}/{} |",
             x.name,
-            x.ttft_p50_ms,
-            x.ttft_p95_ms,
-            x.ttft_mean_ms,
-            x.compute_mean_ms,
-            x.prefill_tokens,
-            x.bytes_moved as f64 / 1e6,
-            x.correct,
+            f(x.ttft_p50_ms, 0),
+            f(x.ttft_p25_ms, 0),
+            f(x.ttft_p75_ms, 0),
+            f(x.ttft_p95_ms, 0),
+            f(x.work_mean_ms, 0),
+            f(x.ttft_p50_vs_kamera, 2),
+            f(x.work_mean_vs_kamera, 2),
+            x.prefill_tokens.map_or("-".into(), |t| t.to_string()),
+            e(x.mean_kl),
+            e(x.max_kl),
+            f(x.action_agreement.map(|a| 100.0 * a), 0),
+            x.correct.unwrap_or(0),
             s.questions
         );
     }
-    let _ = writeln!(
-        m,
-        "\np50 time to first token: Kamera is {:.1}x faster than full re-prefill and {:.1}x faster than the prefix cache (same run).",
-        s.p50_speedup_vs_full, s.p50_speedup_vs_prefix
-    );
     let c = &s.session;
     let _ = writeln!(
         m,
-        "Session: {} hit, {} new, {} recall, {} evict, {} relocate; {} patches formed, {} applied; {} of its {} prefilled tokens repaired survivors after the answer.",
+        "\nKamera: {} hit, {} new, {} recall, {} evict, {} relocate; {} patches formed, {} applied; {:.0} ms deferred work in all ({} repair tokens).",
         c.hits,
         c.new,
         c.recalls,
@@ -149,77 +282,28 @@ pub fn markdown(s: &Summary) -> String {
         c.relocations,
         c.patches_formed,
         c.patches_applied,
-        c.repair_tokens,
-        c.prefill_tokens
+        c.deferred_ms,
+        c.repair_tokens
+    );
+    let r = &s.radix;
+    let mem = &s.memory;
+    let _ = writeln!(
+        m,
+        "Radix cache: {} of {} requests hit, {} tokens reused, {} inserted, {} nodes evicted ({:.1} MB); budget {:.1} MB, also llama.cpp's prompt cache's (Kamera's store at the end {:.1} MB + its window {:.1} MB).",
+        r.hits,
+        r.requests,
+        r.tokens_reused,
+        r.tokens_inserted,
+        r.evicted_nodes,
+        r.evicted_bytes as f64 / 1e6,
+        mem.radix_budget_bytes as f64 / 1e6,
+        mem.kamera_store_bytes_end as f64 / 1e6,
+        mem.kamera_window_bytes as f64 / 1e6,
+    );
+    let _ = writeln!(
+        m,
+        "Machine: {}; load {} at the start, {} at the end; commit {}.",
+        s.machine.cpu, s.machine.loadavg_start, s.machine.loadavg_end, s.machine.commit
     );
     m
-}
-
-/// Time to first token per step, log scale, one line per method; question steps marked.
-pub fn svg(rows: &[StepRow]) -> String {
-    let (w, h, pad) = (900.0, 360.0, 50.0);
-    let all: Vec<f64> = rows
-        .iter()
-        .flat_map(|r| [r.kamera.ttft_ms, r.prefix.ttft_ms, r.full.ttft_ms])
-        .map(|x| x.max(1.0))
-        .collect();
-    let (lo, hi) = (
-        all.iter().copied().fold(f64::INFINITY, f64::min).log10().floor(),
-        all.iter().copied().fold(1.0, f64::max).log10().ceil().max(1.0),
-    );
-    let n = rows.len().max(2) as f64;
-    let x = |i: usize| pad + (w - 2.0 * pad) * i as f64 / (n - 1.0);
-    let y = |v: f64| h - pad - (h - 2.0 * pad) * (v.max(1.0).log10() - lo) / (hi - lo).max(1e-9);
-    let mut s = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"11\">\
-         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>"
-    );
-    let mut e = lo as i32;
-    while e as f64 <= hi {
-        let v = 10f64.powi(e);
-        let yy = y(v);
-        let _ = write!(
-            s,
-            "<line x1=\"{pad}\" x2=\"{}\" y1=\"{yy}\" y2=\"{yy}\" stroke=\"#ddd\"/><text x=\"4\" y=\"{}\">{v} ms</text>",
-            w - pad,
-            yy + 4.0
-        );
-        e += 1;
-    }
-    for (i, _) in rows.iter().enumerate().filter(|(_, r)| r.question) {
-        let _ = write!(
-            s,
-            "<line x1=\"{xx}\" x2=\"{xx}\" y1=\"{pad}\" y2=\"{}\" stroke=\"#fce4a8\" stroke-width=\"6\"/>",
-            h - pad,
-            xx = x(i)
-        );
-    }
-    type Series = (&'static str, &'static str, fn(&StepRow) -> f64);
-    let series: [Series; 3] = [
-        ("kamera", "#2a9d8f", |r| r.kamera.ttft_ms),
-        ("prefix cache", "#e9c46a", |r| r.prefix.ttft_ms),
-        ("full re-prefill", "#e63946", |r| r.full.ttft_ms),
-    ];
-    for (k, (name, col, f)) in series.iter().enumerate() {
-        let pts: Vec<String> = rows
-            .iter()
-            .enumerate()
-            .map(|(i, r)| format!("{:.1},{:.1}", x(i), y(f(r))))
-            .collect();
-        let _ = write!(
-            s,
-            "<polyline fill=\"none\" stroke=\"{col}\" stroke-width=\"2\" points=\"{}\"/>\
-             <text x=\"{}\" y=\"16\" fill=\"{col}\">■ {name}</text>",
-            pts.join(" "),
-            pad + 130.0 * k as f64
-        );
-    }
-    let _ = writeln!(
-        s,
-        "<text x=\"{}\" y=\"16\" fill=\"#b8860b\">▮ question step</text><text x=\"{}\" y=\"{}\">step</text></svg>",
-        pad + 400.0,
-        w / 2.0,
-        h - 12.0
-    );
-    s
 }

@@ -385,6 +385,19 @@ impl Context {
 
     /// The whole context as one chunk.
     pub fn to_chunk(&self) -> Result<ChunkKv> {
+        self.rows_chunk(0, self.len)
+    }
+
+    /// Rows `start..start + n` copied out as one chunk at position [`Context::offset`] + `start`
+    /// (a prefix cache keeps a run of tokens' KV this way and pushes it back with
+    /// [`Context::push`]). Errors when the rows are not all valid.
+    pub fn rows_chunk(&self, start: usize, n: usize) -> Result<ChunkKv> {
+        if start.checked_add(n).is_none_or(|end| end > self.len) {
+            return Err(Error::Invalid {
+                op: "Context::rows_chunk",
+                detail: format!("rows {start}..{start}+{n} of a context holding {}", self.len),
+            });
+        }
         let rows_first = |t: &Tensor| -> Result<Mat> {
             let (g, n, w) = t.dims3().ctx(OP)?;
             tensor_to_mat(
@@ -398,7 +411,11 @@ impl Context {
         };
         let mut layers = Vec::with_capacity(self.layout.n_layers);
         for l in 0..self.layout.n_layers {
-            let (k, v) = match self.layer(l)? {
+            let rows = match self.layers.get(l) {
+                Some((k, v)) if n > 0 => Some((k.narrow(1, start, n).ctx(OP)?, v.narrow(1, start, n).ctx(OP)?)),
+                _ => None,
+            };
+            let (k, v) = match rows {
                 Some((k, v)) => (rows_first(&k)?, rows_first(&v)?),
                 None => (
                     Mat::zeros(0, self.layout.k_features(), DType::F32),
@@ -407,7 +424,7 @@ impl Context {
             };
             layers.push(LayerKv { k, v });
         }
-        ChunkKv::new(self.layout, self.offset, layers).ops("Context::to_chunk")
+        ChunkKv::new(self.layout, self.offset + start as i64, layers).ops("Context::rows_chunk")
     }
 }
 
@@ -614,5 +631,27 @@ mod tests {
         }];
         assert!(got.place(&bad, &rope).is_err());
         assert_eq!(got.len(), want.len());
+    }
+
+    /// Rows copied out with `rows_chunk` and pushed back in order rebuild the context exactly,
+    /// each piece at its own position; rows past the valid ones are an error.
+    #[test]
+    fn rows_chunk_splits_and_rebuilds() {
+        let layout = KvLayout::gqa(2, 4, 2, 8);
+        let layers = (0..2)
+            .map(|l| LayerKv {
+                k: mat(10, 16, l),
+                v: mat(10, 16, 7 + l),
+            })
+            .collect();
+        let whole = ChunkKv::new(layout, 5, layers).unwrap();
+        let ctx = Context::from_chunk(&whole).unwrap();
+        let (a, b) = (ctx.rows_chunk(0, 4).unwrap(), ctx.rows_chunk(4, 6).unwrap());
+        assert_eq!((a.offset(), a.n_tokens(), b.offset(), b.n_tokens()), (5, 4, 9, 6));
+        let mut back = Context::from_chunk(&a).unwrap();
+        back.push(&b).unwrap();
+        assert_eq!(back.to_chunk().unwrap(), whole);
+        assert!(ctx.rows_chunk(4, 7).is_err());
+        assert!(ctx.rows_chunk(usize::MAX, 2).is_err());
     }
 }
