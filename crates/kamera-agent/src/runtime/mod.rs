@@ -3,9 +3,11 @@
 
 mod exec;
 mod image;
+pub(crate) mod pages;
 mod relevance;
 mod session;
 mod survivors;
 
+pub use pages::{Block, CHUNK_TOKENS_MAX, ObservedPage, split_page};
 pub use relevance::Relevance;
 pub use session::{Applied, ApplyTimings, Session, SessionConfig, SessionStats};
