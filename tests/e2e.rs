@@ -65,6 +65,7 @@ async fn pages_larger_than_the_window_run_as_several_chunks() -> Result<()> {
         assert_eq!(st.result, StepResult::Ok, "step {}: {}", st.step, st.result);
     }
     assert_eq!(r.end.success, Some(true), "{:?}", r.end);
+    eprintln!("(url, page tokens, chunks) per step: {:?}", tokens(&r));
     let big = r.steps.iter().filter(|st| st.chunk_tokens > 256).count();
     assert!(big > 0, "some page is longer than the window: {:?}", tokens(&r));
     for st in r.steps.iter().filter(|st| st.chunk_tokens > 128) {
