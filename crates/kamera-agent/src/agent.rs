@@ -243,10 +243,13 @@ impl Run<'_, '_> {
                 .collect::<Vec<_>>()
                 .join("\n");
             let session = &mut *self.agent.session;
-            // The current page's blocks stay unless the question is about another of its blocks.
-            let recalled = blocking(|| match page.chunks.is_empty() {
-                true => session.recall_relevant(&query),
-                false => session.recall_relevant_page(&query, &page.chunks),
+            // The current page keeps up to half the window; the rest goes by relevance.
+            let recalled = blocking(|| {
+                if page.chunks.is_empty() {
+                    session.recall_relevant(&query)
+                } else {
+                    session.recall_relevant_page(&query, &page.chunks)
+                }
             })?;
             merge(&mut applied, recalled);
         }
@@ -270,9 +273,10 @@ impl Run<'_, '_> {
             chunk,
             chunks: if page.chunks.len() > 1 { page.chunks.clone() } else { Vec::new() },
             image_chunk,
-            chunk_tokens: match page.chunks.is_empty() {
-                true => self.agent.session.chunk_tokens(&chunk).map_or(0, <[u32]>::len),
-                false => page.tokens,
+            chunk_tokens: if page.chunks.is_empty() {
+                self.agent.session.chunk_tokens(&chunk).map_or(0, <[u32]>::len)
+            } else {
+                page.tokens
             },
             visit: applied.visit.unwrap_or(kamera_sched::Visit::Hit),
             why: applied.plan.decisions.iter().map(|d| d.to_string()).collect(),
