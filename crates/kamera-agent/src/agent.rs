@@ -271,7 +271,11 @@ impl Run<'_, '_> {
                 screenshot: shot,
             },
             chunk,
-            chunks: if page.chunks.len() > 1 { page.chunks.clone() } else { Vec::new() },
+            chunks: if page.chunks.len() > 1 {
+                page.chunks.clone()
+            } else {
+                Vec::new()
+            },
             image_chunk,
             chunk_tokens: if page.chunks.is_empty() {
                 self.agent.session.chunk_tokens(&chunk).map_or(0, <[u32]>::len)

@@ -508,7 +508,9 @@ impl Scenario {
             return Err(bad("budget.steps must be > 0 and budget.window_tokens >= 64".into()));
         }
         if s.budget.chunk_tokens.is_some_and(|n| n < 32) {
-            return Err(bad("budget.chunk_tokens must be >= 32 (a block holds the page's header)".into()));
+            return Err(bad(
+                "budget.chunk_tokens must be >= 32 (a block holds the page's header)".into(),
+            ));
         }
         if s.policy == PolicyKind::Scripted && s.steps.is_empty() {
             return Err(bad("a scripted scenario needs [[steps]]".into()));

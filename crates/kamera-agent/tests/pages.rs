@@ -80,7 +80,10 @@ fn a_20k_token_page_runs_in_a_2k_window_and_its_last_section_comes_back() -> Res
         let n = s.tokenize(&b.text, false)?.len();
         assert!(n <= 512, "part {} holds {n} tokens", k + 1);
     }
-    let fact_block = blocks.iter().find(|b| b.text.contains("Mira Solberg keeps")).expect("a block holds the fact");
+    let fact_block = blocks
+        .iter()
+        .find(|b| b.text.contains("Mira Solberg keeps"))
+        .expect("a block holds the fact");
     let fact = s.chunk_id(&fact_block.text);
 
     let seen = s.observe_page(&long)?;
@@ -88,18 +91,28 @@ fn a_20k_token_page_runs_in_a_2k_window_and_its_last_section_comes_back() -> Res
     assert_eq!(seen.chunks.last(), Some(&fact), "the fact is in the page's last block");
     assert!(s.window().used() <= 2048 + s.pinned_tokens());
     assert!(s.window().slot(&fact).is_some(), "the page's newest block stays");
-    assert!(s.window().is_evicted(&seen.chunks[0]), "its first blocks were evicted by its later ones");
+    assert!(
+        s.window().is_evicted(&seen.chunks[0]),
+        "its first blocks were evicted by its later ones"
+    );
 
     // Another long page (~3,000 tokens) evicts all of the ledger.
     let other = page("Catalogue", "/catalogue", 140, catalogue, "End of the catalogue.");
     let now = s.observe_page(&other)?;
     assert!(now.chunks.len() >= 5, "{} blocks", now.chunks.len());
-    assert!(s.window().is_evicted(&fact), "the catalogue must have evicted the vault section");
+    assert!(
+        s.window().is_evicted(&fact),
+        "the catalogue must have evicted the vault section"
+    );
 
     // The question: recall by relevance brings the vault section back, beside the current page.
     let question = "Who keeps the only key to the vault?";
     let recalled = s.recall_relevant_page(question, &now.chunks)?;
-    assert!(s.window().slot(&fact).is_some(), "recall brought the vault section back: {}", recalled.plan);
+    assert!(
+        s.window().slot(&fact).is_some(),
+        "recall brought the vault section back: {}",
+        recalled.plan
+    );
     assert!(
         s.window().slot(now.chunks.last().unwrap()).is_some(),
         "the current page's last block stays"

@@ -58,7 +58,10 @@ pub fn split_page(text: &str, cap: usize, count: &mut dyn FnMut(&str) -> Result<
             tokens: n,
         }]);
     }
-    let bad = |detail: String| Error::Runtime { op: "split page", detail };
+    let bad = |detail: String| Error::Runtime {
+        op: "split page",
+        detail,
+    };
     // The header: the first line, where there is one and it is short beside the cap.
     let header = match text.find('\n') {
         Some(i) if count(&text[..i])? <= cap / 4 => &text[..i],
@@ -69,10 +72,11 @@ pub fn split_page(text: &str, cap: usize, count: &mut dyn FnMut(&str) -> Result<
     // Room for the page's own text in one block: the cap less the longest header and footer a
     // block can carry (part numbers of up to five digits) and a margin for merges at the seams.
     let overhead = count(&heads.open(99_999))? + count(&heads.close(99_999))? + 4;
-    let room = cap
-        .checked_sub(overhead)
-        .filter(|r| *r > 0)
-        .ok_or_else(|| bad(format!("a cap of {cap} tokens leaves no room after the header ({overhead} tokens)")))?;
+    let room = cap.checked_sub(overhead).filter(|r| *r > 0).ok_or_else(|| {
+        bad(format!(
+            "a cap of {cap} tokens leaves no room after the header ({overhead} tokens)"
+        ))
+    })?;
     // Pieces: lines (with their newline), a line over `room` split between words, then chars.
     let mut pieces: Vec<(Range<usize>, usize)> = Vec::new();
     let mut at = body_start;
@@ -194,7 +198,11 @@ impl Heads<'_> {
             }
             s += &self.close(part + 1);
         }
-        Block { text: s, body, tokens: 0 }
+        Block {
+            text: s,
+            body,
+            tokens: 0,
+        }
     }
 }
 
@@ -263,7 +271,10 @@ impl Session {
             page.chunks.push(id);
             met += 1;
             if met == 1 {
-                page.applied = Applied { chunk: Some(page.chunks[0]), ..a };
+                page.applied = Applied {
+                    chunk: Some(page.chunks[0]),
+                    ..a
+                };
             } else {
                 page.applied.visit = match (page.applied.visit, a.visit) {
                     (Some(x), Some(y)) => Some(costlier(x, y)),
@@ -354,7 +365,10 @@ mod tests {
             assert!(b.text.contains(&text[b.body.clone()]), "part {} holds its text", k + 1);
             if k > 0 {
                 assert_eq!(blocks[k - 1].body.end, b.body.start, "adjacent, in reading order");
-                assert!(b.text.starts_with(&format!("Page \"Directory\" (/people), continued (part {}):\n", k + 1)));
+                assert!(
+                    b.text
+                        .starts_with(&format!("Page \"Directory\" (/people), continued (part {}):\n", k + 1))
+                );
             }
             if k + 1 < blocks.len() {
                 assert!(b.text.ends_with(&format!("(continues in part {})\n\n", k + 2)));
@@ -370,7 +384,14 @@ mod tests {
         let text = page(3);
         let blocks = split_page(&text, 200, &mut words).unwrap();
         let tokens = words(&text).unwrap();
-        assert_eq!(blocks, vec![Block { text: text.clone(), body: 0..text.len(), tokens }]);
+        assert_eq!(
+            blocks,
+            vec![Block {
+                text: text.clone(),
+                body: 0..text.len(),
+                tokens
+            }]
+        );
     }
 
     #[test]
@@ -411,7 +432,10 @@ mod tests {
     fn an_unchanged_leading_block_of_a_changed_page_keeps_its_text() {
         let a = page(120);
         let b = a.replace("line 119 of", "line 119 (edited) of");
-        let (ba, bb) = (split_page(&a, 64, &mut words).unwrap(), split_page(&b, 64, &mut words).unwrap());
+        let (ba, bb) = (
+            split_page(&a, 64, &mut words).unwrap(),
+            split_page(&b, 64, &mut words).unwrap(),
+        );
         assert_eq!(ba[0], bb[0]);
         assert_eq!(ba[1], bb[1]);
         assert_ne!(ba.last(), bb.last());

@@ -83,10 +83,7 @@ impl SessionConfig {
             cost,
             repair: scenario.budget.repair,
             image_max_pixels: scenario.budget.screenshot_pixels,
-            chunk_tokens_max: scenario
-                .budget
-                .chunk_tokens
-                .unwrap_or(crate::runtime::CHUNK_TOKENS_MAX),
+            chunk_tokens_max: scenario.budget.chunk_tokens.unwrap_or(crate::runtime::CHUNK_TOKENS_MAX),
             ..SessionConfig::default()
         }
     }
