@@ -41,7 +41,7 @@ async fn constrained_decoding_makes_every_reply_a_valid_action() -> Result<()> {
         b.close().await?;
         let mut session = kamera_harness::session_for(&s, model(), None, None, None);
         session.pin(&llm.prefix_text(&s.goal))?;
-        session.observe(&chunk_text(&obs, &served.env.origin))?;
+        session.observe_page(&chunk_text(&obs, &served.env.origin))?;
         let ctx = session.context()?;
         let instruction = ModelPolicy::instruction(&obs, &s.goal);
 

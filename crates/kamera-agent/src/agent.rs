@@ -16,7 +16,8 @@ use crate::error::{Error, Result};
 use crate::llm::Llm;
 use crate::lm::{LanguageModel, View};
 use crate::policy::{Decision, Mind, Policy};
-use crate::runtime::{Applied, ApplyTimings, Session, SessionStats};
+use crate::runtime::pages::merge;
+use crate::runtime::{Applied, ApplyTimings, ObservedPage, Session, SessionStats};
 use crate::scenario::{MiniWobSpec, Scenario};
 use crate::trace::{
     EndRecord, Header, Line, ObsRecord, StepRecord, StepResult, StepTimings, TRACE_VERSION, TraceWriter, sha256_hex,
@@ -216,10 +217,10 @@ impl Run<'_, '_> {
         let text = chunk_text(&obs, &self.env.origin);
         let session = &mut *self.agent.session;
         let observe = self.scenario.observe;
-        let (mut applied, image_chunk) = blocking(|| -> Result<(Applied, Option<ChunkId>)> {
-            // `both`: the screenshot's chunk after the text's, the text's chunk names the step.
-            let text_visit = if observe.text() {
-                Some(session.observe(&text)?)
+        let (mut applied, page, image_chunk) = blocking(|| -> Result<(Applied, ObservedPage, Option<ChunkId>)> {
+            // `both`: the screenshot's chunk after the text's, the text's first chunk names the step.
+            let page = if observe.text() {
+                Some(session.observe_page(&text)?)
             } else {
                 None
             };
@@ -229,13 +230,14 @@ impl Run<'_, '_> {
                 None
             };
             let image_chunk = image.as_ref().and_then(|a| a.chunk);
-            Ok(match (text_visit, image) {
-                (Some(mut t), Some(i)) => {
+            Ok(match (page, image) {
+                (Some(mut p), Some(i)) => {
+                    let mut t = std::mem::take(&mut p.applied);
                     merge(&mut t, i);
-                    (t, image_chunk)
+                    (t, p, image_chunk)
                 }
-                (Some(t), None) => (t, None),
-                (None, Some(i)) => (i, None),
+                (Some(mut p), None) => (std::mem::take(&mut p.applied), p, None),
+                (None, Some(i)) => (i, ObservedPage::default(), None),
                 (None, None) => unreachable!("observe reads text, a screenshot or both"),
             })
         })?;
@@ -246,7 +248,14 @@ impl Run<'_, '_> {
                 .collect::<Vec<_>>()
                 .join("\n");
             let session = &mut *self.agent.session;
-            let recalled = blocking(|| session.recall_relevant(&query))?;
+            // The current page keeps up to half the window; the rest goes by relevance.
+            let recalled = blocking(|| {
+                if page.chunks.is_empty() {
+                    session.recall_relevant(&query)
+                } else {
+                    session.recall_relevant_page(&query, &page.chunks)
+                }
+            })?;
             merge(&mut applied, recalled);
         }
         timings.encode_ms += applied.timings.prefill_ms;
@@ -267,8 +276,17 @@ impl Run<'_, '_> {
                 screenshot: shot,
             },
             chunk,
+            chunks: if page.chunks.len() > 1 {
+                page.chunks.clone()
+            } else {
+                Vec::new()
+            },
             image_chunk,
-            chunk_tokens: self.agent.session.chunk_tokens(&chunk).map_or(0, <[u32]>::len),
+            chunk_tokens: if page.chunks.is_empty() {
+                self.agent.session.chunk_tokens(&chunk).map_or(0, <[u32]>::len)
+            } else {
+                page.tokens
+            },
             visit: applied.visit.unwrap_or(kamera_sched::Visit::Hit),
             why: applied.plan.decisions.iter().map(|d| d.to_string()).collect(),
             plan: applied.plan.steps,
@@ -468,16 +486,6 @@ impl Run<'_, '_> {
         self.summary.wall_ms = ms(self.t0);
         r.map(|()| self.summary)
     }
-}
-
-/// Appends a later plan of the same step (recall by relevance) to the visit's.
-fn merge(into: &mut Applied, later: Applied) {
-    into.plan.append(later.plan);
-    into.prefill_tokens += later.prefill_tokens;
-    into.timings.prefill_ms += later.timings.prefill_ms;
-    into.timings.patch_ms += later.timings.patch_ms;
-    into.timings.place_ms += later.timings.place_ms;
-    into.timings.sync_ms += later.timings.sync_ms;
 }
 
 fn truthy(v: &serde_json::Value) -> bool {

@@ -356,7 +356,7 @@ impl Agent {
             if session.pinned_tokens() == 0 {
                 session.pin(&prefix)?;
             }
-            session.observe(&text)?;
+            session.observe_page(&text)?;
             let window = crate::lm::window_text(session)?;
             let kv = session.context()?;
             let call = llm.generate(&mut View { kv, text: &window }, &prompt, max_new, 0)?;

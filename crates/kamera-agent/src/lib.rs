@@ -68,7 +68,10 @@ pub use lm::{LanguageModel, View};
 pub use policy::{
     ACTION_GRAMMAR, Decision, Decoding, Mind, ModelPolicy, Policy, ScriptedPolicy, resolve_target, valid,
 };
-pub use runtime::{Applied, ApplyTimings, Relevance, Session, SessionConfig, SessionStats};
+pub use runtime::{
+    Applied, ApplyTimings, Block, CHUNK_TOKENS_MAX, ObservedPage, Relevance, Session, SessionConfig, SessionStats,
+    split_page,
+};
 pub use scenario::{
     Budget, DEFAULT_WAIT_MS, MiniWobSpec, Observe, PolicyKind, Scenario, SiteSpec, Step, Success, resolve,
 };

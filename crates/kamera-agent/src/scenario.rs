@@ -136,6 +136,10 @@ pub struct Budget {
     /// screenshots are downscaled to fit, 28x28 pixels per image token.
     #[serde(default = "default_screenshot_pixels")]
     pub screenshot_pixels: usize,
+    /// Most tokens of one page chunk: a longer page becomes several, in reading order (at most
+    /// half of `window_tokens`). Unset: 512.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chunk_tokens: Option<usize>,
 }
 
 fn default_screenshot_pixels() -> usize {
@@ -165,6 +169,7 @@ impl Default for Budget {
             patch_rank: None,
             repair: default_repair(),
             screenshot_pixels: default_screenshot_pixels(),
+            chunk_tokens: None,
         }
     }
 }
@@ -501,6 +506,11 @@ impl Scenario {
         }
         if s.budget.steps == 0 || s.budget.window_tokens < 64 {
             return Err(bad("budget.steps must be > 0 and budget.window_tokens >= 64".into()));
+        }
+        if s.budget.chunk_tokens.is_some_and(|n| n < 32) {
+            return Err(bad(
+                "budget.chunk_tokens must be >= 32 (a block holds the page's header)".into(),
+            ));
         }
         if s.policy == PolicyKind::Scripted && s.steps.is_empty() {
             return Err(bad("a scripted scenario needs [[steps]]".into()));

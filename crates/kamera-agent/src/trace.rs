@@ -68,13 +68,20 @@ pub struct StepTimings {
 pub struct StepRecord {
     pub step: usize,
     pub observation: ObsRecord,
-    /// The page's chunk: its text, or its screenshot with `observe = "screenshot"`.
+    /// The page's chunk: its text (the first of `chunks` for a page of several), or its screenshot
+    /// with `observe = "screenshot"`.
     pub chunk: kamera_store::ChunkId,
+    /// A page longer than a chunk's cap: all its chunks in reading order (`chunk` is the first);
+    /// empty where the page is one chunk (and in traces written before pages were split).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub chunks: Vec<kamera_store::ChunkId>,
     /// The screenshot's image chunk when the page's text is the step's chunk (`observe = "both"`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_chunk: Option<kamera_store::ChunkId>,
+    /// Tokens of the page's chunks (all of them, for a page of several).
     pub chunk_tokens: usize,
-    /// How the window met the page's chunk.
+    /// How the window met the page's chunks (the costliest of their visits: new, stored, recall,
+    /// hit).
     pub visit: kamera_sched::Visit,
     /// The scheduler's plan of this step (the visit, then any recall by relevance), as executed.
     pub plan: Vec<kamera_sched::Step>,

@@ -201,9 +201,10 @@ pub fn run(a: SessionArgs) -> Result<()> {
         // Kamera: the session's plan, then the prompt on the live context, then its deferred work.
         let prefilled0 = session.stats().prefill_tokens;
         let t0 = Instant::now();
-        let applied = session.observe(text)?;
+        let page = session.observe_page(text)?;
+        let applied = &page.applied;
         if let Some(q) = &w.question {
-            session.recall_relevant(&format!("{goal}\n{q}"))?;
+            session.recall_relevant_page(&format!("{goal}\n{q}"), &page.chunks)?;
         }
         let k_plan = ms(t0);
         let ctx = session.context()?;

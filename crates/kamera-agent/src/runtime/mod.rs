@@ -3,8 +3,10 @@
 
 mod encoder;
 mod image;
+pub(crate) mod pages;
 mod relevance;
 mod session;
 
+pub use pages::{Block, CHUNK_TOKENS_MAX, ObservedPage, split_page};
 pub use relevance::Relevance;
 pub use session::{Applied, ApplyTimings, Session, SessionConfig, SessionStats};

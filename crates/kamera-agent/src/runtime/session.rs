@@ -45,6 +45,9 @@ pub struct SessionConfig {
     /// Pixel budget of a screenshot chunk ([`Session::observe_image`]): larger screenshots are
     /// downscaled, as the model's preprocessor does, to fit (28x28 pixels per merged token).
     pub image_max_pixels: usize,
+    /// Most tokens of one page chunk: a longer page becomes several ([`Session::observe_page`]).
+    /// Clamped to half of `window_tokens` ([`Session::page_cap`]).
+    pub chunk_tokens_max: usize,
 }
 
 impl Default for SessionConfig {
@@ -58,6 +61,7 @@ impl Default for SessionConfig {
             defer: true,
             repair: true,
             image_max_pixels: 28 * 28 * 256,
+            chunk_tokens_max: crate::runtime::CHUNK_TOKENS_MAX,
         }
     }
 }
@@ -80,6 +84,7 @@ impl SessionConfig {
             cost,
             repair: scenario.budget.repair,
             image_max_pixels: scenario.budget.screenshot_pixels,
+            chunk_tokens_max: scenario.budget.chunk_tokens.unwrap_or(crate::runtime::CHUNK_TOKENS_MAX),
             ..SessionConfig::default()
         }
     }
