@@ -28,13 +28,14 @@ mod cost;
 mod error;
 mod exec;
 mod plan;
+mod points;
 mod window;
 
-pub use cost::{
-    Choice, CostModel, Decision, OrbitVariant, PatchPoint, default_patch_points, gemma3_patch_points,
-    qwen25_patch_points,
-};
+pub use cost::{Choice, CostModel, Decision, OrbitVariant, PatchPoint};
 pub use error::{Error, Result, short};
 pub use exec::{BoxError, Encoder, ExecConfig, ExecStats, Executor};
 pub use plan::{OrbitKey, Plan, Step};
+pub use points::{
+    KNOWN_MODELS, KnownModel, default_patch_points, gemma3_patch_points, measured_points, qwen25_patch_points,
+};
 pub use window::{Order, Slot, SlotState, Visit, Window, WindowConfig, orbit_orderings};

@@ -3,6 +3,7 @@
 
 mod exec;
 mod image;
+mod no_reuse;
 mod relevance;
 mod session;
 mod survivors;

@@ -44,6 +44,9 @@ pub struct SessionConfig {
     /// Pixel budget of a screenshot chunk ([`Session::observe_image`]): larger screenshots are
     /// downscaled, as the model's preprocessor does, to fit (28x28 pixels per merged token).
     pub image_max_pixels: usize,
+    /// Reuse KV between steps. `false` is the no-reuse baseline (runtime/no_reuse.rs): every
+    /// [`Session::context`] re-prefills the window from scratch; nothing is stored or formed.
+    pub reuse: bool,
 }
 
 impl Default for SessionConfig {
@@ -57,6 +60,7 @@ impl Default for SessionConfig {
             defer: true,
             repair: true,
             image_max_pixels: 28 * 28 * 256,
+            reuse: true,
         }
     }
 }
@@ -374,6 +378,9 @@ impl Session {
     /// The model context of the window (positions `0..end`), ready for a model call that
     /// appends a prompt with [`Model::extend`] and truncates back to [`Context::len`] after.
     pub fn context(&mut self) -> Result<&mut Context> {
+        if !self.cfg.reuse {
+            return self.context_no_reuse();
+        }
         let end = self.window.end();
         self.sync_to(end)?;
         Ok(&mut self.ctx)
@@ -396,6 +403,9 @@ impl Session {
     }
 
     pub(crate) fn apply(&mut self, chunk: Option<ChunkId>, visit: Option<Visit>, mut plan: Plan) -> Result<Applied> {
+        if !self.cfg.reuse {
+            return self.apply_no_reuse(chunk, visit, plan);
+        }
         self.patch_survivors(&mut plan);
         let content = &self.content;
         let prefill_tokens = plan.prefill_tokens(|id| content.get(id).map_or(0, |c| c.tokens.len()));
