@@ -268,7 +268,9 @@ fn execute(scenario_arg: &str, setup: Setup<'_>) -> Result<RunSummary> {
     Ok(summary)
 }
 
-fn print_summary(s: &RunSummary) {
+/// The run's table; `reuse: false` (`--no-reuse`): the window column says so instead of the plan,
+/// which the window made but the session did not execute.
+fn print_summary(s: &RunSummary, reuse: bool) {
     println!("scenario  {}", s.scenario);
     println!("window    how the page's chunk was met (hit, new, recall, stored) and the plan's steps");
     println!(
@@ -277,15 +279,19 @@ fn print_summary(s: &RunSummary) {
     );
     for st in &s.steps {
         let n = |name: &str| st.plan.iter().filter(|p| p.name() == name).count();
-        let window = format!(
-            "{:?}: {}pf {}pl {}rl {}ev {}patch",
-            st.visit,
-            n("prefill"),
-            n("place"),
-            n("relocate"),
-            n("evict"),
-            n("form-patch") + n("store-patch") + n("form-orbit"),
-        )
+        let window = if reuse {
+            format!(
+                "{:?}: {}pf {}pl {}rl {}ev {}patch",
+                st.visit,
+                n("prefill"),
+                n("place"),
+                n("relocate"),
+                n("evict"),
+                n("form-patch") + n("store-patch") + n("form-orbit"),
+            )
+        } else {
+            format!("{:?}: window re-prefilled", st.visit)
+        }
         .to_lowercase();
         let t = &st.timings;
         let page: String = st.observation.title.chars().take(28).collect();
@@ -405,7 +411,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         if a.no_reuse {
             println!("reuse     off (--no-reuse): every model call re-prefilled the window; nothing stored");
         }
-        print_summary(&summary);
+        print_summary(&summary, !a.no_reuse);
     }
     if summary.end.success == Some(false) {
         std::process::exit(2);
@@ -434,7 +440,7 @@ pub fn record(a: RecordArgs) -> Result<()> {
         .unwrap_or_default();
     let rec = kamera_agent::devtools_recorder(&scenario.name, &start, &trace.steps, 800, 600);
     std::fs::write(a.out.join("recorder.json"), serde_json::to_string_pretty(&rec)?)?;
-    print_summary(&summary);
+    print_summary(&summary, true);
     println!(
         "trace     {} (trace.ndjson, resources/, recorder.json)",
         a.out.display()
@@ -459,7 +465,7 @@ pub fn replay(a: ReplayArgs) -> Result<()> {
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        print_summary(&report.summary);
+        print_summary(&report.summary, true);
         println!(
             "replay    {} of {} actions match{}",
             report

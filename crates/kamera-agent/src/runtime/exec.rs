@@ -73,6 +73,9 @@ impl Session {
     /// next plan: canonical KV of new chunks, their storage and difference patches, then the
     /// repair of survivors of evictions (see `survivors.rs`).
     pub fn settle(&mut self) -> Result<ApplyTimings> {
+        if !self.cfg.reuse {
+            return Ok(ApplyTimings::default()); // runtime/no_reuse.rs: nothing deferred, no KV kept
+        }
         let mut t = ApplyTimings::default();
         let mut steps = std::mem::take(&mut self.deferred);
         let repair = self.repair_steps();
