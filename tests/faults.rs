@@ -34,7 +34,7 @@ async fn chromium_killed_mid_step_ends_the_run_with_a_typed_error_and_a_complete
     let mut browser = ChromiumBrowser::launch(ChromiumConfig::new(served.origins.clone())).await?;
     let pid = browser.pid().expect("the browser process");
     let profile = browser.profile_dir().to_path_buf();
-    let mut session = kamera_harness::session_for(&s, model(), None, None, None);
+    let mut session = kamera_harness::session_for(&s, model())?;
     let mut policy = kamera_harness::policy_for(&s, &served.env.origin);
     let dir = tempfile::tempdir()?;
     // After step 0 is written: SIGKILL 1.5 s later, inside step 1's 4 s wait.

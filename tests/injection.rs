@@ -118,7 +118,7 @@ async fn injected_pages_cannot_break_the_runtimes_guarantees() -> Result<()> {
                 origin: origin.clone(),
                 start_url: format!("{origin}{prefix}/{page}"),
             };
-            let mut session = kamera_harness::session_for(&s, model(), None, None, None);
+            let mut session = kamera_harness::session_for(&s, model())?;
             let mut policy = ModelPolicy::new(Decoding::Constrained);
             let parts = Parts {
                 browser: &mut browser,
@@ -169,7 +169,7 @@ async fn injected_pages_cannot_break_the_runtimes_guarantees() -> Result<()> {
         origin: origin.clone(),
         start_url: format!("{origin}/inject-type-secret"),
     };
-    let mut session = kamera_harness::session_for(&s, model(), None, None, None);
+    let mut session = kamera_harness::session_for(&s, model())?;
     let mut policy = kamera_harness::policy_for(&s, &origin);
     let parts = Parts {
         browser: &mut browser,

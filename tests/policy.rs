@@ -39,7 +39,7 @@ async fn constrained_decoding_makes_every_reply_a_valid_action() -> Result<()> {
         }
         let obs = b.observe().await?;
         b.close().await?;
-        let mut session = kamera_harness::session_for(&s, model(), None, None, None);
+        let mut session = kamera_harness::session_for(&s, model())?;
         session.pin(&llm.prefix_text(&s.goal))?;
         session.observe_page(&chunk_text(&obs, &served.env.origin))?;
         let ctx = session.context()?;

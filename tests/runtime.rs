@@ -9,7 +9,7 @@ mod redis_server;
 use std::sync::Arc;
 
 use anyhow::Result;
-use kamera_agent::{RunSummary, Scenario};
+use kamera_agent::{RunSummary, RuntimeConfig, Scenario, StoreSource};
 use kamera_harness::RunConfig;
 use kamera_sched::{Step, Visit};
 use kamera_store::ChunkStore;
@@ -21,7 +21,10 @@ fn open_store(dir: &std::path::Path) -> Result<Arc<dyn ChunkStore>> {
 
 async fn run(s: &Scenario, store: Option<Arc<dyn ChunkStore>>) -> Result<RunSummary> {
     let cfg = RunConfig {
-        store,
+        runtime: RuntimeConfig {
+            store: store.map_or(StoreSource::Memory, StoreSource::Given),
+            ..RuntimeConfig::default()
+        },
         ..RunConfig::default()
     };
     Ok(kamera_harness::run_scenario(s, model(), &kamera_model::default_home(), cfg).await?)

@@ -265,7 +265,8 @@ impl Run<'_, '_> {
             op: "observe",
             detail: "the session's visit named no chunk".into(),
         })?;
-        let decision = self.decide(step, &obs);
+        let (decision, context_ms) = self.decide(step, &obs);
+        timings.reuse_ms += context_ms;
         let mut record = StepRecord {
             step,
             observation: ObsRecord {
@@ -312,8 +313,9 @@ impl Run<'_, '_> {
         Ok((record, fatal))
     }
 
-    /// The policy's decision over the window's live context.
-    fn decide(&mut self, step: usize, obs: &Observation) -> Result<Decision> {
+    /// The policy's decision over the window's live context, and the milliseconds bringing that
+    /// context up to date took (a full re-prefill without reuse).
+    fn decide(&mut self, step: usize, obs: &Observation) -> (Result<Decision>, f64) {
         let session = &mut *self.agent.session;
         let policy = &mut *self.agent.policy;
         let llm: &dyn LanguageModel = match &self.opts.language_model {
@@ -321,9 +323,12 @@ impl Run<'_, '_> {
             None => &self.llm,
         };
         let (goal, max_new) = (&self.scenario.goal, self.scenario.budget.max_new_tokens);
-        blocking(|| {
+        let mut context_ms = 0.0;
+        let d = blocking(|| {
             let text = crate::lm::window_text(session)?;
+            let t = Instant::now();
             let kv = session.context()?;
+            context_ms = ms(t);
             let mut mind = Mind {
                 llm,
                 view: View { kv, text: &text },
@@ -331,7 +336,8 @@ impl Run<'_, '_> {
                 max_new_tokens: max_new,
             };
             policy.next(step, obs, &mut mind)
-        })
+        });
+        (d, context_ms)
     }
 
     /// Carries out a decision: `done` answers (and times the baseline when asked), anything else

@@ -7,18 +7,20 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kamera_browser::{Action, Browser, ChromiumBrowser, ChromiumConfig, Observation, Origins};
-use kamera_gpu::CpuBackend;
-use kamera_model::{Model, ModelName};
-use kamera_store::{ChunkStore, MemStore};
+use kamera_model::Model;
+use kamera_store::ChunkStore;
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
 use crate::agent::{Env, OnStep, Parts, RunOptions, RunSummary, chunk_text, run_episode};
-use crate::error::{Error, Result, model};
+use crate::assemble::{
+    BasisSource, CalibrationSource, ModelSource, RuntimeConfig, StoreSource, load_model, open_runtime,
+};
+use crate::error::{Error, Result};
 use crate::llm::Llm;
 use crate::lm::{LanguageModel, View};
 use crate::policy::{Decoding, ModelPolicy, Policy};
-use crate::runtime::{Session, SessionConfig};
+use crate::runtime::Session;
 use crate::scenario::{Budget, Observe, PolicyKind, Scenario, Success};
 use crate::trace::StepRecord;
 
@@ -35,10 +37,8 @@ pub struct AgentBuilder {
     task: Option<String>,
     start_url: Option<String>,
     origins: Vec<String>,
-    model: Option<Arc<Model>>,
-    model_path: Option<PathBuf>,
-    prefill_precision: Option<kamera_model::PrefillPrecision>,
-    store: Option<Arc<dyn ChunkStore>>,
+    /// Model, calibration, patch basis, store, backend: what [`open_runtime`] assembles.
+    runtime: RuntimeConfig,
     browser: Option<Box<dyn Browser>>,
     policy: Option<Box<dyn Policy>>,
     language_model: Option<Arc<dyn LanguageModel>>,
@@ -68,24 +68,47 @@ impl AgentBuilder {
     }
     /// A loaded model (shared: several agents may hold it).
     pub fn model(mut self, model: Arc<Model>) -> Self {
-        self.model = Some(model);
+        self.runtime.model = ModelSource::Loaded(model);
         self
     }
     /// How a model this builder loads multiplies prefills of 32+ tokens by its quantized
     /// weights (default: the fastest this CPU runs, bf16 on AVX512_BF16 CPUs; a model given by
     /// [`AgentBuilder::model`] keeps its own).
     pub fn prefill_precision(mut self, p: kamera_model::PrefillPrecision) -> Self {
-        self.prefill_precision = Some(p);
+        self.runtime.precision = Some(p);
         self
     }
     /// A GGUF file to load as the model.
     pub fn model_path(mut self, path: impl Into<PathBuf>) -> Self {
-        self.model_path = Some(path.into());
+        self.runtime.model = ModelSource::Path(path.into());
         self
     }
     /// The chunk store for canonical KV and patches (default: in memory, this agent only).
     pub fn store(mut self, store: Arc<dyn ChunkStore>) -> Self {
-        self.store = Some(store);
+        self.runtime.store = StoreSource::Given(store);
+        self
+    }
+    /// The whole runtime configuration (model, calibration, patch basis, store, backend), as
+    /// `kamera run` builds it; the builder's other runtime setters change it further, and a
+    /// budget given to the builder replaces its `budget`.
+    pub fn runtime(mut self, cfg: RuntimeConfig) -> Self {
+        self.runtime = cfg;
+        self
+    }
+    /// Where the cost model's machine rates come from (default: `kamera calibrate`'s file for
+    /// the model, when there is one).
+    pub fn calibration(mut self, source: CalibrationSource) -> Self {
+        self.runtime.calibration = source;
+        self
+    }
+    /// The model's patch basis for transform-coded patches (default: the installed one, if any).
+    pub fn patch_basis(mut self, source: BasisSource) -> Self {
+        self.runtime.basis = source;
+        self
+    }
+    /// `false`: the no-reuse baseline, every model call re-prefills the window (default: true).
+    pub fn reuse(mut self, reuse: bool) -> Self {
+        self.runtime.reuse = reuse;
         self
     }
     /// The browser to drive (default: headless Chromium, launched at first use).
@@ -142,11 +165,13 @@ impl AgentBuilder {
         self
     }
 
-    /// The agent. Loads the model (`model_path`, else the embedded default, fetched once);
-    /// fails with [`Error::Build`] on a bad URL, no origin to allow, or a budget too small.
+    /// The agent. Opens the runtime ([`open_runtime`]: the model from `model_path`, else the
+    /// embedded default, fetched once; the calibration, patch points and basis for it; the
+    /// store); fails with [`Error::Build`] on a bad URL, no origin to allow, or a budget too
+    /// small.
     pub fn build(self) -> Result<Agent> {
         let bad = |detail: String| Error::Build { detail };
-        let budget = self.budget.unwrap_or_default();
+        let budget = self.budget.unwrap_or_else(|| self.runtime.budget.clone());
         if budget.steps == 0 || budget.window_tokens < 64 {
             return Err(bad(format!(
                 "budget: steps must be > 0 and window_tokens >= 64 (got {} and {})",
@@ -161,14 +186,6 @@ impl AgentBuilder {
             ));
         }
         let origins = Origins::new(&allowed).map_err(|e| bad(e.to_string()))?;
-        let precision = self
-            .prefill_precision
-            .unwrap_or_else(kamera_model::PrefillPrecision::fastest);
-        let model = match (self.model, self.model_path) {
-            (Some(m), _) => m,
-            (None, Some(p)) => load_with(&p, precision)?,
-            (None, None) => default_model_with(&kamera_model::default_home(), precision)?,
-        };
         let task = self.task.unwrap_or_default();
         let origin = self.start_url.as_deref().map(origin_of).unwrap_or_default();
         let scenario = Scenario {
@@ -185,14 +202,12 @@ impl AgentBuilder {
             steps: Vec::new(),
             success: Success::default(),
         };
-        let session = Session::new(
-            model.clone(),
-            self.store.unwrap_or_else(|| Arc::new(MemStore::new())),
-            Box::new(CpuBackend),
-            SessionConfig::for_scenario(&scenario),
-        );
+        let session = open_runtime(RuntimeConfig {
+            budget: scenario.budget.clone(),
+            ..self.runtime
+        })?;
         let agent = Agent {
-            llm: Llm::new(model),
+            llm: Llm::new(session.model().clone()),
             lm: self.language_model,
             session,
             scenario,
@@ -215,18 +230,7 @@ impl AgentBuilder {
 /// SmolLM2-135M-Instruct, with the fastest prefill precision this CPU runs: what
 /// [`AgentBuilder::build`] loads when given no model.
 pub fn default_model(home: &std::path::Path) -> Result<Arc<Model>> {
-    default_model_with(home, kamera_model::PrefillPrecision::fastest())
-}
-
-fn default_model_with(home: &std::path::Path, precision: kamera_model::PrefillPrecision) -> Result<Arc<Model>> {
-    let path = kamera_model::fetch(ModelName::Smollm2_135m, home).map_err(model("fetch"))?;
-    load_with(&path, precision)
-}
-
-fn load_with(path: &std::path::Path, precision: kamera_model::PrefillPrecision) -> Result<Arc<Model>> {
-    let mut m = Model::load(path).map_err(model("load"))?;
-    m.set_prefill_precision(precision).map_err(model("prefill precision"))?;
-    Ok(Arc::new(m))
+    load_model(&ModelSource::Default, None, home)
 }
 
 fn origin_of(url: &str) -> String {

@@ -64,6 +64,14 @@ pub enum Error {
     /// An agent that cannot be built as configured.
     #[error("agent: {detail}")]
     Build { detail: String },
+    /// A file the runtime is assembled from (`what`: a calibration, a patch basis) that does not
+    /// read or does not fit the model.
+    #[error("{what} {path}: {detail}")]
+    Config {
+        what: &'static str,
+        path: PathBuf,
+        detail: String,
+    },
     /// The model's reply to an extraction is not a `type_name`.
     #[error("extract {type_name}: {detail}; the model wrote {output:?}")]
     Extract {

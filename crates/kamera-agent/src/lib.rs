@@ -46,6 +46,8 @@
 
 mod agent;
 mod app;
+mod assemble;
+mod calibration;
 mod error;
 mod llm;
 mod lm;
@@ -62,6 +64,11 @@ pub(crate) fn ms(t: std::time::Instant) -> f64 {
 
 pub use agent::{Env, OnStep, Parts, RunOptions, RunSummary, chunk_text, run_episode};
 pub use app::{Agent, AgentBuilder, History, default_model};
+pub use assemble::{
+    BasisSource, CalibrationSource, MEMORY_TIER_BYTES, ModelSource, RuntimeConfig, StoreSource, cost_model,
+    installed_basis_path, load_model, open_runtime, open_store, session_config,
+};
+pub use calibration::Calibration;
 pub use error::{Error, Result};
 pub use llm::{CallTimings, Llm, ModelCall, parse_action};
 pub use lm::{LanguageModel, View};

@@ -228,7 +228,7 @@ pub async fn episode(
     policy: &mut dyn kamera_agent::Policy,
 ) -> Result<RunSummary> {
     let env = servers.prepare(browser, sc).await?;
-    let mut session = session_for(sc, model.clone(), None, None, None);
+    let mut session = session_for(sc, model.clone())?;
     let parts = Parts {
         browser,
         policy,

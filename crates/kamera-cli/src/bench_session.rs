@@ -161,7 +161,12 @@ pub fn run(a: SessionArgs) -> Result<()> {
     let cfg = SessionConfig {
         window_tokens: a.window,
         patch: PatchConfig::fixed(a.rank, DType::F32),
-        cost: crate::calibrate::load(&model).unwrap_or_default(),
+        cost: kamera_agent::cost_model(
+            &model,
+            &kamera_agent::CalibrationSource::Installed,
+            &kamera_agent::BasisSource::None,
+            &kamera_model::default_home(),
+        )?,
         repair: !a.no_repair,
         ..SessionConfig::default()
     };

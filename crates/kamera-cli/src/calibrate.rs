@@ -1,18 +1,16 @@
 //! `kamera calibrate --model M`: measures this machine's prefill, relocate, patch, SVD and store
 //! costs for one model and keeps them as the scheduler's cost model under
-//! `$KAMERA_HOME/calibration/`; `kamera run` and `kamera bench session` load them.
+//! `$KAMERA_HOME/calibration/` (the file format and its reader are kamera-agent's
+//! `Calibration`); the runtime (`kamera run`, `Agent::builder`, `kamera bench session`) loads it.
 
-use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::Args;
 use kamera_gpu::{Backend, CpuBackend};
-use kamera_model::Model;
 use kamera_ops::{DType, PatchConfig};
 use kamera_sched::CostModel;
 use kamera_store::{ChunkId, ChunkStore, Key, ModelFp, Record, SledStore, StoreConfig};
-use serde::{Deserialize, Serialize};
 
 #[derive(Args)]
 pub struct CalibrateArgs {
@@ -28,46 +26,6 @@ pub struct CalibrateArgs {
     /// Timed repetitions of each measurement (the fastest is kept).
     #[arg(long, default_value_t = 2)]
     reps: usize,
-}
-
-/// What `kamera calibrate` writes.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Calibration {
-    pub model: String,
-    pub fingerprint: String,
-    pub measured_unix_s: u64,
-    pub cores: usize,
-    pub probe_tokens: usize,
-    /// Raw rates behind the cost model.
-    pub prefill_tok_s: f64,
-    pub relocate_gb_s: f64,
-    pub patch_gb_s: f64,
-    pub store_read_gb_s: f64,
-    pub store_write_gb_s: f64,
-    pub cost: CostModel,
-}
-
-fn path_for(model: &Model) -> PathBuf {
-    let fp = ModelFp::of(model.fingerprint()).to_string();
-    kamera_model::default_home()
-        .join("calibration")
-        .join(format!("{}.json", &fp[..16]))
-}
-
-/// The calibrated cost model of `model` on this machine, if `kamera calibrate` has run.
-pub fn load(model: &Model) -> Option<CostModel> {
-    let p = path_for(model);
-    let text = std::fs::read_to_string(&p).ok()?;
-    match serde_json::from_str::<Calibration>(&text) {
-        Ok(c) => {
-            tracing::info!(path = %p.display(), "cost model calibrated on this machine");
-            Some(c.cost)
-        }
-        Err(e) => {
-            tracing::warn!(path = %p.display(), error = %e, "ignoring an unreadable calibration; run `kamera calibrate`");
-            None
-        }
-    }
 }
 
 fn best<T>(reps: usize, mut f: impl FnMut() -> Result<T>) -> Result<(f64, T)> {
@@ -138,7 +96,7 @@ pub fn run(a: CalibrateArgs) -> Result<()> {
         ..CostModel::default()
     };
     let gb_s = |t: f64| bytes / t / 1e9;
-    let cal = Calibration {
+    let cal = kamera_agent::Calibration {
         model: a.model.clone(),
         fingerprint: model.fingerprint().to_string(),
         measured_unix_s: std::time::SystemTime::now()
@@ -153,9 +111,8 @@ pub fn run(a: CalibrateArgs) -> Result<()> {
         store_write_gb_s: gb_s(t_write),
         cost,
     };
-    let p = path_for(&model);
-    std::fs::create_dir_all(p.parent().context("calibration path has a parent")?)?;
-    std::fs::write(&p, serde_json::to_string_pretty(&cal)?)?;
+    let p = kamera_agent::Calibration::path(&kamera_model::default_home(), &model);
+    cal.write(&p)?;
     println!("model       {} ({} tokens probed, {} cores)", cal.model, n, cal.cores);
     println!(
         "prefill     {:.0} tok/s alone; {:.1} µs/token + {:.3} µs/token/context token",

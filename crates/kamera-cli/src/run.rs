@@ -7,11 +7,11 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use std::sync::Arc;
 
-use kamera_agent::{RunSummary, Scenario, StepRecord};
+use kamera_agent::{
+    BasisSource, CalibrationSource, ModelSource, RunSummary, RuntimeConfig, Scenario, StepRecord, StoreSource,
+};
 use kamera_harness::RunConfig;
 use kamera_model::Model;
-use kamera_sched::CostModel;
-use kamera_store::ChunkStore;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Args)]
@@ -30,6 +30,11 @@ pub struct RunArgs {
     /// At the answering step also time a full re-prefill of the context (the baseline).
     #[arg(long)]
     baseline: bool,
+    /// Reuse no KV between steps: every model call re-prefills the whole window from scratch and
+    /// nothing is stored or formed (the baseline to time a scenario against; compare the
+    /// `time` line of `kamera run X` and `kamera run X --no-reuse`).
+    #[arg(long)]
+    no_reuse: bool,
     #[command(flatten)]
     model: ModelArg,
     #[command(flatten)]
@@ -49,9 +54,15 @@ pub struct ModelArg {
     prefill_precision: Option<kamera_model::PrefillPrecision>,
     /// The model's patch basis (written by `kamera eval --calibrate-basis`): patches are then
     /// transform-coded in it where the cost model's measured points favour that (Gemma 3).
-    /// Default: `$KAMERA_HOME/bases/<model>.bin` when it exists.
+    /// Default: `$KAMERA_HOME/bases/<fp>.bin` when it exists (<fp>: the first 16 hex digits of
+    /// the model's weights-and-configuration fingerprint, whatever the prefill precision).
     #[arg(long)]
     patch_basis: Option<PathBuf>,
+    /// The cost model's machine rates: a file written by `kamera calibrate`. Default: the one
+    /// `kamera calibrate --model M` keeps for this model, else the stated defaults (with a
+    /// warning).
+    #[arg(long)]
+    calibration: Option<PathBuf>,
 }
 
 impl ModelArg {
@@ -60,32 +71,6 @@ impl ModelArg {
             .as_deref()
             .unwrap_or(kamera_model::ModelName::Smollm2_135m.as_str())
     }
-}
-
-/// The cost model for `model`: calibrated on this machine where `kamera calibrate` ran, with
-/// the model's measured patch points and, where one is given or installed, its patch basis.
-fn cost_model(m: &ModelArg, model: &Model) -> Result<CostModel> {
-    let mut cost = crate::calibrate::load(model).unwrap_or_default();
-    cost.set_model(m.name());
-    let installed = kamera_model::default_home()
-        .join("bases")
-        .join(format!("{}.bin", m.name()));
-    let path = match &m.patch_basis {
-        Some(p) => Some(p.clone()),
-        None => installed.exists().then_some(installed),
-    };
-    if let Some(p) = path {
-        let b =
-            kamera_eval::DeficitBasis::load(&p).with_context(|| format!("loading the patch basis {}", p.display()))?;
-        b.basis
-            .check("patch basis", &model.layout())
-            .with_context(|| format!("{} is not a basis of the model {:?}", p.display(), m.name()))?;
-        cost.basis = Some(b.basis.clone());
-    }
-    if let Some(p) = cost.patch_point() {
-        tracing::info!(point = %p.label, gap = p.gap, bytes = p.bytes, "recall patches");
-    }
-    Ok(cost)
 }
 
 #[derive(Args)]
@@ -108,41 +93,26 @@ pub struct StoreArgs {
     tls_ca: Option<PathBuf>,
 }
 
-/// Bytes of decoded records the memory tier keeps in front of the disk store.
-const MEMORY_TIER_BYTES: u64 = 1 << 30;
-
 impl StoreArgs {
-    /// The chunk store: a memory tier over the sled canonical store (f32 kept exact), or memory
-    /// only when asked or when the store cannot be opened (another process holds it).
-    pub fn open(&self) -> Result<Option<Arc<dyn ChunkStore>>> {
+    /// The chunk store asked for: memory with `--no-store`, else the tiered stack (a memory tier
+    /// over the sled store, over Redis for a `redis://` URL); [`kamera_agent::open_store`] opens it.
+    pub fn source(&self) -> StoreSource {
         if self.no_store {
-            return Ok(None);
+            return StoreSource::Memory;
         }
         let redis = self
             .store
-            .as_deref()
+            .clone()
             .filter(|s| s.starts_with("redis://") || s.starts_with("rediss://"));
-        let path = match (&self.store, redis) {
-            (Some(p), None) => PathBuf::from(p),
-            _ => kamera_store::default_path(),
+        let dir = match (&self.store, &redis) {
+            (Some(p), None) => Some(PathBuf::from(p)),
+            _ => None,
         };
-        // The local sled store may be held by another process: run on memory then. A bad Redis
-        // URL is the user's to fix.
-        if redis.is_none() && (self.write_behind.is_some() || self.tls_ca.is_some()) {
-            anyhow::bail!("--write-behind and --tls-ca need a Redis store (--store redis://... or rediss://...)");
-        }
-        let opts = kamera_store::StackOptions {
-            memory_bytes: MEMORY_TIER_BYTES,
+        StoreSource::Stack {
+            dir,
+            redis,
             write_behind: self.write_behind,
             tls_ca: self.tls_ca.clone(),
-        };
-        match kamera_store::open_stack_with(&path, redis, &opts) {
-            Ok(s) => Ok(Some(s)),
-            Err(e @ kamera_store::Error::Db { .. }) => {
-                tracing::warn!(path = %path.display(), error = %e, "chunk store unavailable; using memory");
-                Ok(None)
-            }
-            Err(e) => Err(e).context("opening the chunk store"),
         }
     }
 }
@@ -226,19 +196,49 @@ fn ensure_chromium() -> Result<()> {
     Ok(())
 }
 
-fn execute(
-    scenario_arg: &str,
-    trace_dir: &Path,
-    report: Option<&Path>,
-    store: &StoreArgs,
-    model_arg: &ModelArg,
+/// What `kamera run`/`record` assemble the runtime from (kamera-agent's [`RuntimeConfig`], as
+/// `Agent::builder` does): the model, its calibration and basis, the store stack.
+pub fn runtime_config(model: Arc<Model>, m: &ModelArg, store: &StoreArgs, reuse: bool) -> RuntimeConfig {
+    RuntimeConfig {
+        model: ModelSource::Loaded(model),
+        calibration: match &m.calibration {
+            Some(p) => CalibrationSource::Path(p.clone()),
+            None => CalibrationSource::Installed,
+        },
+        basis: match &m.patch_basis {
+            Some(p) => BasisSource::Path(p.clone()),
+            None => BasisSource::Installed,
+        },
+        store: store.source(),
+        reuse,
+        ..RuntimeConfig::default()
+    }
+}
+
+/// How a run is set up.
+struct Setup<'a> {
+    trace_dir: &'a Path,
+    report: Option<&'a Path>,
+    store: &'a StoreArgs,
+    model: &'a ModelArg,
     baseline: bool,
-) -> Result<RunSummary> {
+    reuse: bool,
+}
+
+fn execute(scenario_arg: &str, setup: Setup<'_>) -> Result<RunSummary> {
+    let Setup {
+        trace_dir,
+        report,
+        store,
+        model: model_arg,
+        baseline,
+        reuse,
+    } = setup;
     let path = kamera_agent::resolve(scenario_arg);
     let scenario = Scenario::load(&path)?;
     ensure_chromium()?;
     let model = load_model(model_arg)?;
-    let cost = Some(cost_model(model_arg, &model)?);
+    let runtime_cfg = runtime_config(model.clone(), model_arg, store, reuse);
     let rt = runtime()?;
     let cancel = cancel_on_ctrl_c(&rt);
     let pb = crate::progress::bar(scenario.budget.steps, "steps");
@@ -257,9 +257,7 @@ fn execute(
             trace_dir: Some(trace_dir.to_path_buf()),
             cancel,
             on_step: Some(on_step),
-            store: store.open()?,
-            backend: None,
-            cost,
+            runtime: runtime_cfg,
             baseline,
         },
     ))?;
@@ -270,7 +268,9 @@ fn execute(
     Ok(summary)
 }
 
-fn print_summary(s: &RunSummary) {
+/// The run's table; `reuse: false` (`--no-reuse`): the window column says so instead of the plan,
+/// which the window made but the session did not execute.
+fn print_summary(s: &RunSummary, reuse: bool) {
     println!("scenario  {}", s.scenario);
     println!("window    how the page's chunk was met (hit, new, recall, stored) and the plan's steps");
     println!(
@@ -279,15 +279,19 @@ fn print_summary(s: &RunSummary) {
     );
     for st in &s.steps {
         let n = |name: &str| st.plan.iter().filter(|p| p.name() == name).count();
-        let window = format!(
-            "{:?}: {}pf {}pl {}rl {}ev {}patch",
-            st.visit,
-            n("prefill"),
-            n("place"),
-            n("relocate"),
-            n("evict"),
-            n("form-patch") + n("store-patch") + n("form-orbit"),
-        )
+        let window = if reuse {
+            format!(
+                "{:?}: {}pf {}pl {}rl {}ev {}patch",
+                st.visit,
+                n("prefill"),
+                n("place"),
+                n("relocate"),
+                n("evict"),
+                n("form-patch") + n("store-patch") + n("form-orbit"),
+            )
+        } else {
+            format!("{:?}: window re-prefilled", st.visit)
+        }
         .to_lowercase();
         let t = &st.timings;
         let page: String = st.observation.title.chars().take(28).collect();
@@ -365,6 +369,16 @@ fn print_summary(s: &RunSummary) {
         Some(false) => "FAIL",
         None => "done (no success check)",
     };
+    let sum = |f: fn(&kamera_agent::StepTimings) -> f64| s.steps.iter().map(|st| f(&st.timings)).sum::<f64>();
+    let model_ms = sum(|t| t.reuse_ms + t.prefill_ms + t.decode_ms);
+    println!(
+        "time      {:.1} s run; steps {:.1} s, of which model calls {:.1} s (context {:.1} s, prompt + answer {:.1} s)",
+        s.wall_ms / 1e3,
+        sum(|t| t.total_ms) / 1e3,
+        model_ms / 1e3,
+        sum(|t| t.reuse_ms) / 1e3,
+        sum(|t| t.prefill_ms + t.decode_ms) / 1e3
+    );
     println!("result    {verdict} in {} steps, {:.1} s", s.end.steps, s.wall_ms / 1e3);
 }
 
@@ -377,14 +391,27 @@ pub fn run(a: RunArgs) -> Result<()> {
             tmp
         }
     };
-    let summary = execute(&a.scenario, &dir, a.report.as_deref(), &a.store, &a.model, a.baseline)?;
+    let summary = execute(
+        &a.scenario,
+        Setup {
+            trace_dir: &dir,
+            report: a.report.as_deref(),
+            store: &a.store,
+            model: &a.model,
+            baseline: a.baseline,
+            reuse: !a.no_reuse,
+        },
+    )?;
     if a.trace.is_none() {
         let _ = std::fs::remove_dir_all(&dir);
     }
     if a.json {
         println!("{}", serde_json::to_string_pretty(&summary)?);
     } else {
-        print_summary(&summary);
+        if a.no_reuse {
+            println!("reuse     off (--no-reuse): every model call re-prefilled the window; nothing stored");
+        }
+        print_summary(&summary, !a.no_reuse);
     }
     if summary.end.success == Some(false) {
         std::process::exit(2);
@@ -393,7 +420,17 @@ pub fn run(a: RunArgs) -> Result<()> {
 }
 
 pub fn record(a: RecordArgs) -> Result<()> {
-    let summary = execute(&a.scenario, &a.out, a.report.as_deref(), &a.store, &a.model, false)?;
+    let summary = execute(
+        &a.scenario,
+        Setup {
+            trace_dir: &a.out,
+            report: a.report.as_deref(),
+            store: &a.store,
+            model: &a.model,
+            baseline: false,
+            reuse: true,
+        },
+    )?;
     let trace = kamera_agent::Trace::read(&a.out)?;
     let scenario = Scenario::parse(&trace.header.scenario, &a.out)?;
     let start = trace
@@ -403,7 +440,7 @@ pub fn record(a: RecordArgs) -> Result<()> {
         .unwrap_or_default();
     let rec = kamera_agent::devtools_recorder(&scenario.name, &start, &trace.steps, 800, 600);
     std::fs::write(a.out.join("recorder.json"), serde_json::to_string_pretty(&rec)?)?;
-    print_summary(&summary);
+    print_summary(&summary, true);
     println!(
         "trace     {} (trace.ndjson, resources/, recorder.json)",
         a.out.display()
@@ -417,11 +454,18 @@ pub fn replay(a: ReplayArgs) -> Result<()> {
     }
     let model = load_model(&a.model)?;
     let rt = runtime()?;
-    let report = rt.block_on(kamera_harness::replay(&a.dir, model))?;
+    let no_store = StoreArgs {
+        no_store: true,
+        store: None,
+        write_behind: None,
+        tls_ca: None,
+    };
+    let runtime_cfg = runtime_config(model.clone(), &a.model, &no_store, true);
+    let report = rt.block_on(kamera_harness::replay_with(&a.dir, model, runtime_cfg))?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        print_summary(&report.summary);
+        print_summary(&report.summary, true);
         println!(
             "replay    {} of {} actions match{}",
             report

@@ -28,7 +28,9 @@ pub mod miniwob;
 pub mod report;
 mod run;
 
-pub use run::{ReplayReport, RunConfig, Served, policy_for, replay, run_scenario, serve, session_for};
+pub use run::{
+    ReplayReport, RunConfig, Served, policy_for, replay, replay_with, run_scenario, serve, session_for, session_with,
+};
 
 use std::path::PathBuf;
 

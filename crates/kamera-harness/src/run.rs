@@ -6,14 +6,11 @@ use std::path::Path;
 use std::sync::Arc;
 
 use kamera_agent::{
-    Env, Error, ModelPolicy, OnStep, Parts, Policy, PolicyKind, Result, RunOptions, RunSummary, Scenario,
-    ScriptedPolicy, Session, SessionConfig, Trace, TraceWriter, run_episode,
+    Env, Error, ModelPolicy, ModelSource, OnStep, Parts, Policy, PolicyKind, Result, RunOptions, RunSummary,
+    RuntimeConfig, Scenario, ScriptedPolicy, Session, Trace, TraceWriter, open_runtime, run_episode,
 };
 use kamera_browser::{Action, ChromiumBrowser, ChromiumConfig, Content, Origins, ReplayBrowser, Server};
-use kamera_gpu::{Backend, CpuBackend};
 use kamera_model::Model;
-use kamera_sched::CostModel;
-use kamera_store::{ChunkStore, MemStore};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
@@ -80,12 +77,10 @@ pub struct RunConfig {
     pub trace_dir: Option<std::path::PathBuf>,
     pub cancel: CancellationToken,
     pub on_step: Option<OnStep>,
-    /// The chunk store (canonical KV, patches); `None` is a fresh in-memory store for this run.
-    pub store: Option<Arc<dyn ChunkStore>>,
-    /// Relocation and patching; `None` is the CPU reference backend.
-    pub backend: Option<Box<dyn Backend + Send>>,
-    /// The scheduler's cost model (e.g. `kamera calibrate`'s); `None` keeps the defaults.
-    pub cost: Option<CostModel>,
+    /// What the session is assembled from ([`open_runtime`]): calibration, patch basis, store
+    /// (default: a fresh in-memory store for this run), backend, reuse. The model passed to
+    /// [`run_scenario`] and the scenario's budget replace its `model` and `budget`.
+    pub runtime: RuntimeConfig,
     /// Time a full re-prefill of the answering window too ([`RunOptions::baseline`]).
     pub baseline: bool,
 }
@@ -93,7 +88,7 @@ pub struct RunConfig {
 /// Serves, launches Chromium, opens a session over `cfg.store`, runs, closes.
 pub async fn run_scenario(scenario: &Scenario, model: Arc<Model>, home: &Path, cfg: RunConfig) -> Result<RunSummary> {
     let served = serve(scenario, home).await?;
-    let mut session = session_for(scenario, model, cfg.store, cfg.backend, cfg.cost);
+    let mut session = session_with(scenario, model, cfg.runtime)?;
     let mut browser = ChromiumBrowser::launch(ChromiumConfig::new(served.origins.clone())).await?;
     let mut policy = policy_for(scenario, &served.env.origin);
     let trace = match &cfg.trace_dir {
@@ -118,21 +113,19 @@ pub async fn run_scenario(scenario: &Scenario, model: Arc<Model>, home: &Path, c
     r
 }
 
-/// A session for `scenario` over `store` (memory when `None`) with `backend` (CPU when `None`).
-pub fn session_for(
-    scenario: &Scenario,
-    model: Arc<Model>,
-    store: Option<Arc<dyn ChunkStore>>,
-    backend: Option<Box<dyn Backend + Send>>,
-    cost: Option<CostModel>,
-) -> Session {
-    let cfg = SessionConfig::for_scenario_with(scenario, cost.unwrap_or_default());
-    Session::new(
-        model,
-        store.unwrap_or_else(|| Arc::new(MemStore::new())),
-        backend.unwrap_or_else(|| Box::new(CpuBackend)),
-        cfg,
-    )
+/// A session for `scenario` as the runtime opens it by default (this machine's calibration, the
+/// model's patch points and installed basis, an in-memory store, the CPU backend).
+pub fn session_for(scenario: &Scenario, model: Arc<Model>) -> Result<Session> {
+    session_with(scenario, model, RuntimeConfig::default())
+}
+
+/// A session for `scenario` from `runtime`, with `model` and the scenario's budget.
+pub fn session_with(scenario: &Scenario, model: Arc<Model>, runtime: RuntimeConfig) -> Result<Session> {
+    open_runtime(RuntimeConfig {
+        model: ModelSource::Loaded(model),
+        budget: scenario.budget.clone(),
+        ..runtime
+    })
 }
 
 /// The result of replaying a trace.
@@ -152,13 +145,20 @@ impl ReplayReport {
     }
 }
 
-/// Re-runs the agent on a trace's recorded observations, no browser, and compares the actions.
+/// Re-runs the agent on a trace's recorded observations, no browser, and compares the actions,
+/// over the runtime as it opens by default ([`session_for`]).
 pub async fn replay(dir: &Path, model: Arc<Model>) -> Result<ReplayReport> {
+    replay_with(dir, model, RuntimeConfig::default()).await
+}
+
+/// [`replay`] over the runtime of `runtime` (the calibration, basis and store the recording ran
+/// with), with `model` and the recorded scenario's budget.
+pub async fn replay_with(dir: &Path, model: Arc<Model>, runtime: RuntimeConfig) -> Result<ReplayReport> {
     let trace = Trace::read(dir)?;
     let scenario = Scenario::parse(&trace.header.scenario, &dir.join("trace.ndjson"))?;
     let mut browser = ReplayBrowser::new(trace.observations()?);
     let mut policy = policy_for(&scenario, &trace.header.origin);
-    let mut session = session_for(&scenario, model, None, None, None);
+    let mut session = session_with(&scenario, model, runtime)?;
     let env = Env {
         origin: trace.header.origin.clone(),
         start_url: String::new(),

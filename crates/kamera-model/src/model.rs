@@ -189,6 +189,12 @@ impl Model {
     pub fn fingerprint(&self) -> &str {
         &self.fingerprint
     }
+    /// The fingerprint of the weights and configuration alone, whatever the prefill precision
+    /// ([`Model::fingerprint`] also hashes a precision other than f32): what per-model measured
+    /// properties (patch points) are keyed by.
+    pub fn base_fingerprint(&self) -> &str {
+        &self.base_fingerprint
+    }
     /// An empty context starting at position 0.
     pub fn empty_context(&self) -> Context {
         Context::empty(self.layout, 0)

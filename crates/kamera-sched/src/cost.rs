@@ -4,11 +4,12 @@
 use std::fmt;
 use std::sync::Arc;
 
-use kamera_ops::{BasisCoding, DType, PatchBasis, PatchConfig, Quant, RankPolicy};
+use kamera_ops::{BasisCoding, DType, PatchBasis, PatchConfig};
 use kamera_store::ChunkId;
 use serde::{Deserialize, Serialize};
 
 use crate::error::short;
+use crate::points::default_patch_points;
 
 /// Linear estimates in µs. The defaults are SmolLM2-135M on a 2-core CPU (kamera-model and
 /// kamera-ops measurements, order of magnitude); a runner should calibrate them.
@@ -46,7 +47,8 @@ pub struct CostModel {
     pub orbit_mean_share: f64,
     pub orbit_slot_share: f64,
     /// The patch configurations to choose from, with their measured quality and size (not
-    /// serialised: [`default_patch_points`] unless set in code or by [`CostModel::set_model`]).
+    /// serialised: [`default_patch_points`] unless set in code; the runtime sets the model's
+    /// own, [`crate::measured_points`] by its fingerprint).
     #[serde(skip, default = "default_patch_points")]
     pub patch_points: Vec<PatchPoint>,
     /// The model's patch basis, when loaded: transform-coded points ([`PatchPoint::coded`]) are
@@ -85,7 +87,8 @@ pub enum CanonicalSource {
 /// re-prefill) and added bytes (÷ the chunk's canonical KV bytes, as kamera-store encodes both).
 #[derive(Debug, Clone, PartialEq)]
 pub struct PatchPoint {
-    /// The `kamera eval` method that measured it.
+    /// A human label (the `kamera eval` method that measured it), for logs only: no logic reads
+    /// it.
     pub label: String,
     pub config: PatchConfig,
     pub gap: f64,
@@ -107,137 +110,6 @@ pub enum OrbitVariant {
     /// One patch per chunk and slot within the set: the mean over the orderings that put it
     /// there (none for the first slot when nothing precedes the set).
     Slot,
-}
-
-/// SmolLM2-135M's measured points (`kamera eval`, first 4 tasks of the default suite: 3 pages of
-/// ~300 tokens; kamera-eval README, issue 16), for the default cost model. 4-bit is grouped
-/// (`/q4`): per-direction scales (`/q4d`) lose on SmolLM2 and Gemma 3 and win on Qwen2.5, so a
-/// Qwen runtime should set its own points.
-pub fn default_patch_points() -> Vec<PatchPoint> {
-    let point = |label: &str, rank: RankPolicy, dtype: DType, quant: Quant, gap: f64, bytes: f64| PatchPoint {
-        label: label.into(),
-        config: PatchConfig {
-            rank,
-            quant,
-            ..PatchConfig::fixed(0, dtype)
-        },
-        gap,
-        bytes,
-        coded: None,
-        form_us_per_token: 0.0,
-    };
-    vec![
-        point(
-            "kamera:16",
-            RankPolicy::Fixed(16),
-            DType::Bf16,
-            Quant::None,
-            0.552,
-            0.135,
-        ),
-        point(
-            "kamera:32/q8",
-            RankPolicy::Fixed(32),
-            DType::Bf16,
-            Quant::Int8,
-            0.831,
-            0.137,
-        ),
-        point(
-            "kamera-budget:0.1/q8",
-            RankPolicy::Budget { fraction: 0.1 },
-            DType::Bf16,
-            Quant::Int8,
-            0.841,
-            0.101,
-        ),
-        point(
-            "kamera-budget:0.05/q4",
-            RankPolicy::Budget { fraction: 0.05 },
-            DType::Bf16,
-            Quant::Int4,
-            0.759,
-            0.051,
-        ),
-        point(
-            "kamera-budget:0.095/q4",
-            RankPolicy::Budget { fraction: 0.095 },
-            DType::Bf16,
-            Quant::Int4,
-            0.904,
-            0.096,
-        ),
-        point(
-            "kamera-budget:0.1/q4",
-            RankPolicy::Budget { fraction: 0.1 },
-            DType::Bf16,
-            Quant::Int4,
-            0.911,
-            0.101,
-        ),
-        // Error-aware 4-bit factors (`/rf`: clipped scales, Wᵀ refitted to the quantised P),
-        // formed from the deficit alone like every point here. The attention-weighted points
-        // (`/w`, 0.954-0.968 at +9.6% on SmolLM2) need the query statistics of a probed
-        // conditioned prefill, which the runtime's patch formation does not take yet.
-        PatchPoint {
-            label: "kamera-budget:0.095/q4/rf".into(),
-            config: PatchConfig {
-                rank: RankPolicy::Budget { fraction: 0.095 },
-                quant: Quant::Int4,
-                refit: true,
-                ..PatchConfig::fixed(0, DType::Bf16)
-            },
-            gap: 0.933,
-            bytes: 0.096,
-            coded: None,
-            form_us_per_token: 0.0,
-        },
-    ]
-}
-
-/// A point of int4 factors with refitted scales under a byte budget (deficit only).
-fn refit_point(label: &str, fraction: f64, gap: f64, bytes: f64) -> PatchPoint {
-    PatchPoint {
-        label: label.into(),
-        config: PatchConfig {
-            rank: RankPolicy::Budget { fraction },
-            quant: Quant::Int4,
-            refit: true,
-            ..PatchConfig::fixed(0, DType::Bf16)
-        },
-        gap,
-        bytes,
-        coded: None,
-        form_us_per_token: 0.0,
-    }
-}
-
-/// Gemma 3 270M's measured points (kamera-eval README, issue 16, bf16 prefills, tasks 1-8 and
-/// 25-40): int4 factors reach 0.908 at +9.6%; transform-coded patches in the model's basis (from
-/// 96 calibration tasks, layers weighed by the basis' KL sensitivities: `/klte/ls`) 0.954 at
-/// +10.0%, chosen when that basis is loaded; forming those took 8.9 s per 3-chunk task of 912
-/// tokens on 2 cores (~9.8 ms per token, of which the coder's greedy is most).
-pub fn gemma3_patch_points() -> Vec<PatchPoint> {
-    vec![
-        refit_point("kamera-budget:0.095/q4/rf", 0.095, 0.908, 0.096),
-        PatchPoint {
-            label: "kamera-budget:0.1/klte/ls".into(),
-            config: PatchConfig {
-                rank: RankPolicy::Budget { fraction: 0.1 },
-                ..PatchConfig::fixed(0, DType::F32)
-            },
-            gap: 0.954,
-            bytes: 0.100,
-            coded: Some(true),
-            form_us_per_token: 9500.0,
-        },
-    ]
-}
-
-/// Qwen2.5-0.5B's measured points (kamera-eval README, issue 16, deficit-only factors, tasks 1-8):
-/// int4 factors with refitted scales, 0.943 at +9.8%.
-pub fn qwen25_patch_points() -> Vec<PatchPoint> {
-    vec![refit_point("kamera-budget:0.098/q4/rf", 0.098, 0.943, 0.098)]
 }
 
 impl Default for CostModel {
@@ -349,15 +221,6 @@ impl CostModel {
             });
         }
         cfg
-    }
-    /// The measured points of `model` (a `kamera eval` model name: `smollm2-135m`,
-    /// `qwen2.5-0.5b`, `gemma3-270m`; SmolLM2's for any other).
-    pub fn set_model(&mut self, model: &str) {
-        self.patch_points = match model {
-            "gemma3-270m" => gemma3_patch_points(),
-            "qwen2.5-0.5b" => qwen25_patch_points(),
-            _ => default_patch_points(),
-        };
     }
     /// The orbit patches for a set of `n_chunks` chunks, `after_context` when chunks precede
     /// the set (then its first slot needs a patch too), and the patches per chunk it stores:

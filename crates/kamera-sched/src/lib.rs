@@ -31,14 +31,15 @@ mod encoder;
 mod error;
 mod exec;
 mod plan;
+mod points;
 mod window;
 
-pub use cost::{
-    CanonicalSource, Choice, CostModel, Decision, OrbitVariant, PatchPoint, default_patch_points, gemma3_patch_points,
-    qwen25_patch_points,
-};
+pub use cost::{CanonicalSource, Choice, CostModel, Decision, OrbitVariant, PatchPoint};
 pub use encoder::{BoxError, Encoder, Part, Prior, Timings};
 pub use error::{Error, Result, short};
 pub use exec::{ExecConfig, ExecStats, Executor, Resident};
 pub use plan::{OrbitKey, Plan, Step};
+pub use points::{
+    KNOWN_MODELS, KnownModel, default_patch_points, gemma3_patch_points, measured_points, qwen25_patch_points,
+};
 pub use window::{Order, Slot, SlotState, Visit, Window, WindowConfig, orbit_orderings};

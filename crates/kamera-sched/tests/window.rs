@@ -568,8 +568,10 @@ fn image_chunks_occupy_their_span_and_count_their_tokens() {
 /// configuration it gives codes patches in that basis.
 #[test]
 fn transform_coded_points_need_the_models_basis() {
-    let mut c = CostModel::default();
-    c.set_model("gemma3-270m");
+    let mut c = CostModel {
+        patch_points: kamera_sched::gemma3_patch_points(),
+        ..CostModel::default()
+    };
     assert_eq!(c.patch_point().unwrap().label, "kamera-budget:0.095/q4/rf");
     assert!(c.patch_config().basis.is_none());
     let plain = c.svd(100);
@@ -611,8 +613,10 @@ fn transform_coded_patches_are_formed_stored_on_disk_and_served() {
     let eye: Vec<f32> = (0..f * f).map(|i| if i % (f + 1) == 0 { 1.0 } else { 0.0 }).collect();
     let layers = (0..layout.n_layers).map(|_| (eye.clone(), eye.clone())).collect();
     let basis = kamera_ops::PatchBasis::new(f, f, layers, None).unwrap().register();
-    let mut cost = CostModel::default();
-    cost.set_model("gemma3-270m");
+    let mut cost = CostModel {
+        patch_points: kamera_sched::gemma3_patch_points(),
+        ..CostModel::default()
+    };
     cost.basis = Some(basis);
     cost.patch_bytes_budget = 1.0;
     cost.patch_points[1].config.rank = kamera_ops::RankPolicy::Budget { fraction: 1.0 };

@@ -71,6 +71,14 @@ impl SessionEncoder {
         }
     }
 
+    /// Replaces the live context by `ctx`, whose rows belong to no resident chunk (the no-reuse
+    /// baseline's full prefill): the next sync writes every chunk again.
+    pub fn replace_context(&mut self, ctx: Context) -> &mut Context {
+        self.ctx = ctx;
+        self.ctx_chunks.clear();
+        &mut self.ctx
+    }
+
     fn content_of(&self, op: &'static str, chunk: &ChunkId) -> Result<&Content> {
         self.content.get(chunk).ok_or_else(|| Error::Runtime {
             op,

@@ -4,6 +4,7 @@
 mod encoder;
 mod image;
 pub(crate) mod pages;
+mod no_reuse;
 mod relevance;
 mod session;
 

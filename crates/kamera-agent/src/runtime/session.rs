@@ -48,6 +48,9 @@ pub struct SessionConfig {
     /// Most tokens of one page chunk: a longer page becomes several ([`Session::observe_page`]).
     /// Clamped to half of `window_tokens` ([`Session::page_cap`]).
     pub chunk_tokens_max: usize,
+    /// Reuse KV between steps. `false` is the no-reuse baseline (runtime/no_reuse.rs): every
+    /// [`Session::context`] re-prefills the window from scratch; nothing is stored or formed.
+    pub reuse: bool,
 }
 
 impl Default for SessionConfig {
@@ -62,6 +65,7 @@ impl Default for SessionConfig {
             repair: true,
             image_max_pixels: 28 * 28 * 256,
             chunk_tokens_max: crate::runtime::CHUNK_TOKENS_MAX,
+            reuse: true,
         }
     }
 }
@@ -342,6 +346,9 @@ impl Session {
     /// The model context of the window (positions `0..end`), ready for a model call that
     /// appends a prompt with [`Model::extend`] and truncates back to [`Context::len`] after.
     pub fn context(&mut self) -> Result<&mut Context> {
+        if !self.cfg.reuse {
+            return self.context_no_reuse();
+        }
         self.exec.sync(self.window.end())?;
         Ok(&mut self.exec.encoder_mut().ctx)
     }
@@ -361,6 +368,9 @@ impl Session {
     /// record written durable.
     pub fn flush(&mut self) -> Result<()> {
         self.settle()?;
+        if !self.cfg.reuse {
+            return Ok(self.store.flush()?);
+        }
         let keep = self.window.keep_resident();
         self.exec.run(&keep)?;
         self.count_work();
@@ -372,6 +382,9 @@ impl Session {
     /// says it pays ([`Window::repair`]), off the path to the first token and before the next
     /// plan. Their own time is counted in [`SessionStats::deferred_ms`].
     pub fn settle(&mut self) -> Result<ApplyTimings> {
+        if !self.cfg.reuse {
+            return Ok(ApplyTimings::default()); // runtime/no_reuse.rs: nothing deferred, no KV kept
+        }
         if self.cfg.repair {
             let repair = self.window.repair();
             if !repair.is_empty() {
@@ -409,6 +422,9 @@ impl Session {
     }
 
     pub(crate) fn apply(&mut self, chunk: Option<ChunkId>, visit: Option<Visit>, plan: Plan) -> Result<Applied> {
+        if !self.cfg.reuse {
+            return self.apply_no_reuse(chunk, visit, plan);
+        }
         let prefill_tokens = plan.prefill_tokens(|id| self.tokens_of(id));
         let run = if self.cfg.defer {
             self.exec.run(&plan)
