@@ -64,6 +64,11 @@ pub struct SessionArgs {
     /// Do not repair the survivors of evictions after each answer (they are only re-rotated).
     #[arg(long)]
     no_repair: bool,
+    /// The cost model's KL budget (most predicted answer KL a placement without a forward pass
+    /// may cost); above the predicted KL of blind recalls and survivors (0.1 by default) the
+    /// session places blind: the cheap end of the work/KL front.
+    #[arg(long)]
+    kl_budget: Option<f64>,
     /// Bytes of KV the radix cache (and llama.cpp's prompt cache) may hold; default the f32 KV
     /// of the window's tokens (pinned prefix included) and of every distinct page once, what
     /// Kamera's window and store hold less its patches.
@@ -158,15 +163,20 @@ pub fn run(a: SessionArgs) -> Result<()> {
     let pages = rt.block_on(walk::observe_pages(a.seed, &walk))?;
     let goal = "Answer questions about orders and their shipments.";
     let choices: Vec<String> = kamera_site::STATUSES.iter().map(|s| s.to_string()).collect();
+    let mut cost = kamera_agent::cost_model(
+        &model,
+        &kamera_agent::CalibrationSource::Installed,
+        &kamera_agent::BasisSource::None,
+        &kamera_model::default_home(),
+    )?;
+    if let Some(b) = a.kl_budget {
+        anyhow::ensure!(b.is_finite() && b >= 0.0, "--kl-budget {b}: expected a finite KL >= 0");
+        cost.kl_budget = b;
+    }
     let cfg = SessionConfig {
         window_tokens: a.window,
         patch: PatchConfig::fixed(a.rank, DType::F32),
-        cost: kamera_agent::cost_model(
-            &model,
-            &kamera_agent::CalibrationSource::Installed,
-            &kamera_agent::BasisSource::None,
-            &kamera_model::default_home(),
-        )?,
+        cost,
         repair: !a.no_repair,
         ..SessionConfig::default()
     };

@@ -3,8 +3,8 @@
 
 mod encoder;
 mod image;
-pub(crate) mod pages;
 mod no_reuse;
+pub(crate) mod pages;
 mod relevance;
 mod session;
 

@@ -33,12 +33,13 @@ impl Session {
     /// The window's context prefilled from scratch: every token of every chunk in the window,
     /// at positions from 0, as a full re-prefill does.
     pub(crate) fn context_no_reuse(&mut self) -> Result<&mut kamera_model::Context> {
-        if self
-            .window
-            .slots()
-            .iter()
-            .any(|s| self.exec.encoder().content.get(&s.chunk).is_some_and(|c| c.image.is_some()))
-        {
+        if self.window.slots().iter().any(|s| {
+            self.exec
+                .encoder()
+                .content
+                .get(&s.chunk)
+                .is_some_and(|c| c.image.is_some())
+        }) {
             return Err(Error::Runtime {
                 op: "Session::context (no reuse)",
                 detail: "the no-reuse baseline prefills text chunks only; this window holds a screenshot".into(),
