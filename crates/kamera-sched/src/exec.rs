@@ -78,6 +78,9 @@ pub struct Executor<E, S> {
     exact: BTreeMap<ChunkId, Resident>,
     resident: BTreeMap<ChunkId, Resident>,
     queued: Vec<Step>,
+    /// The resident KV a queued `StorePatch` reads, as it was when its plan ran (later plans may
+    /// move or evict the chunk before the background step runs).
+    snapshots: BTreeMap<Key, ChunkKv>,
     version: u64,
     pub stats: ExecStats,
 }
@@ -106,6 +109,7 @@ impl<E: Encoder, S: ChunkStore> Executor<E, S> {
             exact: BTreeMap::new(),
             resident: BTreeMap::new(),
             queued: Vec::new(),
+            snapshots: BTreeMap::new(),
             version: 0,
             stats: ExecStats::default(),
         }
@@ -226,6 +230,13 @@ impl<E: Encoder, S: ChunkStore> Executor<E, S> {
         self.exact.clear();
         self.stats.time.add(&t);
         result?;
+        for s in &plan.background {
+            if let Step::StorePatch { chunk, key } = s
+                && let Some(r) = self.resident.get(chunk)
+            {
+                self.snapshots.insert(*key, r.kv.clone());
+            }
+        }
         self.queued.extend(plan.background.iter().cloned());
         Ok(t)
     }
@@ -250,6 +261,7 @@ impl<E: Encoder, S: ChunkStore> Executor<E, S> {
         });
         self.staged.clear();
         self.exact.clear();
+        self.snapshots.clear();
         self.stats.background_prefill_tokens += self.stats.prefill_tokens - prefilled;
         self.stats.background_ms += ms(t0);
         self.stats.time.add(&t);
@@ -304,12 +316,15 @@ impl<E: Encoder, S: ChunkStore> Executor<E, S> {
             }
             Step::StorePatch { chunk, key } => {
                 let canon = self.canonical("store-patch", *chunk)?;
-                let placed = self
-                    .resident
-                    .get(chunk)
-                    .ok_or_else(|| Error::chunk("store-patch", chunk, "is not resident"))?
-                    .kv
-                    .clone();
+                let placed = match self.snapshots.remove(key) {
+                    Some(kv) => kv,
+                    None => self
+                        .resident
+                        .get(chunk)
+                        .ok_or_else(|| Error::chunk("store-patch", chunk, "is not resident"))?
+                        .kv
+                        .clone(),
+                };
                 self.put_patch("store-patch", key, &placed, &canon, t0)?;
                 t.patch_ms += ms(t0);
             }

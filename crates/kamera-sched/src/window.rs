@@ -592,15 +592,16 @@ impl Window {
                 SlotState::Patched(key)
             }
             Choice::FormPatch => {
-                plan.push(Step::Recall { chunk: id });
-                plan.push(Step::FormPatch { chunk: id, key, at });
-                plan.push(Step::Place {
+                // The conditioned prefill is the exact KV here: placed now, and its difference
+                // to the stored KV becomes the patch (an SVD) in the background.
+                plan.push(Step::Prefill {
                     chunk: id,
                     at,
-                    patch: Some(key),
+                    alone: false,
                 });
+                plan.later(Step::StorePatch { chunk: id, key });
                 self.patches.insert(key);
-                SlotState::Patched(key)
+                SlotState::Exact
             }
             Choice::Reprefill | Choice::PrefillKeepPatch => {
                 plan.push(Step::Prefill {

@@ -291,8 +291,12 @@ fn recall_forms_a_patch_once_and_restores_the_conditioned_kv() {
                 plan.decisions[0].choice, want,
                 "rate {revisit_rate} round {round}:\n{plan}"
             );
-            assert_eq!(plan.count("form-patch"), usize::from(want == Choice::FormPatch));
-            assert_eq!(plan.count("prefill"), 0, "recall must not re-encode");
+            assert_eq!(plan.count("store-patch"), usize::from(want == Choice::FormPatch));
+            assert_eq!(
+                plan.count("prefill"),
+                usize::from(want == Choice::FormPatch),
+                "a recall runs at most its one conditioned pass"
+            );
             ex.run_now(&plan).unwrap();
             let got = ex.window_kv().unwrap().unwrap();
             let err = max_diff(&got, &exact);
@@ -660,10 +664,10 @@ fn transform_coded_patches_are_formed_stored_on_disk_and_served() {
         "recalled through the coded patch: off by {err}, blind {blind}"
     );
     let key = plan
-        .steps
+        .background
         .iter()
         .find_map(|s| match s {
-            Step::FormPatch { key, .. } => Some(*key),
+            Step::StorePatch { key, .. } => Some(*key),
             _ => None,
         })
         .unwrap();
