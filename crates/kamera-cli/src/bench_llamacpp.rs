@@ -10,13 +10,14 @@ use anyhow::{Context as _, Result, bail};
 use crate::bench::{ModelArgs, measure, memory, to_json};
 
 /// The repository's scripts/ (where this binary was built from), or `$KAMERA_SCRIPTS`.
-fn scripts_dir() -> PathBuf {
+pub(crate) fn scripts_dir() -> PathBuf {
     std::env::var_os("KAMERA_SCRIPTS")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts")))
 }
 
-fn llamacpp_python(scripts: &std::path::Path) -> Result<PathBuf> {
+/// The venv's interpreter (scripts/llamacpp-venv.sh builds llama-cpp-python once, ~10 minutes).
+pub(crate) fn llamacpp_python(scripts: &std::path::Path) -> Result<PathBuf> {
     let out = Command::new("bash")
         .arg(scripts.join("llamacpp-venv.sh"))
         .stderr(std::process::Stdio::inherit())

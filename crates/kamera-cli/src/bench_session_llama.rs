@@ -2,7 +2,7 @@
 //! context shift, run by scripts/bench_session_llamacpp.py (llama-cpp-python built from source by
 //! scripts/llamacpp-venv.sh) as a child process on the same GGUF, token sequences and threads.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use anyhow::{Context as _, Result, bail};
@@ -38,34 +38,6 @@ pub struct LlamaRun {
     pub meta: serde_json::Value,
 }
 
-/// The repository's scripts/ (where this binary was built from), or `$KAMERA_SCRIPTS`.
-fn scripts_dir() -> PathBuf {
-    std::env::var_os("KAMERA_SCRIPTS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts")))
-}
-
-/// The venv's interpreter (scripts/llamacpp-venv.sh builds it once, about 10 minutes).
-fn python(scripts: &Path) -> Result<PathBuf> {
-    let out = Command::new("bash")
-        .arg(scripts.join("llamacpp-venv.sh"))
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .with_context(|| format!("running {}", scripts.join("llamacpp-venv.sh").display()))?;
-    if !out.status.success() {
-        bail!(
-            "scripts/llamacpp-venv.sh failed ({}): llama.cpp could not be built",
-            out.status
-        );
-    }
-    let line = String::from_utf8_lossy(&out.stdout);
-    let p = line.lines().last().unwrap_or("").trim();
-    if p.is_empty() {
-        bail!("scripts/llamacpp-venv.sh printed no interpreter path");
-    }
-    Ok(PathBuf::from(p))
-}
-
 fn read_f32(path: &Path, rows: usize, vocab: usize) -> Result<Vec<Vec<f32>>> {
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     if bytes.len() != rows * vocab * 4 {
@@ -87,8 +59,8 @@ fn read_f32(path: &Path, rows: usize, vocab: usize) -> Result<Vec<Vec<f32>>> {
 
 /// Runs both methods on `steps` and reads back their timings and logits.
 pub fn run(gguf: &Path, steps: &[SeqStep], threads: usize, cache_bytes: usize, vocab: usize) -> Result<LlamaRun> {
-    let scripts = scripts_dir();
-    let python = python(&scripts)?;
+    let scripts = crate::bench_llamacpp::scripts_dir();
+    let python = crate::bench_llamacpp::llamacpp_python(&scripts)?;
     let dir = tempfile::tempdir()?;
     let input = dir.path().join("steps.json");
     std::fs::write(&input, serde_json::to_vec(&serde_json::json!({ "steps": steps }))?)?;

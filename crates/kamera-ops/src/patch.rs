@@ -156,6 +156,31 @@ impl Patch {
         })
     }
 
+    /// The patch of rank 0 for a chunk of `n_tokens` under `layout`: placing with it is a
+    /// relocation alone. A runtime stores it where canonical KV is known to be exact (a chunk's
+    /// KV kept from the very context the patch key names).
+    pub fn zero(layout: KvLayout, n_tokens: usize) -> Patch {
+        let lr = |features: usize| LowRank {
+            p: Mat::zeros(n_tokens, 0, DType::F32),
+            wt: Mat::zeros(0, features, DType::F32),
+            spectrum: Vec::new(),
+        };
+        let layers = (0..layout.n_layers)
+            .map(|_| LayerPatch {
+                k: lr(layout.k_features()),
+                v: lr(layout.v_features()),
+            })
+            .collect();
+        Patch {
+            layout,
+            n_tokens,
+            layers,
+            quant: Quant::None,
+            scales: Vec::new(),
+            code: None,
+        }
+    }
+
     pub(crate) fn set_code(&mut self, code: BasisCode) {
         self.code = Some(Arc::new(code));
     }

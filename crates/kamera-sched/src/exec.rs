@@ -298,8 +298,8 @@ impl<E: Encoder, S: ChunkStore> Executor<E, S> {
                     .map_err(store_err("store"))?;
                 t.place_ms += ms(t0);
             }
-            Step::KeepCanonical { chunk } => {
-                self.keep_canonical(*chunk)?;
+            Step::KeepCanonical { chunk, exact } => {
+                self.keep_canonical(*chunk, exact.as_ref())?;
                 t.place_ms += ms(t0);
             }
             Step::Recall { chunk } => {
@@ -388,7 +388,9 @@ impl<E: Encoder, S: ChunkStore> Executor<E, S> {
 
     /// Stores the resident KV of `chunk`, relocated to 0, as its canonical record, unless the
     /// store holds one (a record already there is never replaced: patches are formed against it).
-    fn keep_canonical(&mut self, chunk: ChunkId) -> Result<()> {
+    /// Where `exact` names the context the resident KV is exact in, a rank-0 patch is stored
+    /// under it too (only when the record is written here: it is exact for this record alone).
+    fn keep_canonical(&mut self, chunk: ChunkId, exact: Option<&Key>) -> Result<()> {
         const OP: &str = "keep";
         let key = Key::canonical(self.cfg.model, chunk);
         if self.store.contains(&key).map_err(store_err(OP))? {
@@ -403,9 +405,16 @@ impl<E: Encoder, S: ChunkStore> Executor<E, S> {
         let t = Instant::now();
         let at0 = self.enc.reuse(&kv, None, 0, kv.dtype()).map_err(runner(OP))?;
         let cost = t.elapsed().as_micros() as u64;
+        let (layout, n) = (*at0.layout(), at0.n_tokens());
         self.store
             .put(&key, Record::kv(self.cfg.model, cost, at0))
             .map_err(store_err(OP))?;
+        if let Some(k) = exact {
+            let zero = kamera_ops::Patch::zero(layout, n);
+            self.store
+                .put(k, Record::patch(self.cfg.model, cost, zero))
+                .map_err(store_err(OP))?;
+        }
         self.stats.kept += 1;
         Ok(())
     }

@@ -50,8 +50,14 @@ pub enum Step {
     Relocate { chunk: ChunkId, delta: i64 },
     /// Store the resident KV of `chunk`, relocated to position 0, as its canonical record where
     /// the store has none (no forward pass): the KV it was met with, conditioned on what preceded
-    /// it then. A later recall relocates it (and patches it, where a patch is kept).
-    KeepCanonical { chunk: ChunkId },
+    /// it then. A later recall relocates it (and patches it, where a patch is kept). `exact`: the
+    /// patch key of the context this KV is exact in, stored with a rank-0 patch when the record
+    /// is written, so a later session placing it after that context knows relocation is exact.
+    KeepCanonical {
+        chunk: ChunkId,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        exact: Option<Key>,
+    },
     /// Drop `chunk`'s KV from the window; its canonical KV stays in the store.
     EvictToStore { chunk: ChunkId },
     /// Drop the live tail's KV (`tokens` of them): what it attended to has changed.
@@ -198,7 +204,7 @@ impl fmt::Display for Step {
                 None => write!(f, "place {} at {at} (relocation only)", short(chunk)),
             },
             Step::Relocate { chunk, delta } => write!(f, "relocate {} by {delta}", short(chunk)),
-            Step::KeepCanonical { chunk } => {
+            Step::KeepCanonical { chunk, .. } => {
                 write!(f, "keep the KV of {} as met, at position 0, in the store", short(chunk))
             }
             Step::EvictToStore { chunk } => write!(f, "evict {} to the store", short(chunk)),

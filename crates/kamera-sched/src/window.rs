@@ -419,10 +419,16 @@ impl Window {
             return;
         }
         self.drop_tail(plan);
+        // Victims, and survivors about to move, are kept as they are now (where not kept
+        // already): a survivor's KV here is the KV it was met with, exact in this context.
+        let first = self.slots.iter().position(|s| victims.contains(&s.chunk)).unwrap_or(0);
+        let order: Vec<ChunkId> = self.slots[first..].iter().map(|s| s.chunk).collect();
+        for c in order {
+            self.keep(plan, c, false);
+        }
         let mut kept = Vec::with_capacity(self.slots.len());
         for s in std::mem::take(&mut self.slots) {
             if victims.contains(&s.chunk) {
-                self.keep(plan, s.chunk, false);
                 plan.push(Step::EvictToStore { chunk: s.chunk });
             } else {
                 kept.push(s);

@@ -330,12 +330,7 @@ impl Session {
             };
             self.window.set_relevance(id, s);
         }
-        let store = self.store.clone();
-        let plan = self
-            .window
-            .recall_relevant(self.cfg.min_relevance, &|k| Self::stored(store.as_ref(), k))?;
-        self.stats.recalls += plan.count("place") + plan.count("prefill");
-        self.apply(None, None, plan)
+        self.recall_scored()
     }
 }
 

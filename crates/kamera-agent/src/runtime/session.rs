@@ -327,6 +327,13 @@ impl Session {
             let s = if Some(*id) == self.last { f64::INFINITY } else { *s };
             self.window.set_relevance(id, s);
         }
+        self.recall_scored()
+    }
+
+    /// Brings back the evicted chunks whose relevance, as set on the window, is above
+    /// [`SessionConfig::min_relevance`] (what [`Session::recall_relevant`] and the page-aware
+    /// recall end with).
+    pub(crate) fn recall_scored(&mut self) -> Result<Applied> {
         let store = self.store.clone();
         let plan = self
             .window

@@ -1,7 +1,7 @@
 //! The work a window plans beyond placement, each priced by the cost model: keeping canonical
 //! records from resident KV, the session's own record of patch reuse, and survivor repair.
 
-use kamera_store::ChunkId;
+use kamera_store::{ChunkId, Key};
 
 use super::{SlotState, Window};
 use crate::cost::Choice;
@@ -12,9 +12,21 @@ impl Window {
     pub(super) fn keep(&mut self, plan: &mut Plan, chunk: ChunkId, later: bool) {
         if self.canonical.insert(chunk) {
             self.kept.insert(chunk);
-            let s = Step::KeepCanonical { chunk };
+            let exact = self.exact_key(&chunk);
+            if let Some(k) = exact {
+                self.patches.insert(k);
+            }
+            let s = Step::KeepCanonical { chunk, exact };
             if later { plan.later(s) } else { plan.push(s) }
         }
+    }
+
+    /// The patch key of resident `chunk`'s place, where its KV is exact there (prefilled in place
+    /// after exactly what precedes it, not moved since): kept now, its record is exact there.
+    pub(super) fn exact_key(&self, chunk: &ChunkId) -> Option<Key> {
+        let i = self.slots.iter().position(|s| s.chunk == *chunk)?;
+        let s = &self.slots[i];
+        (s.state == SlotState::Exact && !s.shifted).then(|| self.key_after(s.chunk, i, s.start))
     }
 
     /// Predicted further uses of a patch formed now: this window's record of placements that
