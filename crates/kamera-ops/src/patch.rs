@@ -146,14 +146,19 @@ impl Patch {
                 }
             }
         }
-        Ok(Patch {
+        Ok(Patch::float(layout, n_tokens, layers))
+    }
+
+    /// Float factors as given (shapes checked by the caller).
+    fn float(layout: KvLayout, n_tokens: usize, layers: Vec<LayerPatch>) -> Patch {
+        Patch {
             layout,
             n_tokens,
             layers,
             quant: Quant::None,
             scales: Vec::new(),
             code: None,
-        })
+        }
     }
 
     /// The patch of rank 0 for a chunk of `n_tokens` under `layout`: placing with it is a
@@ -171,14 +176,7 @@ impl Patch {
                 v: lr(layout.v_features()),
             })
             .collect();
-        Patch {
-            layout,
-            n_tokens,
-            layers,
-            quant: Quant::None,
-            scales: Vec::new(),
-            code: None,
-        }
+        Patch::float(layout, n_tokens, layers)
     }
 
     pub(crate) fn set_code(&mut self, code: BasisCode) {

@@ -2,7 +2,7 @@
 //! equal to relocate-then-add, byte accounting and budgets, orbit averaging.
 
 mod common;
-use common::{Rng, chunk, chunk_diff, flavours, max_abs_diff};
+use common::{Rng, chunk, chunk_diff, flavours, max_abs_diff, prefilled};
 use kamera_ops::*;
 use proptest::prelude::*;
 
@@ -441,5 +441,17 @@ fn budget_gains_weigh_layers() {
             ..cfg
         };
         assert!(form_patch(&cond, &canonical, &rope, &cfg).is_err(), "{name}: NaN gain");
+    }
+}
+
+#[test]
+fn the_zero_patch_places_by_relocation_alone() {
+    for (name, layout, rope) in flavours(2) {
+        let canonical = prefilled(layout, &rope, 7, 0, 11);
+        let zero = Patch::zero(layout, 7);
+        assert_eq!(zero.ranks(), vec![(0, 0); 2], "{name}");
+        let placed = kamera_ops::reuse(&canonical, Some(&zero), &rope, 300).unwrap();
+        let moved = kamera_ops::relocate(&canonical, &rope, 300).unwrap();
+        assert_eq!(chunk_diff(&placed, &moved), 0.0, "{name}: a rank-0 patch adds nothing");
     }
 }
