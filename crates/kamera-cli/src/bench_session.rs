@@ -124,10 +124,6 @@ fn ms(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1e3
 }
 
-fn argmax(x: &[f32]) -> usize {
-    (0..x.len()).max_by(|&a, &b| x[a].total_cmp(&x[b])).unwrap_or(0)
-}
-
 /// What a method chose: the answer on question steps, else the next token.
 fn choice(llm: &Llm, logits: &[f32], choices: Option<&[String]>) -> Result<(String, Option<String>)> {
     Ok(match choices {
@@ -135,7 +131,7 @@ fn choice(llm: &Llm, logits: &[f32], choices: Option<&[String]>) -> Result<(Stri
             let a = walk::answer_of(llm, logits, c)?;
             (a.clone(), Some(a))
         }
-        None => (argmax(logits).to_string(), None),
+        None => (kamera_model::argmax(logits).to_string(), None),
     })
 }
 

@@ -368,9 +368,10 @@ impl<E: Encoder, S: ChunkStore> Executor<E, S> {
                     .resident
                     .get(chunk)
                     .ok_or_else(|| Error::chunk("relocate", chunk, "is not resident"))?;
-                let to = r.kv.offset() + delta;
-                let kv = r.kv.clone();
-                let moved = self.enc.reuse(&kv, None, to, kv.dtype()).map_err(runner("relocate"))?;
+                let moved = self
+                    .enc
+                    .reuse(&r.kv, None, r.kv.offset() + delta, r.kv.dtype())
+                    .map_err(runner("relocate"))?;
                 self.stats.relocated_tokens += moved.n_tokens() as u64;
                 let v = self.next_version();
                 self.set_resident(*chunk, moved, v);
@@ -396,14 +397,13 @@ impl<E: Encoder, S: ChunkStore> Executor<E, S> {
         if self.store.contains(&key).map_err(store_err(OP))? {
             return Ok(());
         }
-        let kv = self
+        let kv = &self
             .resident
             .get(&chunk)
             .ok_or_else(|| Error::chunk(OP, &chunk, "is not resident"))?
-            .kv
-            .clone();
+            .kv;
         let t = Instant::now();
-        let at0 = self.enc.reuse(&kv, None, 0, kv.dtype()).map_err(runner(OP))?;
+        let at0 = self.enc.reuse(kv, None, 0, kv.dtype()).map_err(runner(OP))?;
         let cost = t.elapsed().as_micros() as u64;
         let (layout, n) = (*at0.layout(), at0.n_tokens());
         self.store

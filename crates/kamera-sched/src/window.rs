@@ -121,10 +121,6 @@ pub struct Window {
     patches: BTreeSet<Key>,
     /// Chunks whose canonical record is in the store or planned (kept, formed alone, found).
     canonical: BTreeSet<ChunkId>,
-    /// Where each chunk was first met (its patch key then): its kept KV is exact there.
-    met: BTreeMap<ChunkId, Key>,
-    /// Chunks whose canonical record this window kept from their resident KV.
-    kept: BTreeSet<ChunkId>,
     /// Patches this window formed, and placements that reused a stored patch: the session's
     /// own evidence of how often a formed patch is used again.
     formed: u64,
@@ -147,8 +143,6 @@ impl Window {
             spans: BTreeMap::new(),
             patches: BTreeSet::new(),
             canonical: BTreeSet::new(),
-            met: BTreeMap::new(),
-            kept: BTreeSet::new(),
             formed: 0,
             reused: 0,
             clock: 0,
@@ -336,8 +330,6 @@ impl Window {
             at,
             alone: false,
         });
-        let met = self.key_after(chunk, self.slots.len(), at);
-        self.met.insert(chunk, met);
         // At 0 the in-place KV is the canonical KV: it is kept like any other.
         if self.cfg.cost.canonical == CanonicalSource::Alone && at > 0 {
             plan.later(Step::Prefill { chunk, at, alone: true });
@@ -567,12 +559,7 @@ impl Window {
         if cached {
             self.patches.insert(key);
         }
-        let mut d = self.cfg.cost.recall(id, n, at as usize, cached, self.expected_reuses());
-        if self.met.get(&id) == Some(&key) && self.kept.contains(&id) && !cached {
-            // Back where it was first met: its kept KV relocated is its KV here, exactly.
-            d.choice = Choice::Relocate;
-            d.reason = "back after exactly the context it was first met in: its kept KV is exact here".into();
-        }
+        let d = self.cfg.cost.recall(id, n, at as usize, cached, self.expected_reuses());
         match d.choice {
             Choice::CachedPatch => self.reused += 1,
             Choice::FormPatch => self.formed += 1,

@@ -90,10 +90,13 @@ impl SessionEncoder {
     /// chunks: the tower's output spliced in, computed once) and, for M-RoPE models, the 3-D
     /// rotary ids of its tokens.
     fn chunk_input(&mut self, op: &'static str, chunk: &ChunkId, at: i64) -> Result<ChunkInput> {
-        let c = self.content_of(op, chunk)?.clone();
+        let (n, image) = {
+            let c = self.content_of(op, chunk)?;
+            (c.tokens.len(), c.image.clone())
+        };
         let mrope = self.model.config().mrope_sections.is_some();
-        let Some(img) = &c.image else {
-            let rot = mrope.then(|| (0..c.tokens.len() as i64).map(|i| [at + i; 3]).collect());
+        let Some(img) = &image else {
+            let rot = mrope.then(|| (0..n as i64).map(|i| [at + i; 3]).collect());
             return Ok((None, rot));
         };
         let vision = self.model.vision().ok_or_else(|| Error::Runtime {
@@ -110,8 +113,9 @@ impl SessionEncoder {
                 img.embeds.get_or_init(|| out.embeds)
             }
         };
-        let x = self.model.embed_tokens(&c.tokens).map_err(model(op))?;
-        let x = vision.splice(&c.tokens, x, &[embeds]).map_err(model(op))?;
+        let tokens = &self.content_of(op, chunk)?.tokens;
+        let x = self.model.embed_tokens(tokens).map_err(model(op))?;
+        let x = vision.splice(tokens, x, &[embeds]).map_err(model(op))?;
         let rot = vision.chunk_positions(img.grid, at);
         Ok((Some(x), Some(rot)))
     }

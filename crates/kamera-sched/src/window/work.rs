@@ -11,12 +11,12 @@ impl Window {
     /// Plans keeping resident `chunk`'s KV as its canonical record, unless it has one.
     pub(super) fn keep(&mut self, plan: &mut Plan, chunk: ChunkId, later: bool) {
         if self.canonical.insert(chunk) {
-            self.kept.insert(chunk);
-            let exact = self.exact_key(&chunk);
-            if let Some(k) = exact {
-                self.patches.insert(k);
-            }
-            let s = Step::KeepCanonical { chunk, exact };
+            // The rank-0 patch under `exact` is written only with the record (the executor
+            // checks the store): a later placement learns of it from the store, not from here.
+            let s = Step::KeepCanonical {
+                chunk,
+                exact: self.exact_key(&chunk),
+            };
             if later { plan.later(s) } else { plan.push(s) }
         }
     }
