@@ -33,8 +33,11 @@ fn kl_after_recall(rank: usize) -> anyhow::Result<(f64, Vec<Step>)> {
     };
     let mut s = Session::new(model.clone(), Arc::new(MemStore::new()), Box::new(CpuBackend), cfg);
     s.pin(&llm.prefix_text("Find who keeps the vault key and the code."))?;
+    // Each page is read by the model before the next (as an agent step does): the session
+    // holds its plans until a read ([`SessionConfig::lazy`]).
     for p in PAGES {
         s.observe(p)?;
+        s.context()?;
     }
     let vault = s.chunk_id(PAGES[0]);
     assert!(
@@ -51,6 +54,7 @@ fn kl_after_recall(rank: usize) -> anyhow::Result<(f64, Vec<Step>)> {
         kl_now(&mut s, &llm)?
     );
     s.evict(&vault)?;
+    s.context()?;
     let back = s.observe(PAGES[0])?;
     assert_eq!(back.visit, Some(Visit::Recall));
     assert_eq!(

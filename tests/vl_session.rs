@@ -77,7 +77,10 @@ fn screenshots_are_encoded_once_relocated_and_recalled() -> Result<()> {
     let q = "<|im_start|>user\nWhere is the order?<|im_end|>\n";
 
     // img0: 12 merged tokens + 2 markers, span 4 + 2.
+    // Each observation is read by the model before the next (as an agent step does): the
+    // session holds its plans until a read ([`SessionConfig::lazy`]).
     let a = s.observe_image(&png("img0")?)?;
+    s.context()?;
     assert_eq!(a.visit, Some(Visit::New));
     let img0 = a.chunk.context("chunk")?;
     let slot = s.window().slot(&img0).context("img0 in the window")?.clone();
@@ -89,7 +92,9 @@ fn screenshots_are_encoded_once_relocated_and_recalled() -> Result<()> {
 
     // img1 (16 tokens) then img2 (14): the budget of 34 evicts img0, img1 moves left.
     s.observe_image(&png("img1")?)?;
+    s.context()?;
     let c = s.observe_image(&png("img2")?)?;
+    s.context()?;
     assert!(s.window().is_evicted(&img0), "{}", c.plan);
     assert!(
         c.plan.count("relocate") >= 1,
@@ -100,6 +105,7 @@ fn screenshots_are_encoded_once_relocated_and_recalled() -> Result<()> {
 
     // img0 again: recalled from the sled store, relocated, never through the tower again.
     let back = s.observe_image(&png("img0")?)?;
+    s.context()?;
     assert_eq!(back.visit, Some(Visit::Recall), "{}", back.plan);
     assert_eq!(
         s.stats().images_encoded,

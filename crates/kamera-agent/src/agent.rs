@@ -201,6 +201,7 @@ impl Run<'_, '_> {
     /// and the fatal error it ended with otherwise.
     async fn step(&mut self, step: usize) -> Result<(StepRecord, Option<Error>)> {
         let t_step = Instant::now();
+        let before = self.agent.session.stats().clone();
         let mut timings = StepTimings::default();
         let t = Instant::now();
         let (obs, settled) = self.observe_while_settling().await;
@@ -266,7 +267,12 @@ impl Run<'_, '_> {
             detail: "the session's visit named no chunk".into(),
         })?;
         let (decision, context_ms) = self.decide(step, &obs);
-        timings.reuse_ms += context_ms;
+        // The held plans (or the rebuild that replaced them) ran when the policy read the model.
+        let read = self.agent.session.take_read_timings();
+        timings.encode_ms += read.prefill_ms;
+        timings.patch_ms += read.patch_ms;
+        timings.reuse_ms += (context_ms - read.prefill_ms - read.patch_ms).max(0.0);
+        let work = self.agent.session.stats().since(&before);
         let mut record = StepRecord {
             step,
             observation: ObsRecord {
@@ -291,7 +297,8 @@ impl Run<'_, '_> {
             visit: applied.visit.unwrap_or(kamera_sched::Visit::Hit),
             why: applied.plan.decisions.iter().map(|d| d.to_string()).collect(),
             plan: applied.plan.steps,
-            prefill_tokens: applied.prefill_tokens,
+            prefill_tokens: work.prefill_tokens,
+            rebuilt: work.rebuilds > 0,
             model: None,
             action: None,
             result: StepResult::Ok,
@@ -326,16 +333,15 @@ impl Run<'_, '_> {
         let mut context_ms = 0.0;
         let d = blocking(|| {
             let text = crate::lm::window_text(session)?;
-            let t = Instant::now();
-            let kv = session.context()?;
-            context_ms = ms(t);
             let mut mind = Mind {
                 llm,
-                view: View { kv, text: &text },
+                view: View::new(session, &text),
                 goal,
                 max_new_tokens: max_new,
             };
-            policy.next(step, obs, &mut mind)
+            let d = policy.next(step, obs, &mut mind);
+            context_ms = mind.view.context_ms;
+            d
         });
         (d, context_ms)
     }

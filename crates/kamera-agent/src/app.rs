@@ -362,8 +362,7 @@ impl Agent {
             }
             session.observe_page(&text)?;
             let window = crate::lm::window_text(session)?;
-            let kv = session.context()?;
-            let call = llm.generate(&mut View { kv, text: &window }, &prompt, max_new, 0)?;
+            let call = llm.generate(&mut View::new(session, &window), &prompt, max_new, 0)?;
             session.settle()?;
             Ok(call)
         })?;

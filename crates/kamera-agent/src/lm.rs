@@ -6,22 +6,46 @@ use kamera_model::Context;
 
 use crate::error::{Error, Result, model};
 use crate::llm::{Llm, ModelCall};
+use crate::runtime::Session;
 use crate::schema::{ActionSchema, LEAD};
 
-/// What a model call reads: the context window as the session placed it.
+/// What a model call reads: the context window as the session placed it. The KV is brought up
+/// to date on first use ([`View::kv`]): a policy that reads no model (a scripted step) runs none
+/// of the session's held plans.
 pub struct View<'a> {
-    /// The session's live KV context (pinned prefix, then the page chunks). A local model appends
-    /// its prompt to it and cuts it off again; nothing before the prompt is prefilled.
-    pub kv: &'a mut Context,
+    session: &'a mut Session,
     /// The same window as text (the prefix and the page chunks in window order, control tokens
     /// left out): what a model that cannot read the KV is given instead.
     pub text: &'a str,
+    /// Milliseconds [`View::kv`] spent bringing the context up to date.
+    pub(crate) context_ms: f64,
+}
+
+impl<'a> View<'a> {
+    /// A view of `session`'s window, `text` being the window as text ([`window_text`]).
+    pub fn new(session: &'a mut Session, text: &'a str) -> View<'a> {
+        View {
+            session,
+            text,
+            context_ms: 0.0,
+        }
+    }
+
+    /// The session's live KV context (pinned prefix, then the page chunks), brought up to date
+    /// now ([`Session::context`]). A local model appends its prompt to it and cuts it off again;
+    /// nothing before the prompt is prefilled.
+    pub fn kv(&mut self) -> Result<&mut Context> {
+        let t = std::time::Instant::now();
+        let ctx = self.session.context()?;
+        self.context_ms += crate::ms(t);
+        Ok(ctx)
+    }
 }
 
 /// What the model policy (and scripted questions) need of a model. Required: free generation
 /// after an instruction and ranking continuations by likelihood; constrained decoding has a
 /// default (a free reply checked against the schema, else the ranked choice) for a model that
-/// takes no token mask. Implementations must not keep anything they append to `view.kv`.
+/// takes no token mask. Implementations must not keep anything they append to [`View::kv`].
 pub trait LanguageModel: Send + Sync {
     /// Greedy text (seeded sampling when `seed > 0`) after `instruction`, the reply started by
     /// `lead` (e.g. `{"action": "`); the output includes `lead`.
@@ -92,15 +116,15 @@ impl LanguageModel for Llm {
         max_new: usize,
         seed: u64,
     ) -> Result<ModelCall> {
-        Llm::generate_after(self, view.kv, instruction, lead, max_new, seed)
+        Llm::generate_after(self, view.kv()?, instruction, lead, max_new, seed)
     }
 
     fn rank(&self, view: &mut View<'_>, instruction: &str, lead: &str, candidates: &[String]) -> Result<ModelCall> {
-        Llm::rank(self, view.kv, instruction, lead, candidates)
+        Llm::rank(self, view.kv()?, instruction, lead, candidates)
     }
 
     fn choose(&self, view: &mut View<'_>, question: &str, choices: &[String]) -> Result<ModelCall> {
-        Llm::choose(self, view.kv, question, choices)
+        Llm::choose(self, view.kv()?, question, choices)
     }
 
     fn generate_constrained(
@@ -110,7 +134,7 @@ impl LanguageModel for Llm {
         schema: &ActionSchema,
         max_new: usize,
     ) -> Result<ModelCall> {
-        Llm::generate_constrained(self, view.kv, instruction, schema, max_new)
+        Llm::generate_constrained(self, view.kv()?, instruction, schema, max_new)
     }
 }
 

@@ -83,13 +83,20 @@ pub struct StepRecord {
     /// How the window met the page's chunks (the costliest of their visits: new, stored, recall,
     /// hit).
     pub visit: kamera_sched::Visit,
-    /// The scheduler's plan of this step (the visit, then any recall by relevance), as executed.
+    /// The scheduler's plan of this step (the visit, then any recall by relevance), as made. The
+    /// session holds plans until the model reads the window; they run then, or a rebuild of the
+    /// window replaces them (`rebuilt`).
     pub plan: Vec<kamera_sched::Step>,
     /// The cost model's reason for each choice in the plan.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub why: Vec<String>,
-    /// Tokens that went through a forward pass for the plan.
+    /// Tokens that went through a forward pass during this step: earlier steps' deferred work,
+    /// and the held plans (or their rebuild) run when the model read the window.
     pub prefill_tokens: usize,
+    /// Whether the model read at this step built the window afresh instead of running the held
+    /// plans ([`kamera_sched::Window::materialize`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rebuilt: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<ModelCall>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -272,7 +272,9 @@ fn execute(scenario_arg: &str, setup: Setup<'_>) -> Result<RunSummary> {
 /// which the window made but the session did not execute.
 fn print_summary(s: &RunSummary, reuse: bool) {
     println!("scenario  {}", s.scenario);
-    println!("window    how the page's chunk was met (hit, new, recall, stored) and the plan's steps");
+    println!(
+        "window    how the page's chunk was met (hit, new, recall, stored) and the plan's steps as made (held until the model reads the window; \"rebuilt\": that read built the window afresh instead)"
+    );
     println!(
         "{:>4}  {:<28} {:<34} {:<34} {:>8} {:>8} {:>8}  result",
         "step", "page", "action", "window", "encode", "model", "total"
@@ -288,7 +290,7 @@ fn print_summary(s: &RunSummary, reuse: bool) {
                 n("relocate"),
                 n("evict"),
                 n("form-patch") + n("store-patch") + n("form-orbit"),
-            )
+            ) + if st.rebuilt { "; rebuilt" } else { "" }
         } else {
             format!("{:?}: window re-prefilled", st.visit)
         }
@@ -320,8 +322,18 @@ fn print_summary(s: &RunSummary, reuse: bool) {
         "session   {} hit, {} new, {} recall, {} from the store, {} evict, {} relocate; {} tokens placed without prefill, {} prefilled",
         c.hits, c.new, c.recalls, c.stored, c.evictions, c.relocations, c.placed_tokens, c.prefill_tokens
     );
-    let page_prefill: usize = s.steps.iter().map(|st| st.prefill_tokens).sum();
-    println!("pages     {page_prefill} page tokens prefilled");
+    if reuse {
+        let planned: usize = s
+            .steps
+            .iter()
+            .flat_map(|st| &st.plan)
+            .filter(|p| p.name() == "prefill")
+            .count();
+        let rebuilt = s.steps.iter().filter(|st| st.rebuilt).count();
+        println!(
+            "lazy      {planned} prefills planned; {rebuilt} model reads built the window afresh instead of running the held plans"
+        );
+    }
     if c.patches_formed > 0 || c.patches_applied > 0 {
         let patch_ms: f64 = s.steps.iter().map(|st| st.timings.patch_ms).sum();
         println!(

@@ -9,6 +9,7 @@ use kamera_store::ChunkId;
 use serde::{Deserialize, Serialize};
 
 use crate::error::short;
+use crate::plan::Step;
 use crate::points::default_patch_points;
 
 /// Linear estimates in µs. The defaults are SmolLM2-135M on a 2-core CPU (kamera-model and
@@ -263,6 +264,38 @@ impl CostModel {
     pub fn svd(&self, n: usize) -> f64 {
         let coding = self.patch_point().map_or(0.0, |p| p.form_us_per_token);
         n as f64 * (self.svd_us_per_token + coding)
+    }
+
+    /// Predicted µs of running `steps` in order (`tokens` of each chunk by id): forward passes
+    /// at their context length, SVDs, reads and relocations; evictions and bookkeeping are free.
+    pub fn steps_us(&self, steps: &[Step], tokens: &dyn Fn(&ChunkId) -> usize) -> f64 {
+        steps
+            .iter()
+            .map(|s| match s {
+                Step::Prefill { chunk, at, alone } => {
+                    self.prefill(tokens(chunk), if *alone { 0 } else { *at as usize })
+                }
+                Step::FormPatch { chunk, at, .. } => {
+                    self.prefill(tokens(chunk), *at as usize) + self.svd(tokens(chunk))
+                }
+                Step::StorePatch { chunk, .. } => self.svd(tokens(chunk)),
+                Step::FormOrbit {
+                    set,
+                    keys,
+                    orderings,
+                    at,
+                } => {
+                    let n: usize = set.iter().map(tokens).sum();
+                    orderings.len() as f64 * self.prefill(n, *at as usize)
+                        + keys.len() as f64 * self.svd(n / set.len().max(1))
+                }
+                Step::Recall { chunk } => tokens(chunk) as f64 * self.read_us_per_token,
+                Step::Place { chunk, .. } | Step::Relocate { chunk, .. } | Step::KeepCanonical { chunk, .. } => {
+                    tokens(chunk) as f64 * self.place_us_per_token
+                }
+                Step::StoreCanonical { .. } | Step::EvictToStore { .. } | Step::DropTail { .. } => 0.0,
+            })
+            .sum()
     }
 
     /// A new chunk of `n` tokens appended after `ctx` tokens: it is prefilled in place (exact).

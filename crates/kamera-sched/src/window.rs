@@ -7,10 +7,11 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use kamera_store::{ChunkId, Key, ModelFp};
 
-use crate::cost::{CanonicalSource, Choice, CostModel};
+use crate::cost::{CanonicalSource, Choice, CostModel, Decision};
 use crate::error::{Error, Result};
 use crate::plan::{Plan, Step};
 
+mod rebuild;
 mod reorder;
 mod visit;
 mod work;
@@ -559,7 +560,19 @@ impl Window {
         if cached {
             self.patches.insert(key);
         }
-        let d = self.cfg.cost.recall(id, n, at as usize, cached, self.expected_reuses());
+        let d = if self.canonical.contains(&id) || stored(&Key::canonical(self.cfg.model, id)) {
+            self.cfg.cost.recall(id, n, at as usize, cached, self.expected_reuses())
+        } else {
+            // Its KV was never kept: it left the window before the model read it (a rebuild
+            // dropped the plans that would have kept it, [`Window::rebuild`]).
+            Decision {
+                op: "recall",
+                chunk: Some(id),
+                choice: Choice::Reprefill,
+                options: vec![(Choice::Reprefill, self.cfg.cost.prefill(n, at as usize))],
+                reason: "no canonical record: it left the window before the model read it".into(),
+            }
+        };
         match d.choice {
             Choice::CachedPatch => self.reused += 1,
             Choice::FormPatch => self.formed += 1,

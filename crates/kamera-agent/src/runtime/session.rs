@@ -2,7 +2,9 @@
 //! content id; each visit is a kamera-sched plan (hit, insert, recall, evict, relocate, reorder)
 //! run by kamera-sched's executor over the session's encoder, so a hit costs nothing and only
 //! chunks that moved are touched. The session plans nothing itself: the window plans and prices,
-//! the executor runs, and background steps wait for [`Session::settle`].
+//! the executor runs, and background steps wait for [`Session::settle`]. Plans are held until the
+//! model next reads the window ([`Session::context`]); the window then runs them or builds its
+//! layout afresh, whichever costs less before the first token ([`Window::materialize`]).
 
 use std::sync::Arc;
 
@@ -48,6 +50,11 @@ pub struct SessionConfig {
     /// Most tokens of one page chunk: a longer page becomes several ([`Session::observe_page`]).
     /// Clamped to half of `window_tokens` ([`Session::page_cap`]).
     pub chunk_tokens_max: usize,
+    /// Hold plans until the model next reads the window ([`Session::context`], [`Session::flush`])
+    /// and run them then, or build the window afresh where that costs less before the first token
+    /// ([`Window::materialize`]): pages that leave the window before any read cost no prefill.
+    /// `false`: every plan runs as it is made.
+    pub lazy: bool,
     /// Reuse KV between steps. `false` is the no-reuse baseline (runtime/no_reuse.rs): every
     /// [`Session::context`] re-prefills the window from scratch; nothing is stored or formed.
     pub reuse: bool,
@@ -65,6 +72,7 @@ impl Default for SessionConfig {
             repair: true,
             image_max_pixels: 28 * 28 * 256,
             chunk_tokens_max: crate::runtime::CHUNK_TOKENS_MAX,
+            lazy: true,
             reuse: true,
         }
     }
@@ -136,6 +144,10 @@ pub struct SessionStats {
     /// answer or in the background): part of the session's total work, off the first token.
     #[serde(default)]
     pub deferred_ms: f64,
+    /// Model reads at which the held plans were replaced by building the window afresh
+    /// ([`SessionConfig::lazy`]).
+    #[serde(default)]
+    pub rebuilds: usize,
 }
 
 impl SessionStats {
@@ -156,6 +168,7 @@ impl SessionStats {
             bytes_moved: self.bytes_moved - earlier.bytes_moved,
             images_encoded: self.images_encoded - earlier.images_encoded,
             deferred_ms: self.deferred_ms - earlier.deferred_ms,
+            rebuilds: self.rebuilds - earlier.rebuilds,
         }
     }
 }
@@ -176,6 +189,12 @@ pub struct Session {
     last: Option<ChunkId>,
     /// Tokens prefilled by the background steps of repairs (for [`SessionStats::repair_tokens`]).
     repair_pending: usize,
+    /// Plans made since the executor last ran (held until the model reads the window).
+    pending: Vec<Plan>,
+    /// The window as the executor's KV has it (after the last plan it ran).
+    built: Window,
+    /// Work run at model reads since [`Session::take_read_timings`].
+    read_timings: ApplyTimings,
 }
 
 impl Session {
@@ -202,6 +221,7 @@ impl Session {
             model,
             fp,
             store,
+            built: Window::new(wcfg.clone()),
             window: Window::new(wcfg),
             cfg,
             stats: SessionStats::default(),
@@ -209,6 +229,8 @@ impl Session {
             pinned_tokens: 0,
             last: None,
             repair_pending: 0,
+            pending: Vec::new(),
+            read_timings: ApplyTimings::default(),
         }
     }
 
@@ -234,6 +256,15 @@ impl Session {
     /// Background steps waiting for [`Session::settle`].
     pub fn queued(&self) -> &[kamera_sched::Step] {
         self.exec.queued()
+    }
+    /// Plans held until the model next reads the window ([`SessionConfig::lazy`]).
+    pub fn pending(&self) -> &[Plan] {
+        &self.pending
+    }
+    /// The work run at model reads ([`Session::context`]) since the last call: the held plans,
+    /// or the rebuild that replaced them.
+    pub fn take_read_timings(&mut self) -> ApplyTimings {
+        std::mem::take(&mut self.read_timings)
     }
 
     /// The content id of a page chunk: what the model reads of it (its text), under this model
@@ -356,7 +387,9 @@ impl Session {
         if !self.cfg.reuse {
             return self.context_no_reuse();
         }
-        self.exec.sync(self.window.end())?;
+        let mut t = self.materialize()?;
+        t.sync_ms += self.exec.sync(self.window.end())?;
+        self.read_timings.add(&t);
         Ok(&mut self.exec.encoder_mut().ctx)
     }
 
@@ -378,9 +411,9 @@ impl Session {
         if !self.cfg.reuse {
             return Ok(self.store.flush()?);
         }
+        self.materialize()?;
         let keep = self.window.keep_resident();
-        self.exec.run(&keep)?;
-        self.count_work();
+        self.execute(&[keep])?;
         Ok(self.store.flush()?)
     }
 
@@ -392,20 +425,23 @@ impl Session {
         if !self.cfg.reuse {
             return Ok(ApplyTimings::default()); // runtime/no_reuse.rs: nothing deferred, no KV kept
         }
-        if self.cfg.repair {
+        // A repair is planned over the KV the executor holds: not while plans are held.
+        if self.cfg.repair && self.pending.is_empty() {
             let repair = self.window.repair();
             if !repair.is_empty() {
                 self.repair_pending += repair.background_prefill_tokens(|id| self.tokens_of(id));
                 for d in &repair.decisions {
                     tracing::debug!(decision = %d, "repair");
                 }
-                self.exec.run(&repair)?;
+                self.execute_deferred(&repair)?;
             }
         }
         let mut t = ApplyTimings::default();
         if !self.exec.queued().is_empty() {
             t = self.exec.settle()?;
-            t.sync_ms += self.exec.sync(self.window.end())?;
+            if self.pending.is_empty() {
+                t.sync_ms += self.exec.sync(self.window.end())?;
+            }
         }
         self.stats.repair_tokens += std::mem::take(&mut self.repair_pending);
         self.count_work();
@@ -433,22 +469,16 @@ impl Session {
             return self.apply_no_reuse(chunk, visit, plan);
         }
         let prefill_tokens = plan.prefill_tokens(|id| self.tokens_of(id));
-        let run = if self.cfg.defer {
-            self.exec.run(&plan)
-        } else {
-            self.exec.run_now(&plan)
-        };
-        let synced = run.and_then(|mut t| {
-            t.sync_ms += self.exec.sync(self.window.end())?;
-            Ok(t)
-        });
-        self.count_work();
-        let timings = synced?;
         self.stats.evictions += plan.count("evict");
-        self.stats.relocations += plan.count("relocate");
         for d in &plan.decisions {
             tracing::debug!(decision = %d, "plan");
         }
+        let timings = if self.cfg.lazy {
+            self.pending.push(plan.clone());
+            ApplyTimings::default()
+        } else {
+            self.execute(std::slice::from_ref(&plan))?
+        };
         Ok(Applied {
             chunk,
             visit,
@@ -456,6 +486,66 @@ impl Session {
             prefill_tokens,
             timings,
         })
+    }
+}
+
+impl Session {
+    /// Brings the executor's KV to the window's layout: the held plans, or the window built
+    /// afresh where that costs less before the first token ([`Window::materialize`]).
+    fn materialize(&mut self) -> Result<ApplyTimings> {
+        if self.pending.is_empty() {
+            return Ok(ApplyTimings::default());
+        }
+        let pending = std::mem::take(&mut self.pending);
+        let store = self.store.clone();
+        let allow_rebuild = self.exec.queued().is_empty();
+        let content = &self.exec.encoder().content;
+        let plans = self.window.materialize(
+            &self.built,
+            pending,
+            allow_rebuild,
+            &|id| content.get(id).map_or(0, |c| c.tokens.len()),
+            &|k| Self::stored(store.as_ref(), k),
+        );
+        for d in plans
+            .iter()
+            .flat_map(|p| &p.decisions)
+            .filter(|d| d.op == "materialize")
+        {
+            self.stats.rebuilds += 1;
+            tracing::debug!(decision = %d, "materialize");
+        }
+        self.execute(&plans)
+    }
+
+    /// Runs `plans` now, in order (their background steps queued, or run too without
+    /// [`SessionConfig::defer`]), and syncs the live context; the executor then holds the window.
+    fn execute(&mut self, plans: &[Plan]) -> Result<ApplyTimings> {
+        let mut t = ApplyTimings::default();
+        let mut run = || -> kamera_sched::Result<()> {
+            for plan in plans {
+                t.add(&if self.cfg.defer {
+                    self.exec.run(plan)?
+                } else {
+                    self.exec.run_now(plan)?
+                });
+            }
+            t.sync_ms += self.exec.sync(self.window.end())?;
+            Ok(())
+        };
+        let ran = run();
+        self.built = self.window.clone();
+        self.stats.relocations += plans.iter().map(|p| p.count("relocate")).sum::<usize>();
+        self.count_work();
+        ran?;
+        Ok(t)
+    }
+
+    /// Runs a plan of background work only (a repair), queued for this settle.
+    fn execute_deferred(&mut self, plan: &Plan) -> Result<()> {
+        self.exec.run(plan)?;
+        self.built = self.window.clone();
+        Ok(())
     }
 }
 

@@ -1,0 +1,124 @@
+//! Lazy execution. A runtime may hold plans until the model next reads the window: a scripted
+//! step reads no model, and the pages it passes through may leave the window before any read.
+//! When that read comes, [`Window::materialize`] weighs the held plans' work before the first
+//! token against building the window's layout afresh ([`Window::rebuild`]: the slots the
+//! executor already holds at the front stay, the rest are placed from the store where their
+//! records are there, else prefilled in place) and returns the cheaper plan. A rebuild drops the
+//! records the held plans would have written (canonical KV kept at eviction, patches): pages the
+//! model never read cost no prefill, and the window forgets what was never stored.
+
+use kamera_store::{ChunkId, Key};
+
+use super::{Slot, SlotState, Window};
+use crate::cost::{Choice, Decision};
+use crate::plan::{Plan, Step};
+
+/// Whether two slots hold the same KV: the same chunk, at the same place, made the same way.
+fn same_kv(a: &Slot, b: &Slot) -> bool {
+    a.chunk == b.chunk && a.start == b.start && a.n_tokens == b.n_tokens && a.state == b.state && a.shifted == b.shifted
+}
+
+impl Window {
+    /// The plans that bring an executor holding `built`'s layout (the window as it was when the
+    /// executor last ran a plan) to this window's: `pending` (the plans made since, to be run in
+    /// order, each on its own so its background steps read the KV it left) where their work
+    /// before the first token is predicted to cost no more than a rebuild, else
+    /// [`Window::rebuild`] alone (and this window takes the rebuild's states). `tokens` gives
+    /// chunk lengths; `stored` tells which records the store holds. `allow_rebuild`: false where
+    /// the executor still has background steps queued against its current layout.
+    pub fn materialize(
+        &mut self,
+        built: &Window,
+        pending: Vec<Plan>,
+        allow_rebuild: bool,
+        tokens: &dyn Fn(&ChunkId) -> usize,
+        stored: &dyn Fn(&Key) -> bool,
+    ) -> Vec<Plan> {
+        let held: f64 = pending.iter().map(|p| self.cfg.cost.steps_us(&p.steps, tokens)).sum();
+        if held == 0.0 || !allow_rebuild {
+            return pending;
+        }
+        let mut rebuilt = self.clone();
+        let mut plan = rebuilt.rebuild(built, stored);
+        let fresh = self.cfg.cost.steps_us(&plan.steps, tokens);
+        if fresh >= held {
+            return pending;
+        }
+        let (steps, later) = pending
+            .iter()
+            .fold((0, 0), |(s, l), p| (s + p.steps.len(), l + p.background.len()));
+        plan.decisions.push(Decision {
+            op: "materialize",
+            chunk: None,
+            choice: Choice::Reprefill,
+            options: vec![(Choice::Reprefill, fresh)],
+            reason: format!(
+                "the window built afresh from its first changed slot costs {:.1} ms before the first token, the {steps} held plan steps {:.1} ms (and {later} later steps, dropped)",
+                fresh / 1000.0,
+                held / 1000.0,
+            ),
+        });
+        *self = rebuilt;
+        vec![plan]
+    }
+
+    /// Plans this window's layout built afresh over an executor holding `built`'s: the slots
+    /// both hold at the front stay; every later slot is placed from the store where its state is
+    /// a placement and its records are known, else prefilled in place (then exact). Canonical
+    /// records and patches that `built` did not know and `stored` does not report are forgotten
+    /// (the plans that would have written them are dropped), and so is their reuse record.
+    pub fn rebuild(&mut self, built: &Window, stored: &dyn Fn(&Key) -> bool) -> Plan {
+        let model = self.cfg.model;
+        let keep = self
+            .slots
+            .iter()
+            .zip(&built.slots)
+            .take_while(|(a, b)| same_kv(a, b))
+            .count();
+        let mut plan = Plan::default();
+        if built.tail > 0 {
+            plan.push(Step::DropTail { tokens: built.tail });
+        }
+        for s in &built.slots[keep..] {
+            plan.push(Step::EvictToStore { chunk: s.chunk });
+        }
+        let canonical = std::mem::take(&mut self.canonical);
+        self.canonical = canonical
+            .into_iter()
+            .filter(|c| built.canonical.contains(c) || stored(&Key::canonical(model, *c)))
+            .collect();
+        let patches = std::mem::take(&mut self.patches);
+        self.patches = patches
+            .into_iter()
+            .filter(|k| built.patches.contains(k) || stored(k))
+            .collect();
+        (self.formed, self.reused) = (built.formed, built.reused);
+        for i in keep..self.slots.len() {
+            let (chunk, at, state) = (self.slots[i].chunk, self.slots[i].start, self.slots[i].state);
+            let placed = match state {
+                SlotState::Relocated => self.canonical.contains(&chunk).then_some(None),
+                SlotState::Patched(key) => {
+                    (self.canonical.contains(&chunk) && self.patches.contains(&key)).then_some(Some(key))
+                }
+                SlotState::Exact => None,
+            };
+            match placed {
+                Some(patch) => {
+                    plan.push(Step::Recall { chunk });
+                    plan.push(Step::Place { chunk, at, patch });
+                }
+                None => {
+                    plan.push(Step::Prefill {
+                        chunk,
+                        at,
+                        alone: false,
+                    });
+                    let s = &mut self.slots[i];
+                    s.state = SlotState::Exact;
+                    s.shifted = false;
+                }
+            }
+        }
+        plan
+    }
+}

@@ -1,0 +1,147 @@
+//! Lazy execution ([`Window::materialize`]): plans held until a model read are run then, or
+//! replaced by the window built afresh where that costs less before the first token. Under any
+//! sequence of operations and reads the executor's KV ends in the window's layout and every
+//! step it is given can run (a chunk whose keeping was dropped is prefilled, never placed from a
+//! record that is not there); pages that leave before a read cost no prefill.
+
+mod common;
+
+use common::{Synth, concat, exact, max_diff, model};
+use kamera_ops::{ChunkKv, DType, PatchConfig};
+use kamera_sched::{CostModel, ExecConfig, Executor, Plan, SlotState, Window, WindowConfig};
+use kamera_store::{ChunkId, ChunkStore, MemStore};
+use proptest::prelude::*;
+
+fn executor(synth: Synth) -> Executor<Synth, MemStore> {
+    let cfg = ExecConfig {
+        model: model(),
+        patch: PatchConfig::fixed(2, DType::F32),
+        dtype: DType::F32,
+    };
+    Executor::new(synth, MemStore::new(), cfg)
+}
+
+fn window(budget: usize, cost: CostModel) -> Window {
+    let mut cfg = WindowConfig::new(budget, model());
+    cfg.cost = cost;
+    Window::new(cfg)
+}
+
+/// Runs `pending` or its rebuild on `ex`; returns whether it was rebuilt.
+fn read(w: &mut Window, built: &mut Window, pending: &mut Vec<Plan>, ex: &mut Executor<Synth, MemStore>) -> bool {
+    let held = std::mem::take(pending);
+    let plans = {
+        let enc = ex.encoder();
+        let store = ex.store();
+        w.materialize(
+            built,
+            held,
+            ex.queued().is_empty(),
+            &|id| enc.chunks.get(id).map_or(0, |c| c.0),
+            &|k| store.contains(k).unwrap(),
+        )
+    };
+    for plan in &plans {
+        ex.run_now(plan).unwrap();
+    }
+    *built = w.clone();
+    plans.iter().flat_map(|p| &p.decisions).any(|d| d.op == "materialize")
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Visit(usize),
+    Evict(usize),
+    Read,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        5 => (0usize..12).prop_map(Op::Visit),
+        1 => any::<usize>().prop_map(Op::Evict),
+        2 => Just(Op::Read),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// Visits (hit, recall, new) and evictions held until random reads: every read leaves the
+    /// executor's KV in the window's layout, every exact slot holds the KV a prefill after the
+    /// resident chunks before it gives, and nothing the executor is asked for is missing.
+    #[test]
+    fn held_plans_or_their_rebuild_keep_the_executor_in_the_windows_layout(
+        budget in 20usize..50, blind in any::<bool>(),
+        ops in proptest::collection::vec(op(), 1..40),
+    ) {
+        let mut synth = Synth::new();
+        let ids: Vec<ChunkId> = (0..12).map(|i| synth.chunk(i, 2 + (i as usize * 5) % 9)).collect();
+        let sizes: Vec<usize> = (0..12).map(|i| 2 + (i * 5) % 9).collect();
+        let mut ex = executor(synth);
+        let cost = if blind { CostModel::default() } else { exact(CostModel::default()) };
+        let mut w = window(budget, cost);
+        let mut built = w.clone();
+        let mut pending: Vec<Plan> = Vec::new();
+        for op in ops {
+            match op {
+                Op::Visit(i) => {
+                    let store = ex.store();
+                    let (_, plan) = w.visit(ids[i], sizes[i], &|k| store.contains(k).unwrap()).unwrap();
+                    pending.push(plan);
+                }
+                Op::Evict(i) => {
+                    let placed: Vec<ChunkId> = w.slots().iter().map(|s| s.chunk).collect();
+                    if placed.is_empty() { continue; }
+                    pending.push(w.evict(&placed[i % placed.len()]).unwrap());
+                }
+                Op::Read => {
+                    read(&mut w, &mut built, &mut pending, &mut ex);
+                    let want: Vec<(ChunkId, i64, usize)> = w.slots().iter().map(|s| (s.chunk, s.start, s.n_tokens)).collect();
+                    prop_assert_eq!(ex.layout(), want);
+                    let mut ctx: Option<ChunkKv> = None;
+                    for (i, s) in w.slots().iter().enumerate() {
+                        let got = ex.resident(&s.chunk).unwrap().clone();
+                        if s.state == SlotState::Exact && !s.shifted {
+                            let want = ex.encoder().kv(s.chunk, s.start, ctx.as_ref());
+                            prop_assert!(max_diff(&got, &want) < 1e-4, "exact slot {i} differs by {}", max_diff(&got, &want));
+                        }
+                        ctx = Some(match ctx {
+                            None => got,
+                            Some(prev) => concat(&prev, &got, &ex.encoder().rope),
+                        });
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Six pages through a window of two, no read between them: the read prefills the two pages
+/// left and nothing else, where running the held plans would have prefilled all six.
+#[test]
+fn pages_that_leave_before_a_read_cost_no_prefill() {
+    let mut synth = Synth::new();
+    let ids: Vec<ChunkId> = (0..6).map(|i| synth.chunk(i, 10)).collect();
+    let mut ex = executor(synth);
+    let mut w = window(20, CostModel::default());
+    let mut built = w.clone();
+    let mut pending: Vec<Plan> = Vec::new();
+    for id in &ids {
+        let (_, plan) = w.visit(*id, 10, &|_| false).unwrap();
+        pending.push(plan);
+    }
+    assert_eq!(pending.iter().map(|p| p.prefill_tokens(|_| 10)).sum::<usize>(), 60);
+    assert!(read(&mut w, &mut built, &mut pending, &mut ex), "rebuilt");
+    assert_eq!(
+        ex.stats.prefill_tokens, 20,
+        "only the two pages in the window are prefilled"
+    );
+    assert_eq!(ex.layout().iter().map(|l| l.0).collect::<Vec<_>>(), ids[4..].to_vec());
+    // Page 0 never reached the store: its recall prefills it in place.
+    let (_, plan) = w.visit(ids[0], 10, &|k| ex.store().contains(k).unwrap()).unwrap();
+    assert_eq!(plan.count("prefill"), 1, "{plan}");
+    assert_eq!(plan.count("place"), 0, "{plan}");
+    pending.push(plan);
+    read(&mut w, &mut built, &mut pending, &mut ex);
+    assert_eq!(ex.layout().len(), 2);
+}
