@@ -69,6 +69,11 @@ pub struct SessionArgs {
     /// session places blind: the cheap end of the work/KL front.
     #[arg(long)]
     kl_budget: Option<f64>,
+    /// More Kamera policies to run beside the default on the same steps, by KL budget (e.g.
+    /// `0.1,1`): each a session of its own, reported as `kamera@kl<budget>` with the work/KL
+    /// Pareto front of every method run.
+    #[arg(long, value_delimiter = ',')]
+    front: Vec<f64>,
     /// Bytes of KV the radix cache (and llama.cpp's prompt cache) may hold; default the f32 KV
     /// of the window's tokens (pinned prefix included) and of every distinct page once, what
     /// Kamera's window and store hold less its patches.
@@ -136,6 +141,68 @@ fn choice(llm: &Llm, logits: &[f32], choices: Option<&[String]>) -> Result<(Stri
 }
 
 /// Fidelity of `logits` to `reference` (KL, same choice) and the answer.
+/// One Kamera session's step: the visit's plan (and the question's recall), the prompt on the
+/// live context, then its deferred work.
+struct KameraStep {
+    logits: Vec<f32>,
+    ttft_ms: f64,
+    deferred_ms: f64,
+    plan_ms: f64,
+    prefilled: usize,
+    visit: String,
+}
+
+fn kamera_step(
+    session: &mut Session,
+    model: &kamera_model::Model,
+    text: &str,
+    question: Option<&str>,
+    ptoks: &[u32],
+) -> Result<KameraStep> {
+    let prefilled0 = session.stats().prefill_tokens;
+    let t0 = Instant::now();
+    let page = session.observe_page(text)?;
+    if let Some(q) = question {
+        session.recall_relevant_page(q, &page.chunks)?;
+    }
+    let plan_ms = ms(t0);
+    let ctx = session.context()?;
+    let base = ctx.len();
+    let logits = model.extend(ptoks, ctx)?.logits;
+    let ttft_ms = ms(t0);
+    ctx.truncate(base);
+    let d1 = session.stats().deferred_ms;
+    session.settle()?;
+    Ok(KameraStep {
+        logits,
+        ttft_ms,
+        deferred_ms: session.stats().deferred_ms - d1,
+        plan_ms,
+        prefilled: session.stats().prefill_tokens - prefilled0 + ptoks.len(),
+        visit: page
+            .applied
+            .visit
+            .map(|v| format!("{v:?}").to_lowercase())
+            .unwrap_or_default(),
+    })
+}
+
+impl KameraStep {
+    fn judged(&self, llm: &Llm, reference: &[f32], asks: Option<&[String]>) -> Result<MethodStep> {
+        let (kl, agree, answer) = judge(llm, &self.logits, reference, asks)?;
+        Ok(MethodStep {
+            ttft_ms: self.ttft_ms,
+            work_ms: self.ttft_ms + self.deferred_ms,
+            prefill_tokens: Some(self.prefilled),
+            kl,
+            kl_own_engine: None,
+            agree,
+            answer,
+            setup_ms: Some(self.plan_ms),
+        })
+    }
+}
+
 fn judge(
     llm: &Llm,
     logits: &[f32],
@@ -165,22 +232,37 @@ pub fn run(a: SessionArgs) -> Result<()> {
         &kamera_agent::BasisSource::None,
         &kamera_model::default_home(),
     )?;
+    for b in a.kl_budget.iter().chain(&a.front) {
+        anyhow::ensure!(b.is_finite() && *b >= 0.0, "KL budget {b}: expected a finite KL >= 0");
+    }
     if let Some(b) = a.kl_budget {
-        anyhow::ensure!(b.is_finite() && b >= 0.0, "--kl-budget {b}: expected a finite KL >= 0");
         cost.kl_budget = b;
     }
-    let cfg = SessionConfig {
-        window_tokens: a.window,
-        patch: PatchConfig::fixed(a.rank, DType::F32),
-        cost,
-        repair: !a.no_repair,
-        ..SessionConfig::default()
-    };
-    let store = Arc::new(MemStore::new());
-    let mut session = Session::new(model.clone(), store.clone(), Box::new(CpuBackend), cfg);
     let prefix_text = llm.prefix_text(goal);
-    session.pin(&prefix_text)?;
-    session.settle()?;
+    let open = |cost: kamera_sched::CostModel| -> Result<(Session, Arc<MemStore>)> {
+        let cfg = SessionConfig {
+            window_tokens: a.window,
+            patch: PatchConfig::fixed(a.rank, DType::F32),
+            cost,
+            repair: !a.no_repair,
+            ..SessionConfig::default()
+        };
+        let store = Arc::new(MemStore::new());
+        let mut session = Session::new(model.clone(), store.clone(), Box::new(CpuBackend), cfg);
+        session.pin(&prefix_text)?;
+        session.settle()?;
+        Ok((session, store))
+    };
+    let (mut session, store) = open(cost.clone())?;
+    let mut others = Vec::new();
+    for b in &a.front {
+        let name: &'static str = Box::leak(format!("kamera@kl{b}").into_boxed_str());
+        let c = kamera_sched::CostModel {
+            kl_budget: *b,
+            ..cost.clone()
+        };
+        others.push((name, open(c)?.0));
+    }
     let pinned = llm.tokens(&prefix_text, true)?;
     let layout = model.layout();
     let kv_per_token = 4 * layout.n_layers * (layout.k_features() + layout.v_features());
@@ -209,23 +291,9 @@ pub fn run(a: SessionArgs) -> Result<()> {
         };
         let ptoks = llm.tokens(&prompt, false)?;
         let asks = w.question.as_ref().map(|_| choices.as_slice());
-        // Kamera: the session's plan, then the prompt on the live context, then its deferred work.
-        let prefilled0 = session.stats().prefill_tokens;
-        let t0 = Instant::now();
-        let page = session.observe_page(text)?;
-        let applied = &page.applied;
-        if let Some(q) = &w.question {
-            session.recall_relevant_page(&format!("{goal}\n{q}"), &page.chunks)?;
-        }
-        let k_plan = ms(t0);
-        let ctx = session.context()?;
-        let base = ctx.len();
-        let k_logits = model.extend(&ptoks, ctx)?.logits;
-        let k_ttft = ms(t0);
-        ctx.truncate(base);
-        let d1 = session.stats().deferred_ms;
-        session.settle()?;
-        let k_deferred = session.stats().deferred_ms - d1;
+        let question = w.question.as_ref().map(|q| format!("{goal}\n{q}"));
+        let k = kamera_step(&mut session, &model, text, question.as_deref(), &ptoks)?;
+        let (k_ttft, k_deferred) = (k.ttft_ms, k.deferred_ms);
         let mut seq = session.window_tokens();
         let window_tokens = seq.len();
         seq.extend(&ptoks);
@@ -245,20 +313,18 @@ pub fn run(a: SessionArgs) -> Result<()> {
             llm.full_prefill(&rseq)?
         };
         let mut methods = BTreeMap::new();
-        let (kl, agree, answer) = judge(&llm, &k_logits, &f_logits, asks)?;
-        methods.insert(
-            METHODS[0],
-            MethodStep {
-                ttft_ms: k_ttft,
-                work_ms: k_ttft + k_deferred,
-                prefill_tokens: Some(session.stats().prefill_tokens - prefilled0 + ptoks.len()),
-                kl,
-                kl_own_engine: None,
-                agree,
-                answer,
-                setup_ms: Some(k_plan),
-            },
-        );
+        methods.insert(METHODS[0], k.judged(&llm, &f_logits, asks)?);
+        for (name, other) in &mut others {
+            let o = kamera_step(other, &model, text, question.as_deref(), &ptoks)?;
+            let mut oseq = other.window_tokens();
+            oseq.extend(&ptoks);
+            let reference = if oseq == seq {
+                f_logits.clone()
+            } else {
+                llm.full_prefill(&oseq)?
+            };
+            methods.insert(*name, o.judged(&llm, &reference, asks)?);
+        }
         let (kl, agree, answer) = judge(&llm, &r.logits, &rf_logits, asks)?;
         methods.insert(
             METHODS[1],
@@ -287,21 +353,18 @@ pub fn run(a: SessionArgs) -> Result<()> {
                 setup_ms: None,
             },
         );
-        let k = &methods[METHODS[0]];
+        let kl_k = methods[METHODS[0]].kl;
         eprintln!(
             "step {i:>3} {:<22} {:<7} ttft kamera {:>6.0} ms (+{:>4.0} deferred), radix {:>6.0} ms ({} of {} reused), full {:>6.0} ms; KL kamera {:.1e} radix {:.1e}",
             w.path,
-            applied
-                .visit
-                .map(|v| format!("{v:?}").to_lowercase())
-                .unwrap_or_default(),
+            k.visit,
             k_ttft,
             k_deferred,
             r.ttft_ms,
             r.reused,
             rseq.len(),
             f_ttft,
-            k.kl,
+            kl_k,
             methods[METHODS[1]].kl,
         );
         seqs.push(llama::SeqStep {
@@ -313,10 +376,7 @@ pub fn run(a: SessionArgs) -> Result<()> {
         rows.push(StepRow {
             step: i,
             path: w.path.clone(),
-            visit: applied
-                .visit
-                .map(|v| format!("{v:?}").to_lowercase())
-                .unwrap_or_default(),
+            visit: k.visit.clone(),
             window_tokens,
             radix_tokens,
             radix_hit: change.hit,
@@ -359,7 +419,9 @@ pub fn run(a: SessionArgs) -> Result<()> {
         seed: a.seed,
         threads,
     };
+    let extra: Vec<&'static str> = others.iter().map(|(n, _)| *n).collect();
     let summary = report::summarize(
+        &extra,
         params,
         env.finish(),
         &rows,

@@ -130,6 +130,11 @@ pub struct Summary {
     pub steps: usize,
     pub questions: usize,
     pub methods: Vec<MethodSummary>,
+    /// More Kamera policies run on the same steps (`--front`), by KL budget.
+    pub policies: Vec<MethodSummary>,
+    /// The methods and policies on the work/KL Pareto front: none of the others has both less
+    /// mean work and less mean KL.
+    pub pareto: Vec<&'static str>,
     pub memory: Memory,
     pub session: SessionStats,
     pub radix: RadixStats,
@@ -191,6 +196,7 @@ fn method(name: &'static str, rows: &[StepRow], not_run: Option<&str>) -> Method
 }
 
 pub fn summarize(
+    extra: &[&'static str],
     params: Params,
     machine: Machine,
     rows: &[StepRow],
@@ -202,16 +208,20 @@ pub fn summarize(
     let not_run = llamacpp.as_ref().err().map(String::as_str);
     let mut methods: Vec<MethodSummary> = METHODS.iter().map(|m| method(m, rows, not_run)).collect();
     let (k_ttft, k_work) = (methods[0].ttft_p50_ms, methods[0].work_mean_ms);
-    for m in &mut methods {
+    let mut policies: Vec<MethodSummary> = extra.iter().map(|m| method(m, rows, None)).collect();
+    for m in methods.iter_mut().chain(&mut policies) {
         m.ttft_p50_vs_kamera = m.ttft_p50_ms.zip(k_ttft).map(|(a, b)| a / b);
         m.work_mean_vs_kamera = m.work_mean_ms.zip(k_work).map(|(a, b)| a / b);
     }
+    let pareto = pareto(methods.iter().chain(&policies));
     Summary {
         params,
         machine,
         steps: rows.len(),
         questions: rows.iter().filter(|r| r.question).count(),
         methods,
+        policies,
+        pareto,
         memory,
         session: session.clone(),
         radix,
@@ -220,6 +230,20 @@ pub fn summarize(
             Err(e) => serde_json::json!({ "status": e }),
         },
     }
+}
+
+/// The names of the run methods that no other run method beats on both mean work and mean KL.
+fn pareto<'a>(all: impl Iterator<Item = &'a MethodSummary> + Clone) -> Vec<&'static str> {
+    let point = |m: &MethodSummary| m.work_mean_ms.zip(m.mean_kl);
+    all.clone()
+        .filter_map(|m| point(m).map(|p| (m.name, p)))
+        .filter(|(_, (w, kl))| {
+            !all.clone()
+                .filter_map(point)
+                .any(|(w2, kl2)| w2 <= *w && kl2 <= *kl && (w2 < *w || kl2 < *kl))
+        })
+        .map(|(n, _)| n)
+        .collect()
 }
 
 fn f(x: Option<f64>, digits: usize) -> String {
@@ -243,7 +267,7 @@ pub fn markdown(s: &Summary) -> String {
         "| method | TTFT p50 [p25, p75] | TTFT p95 | work mean (TTFT + deferred) | TTFT p50 / kamera | work / kamera | tokens prefilled | KL to full re-prefill, mean / max | same choice as full | correct answers |"
     );
     let _ = writeln!(m, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for x in &s.methods {
+    for x in s.methods.iter().chain(&s.policies) {
         if x.status != "run" {
             let _ = writeln!(m, "| {} | {} | | | | | | | | |", x.name, x.status);
             continue;
@@ -271,10 +295,15 @@ pub fn markdown(s: &Summary) -> String {
             s.questions
         );
     }
+    let _ = writeln!(
+        m,
+        "\nWork/KL Pareto front (no other row has both less mean work and less mean KL): {}.",
+        s.pareto.join(", ")
+    );
     let c = &s.session;
     let _ = writeln!(
         m,
-        "\nKamera: {} hit, {} new, {} recall, {} evict, {} relocate; {} patches formed, {} applied; {:.0} ms deferred work in all ({} repair tokens).",
+        "Kamera: {} hit, {} new, {} recall, {} evict, {} relocate; {} patches formed, {} applied; {:.0} ms deferred work in all ({} repair tokens).",
         c.hits,
         c.new,
         c.recalls,
