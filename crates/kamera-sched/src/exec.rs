@@ -230,8 +230,17 @@ impl<E: Encoder, S: ChunkStore> Executor<E, S> {
         self.exact.clear();
         self.stats.time.add(&t);
         result?;
-        for s in &plan.background {
+        // A StorePatch reads the chunk's KV as this plan left it, unless a background prefill
+        // in place before it (a repair) makes that KV first: then it reads the resident KV when
+        // it runs, after that prefill.
+        for (i, s) in plan.background.iter().enumerate() {
+            let remade = |c: &ChunkId| {
+                plan.background[..i]
+                    .iter()
+                    .any(|p| matches!(p, Step::Prefill { chunk, alone: false, .. } if chunk == c))
+            };
             if let Step::StorePatch { chunk, key } = s
+                && !remade(chunk)
                 && let Some(r) = self.resident.get(chunk)
             {
                 self.snapshots.insert(*key, r.kv.clone());
