@@ -429,8 +429,10 @@ impl Run<'_, '_> {
     }
 
     /// Observes the page while the session's deferred work (the plans' background steps, repairs)
-    /// runs on a worker thread, so no step waits for it beyond the page itself; on a
-    /// current-thread runtime the work runs first, then the observation.
+    /// runs on a worker thread, stopped once the page is in where what is left may wait (patches
+    /// formed from snapshots, [`Session::settle_until`]), so no step waits for it beyond the page
+    /// and the background step under way; on a current-thread runtime the work runs first, then
+    /// the observation.
     async fn observe_while_settling(&mut self) -> (Result<Observation>, Result<ApplyTimings>) {
         let browser = &mut *self.agent.browser;
         let session = &mut *self.agent.session;
@@ -441,10 +443,13 @@ impl Run<'_, '_> {
             return (browser.observe().await.map_err(Error::from), settled);
         }
         let handle = tokio::runtime::Handle::current();
+        let observed = std::sync::atomic::AtomicBool::new(false);
         tokio::task::block_in_place(|| {
             std::thread::scope(|s| {
-                let worker = s.spawn(|| session.settle());
+                // The worker stops once the page is in, where what is left may wait.
+                let worker = s.spawn(|| session.settle_until(&|| observed.load(std::sync::atomic::Ordering::Relaxed)));
                 let obs = handle.block_on(browser.observe()).map_err(Error::from);
+                observed.store(true, std::sync::atomic::Ordering::Relaxed);
                 let settled = worker.join().unwrap_or_else(|_| {
                     Err(Error::Runtime {
                         op: "settle",

@@ -260,22 +260,74 @@ impl<E: Encoder, S: ChunkStore> Executor<E, S> {
 
     /// Runs the queued background steps (in the order the plans queued them).
     pub fn settle(&mut self) -> Result<Timings> {
+        self.settle_until(&|| false)
+    }
+
+    /// Runs the queued background steps in order until `stop` says so at a point where what is
+    /// left may wait for a later settle: patches formed from a snapshot of the KV they read
+    /// ([`Step::StorePatch`], an SVD that no later plan's layout changes). Those stay queued; a
+    /// placement that needs one of them runs it first. Everything else (repairs, canonical KV
+    /// formed alone) runs to its end. A worker with a budget of its own, or one cancelled when
+    /// the browser is done, passes its `stop`.
+    pub fn settle_until(&mut self, stop: &dyn Fn() -> bool) -> Result<Timings> {
         let mut t = Timings::default();
         let steps = std::mem::take(&mut self.queued);
         let t0 = Instant::now();
         let prefilled = self.stats.prefill_tokens;
-        let result = steps.iter().try_for_each(|s| {
+        let mut done = 0;
+        let mut result = Ok(());
+        for s in &steps {
+            if stop() && steps[done..].iter().all(|s| self.may_wait(s)) {
+                break;
+            }
             tracing::debug!(step = %s, "execute later");
-            self.step(s, &mut t)
-        });
+            result = self.step(s, &mut t);
+            done += 1;
+            if result.is_err() {
+                break;
+            }
+        }
+        let left = &steps[done..];
+        if result.is_ok() && !left.is_empty() {
+            tracing::debug!(steps = left.len(), "background steps left for a later settle");
+            self.queued = left.to_vec();
+        } else {
+            self.snapshots.clear();
+        }
         self.staged.clear();
         self.exact.clear();
-        self.snapshots.clear();
         self.stats.background_prefill_tokens += self.stats.prefill_tokens - prefilled;
         self.stats.background_ms += ms(t0);
         self.stats.time.add(&t);
         result?;
         Ok(t)
+    }
+
+    /// Whether every queued step may wait past the next plans (none reads the current layout):
+    /// then the window may be rebuilt under them ([`crate::Window::materialize`]).
+    pub fn queue_may_wait(&self) -> bool {
+        self.queued.iter().all(|s| self.may_wait(s))
+    }
+
+    /// Whether a queued step may wait past the next plans: a patch formed from its snapshot.
+    fn may_wait(&self, s: &Step) -> bool {
+        matches!(s, Step::StorePatch { key, .. } if self.snapshots.contains_key(key))
+    }
+
+    /// Runs the queued step that forms `key` now, if one is queued (a placement needs it).
+    fn form_queued(&mut self, key: &Key, t: &mut Timings) -> Result<()> {
+        let Some(i) = self
+            .queued
+            .iter()
+            .position(|s| matches!(s, Step::StorePatch { key: k, .. } if k == key))
+        else {
+            return Ok(());
+        };
+        let s = self.queued.remove(i);
+        let t0 = Instant::now();
+        self.step(&s, t)?;
+        self.stats.background_ms += ms(t0);
+        Ok(())
     }
 
     fn step(&mut self, step: &Step, t: &mut Timings) -> Result<()> {
@@ -349,6 +401,9 @@ impl<E: Encoder, S: ChunkStore> Executor<E, S> {
                     self.set_resident(*chunk, r.kv, r.version);
                     t.place_ms += ms(t0);
                     return Ok(());
+                }
+                if let Some(key) = patch {
+                    self.form_queued(key, t)?;
                 }
                 let canon = self.canonical("place", *chunk)?;
                 let rec = match patch {

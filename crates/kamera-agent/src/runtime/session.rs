@@ -55,6 +55,10 @@ pub struct SessionConfig {
     /// ([`Window::materialize`]): pages that leave the window before any read cost no prefill.
     /// `false`: every plan runs as it is made.
     pub lazy: bool,
+    /// Most milliseconds one [`Session::settle_until`] spends on background steps that may wait
+    /// (patches formed from snapshots); the rest wait for a later settle. `None`: no budget
+    /// beyond the caller's `stop`.
+    pub background_budget_ms: Option<f64>,
     /// Reuse KV between steps. `false` is the no-reuse baseline (runtime/no_reuse.rs): every
     /// [`Session::context`] re-prefills the window from scratch; nothing is stored or formed.
     pub reuse: bool,
@@ -73,6 +77,7 @@ impl Default for SessionConfig {
             image_max_pixels: 28 * 28 * 256,
             chunk_tokens_max: crate::runtime::CHUNK_TOKENS_MAX,
             lazy: true,
+            background_budget_ms: None,
             reuse: true,
         }
     }
@@ -422,6 +427,14 @@ impl Session {
     /// says it pays ([`Window::repair`]), off the path to the first token and before the next
     /// plan. Their own time is counted in [`SessionStats::deferred_ms`].
     pub fn settle(&mut self) -> Result<ApplyTimings> {
+        self.settle_until(&|| false)
+    }
+
+    /// [`Session::settle`], stopping early where `stop` says so and the steps left may wait for
+    /// a later settle (patches formed from snapshots: [`kamera_sched::Executor::settle_until`];
+    /// a placement that needs one forms it first). The agent loop stops it when the browser's
+    /// next observation is in, or its [`SessionConfig::background_budget_ms`] is spent.
+    pub fn settle_until(&mut self, stop: &dyn Fn() -> bool) -> Result<ApplyTimings> {
         if !self.cfg.reuse {
             return Ok(ApplyTimings::default()); // runtime/no_reuse.rs: nothing deferred, no KV kept
         }
@@ -438,7 +451,11 @@ impl Session {
         }
         let mut t = ApplyTimings::default();
         if !self.exec.queued().is_empty() {
-            t = self.exec.settle()?;
+            let t0 = std::time::Instant::now();
+            let budget = self.cfg.background_budget_ms;
+            t = self
+                .exec
+                .settle_until(&|| stop() || budget.is_some_and(|b| crate::ms(t0) > b))?;
             if self.pending.is_empty() {
                 t.sync_ms += self.exec.sync(self.window.end())?;
             }
@@ -498,7 +515,7 @@ impl Session {
         }
         let pending = std::mem::take(&mut self.pending);
         let store = self.store.clone();
-        let allow_rebuild = self.exec.queued().is_empty();
+        let allow_rebuild = self.exec.queue_may_wait();
         let content = &self.exec.encoder().content;
         let plans = self.window.materialize(
             &self.built,

@@ -1,7 +1,8 @@
-//! The repair of survivors of an eviction ([`Window::repair`]), on the synthetic encoder: after
-//! the background steps run, each survivor holds the KV a prefill in place gives, and the patch
-//! stored for its new context takes its canonical record to that KV (not to the blind KV it had
-//! when the repair was planned), so a later placement there is exact.
+//! Background steps on the synthetic encoder. The repair of survivors of an eviction
+//! ([`Window::repair`]): after it runs, each survivor holds the KV a prefill in place gives, and
+//! the patch stored for its new context takes its canonical record to that KV (not to the blind
+//! KV it had when the repair was planned), so a later placement there is exact. A worker stopped
+//! early leaves only patches formed from snapshots queued, and a placement forms the one it needs.
 
 mod common;
 
@@ -72,4 +73,48 @@ fn repaired_survivors_are_exact_and_their_patches_restore_them() {
             Some(prev) => concat(&prev, &got, &ex.encoder().rope),
         });
     }
+}
+
+/// A worker stopped early ([`Executor::settle_until`]) leaves a patch formed from a snapshot
+/// queued; the next recall that needs it forms it first, and the recalled KV is the
+/// conditioned one.
+#[test]
+fn a_patch_left_queued_is_formed_when_a_placement_needs_it() {
+    let mut synth = Synth::new();
+    let (a, b, c) = (synth.chunk(1, 5), synth.chunk(2, 6), synth.chunk(3, 7));
+    let cfg = ExecConfig {
+        model: model(),
+        patch: PatchConfig::fixed(2, DType::F32),
+        dtype: DType::F32,
+    };
+    let mut ex = Executor::new(synth, MemStore::new(), cfg);
+    let mut wcfg = WindowConfig::new(100, model());
+    wcfg.cost = common::exact(CostModel {
+        expected_reuses: 10.0,
+        revisit_rate: 0.0,
+        ..CostModel::default()
+    });
+    let mut w = Window::new(wcfg);
+    for (id, n) in [(a, 5), (b, 6), (c, 7)] {
+        ex.run_now(&w.insert(id, n).unwrap()).unwrap();
+    }
+    let exact = ex.window_kv().unwrap().unwrap();
+    ex.run_now(&w.evict(&c).unwrap()).unwrap();
+    let first = w.recall(c).unwrap();
+    assert_eq!(first.count("store-patch"), 1, "{first}");
+    ex.run(&first).unwrap();
+    // Stopped at once: the SVD waits (it reads a snapshot), nothing else was queued.
+    ex.settle_until(&|| true).unwrap();
+    assert_eq!(ex.queued().len(), 1);
+    assert!(ex.queue_may_wait());
+    assert_eq!(ex.stats.patches_formed, 0);
+    // The next recall after the same context is a placement with that patch: formed first.
+    ex.run(&w.evict(&c).unwrap()).unwrap();
+    let again = w.recall(c).unwrap();
+    assert_eq!(again.count("prefill"), 0, "{again}");
+    ex.run(&again).unwrap();
+    assert!(ex.queued().is_empty(), "the placement ran the queued patch");
+    assert_eq!(ex.stats.patches_formed, 1);
+    let err = max_diff(&ex.window_kv().unwrap().unwrap(), &exact);
+    assert!(err < 1e-4, "recalled KV differs by {err}");
 }
