@@ -27,6 +27,15 @@ fn png(name: &str) -> Result<Vec<u8>> {
 /// Logits after `question` on the session's live context, and on one prefill of the window's
 /// chunks (text tokens, images spliced in from their PNGs) + the question at HF's positions.
 fn compare(s: &mut Session, m: &Model, images_in_window: &[&str], question: &str) -> Result<f32> {
+    let images = images_in_window
+        .iter()
+        .map(|name| Ok(RgbImage::decode_png(&png(name)?)?))
+        .collect::<Result<Vec<_>>>()?;
+    compare_images(s, m, &images, question)
+}
+
+/// [`compare`] over decoded images.
+fn compare_images(s: &mut Session, m: &Model, images_in_window: &[RgbImage], question: &str) -> Result<f32> {
     let q = m.tokenizer().encode(question)?;
     let ctx = s.context()?;
     let keep = ctx.len();
@@ -37,9 +46,8 @@ fn compare(s: &mut Session, m: &Model, images_in_window: &[&str], question: &str
     ids.extend(&q);
     let mut embeds = Vec::new();
     let mut grids = Vec::new();
-    for name in images_in_window {
-        let image = RgbImage::decode_png(&png(name)?)?;
-        let (p, out) = vision.encode_image(&image, Some(s.config().image_max_pixels))?;
+    for image in images_in_window {
+        let (p, out) = vision.encode_image(image, Some(s.config().image_max_pixels))?;
         grids.push(p.grid_thw);
         embeds.push(out.embeds);
     }
@@ -136,5 +144,57 @@ fn screenshots_are_encoded_once_relocated_and_recalled() -> Result<()> {
     let err = compare(&mut s, &m, &order, q)?;
     println!("window {order:?} after the recall: logits rel. diff to one prefill {err:.2e}");
     assert!(err < 1e-5, "{err}");
+    Ok(())
+}
+
+/// A screenshot over the pixel budget, cut into at most four bands: four image chunks in reading
+/// order, each encoded once and downscaled to the budget; seen again, every band is a hit; the
+/// live context gives the logits of one prefill of the four bands.
+#[test]
+fn a_screenshot_over_the_budget_becomes_bands_of_image_chunks() -> Result<()> {
+    let m = Arc::new(Model::load(&golden().join("qwen25vl-tiny"))?);
+    let cfg = SessionConfig {
+        window_tokens: 200,
+        image_max_pixels: 28 * 28 * 16,
+        screenshot_tiles: 4,
+        ..SessionConfig::default()
+    };
+    let mut s = Session::new(
+        m.clone(),
+        Arc::new(kamera_store::MemStore::new()),
+        Box::new(CpuBackend),
+        cfg,
+    );
+    s.pin("<|im_start|>system\nYou read web pages.<|im_end|>\n")?;
+    // img2 is 400 x 300: 120,000 pixels over a budget of 12,544; four bands of 84 rows (whole
+    // 28-pixel rows), the last 48.
+    let shot = s.observe_screenshot(&png("img2")?)?;
+    assert_eq!(shot.chunks.len(), 4);
+    s.context()?;
+    assert_eq!(s.stats().images_encoded, 4);
+    let placed: Vec<_> = s.window().slots().iter().skip(1).map(|sl| sl.chunk).collect();
+    assert_eq!(placed, shot.chunks, "the bands in reading order");
+    let img = RgbImage::decode_png(&png("img2")?)?;
+    let bands: Vec<RgbImage> = [0..84, 84..168, 168..252, 252..300]
+        .into_iter()
+        .map(|r| RgbImage::new(400, r.len(), img.data()[r.start * 1200..r.end * 1200].to_vec()))
+        .collect::<std::result::Result<_, _>>()?;
+    let err = compare_images(
+        &mut s,
+        &m,
+        &bands,
+        "<|im_start|>user\nWhat does the page say?<|im_end|>\n",
+    )?;
+    println!("four bands: logits rel. diff to one prefill {err:.2e}");
+    assert!(err < 1e-4, "{err}");
+    // The same screenshot again: every band a hit, nothing encoded.
+    let again = s.observe_screenshot(&png("img2")?)?;
+    assert_eq!(again.chunks, shot.chunks);
+    assert_eq!(
+        (again.applied.visit, again.applied.prefill_tokens),
+        (Some(Visit::Hit), 0)
+    );
+    s.context()?;
+    assert_eq!(s.stats().images_encoded, 4);
     Ok(())
 }

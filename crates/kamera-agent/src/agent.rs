@@ -226,7 +226,7 @@ impl Run<'_, '_> {
                 None
             };
             let image = if observe.screenshot() {
-                Some(session.observe_image(&obs.screenshot_png)?)
+                Some(session.observe_screenshot(&obs.screenshot_png)?.applied)
             } else {
                 None
             };

@@ -143,6 +143,8 @@ pub fn session_config(budget: &Budget, cost: CostModel) -> SessionConfig {
         cost,
         repair: budget.repair,
         image_max_pixels: budget.screenshot_pixels,
+        screenshot_tiles: budget.screenshot_tiles,
+        chunk_tokens_max: budget.chunk_tokens.unwrap_or(crate::runtime::CHUNK_TOKENS_MAX),
         ..SessionConfig::default()
     }
 }

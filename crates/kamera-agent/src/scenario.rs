@@ -136,6 +136,10 @@ pub struct Budget {
     /// screenshots are downscaled to fit, 28x28 pixels per image token.
     #[serde(default = "default_screenshot_pixels")]
     pub screenshot_pixels: usize,
+    /// Most tiles a larger screenshot is cut into (horizontal bands, each an image chunk of up to
+    /// `screenshot_pixels`); 1 (the default): downscaled whole to fit.
+    #[serde(default = "default_screenshot_tiles")]
+    pub screenshot_tiles: usize,
     /// Most tokens of one page chunk: a longer page becomes several, in reading order (at most
     /// half of `window_tokens`). Unset: 512.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -144,6 +148,10 @@ pub struct Budget {
 
 fn default_screenshot_pixels() -> usize {
     28 * 28 * 256
+}
+
+fn default_screenshot_tiles() -> usize {
+    1
 }
 
 fn default_repair() -> bool {
@@ -169,6 +177,7 @@ impl Default for Budget {
             patch_rank: None,
             repair: default_repair(),
             screenshot_pixels: default_screenshot_pixels(),
+            screenshot_tiles: default_screenshot_tiles(),
             chunk_tokens: None,
         }
     }
@@ -511,6 +520,9 @@ impl Scenario {
             return Err(bad(
                 "budget.chunk_tokens must be >= 32 (a block holds the page's header)".into(),
             ));
+        }
+        if s.budget.screenshot_tiles == 0 {
+            return Err(bad("budget.screenshot_tiles must be >= 1 (1: downscale whole)".into()));
         }
         if s.policy == PolicyKind::Scripted && s.steps.is_empty() {
             return Err(bad("a scripted scenario needs [[steps]]".into()));

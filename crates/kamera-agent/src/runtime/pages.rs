@@ -218,7 +218,7 @@ pub(crate) fn merge(into: &mut Applied, later: Applied) {
 }
 
 /// The costlier of two visits: new, stored, recall, hit.
-fn costlier(a: Visit, b: Visit) -> Visit {
+pub(crate) fn costlier(a: Visit, b: Visit) -> Visit {
     let rank = |v: Visit| match v {
         Visit::Hit => 0,
         Visit::Recall => 1,

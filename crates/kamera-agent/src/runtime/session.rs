@@ -47,6 +47,11 @@ pub struct SessionConfig {
     /// Pixel budget of a screenshot chunk ([`Session::observe_image`]): larger screenshots are
     /// downscaled, as the model's preprocessor does, to fit (28x28 pixels per merged token).
     pub image_max_pixels: usize,
+    /// Most tiles a screenshot over [`SessionConfig::image_max_pixels`] is cut into
+    /// ([`Session::observe_screenshot`]): horizontal bands, each its own image chunk at up to the
+    /// pixel budget, so detail is kept at the cost of more image tokens; 1: the whole screenshot
+    /// downscaled to the budget, as the model's preprocessor does.
+    pub screenshot_tiles: usize,
     /// Most tokens of one page chunk: a longer page becomes several ([`Session::observe_page`]).
     /// Clamped to half of `window_tokens` ([`Session::page_cap`]).
     pub chunk_tokens_max: usize,
@@ -75,6 +80,7 @@ impl Default for SessionConfig {
             defer: true,
             repair: true,
             image_max_pixels: 28 * 28 * 256,
+            screenshot_tiles: 1,
             chunk_tokens_max: crate::runtime::CHUNK_TOKENS_MAX,
             lazy: true,
             background_budget_ms: None,
@@ -92,18 +98,7 @@ impl SessionConfig {
     /// As [`SessionConfig::for_scenario`] under `cost`: patches are its choice
     /// ([`CostModel::patch_config`]) unless the scenario fixes their rank.
     pub fn for_scenario_with(scenario: &Scenario, cost: CostModel) -> SessionConfig {
-        SessionConfig {
-            window_tokens: scenario.budget.window_tokens,
-            patch: match scenario.budget.patch_rank {
-                Some(rank) => PatchConfig::fixed(rank, DType::F32),
-                None => cost.patch_config(),
-            },
-            cost,
-            repair: scenario.budget.repair,
-            image_max_pixels: scenario.budget.screenshot_pixels,
-            chunk_tokens_max: scenario.budget.chunk_tokens.unwrap_or(crate::runtime::CHUNK_TOKENS_MAX),
-            ..SessionConfig::default()
-        }
+        crate::assemble::session_config(&scenario.budget, cost)
     }
 }
 
