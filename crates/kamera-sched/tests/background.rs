@@ -6,21 +6,16 @@
 
 mod common;
 
-use common::{Synth, concat, max_diff, model};
-use kamera_ops::{ChunkKv, DType, PatchConfig};
-use kamera_sched::{CostModel, Encoder, ExecConfig, Executor, Window, WindowConfig};
-use kamera_store::{ChunkId, ChunkStore, Key, MemStore};
+use common::{Synth, executor, max_diff, model, resident_and_in_place};
+use kamera_ops::DType;
+use kamera_sched::{CostModel, Encoder, Window, WindowConfig};
+use kamera_store::{ChunkId, ChunkStore, Key};
 
 #[test]
 fn repaired_survivors_are_exact_and_their_patches_restore_them() {
     let mut synth = Synth::new();
     let ids: Vec<ChunkId> = (0..4).map(|i| synth.chunk(i, 6)).collect();
-    let cfg = ExecConfig {
-        model: model(),
-        patch: PatchConfig::fixed(2, DType::F32),
-        dtype: DType::F32,
-    };
-    let mut ex = Executor::new(synth, MemStore::new(), cfg);
+    let mut ex = executor(synth);
     let mut wcfg = WindowConfig::new(18, model());
     // Blind survivors are predicted over the KL budget: they are repaired.
     wcfg.cost = CostModel {
@@ -39,10 +34,7 @@ fn repaired_survivors_are_exact_and_their_patches_restore_them() {
     assert_eq!(repair.count("store-patch"), 3, "{repair}");
     ex.run(&repair).unwrap();
     ex.settle().unwrap();
-    let mut ctx: Option<ChunkKv> = None;
-    for s in w.slots() {
-        let got = ex.resident(&s.chunk).unwrap().clone();
-        let want = ex.encoder().kv(s.chunk, s.start, ctx.as_ref());
+    for (s, (got, want)) in w.slots().iter().zip(resident_and_in_place(&w, &ex)) {
         assert!(
             max_diff(&got, &want) < 1e-4,
             "survivor at {} differs by {}",
@@ -68,10 +60,6 @@ fn repaired_survivors_are_exact_and_their_patches_restore_them() {
             err < 1e-3 && (gap < 1e-6 || err < gap / 10.0),
             "patched error {err}, blind {gap}"
         );
-        ctx = Some(match ctx {
-            None => got,
-            Some(prev) => concat(&prev, &got, &ex.encoder().rope),
-        });
     }
 }
 
@@ -82,12 +70,7 @@ fn repaired_survivors_are_exact_and_their_patches_restore_them() {
 fn a_patch_left_queued_is_formed_when_a_placement_needs_it() {
     let mut synth = Synth::new();
     let (a, b, c) = (synth.chunk(1, 5), synth.chunk(2, 6), synth.chunk(3, 7));
-    let cfg = ExecConfig {
-        model: model(),
-        patch: PatchConfig::fixed(2, DType::F32),
-        dtype: DType::F32,
-    };
-    let mut ex = Executor::new(synth, MemStore::new(), cfg);
+    let mut ex = executor(synth);
     let mut wcfg = WindowConfig::new(100, model());
     wcfg.cost = common::exact(CostModel {
         expected_reuses: 10.0,

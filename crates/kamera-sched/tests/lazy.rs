@@ -6,20 +6,10 @@
 
 mod common;
 
-use common::{Synth, concat, exact, max_diff, model};
-use kamera_ops::{ChunkKv, DType, PatchConfig};
-use kamera_sched::{CostModel, ExecConfig, Executor, Plan, SlotState, Window, WindowConfig};
+use common::{Synth, exact, executor, max_diff, model, resident_and_in_place};
+use kamera_sched::{CostModel, Executor, Plan, SlotState, Window, WindowConfig};
 use kamera_store::{ChunkId, ChunkStore, MemStore};
 use proptest::prelude::*;
-
-fn executor(synth: Synth) -> Executor<Synth, MemStore> {
-    let cfg = ExecConfig {
-        model: model(),
-        patch: PatchConfig::fixed(2, DType::F32),
-        dtype: DType::F32,
-    };
-    Executor::new(synth, MemStore::new(), cfg)
-}
 
 fn window(budget: usize, cost: CostModel) -> Window {
     let mut cfg = WindowConfig::new(budget, model());
@@ -98,17 +88,10 @@ proptest! {
                     read(&mut w, &mut built, &mut pending, &mut ex);
                     let want: Vec<(ChunkId, i64, usize)> = w.slots().iter().map(|s| (s.chunk, s.start, s.n_tokens)).collect();
                     prop_assert_eq!(ex.layout(), want);
-                    let mut ctx: Option<ChunkKv> = None;
-                    for (i, s) in w.slots().iter().enumerate() {
-                        let got = ex.resident(&s.chunk).unwrap().clone();
+                    for (i, (s, (got, want))) in w.slots().iter().zip(resident_and_in_place(&w, &ex)).enumerate() {
                         if s.state == SlotState::Exact && !s.shifted {
-                            let want = ex.encoder().kv(s.chunk, s.start, ctx.as_ref());
                             prop_assert!(max_diff(&got, &want) < 1e-4, "exact slot {i} differs by {}", max_diff(&got, &want));
                         }
-                        ctx = Some(match ctx {
-                            None => got,
-                            Some(prev) => concat(&prev, &got, &ex.encoder().rope),
-                        });
                     }
                 }
             }

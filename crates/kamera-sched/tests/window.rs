@@ -5,20 +5,11 @@
 
 mod common;
 
-use common::{Synth, exact, max_diff, model};
+use common::{Synth, exact, executor, max_diff, model};
 use kamera_ops::{DType, PatchConfig};
 use kamera_sched::{Choice, CostModel, Error, ExecConfig, Executor, Order, Step, Window, WindowConfig};
 use kamera_store::{ChunkId, MemStore};
 use proptest::prelude::*;
-
-fn executor(synth: Synth) -> Executor<Synth, MemStore> {
-    let cfg = ExecConfig {
-        model: model(),
-        patch: PatchConfig::fixed(2, DType::F32),
-        dtype: DType::F32,
-    };
-    Executor::new(synth, MemStore::new(), cfg)
-}
 
 fn window(budget: usize, reuses: f64) -> Window {
     let mut cfg = WindowConfig::new(budget, model());

@@ -5,9 +5,9 @@
 
 use std::collections::BTreeMap;
 
-use kamera_ops::{Buf, ChunkKv, DType, KvLayout, LayerKv, Mat, PairLayout, RopeSpec};
-use kamera_sched::{BoxError, Encoder, Prior};
-use kamera_store::{ChunkId, ModelFp};
+use kamera_ops::{Buf, ChunkKv, DType, KvLayout, LayerKv, Mat, PairLayout, PatchConfig, RopeSpec};
+use kamera_sched::{BoxError, Encoder, ExecConfig, Executor, Prior, Window};
+use kamera_store::{ChunkId, MemStore, ModelFp};
 
 pub fn values(seed: u64, n: usize) -> Vec<f32> {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -153,4 +153,31 @@ pub fn exact(cost: kamera_sched::CostModel) -> kamera_sched::CostModel {
         survivor_blind_kl: f64::INFINITY,
         ..cost
     }
+}
+
+/// The reference executor over `synth` and a memory store, forming rank-2 f32 patches.
+pub fn executor(synth: Synth) -> Executor<Synth, MemStore> {
+    let cfg = ExecConfig {
+        model: model(),
+        patch: PatchConfig::fixed(2, DType::F32),
+        dtype: DType::F32,
+    };
+    Executor::new(synth, MemStore::new(), cfg)
+}
+
+/// Per slot of `w`, in order: its resident KV in `ex`, and the KV a prefill in place after the
+/// resident KV before it gives (what an exact slot must hold).
+pub fn resident_and_in_place(w: &Window, ex: &Executor<Synth, MemStore>) -> Vec<(ChunkKv, ChunkKv)> {
+    let mut ctx: Option<ChunkKv> = None;
+    let mut out = Vec::new();
+    for s in w.slots() {
+        let got = ex.resident(&s.chunk).expect("resident").clone();
+        let want = ex.encoder().kv(s.chunk, s.start, ctx.as_ref());
+        ctx = Some(match ctx {
+            None => got.clone(),
+            Some(prev) => concat(&prev, &got, &ex.encoder().rope),
+        });
+        out.push((got, want));
+    }
+    out
 }
