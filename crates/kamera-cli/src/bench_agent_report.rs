@@ -124,7 +124,7 @@ impl Report {
 }
 
 /// The time now in UTC as `YYYY-MM-DD HH:MM` (days to civil date: H. Hinnant's algorithm).
-fn utc_now() -> String {
+pub(crate) fn utc_now() -> String {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs()) as i64;

@@ -9,6 +9,7 @@ mod bench_llamacpp;
 mod bench_reuse;
 mod bench_session;
 mod bench_session_report;
+mod bench_stats;
 mod bench_store;
 mod calibrate;
 mod doctor;
