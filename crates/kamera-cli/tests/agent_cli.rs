@@ -64,8 +64,10 @@ fn bench_agent_table_and_json_agree() {
             "{e}"
         );
         assert_eq!(e["task"], "click-test");
-        assert!(e["error"].is_null(), "{e}");
     }
+    // (random-valid may pick `back`, which leaves the task's page: a failed episode, error and
+    // all, as it would be for a model.)
+    assert!(eps[1]["error"].is_null(), "{}", eps[1]);
     // click-test's only element is its button: clicking element [1] passes it.
     assert_eq!(
         eps[1]["actions"][0].as_str().map(|a| a.starts_with("click")),
