@@ -1,6 +1,7 @@
 //! `kamera bench agent`: the model policy's success over MiniWoB++ tasks x seeds x models x
-//! decodings, plus the order-status flow, on real Chromium; a markdown table on stdout, every
-//! episode in JSON (`--json`), progress on stderr.
+//! decodings, plus the order-status flow, on real Chromium, beside trivial baselines on the same
+//! tasks and seeds (bench_agent_baseline.rs); a markdown table on stdout, every episode in JSON
+//! (`--json`), progress on stderr.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -77,9 +78,60 @@ pub struct AgentArgs {
     /// MiniWoB++ episode time limit (its reward decays linearly over it).
     #[arg(long, default_value_t = 120_000)]
     pub episode_ms: u64,
+    /// Trivial policies scored on the same tasks and seeds beside the models: `first-element`
+    /// (clicks element [1] every step) and `random-valid` (a seeded random valid action of the
+    /// page); `none` for neither. They run over a session of the first of --models.
+    #[arg(long, value_delimiter = ',', default_values_t = ["first-element".to_string(), "random-valid".to_string()])]
+    pub baselines: Vec<String>,
+    /// Run the baselines alone (no model policy).
+    #[arg(long)]
+    pub baselines_only: bool,
     /// Also write every episode and the table's rows as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
+}
+
+/// Who acts in a group of episodes: the model policy with a decoding, or a baseline.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Actor {
+    Model { name: String, decoding: Decoding },
+    Baseline(String),
+}
+
+/// A row group of the report: its (model, decoding) labels and who acts.
+#[derive(Debug, Clone)]
+pub struct Group {
+    pub model: String,
+    pub decoding: String,
+    pub actor: Actor,
+}
+
+/// The groups `a` asks for, in run order: every model x decoding (unless --baselines-only),
+/// then each baseline (labelled model `baseline`, decoding its name).
+pub fn groups(a: &AgentArgs) -> Result<Vec<Group>> {
+    let mut g = Vec::new();
+    if !a.baselines_only {
+        for m in &a.models {
+            for d in &a.decodings {
+                g.push(Group {
+                    model: m.clone(),
+                    decoding: d.clone(),
+                    actor: Actor::Model {
+                        name: m.clone(),
+                        decoding: decoding(d)?,
+                    },
+                });
+            }
+        }
+    }
+    for b in crate::bench_agent_baseline::parse(&a.baselines)? {
+        g.push(Group {
+            model: crate::bench_agent_baseline::LABEL.into(),
+            decoding: b.clone(),
+            actor: Actor::Baseline(b),
+        });
+    }
+    Ok(g)
 }
 
 /// One episode's outcome.
@@ -320,80 +372,94 @@ pub async fn bench(a: &AgentArgs) -> Result<Report> {
     if a.seeds == 0 || a.max_steps == 0 || a.flow_steps == 0 || a.models.is_empty() || a.decodings.is_empty() {
         bail!("--seeds, --max-steps, --flow-steps, --models and --decodings must not be empty or 0");
     }
-    let decodings: Vec<(String, Decoding)> = a
-        .decodings
-        .iter()
-        .map(|d| Ok((d.clone(), decoding(d)?)))
-        .collect::<Result<_>>()?;
+    let groups = groups(a)?;
+    if groups.is_empty() {
+        bail!("nothing to run: --baselines-only with --baselines none");
+    }
     let seeds: Vec<u64> = (1..=a.seeds).collect();
     let servers = Servers::start(&tasks, &seeds).await?;
-    let total = a.models.len() * decodings.len() * tasks.len() * seeds.len();
+    let total = groups.len() * tasks.len() * seeds.len();
     let load_start = load_avg();
     let t0 = Instant::now();
     let pb = crate::progress::bar(total, "episodes");
     let mut episodes = Vec::with_capacity(total);
-    for name in &a.models {
-        let m = name.clone();
-        let model = Arc::new(tokio::task::spawn_blocking(move || crate::models::load(&m)).await??);
-        for (dname, dec) in &decodings {
-            let mut browser = servers.browser().await?;
-            for task in &tasks {
-                for &seed in &seeds {
-                    let steps = if task == ORDER_STATUS {
-                        a.flow_steps
-                    } else {
-                        a.max_steps
-                    };
-                    let mut sc = scenario(task, seed, *dec, steps, a.episode_ms);
-                    let mut policy = ModelPolicy::new(*dec);
-                    let t = Instant::now();
-                    let r = episode(&servers, &mut browser, &model, &mut sc, &mut policy).await;
-                    let fatal = r.is_err();
-                    let wall = t.elapsed().as_secs_f64() * 1e3;
-                    episodes.push(outcome(name, dname, task, seed, sc.goal.clone(), r, wall));
-                    if fatal {
-                        // The browser may be gone: start a fresh one for the next episode.
-                        let _ = browser.close().await;
-                        browser = servers.browser().await?;
-                    }
-                    if let Some(p) = &a.json {
-                        // Kept up to date after every episode: a run cut short keeps what it did.
-                        let partial = Report::new(
-                            a,
-                            &tasks,
-                            episodes.clone(),
-                            load_start,
-                            load_avg(),
-                            t0.elapsed().as_secs_f64(),
-                        );
-                        write_json(p, &partial)?;
-                    }
-                    let done = episodes.len();
-                    let e = episodes.last().expect("pushed");
-                    let per = t0.elapsed().as_secs_f64() / done as f64;
-                    let line = format!(
-                        "[{done}/{total}] {name} {dname} {task} seed {seed}: {} reward {} in {} steps, {:.1} s; ETA {}",
-                        if e.success { "pass" } else { "fail" },
-                        e.reward.map_or("-".into(), |r| format!("{r:.2}")),
-                        e.steps,
-                        e.wall_ms / 1e3,
-                        fmt_secs(per * (total - done) as f64)
+    let mut loaded: Option<(String, Arc<Model>)> = None;
+    for g in &groups {
+        // The baselines read nothing, but the runtime still observes every page: over a
+        // session of the first model.
+        let (mname, dec) = match &g.actor {
+            Actor::Model { name, decoding } => (name.clone(), *decoding),
+            Actor::Baseline(_) => (a.models[0].clone(), Decoding::Constrained),
+        };
+        if loaded.as_ref().is_none_or(|(n, _)| *n != mname) {
+            let m = mname.clone();
+            let model = Arc::new(tokio::task::spawn_blocking(move || crate::models::load(&m)).await??);
+            loaded = Some((mname.clone(), model));
+        }
+        let model = loaded.as_ref().map(|(_, m)| m.clone()).expect("loaded");
+        let (name, dname) = (&g.model, &g.decoding);
+        let mut browser = servers.browser().await?;
+        for task in &tasks {
+            for &seed in &seeds {
+                let steps = if task == ORDER_STATUS {
+                    a.flow_steps
+                } else {
+                    a.max_steps
+                };
+                let mut sc = scenario(task, seed, dec, steps, a.episode_ms);
+                let mut policy: Box<dyn kamera_agent::Policy> = match &g.actor {
+                    Actor::Model { decoding, .. } => Box::new(ModelPolicy::new(*decoding)),
+                    Actor::Baseline(b) => crate::bench_agent_baseline::policy(b, task, seed),
+                };
+                let t = Instant::now();
+                let r = episode(&servers, &mut browser, &model, &mut sc, policy.as_mut()).await;
+                let fatal = r.is_err();
+                let wall = t.elapsed().as_secs_f64() * 1e3;
+                episodes.push(outcome(name, dname, task, seed, sc.goal.clone(), r, wall));
+                if fatal {
+                    // The browser may be gone: start a fresh one for the next episode.
+                    let _ = browser.close().await;
+                    browser = servers.browser().await?;
+                }
+                if let Some(p) = &a.json {
+                    // Kept up to date after every episode: a run cut short keeps what it did.
+                    let partial = Report::new(
+                        a,
+                        &groups,
+                        &tasks,
+                        episodes.clone(),
+                        load_start,
+                        load_avg(),
+                        t0.elapsed().as_secs_f64(),
                     );
-                    // A line per episode (kept in logs); on a terminal with a bar under them.
-                    if crate::progress::drawn() {
-                        pb.println(line);
-                        pb.inc(1);
-                    } else {
-                        eprintln!("{line}");
-                    }
+                    write_json(p, &partial)?;
+                }
+                let done = episodes.len();
+                let e = episodes.last().expect("pushed");
+                let per = t0.elapsed().as_secs_f64() / done as f64;
+                let line = format!(
+                    "[{done}/{total}] {name} {dname} {task} seed {seed}: {} reward {} in {} steps, {:.1} s; ETA {}",
+                    if e.success { "pass" } else { "fail" },
+                    e.reward.map_or("-".into(), |r| format!("{r:.2}")),
+                    e.steps,
+                    e.wall_ms / 1e3,
+                    fmt_secs(per * (total - done) as f64)
+                );
+                // A line per episode (kept in logs); on a terminal with a bar under them.
+                if crate::progress::drawn() {
+                    pb.println(line);
+                    pb.inc(1);
+                } else {
+                    eprintln!("{line}");
                 }
             }
-            let _ = browser.close().await;
         }
+        let _ = browser.close().await;
     }
     pb.finish_and_clear();
     Ok(Report::new(
         a,
+        &groups,
         &tasks,
         episodes,
         load_start,

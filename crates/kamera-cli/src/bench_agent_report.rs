@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::bench_agent::{AgentArgs, Episode};
+use crate::bench_agent::{AgentArgs, Episode, Group};
 
 /// Success over a group of episodes. A MiniWoB++ episode still running after the last step has
 /// no reward and counts 0 in the mean.
@@ -66,8 +66,14 @@ pub struct Report {
     pub flow_steps: usize,
     pub models: Vec<String>,
     pub decodings: Vec<String>,
+    /// The trivial policies scored beside the models (rows of model `baseline`), and the model
+    /// whose session they ran over.
+    #[serde(default)]
+    pub baselines: Vec<String>,
+    #[serde(default)]
+    pub baseline_session_model: Option<String>,
     pub episode_ms: u64,
-    /// Per model x decoding, in run order.
+    /// Per model x decoding (and per baseline), in run order.
     pub totals: Vec<Row>,
     /// Per model x decoding x task.
     pub rows: Vec<Row>,
@@ -77,6 +83,7 @@ pub struct Report {
 impl Report {
     pub fn new(
         a: &AgentArgs,
+        groups: &[Group],
         tasks: &[String],
         episodes: Vec<Episode>,
         load_start: Option<f64>,
@@ -85,20 +92,24 @@ impl Report {
     ) -> Report {
         let mut totals = Vec::new();
         let mut rows = Vec::new();
-        for m in &a.models {
-            for d in &a.decodings {
-                let of = |t: Option<&str>| -> Vec<&Episode> {
-                    episodes
-                        .iter()
-                        .filter(|e| &e.model == m && &e.decoding == d && t.is_none_or(|t| e.task == t))
-                        .collect()
-                };
-                totals.push(Row::of(m, d, None, &of(None)));
-                for t in tasks {
-                    rows.push(Row::of(m, d, Some(t), &of(Some(t))));
-                }
+        for g in groups {
+            let (m, d) = (&g.model, &g.decoding);
+            let of = |t: Option<&str>| -> Vec<&Episode> {
+                episodes
+                    .iter()
+                    .filter(|e| &e.model == m && &e.decoding == d && t.is_none_or(|t| e.task == t))
+                    .collect()
+            };
+            totals.push(Row::of(m, d, None, &of(None)));
+            for t in tasks {
+                rows.push(Row::of(m, d, Some(t), &of(Some(t))));
             }
         }
+        let baselines: Vec<String> = groups
+            .iter()
+            .filter(|g| matches!(g.actor, crate::bench_agent::Actor::Baseline(_)))
+            .map(|g| g.decoding.clone())
+            .collect();
         Report {
             command: std::env::args()
                 .map(|s| s.rsplit('/').next().unwrap_or(&s).to_string())
@@ -113,8 +124,14 @@ impl Report {
             seeds: a.seeds,
             max_steps: a.max_steps,
             flow_steps: a.flow_steps,
-            models: a.models.clone(),
-            decodings: a.decodings.clone(),
+            models: if a.baselines_only { Vec::new() } else { a.models.clone() },
+            decodings: if a.baselines_only {
+                Vec::new()
+            } else {
+                a.decodings.clone()
+            },
+            baseline_session_model: (!baselines.is_empty()).then(|| a.models[0].clone()),
+            baselines,
             episode_ms: a.episode_ms,
             totals,
             rows,
@@ -124,7 +141,7 @@ impl Report {
 }
 
 /// The time now in UTC as `YYYY-MM-DD HH:MM` (days to civil date: H. Hinnant's algorithm).
-fn utc_now() -> String {
+pub(crate) fn utc_now() -> String {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs()) as i64;
@@ -149,7 +166,7 @@ fn load(x: Option<f64>) -> String {
 /// model x decoding and the task's mean steps and wall time over all of them.
 pub fn markdown(r: &Report) -> String {
     let mut s = format!(
-        "`{}` ({} UTC, {} cores, load {} -> {}, {:.0} s): {} episodes = {} tasks x {} seeds x {} models x {} decodings, at most {} steps ({} for order-status), MiniWoB++ episodes of {} s\n\n",
+        "`{}` ({} UTC, {} cores, load {} -> {}, {:.0} s): {} episodes = {} tasks x {} seeds x ({} models x {} decodings + {} baselines), at most {} steps ({} for order-status), MiniWoB++ episodes of {} s\n\n",
         r.command,
         r.date,
         r.cores,
@@ -161,6 +178,7 @@ pub fn markdown(r: &Report) -> String {
         r.seeds,
         r.models.len(),
         r.decodings.len(),
+        r.baselines.len(),
         r.max_steps,
         r.flow_steps,
         r.episode_ms / 1000,
@@ -210,5 +228,10 @@ pub fn markdown(r: &Report) -> String {
         s += &format!(" **{}/{}** {:.2} |", t.success, t.episodes, t.mean_reward);
     }
     s += " |  |\n";
+    if let Some(m) = &r.baseline_session_model {
+        s += &format!(
+            "\nRows `baseline`: policies that read nothing, on the same tasks and seeds (over a session of {m}): `first-element` clicks element [1] every step; `random-valid` picks one of the page's valid actions uniformly (seeded by task and seed).\n"
+        );
+    }
     s
 }

@@ -19,6 +19,10 @@ pub use svg_plot::svg;
 #[derive(Debug, Clone, Serialize)]
 pub struct Machine {
     pub cpu: String,
+    /// CPUs this process may run on.
+    pub cores: usize,
+    /// When the bench started, UTC `YYYY-MM-DD HH:MM`.
+    pub date: String,
     pub loadavg_start: String,
     pub loadavg_end: String,
     pub commit: String,
@@ -29,8 +33,9 @@ fn read(path: &str) -> String {
 }
 
 impl Machine {
-    /// The CPU, the load average now, and the commit (`$KAMERA_GIT_COMMIT`, else `git rev-parse
-    /// HEAD` in the source tree, `-dirty` when it has changes).
+    /// The CPU and its cores, the date, the load average now, and the commit
+    /// (`$KAMERA_GIT_COMMIT`, else `git rev-parse HEAD` in the source tree, `-dirty` when it has
+    /// changes).
     pub fn now() -> Machine {
         let cpu = read("/proc/cpuinfo")
             .lines()
@@ -55,6 +60,8 @@ impl Machine {
         });
         Machine {
             cpu,
+            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            date: crate::bench_agent_report::utc_now(),
             loadavg_start: read("/proc/loadavg").trim().to_string(),
             loadavg_end: String::new(),
             commit,

@@ -3,12 +3,14 @@
 
 mod bench;
 mod bench_agent;
+mod bench_agent_baseline;
 mod bench_agent_report;
 mod bench_image;
 mod bench_llamacpp;
 mod bench_reuse;
 mod bench_session;
 mod bench_session_report;
+mod bench_stats;
 mod bench_store;
 mod calibrate;
 mod doctor;

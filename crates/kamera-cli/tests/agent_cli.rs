@@ -1,5 +1,6 @@
 //! `kamera bench agent` end to end (real Chromium, SmolLM2-135M, one MiniWoB++ task, one seed):
-//! the table and the JSON have the structure the README shows and agree with each other; and
+//! the table and the JSON have the structure the README shows and agree with each other, the
+//! two baselines scored on the same task and seed beside the model; and
 //! `kamera doctor` names what is missing with the command that installs it, and fails for a
 //! required piece.
 
@@ -49,12 +50,32 @@ fn bench_agent_table_and_json_agree() {
     assert!(out.status.success(), "{}", text(&out));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("[1/1] smollm2-135m constrained click-test seed 1:"),
+        stderr.contains("[1/3] smollm2-135m constrained click-test seed 1:"),
         "{stderr}"
     );
     let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     let eps = r["episodes"].as_array().unwrap();
-    assert_eq!(eps.len(), 1);
+    assert_eq!(eps.len(), 3, "the model's episode, then one per baseline");
+    assert_eq!(r["baselines"], serde_json::json!(["first-element", "random-valid"]));
+    for (e, d) in eps[1..].iter().zip(["first-element", "random-valid"]) {
+        assert_eq!(
+            (e["model"].as_str(), e["decoding"].as_str()),
+            (Some("baseline"), Some(d)),
+            "{e}"
+        );
+        assert_eq!(e["task"], "click-test");
+    }
+    // (random-valid may pick `back`, which leaves the task's page: a failed episode, error and
+    // all, as it would be for a model.)
+    assert!(eps[1]["error"].is_null(), "{}", eps[1]);
+    // click-test's only element is its button: clicking element [1] passes it.
+    assert_eq!(
+        eps[1]["actions"][0].as_str().map(|a| a.starts_with("click")),
+        Some(true),
+        "{}",
+        eps[1]
+    );
+    assert_eq!(eps[1]["success"], true, "{}", eps[1]);
     let e = &eps[0];
     assert_eq!(e["task"], "click-test");
     assert_eq!(e["goal"], "Click the button.", "the utterance is the goal");
@@ -71,7 +92,8 @@ fn bench_agent_table_and_json_agree() {
         (t["episodes"].as_u64(), t["success"].as_u64()),
         (Some(1), Some(success as u64))
     );
-    assert_eq!(r["rows"].as_array().unwrap().len(), 1);
+    assert_eq!(r["rows"].as_array().unwrap().len(), 3);
+    assert_eq!(r["totals"][2]["decoding"], "random-valid");
     let md = String::from_utf8_lossy(&out.stdout);
     assert!(
         md.contains("| model | decoding | episodes | success | rate | mean reward |"),
@@ -80,6 +102,10 @@ fn bench_agent_table_and_json_agree() {
     let cell = format!("| click-test | {}/1 ", success as u8);
     assert!(md.contains(&cell), "{cell} in {md}");
     assert!(md.contains("| **total** |"), "{md}");
+    assert!(
+        md.contains("| baseline | first-element | 1 |") && md.contains("| baseline | random-valid | 1 |"),
+        "{md}"
+    );
     let bad = kamera(&[], &["bench", "agent", "--tasks", "no-such-task", "--seeds", "1"]);
     assert!(
         !bad.status.success() && text(&bad).contains("no-such-task"),

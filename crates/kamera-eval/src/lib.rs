@@ -2,10 +2,10 @@
 //! blind reuse, Kamera patches, orbit patches, CacheBlend, EPIC, the token oracle) builds the
 //! context of a task's chunks with the model for real; answer-token distributions are compared
 //! to the full re-prefill (KL, top-1, exact match, log-prob, share of the blind gap recovered)
-//! alongside bytes stored and time. `bench` times reuse against re-prefill in one run.
+//! alongside bytes stored and time. (`kamera bench reuse`, which times reuse against re-prefill on
+//! the runtime's path, lives in kamera-cli.)
 
 mod alloc;
-mod bench;
 mod deficit;
 mod error;
 mod generate;
@@ -24,7 +24,6 @@ mod task;
 mod weighted;
 
 pub use alloc::{Alloc, layer_sensitivity};
-pub use bench::{BenchConfig, BenchReport, Limits, bench_reuse};
 pub use error::{Error, Result};
 pub use generate::{GenConfig, Rng, filler_text, generate};
 pub use kamera_ops::orbit_orderings;
