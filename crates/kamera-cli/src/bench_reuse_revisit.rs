@@ -85,11 +85,14 @@ pub fn page_text(llm: &Llm, seed: u64, n: usize) -> Result<(String, Vec<u32>)> {
     Ok((text, toks))
 }
 
-/// Evicts the chunks of `ids` from the window, the last placed first (nothing moves).
+/// Evicts the chunks of `ids` from the window, the last placed first (nothing moves), and reads
+/// the window (the session holds plans until a read: an eviction left unread would let the next
+/// visit find the chunks' KV still in place, and nothing would be timed).
 fn evict_all(session: &mut Session, ids: &[ChunkId]) -> Result<()> {
     for id in ids.iter().rev() {
         session.evict(id)?;
     }
+    session.context()?;
     session.settle()?;
     Ok(())
 }
@@ -125,14 +128,18 @@ pub fn revisit(model: &Arc<Model>, c: &RevisitConfig<'_>) -> Result<Revisit> {
     let ids: Vec<ChunkId> = pages.iter().map(|p| session.chunk_id(&p.0)).collect();
     let order: Vec<usize> = (0..pages.len()).rev().collect();
     let revisit_ids: Vec<ChunkId> = order.iter().map(|&i| ids[i]).collect();
-    // The first visit, in order; then the first revisit in the new order forms the patches.
+    // The first visit, in order; then the first revisit in the new order forms the patches. The
+    // model reads the window after each visit, as an agent step does (the session holds its
+    // plans until a read).
     for (text, _) in pages {
         session.observe(text)?;
+        session.context()?;
     }
     session.settle()?;
     evict_all(&mut session, &ids)?;
     for &i in &order {
         session.observe(&pages[i].0)?;
+        session.context()?;
     }
     session.settle()?;
     evict_all(&mut session, &revisit_ids)?;

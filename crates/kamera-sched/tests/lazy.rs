@@ -128,3 +128,51 @@ fn pages_that_leave_before_a_read_cost_no_prefill() {
     read(&mut w, &mut built, &mut pending, &mut ex);
     assert_eq!(ex.layout().len(), 2);
 }
+
+/// Pages the executor holds keep their canonical records however the read is served: evicted
+/// and one recalled with no read between, the read stores both records (kept from the KV the
+/// executor holds, no forward pass) and the recall's patch, so the next recall there places.
+#[test]
+fn a_read_keeps_what_the_executor_holds() {
+    let mut synth = Synth::new();
+    let (sys, a, b) = (synth.chunk(0, 4), synth.chunk(1, 8), synth.chunk(2, 8));
+    let mut ex = executor(synth);
+    let mut w = window(
+        40,
+        CostModel {
+            recall_blind_kl: f64::INFINITY,
+            survivor_blind_kl: f64::INFINITY,
+            expected_reuses: 10.0,
+            ..CostModel::default()
+        },
+    );
+    let mut built = w.clone();
+    let mut pending: Vec<Plan> = vec![w.pin(sys, 4).unwrap()];
+    for id in [a, b] {
+        pending.push(w.visit(id, 8, &|_| false).unwrap().1);
+        read(&mut w, &mut built, &mut pending, &mut ex);
+    }
+    assert_eq!(ex.stats.patches_formed, 0);
+    pending.push(w.evict(&b).unwrap());
+    pending.push(w.evict(&a).unwrap());
+    let store = ex.store();
+    let (_, recall) = w.visit(b, 8, &|k| store.contains(k).unwrap()).unwrap();
+    assert_eq!(recall.count("store-patch"), 1, "{recall}");
+    pending.push(recall);
+    read(&mut w, &mut built, &mut pending, &mut ex);
+    for id in [a, b] {
+        assert!(ex.store().contains(&kamera_store::Key::canonical(model(), id)).unwrap());
+    }
+    assert_eq!(ex.stats.patches_formed, 1, "the recall's patch");
+    pending.push(w.evict(&b).unwrap());
+    read(&mut w, &mut built, &mut pending, &mut ex);
+    let store = ex.store();
+    let (_, plan) = w.visit(b, 8, &|k| store.contains(k).unwrap()).unwrap();
+    assert_eq!(plan.count("prefill"), 0, "{plan}");
+    assert!(
+        plan.steps
+            .iter()
+            .any(|s| matches!(s, kamera_sched::Step::Place { patch: Some(_), .. })),
+        "{plan}"
+    );
+}

@@ -7,6 +7,8 @@
 //! records the held plans would have written (canonical KV kept at eviction, patches): pages the
 //! model never read cost no prefill, and the window forgets what was never stored.
 
+use std::collections::BTreeSet;
+
 use kamera_store::{ChunkId, Key};
 
 use super::{Slot, SlotState, Window};
@@ -39,7 +41,7 @@ impl Window {
             return pending;
         }
         let mut rebuilt = self.clone();
-        let mut plan = rebuilt.rebuild(built, stored);
+        let mut plan = rebuilt.rebuild(built, &pending, stored);
         let fresh = self.cfg.cost.steps_us(&plan.steps, tokens);
         if fresh >= held {
             return pending;
@@ -63,11 +65,14 @@ impl Window {
     }
 
     /// Plans this window's layout built afresh over an executor holding `built`'s: the slots
-    /// both hold at the front stay; every later slot is placed from the store where its state is
-    /// a placement and its records are known, else prefilled in place (then exact). Canonical
-    /// records and patches that `built` did not know and `stored` does not report are forgotten
-    /// (the plans that would have written them are dropped), and so is their reuse record.
-    pub fn rebuild(&mut self, built: &Window, stored: &dyn Fn(&Key) -> bool) -> Plan {
+    /// both hold at the front stay; a chunk the executor holds that `pending` keeps as its
+    /// canonical record is kept from that KV before it goes (no forward pass); every later slot
+    /// is placed from the store where its state is a placement and its records are known, else
+    /// prefilled in place (then exact), and a patch `pending` would store from that very place is
+    /// stored from the new KV. Canonical records and patches that neither `built` knew, nor the
+    /// store holds, nor this plan writes are forgotten (the plans that would have written them
+    /// are dropped: their chunks were never prefilled), and so is their reuse record.
+    pub fn rebuild(&mut self, built: &Window, pending: &[Plan], stored: &dyn Fn(&Key) -> bool) -> Plan {
         let model = self.cfg.model;
         let keep = self
             .slots
@@ -75,30 +80,36 @@ impl Window {
             .zip(&built.slots)
             .take_while(|(a, b)| same_kv(a, b))
             .count();
+        let held = || pending.iter().flat_map(|p| p.steps.iter().chain(&p.background));
         let mut plan = Plan::default();
         if built.tail > 0 {
             plan.push(Step::DropTail { tokens: built.tail });
         }
+        let mut kept = BTreeSet::new();
         for s in &built.slots[keep..] {
+            let keeps = held().any(|h| matches!(h, Step::KeepCanonical { chunk, .. } if *chunk == s.chunk));
+            if keeps && !built.canonical.contains(&s.chunk) {
+                plan.push(Step::KeepCanonical {
+                    chunk: s.chunk,
+                    exact: built.exact_key(&s.chunk),
+                });
+                kept.insert(s.chunk);
+            }
             plan.push(Step::EvictToStore { chunk: s.chunk });
         }
         let canonical = std::mem::take(&mut self.canonical);
         self.canonical = canonical
             .into_iter()
-            .filter(|c| built.canonical.contains(c) || stored(&Key::canonical(model, *c)))
+            .filter(|c| built.canonical.contains(c) || kept.contains(c) || stored(&Key::canonical(model, *c)))
             .collect();
-        let patches = std::mem::take(&mut self.patches);
-        self.patches = patches
-            .into_iter()
-            .filter(|k| built.patches.contains(k) || stored(k))
-            .collect();
-        (self.formed, self.reused) = (built.formed, built.reused);
+        let mut formed = BTreeSet::new();
         for i in keep..self.slots.len() {
             let (chunk, at, state) = (self.slots[i].chunk, self.slots[i].start, self.slots[i].state);
             let placed = match state {
                 SlotState::Relocated => self.canonical.contains(&chunk).then_some(None),
                 SlotState::Patched(key) => {
-                    (self.canonical.contains(&chunk) && self.patches.contains(&key)).then_some(Some(key))
+                    let known = built.patches.contains(&key) || stored(&key);
+                    (self.canonical.contains(&chunk) && known).then_some(Some(key))
                 }
                 SlotState::Exact => None,
             };
@@ -116,9 +127,21 @@ impl Window {
                     let s = &mut self.slots[i];
                     s.state = SlotState::Exact;
                     s.shifted = false;
+                    let key = self.key_after(chunk, i, at);
+                    let stores = held().any(|h| matches!(h, Step::StorePatch { key: k, .. } if *k == key));
+                    if stores && self.canonical.contains(&chunk) {
+                        plan.later(Step::StorePatch { chunk, key });
+                        formed.insert(key);
+                    }
                 }
             }
         }
+        let patches = std::mem::take(&mut self.patches);
+        self.patches = patches
+            .into_iter()
+            .filter(|k| built.patches.contains(k) || formed.contains(k) || stored(k))
+            .collect();
+        (self.formed, self.reused) = (built.formed + formed.len() as u64, built.reused);
         plan
     }
 }
