@@ -217,7 +217,10 @@ fn mixed_bit_tail_at_share_1_is_the_int4_patch_and_keeps_the_budget() {
 #[test]
 fn bf16_prefills_move_the_full_answer_by_a_small_share_of_the_gap() -> Result<()> {
     if !PrefillPrecision::Bf16.available() {
-        eprintln!("skipped: this CPU has no AVX512_BF16");
+        kamera_ops::testkit::skip(
+            "kamera-eval eval::bf16_prefills_move_the_full_answer_by_a_small_share_of_the_gap",
+            "this CPU has no AVX512_BF16",
+        );
         return Ok(());
     }
     let mut m = load()?;
