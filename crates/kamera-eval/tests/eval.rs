@@ -79,7 +79,12 @@ fn kamera_beats_blind_and_costs_what_it_says() {
         kl(r, "kamera:32"),
         kl(r, "blind")
     );
-    assert!(r.methods["kamera:32"].gap_recovered > 0.0);
+    // The README's SmolLM2 kamera:32 (bf16) recovers 0.829 of the gap over 24 default tasks;
+    // these 3 short tasks give 0.831 (bf16 prefill); 0.05 of tolerance for the task sample and
+    // the prefill's precision on another CPU.
+    let gap = r.methods["kamera:32"].gap_recovered;
+    eprintln!("kamera:32 gap recovered {gap:.3}, blind KL {:.4}", r.blind_kl);
+    assert!(gap >= 0.829 - 0.05, "kamera:32 gap recovered {gap}");
     assert_eq!(r.methods["blind"].gap_recovered, 0.0);
     assert_eq!(r.methods["blind"].bytes_ratio, 1.0);
     assert!(r.methods["kamera:32"].bytes_ratio > 1.0);
@@ -171,7 +176,21 @@ fn bench_reuse_reports_ratios() {
     ] {
         assert!(x.is_finite() && x > 0.0);
     }
-    assert!(b.reuse_speedup.is_finite() && b.ttft_speedup.is_finite());
+    eprintln!(
+        "reuse {:.1}x, relocate {:.1}x, revisit TTFT {:.1}x",
+        b.reuse_speedup, b.relocate_speedup, b.ttft_speedup
+    );
+    // The README's reuse bench (4 x 1024-token chunks) claims reuse hundreds of times faster
+    // than a chunk's prefill and the revisit tens of times faster than a full re-prefill; at
+    // this size (2 x 48 tokens; 773x, 384x and 13.9x here) and on a loaded host the test asserts
+    // the direction only.
+    for (what, x) in [
+        ("reuse", b.reuse_speedup),
+        ("relocation", b.relocate_speedup),
+        ("revisit TTFT", b.ttft_speedup),
+    ] {
+        assert!(x > 1.0, "{what} speedup {x}: no faster than recomputing");
+    }
     assert!(b.patch_bytes_ratio > 0.0 && b.patch_bytes_ratio < 1.0);
     let v = serde_json::to_value(&b).unwrap();
     assert!(v["reuse_speedup"].is_f64() && v["ttft_speedup"].is_f64());
