@@ -496,6 +496,7 @@ impl Backend for CudaBackend {
 pub(crate) mod tests {
     /// These tests need NVRTC (no GPU): scripts/test.sh installs it and puts it on
     /// LD_LIBRARY_PATH. Without it they fail, saying so, rather than pass untested.
+    #[track_caller]
     pub(crate) fn require_nvrtc() {
         // SAFETY: only probes whether the shared library can be loaded.
         let present = unsafe { cudarc::nvrtc::sys::is_culib_present() };
