@@ -14,7 +14,7 @@ pub const SKIP_LOG: &str = "KAMERA_SKIP_LOG";
 /// parallel threads and processes do not interleave). The caller returns right after; libtest
 /// still prints `ok`, which is why the log exists.
 ///
-/// ```
+/// ```no_run
 /// # fn has_feature() -> bool { false }
 /// if !has_feature() {
 ///     kamera_ops::testkit::skip("crate::my_test", "this CPU has no AVX512_BF16");
