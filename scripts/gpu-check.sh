@@ -5,7 +5,10 @@
 #                                           both benches with `--features cuda` into .gpu/
 #                                           (git-ignored; carry it)
 #   device: scripts/gpu-check.sh            runs the device-model parity tests, the kernel parity
-#                                           tests, the model bench (Qwen2.5-0.5B shape: prefill
+#                                           tests (both #[ignore]d on a plain `cargo test`, so a
+#                                           CPU run never counts them: run here with
+#                                           --include-ignored, where a missing device fails them),
+#                                           the model bench (Qwen2.5-0.5B shape: prefill
 #                                           tokens/s, relocate + patch ms, revisit TTFT vs full
 #                                           re-prefill), the bandwidth bench (T = 1024..16384, 28
 #                                           layers, F = 512, rank 0/16/32) and compute-sanitizer
@@ -46,15 +49,15 @@ PY
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64:/usr/local/nvidia/lib64:${extra}:${LD_LIBRARY_PATH:-}"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 echo "== device model parity (DeviceModel vs the CPU reference forward and kamera-ops reuse)"
-timeout 120 .gpu/model --nocapture --test-threads 1
+timeout 120 .gpu/model --include-ignored --nocapture --test-threads 1
 echo "== parity (GPU vs kamera-ops CPU reference)"
-timeout 150 .gpu/parity --nocapture --test-threads 1
+timeout 150 .gpu/parity --include-ignored --nocapture --test-threads 1
 echo "== model bench (revisit TTFT: resident chunks placed + question vs full re-prefill)"
 timeout 200 .gpu/kamera-gpu-model-bench qwen2.5-0.5b --ranks 0,32 --json "${OUT:-/tmp}/model-bench.json"
 echo "== bandwidth (fused relocate + patch vs device copy)"
 timeout 150 .gpu/kamera-gpu-bench
 if command -v compute-sanitizer >/dev/null; then
   echo "== memcheck (compute-sanitizer over the parity tests; some sandboxes refuse the device)"
-  timeout 120 compute-sanitizer --tool memcheck --error-exitcode 3 .gpu/parity --test-threads 1 2>&1 | tail -n 15 || echo "memcheck: exit $?"
-  timeout 120 compute-sanitizer --tool memcheck --error-exitcode 3 .gpu/model --test-threads 1 2>&1 | tail -n 15 || echo "memcheck (model): exit $?"
+  timeout 120 compute-sanitizer --tool memcheck --error-exitcode 3 .gpu/parity --include-ignored --test-threads 1 2>&1 | tail -n 15 || echo "memcheck: exit $?"
+  timeout 120 compute-sanitizer --tool memcheck --error-exitcode 3 .gpu/model --include-ignored --test-threads 1 2>&1 | tail -n 15 || echo "memcheck (model): exit $?"
 fi

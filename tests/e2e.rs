@@ -106,17 +106,23 @@ fn tokens(r: &kamera_agent::RunSummary) -> Vec<(String, usize, usize)> {
         .collect()
 }
 
+/// The floor of a scripted MiniWoB++ episode's reward: kamera-agent's README reports 0.87-0.99
+/// for the scripted scenarios; the tests assert its 0.87 less a stated tolerance of 0.07. A right
+/// answer's reward is 1 less the share of the 60 s episode spent (0.07 is 4.2 s more on a loaded
+/// host); a wrong one is at most 0 (-1 for click-checkboxes' wrong box).
+const SCRIPTED_REWARD_FLOOR: f64 = 0.87 - 0.07;
+
 /// The new actions on MiniWoB++ pages, scripted: a link that is a span with a click handler
 /// (`text:` target), a `<select>`, checkboxes by their label text (check, uncheck, check), and a
-/// drag in a jQuery UI sortable. Each episode must end with a positive reward.
+/// drag in a jQuery UI sortable. Each episode must end with the README's reward.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn miniwob_new_actions_scripted_reward() -> Result<()> {
     require_chromium();
-    for (name, action, min) in [
-        ("miniwob-click-link", "click", 0.0),
-        ("miniwob-choose-list", "select", 0.0),
-        ("miniwob-click-checkboxes", "uncheck", 0.5),
-        ("miniwob-drag-items", "drag", 0.0),
+    for (name, action) in [
+        ("miniwob-click-link", "click"),
+        ("miniwob-choose-list", "select"),
+        ("miniwob-click-checkboxes", "uncheck"),
+        ("miniwob-drag-items", "drag"),
     ] {
         let s = scenario(name);
         let r = kamera_harness::run_scenario(&s, model(), &kamera_model::default_home(), RunConfig::default()).await?;
@@ -130,7 +136,8 @@ async fn miniwob_new_actions_scripted_reward() -> Result<()> {
             r.actions()
         );
         let reward = r.end.reward.unwrap_or_else(|| panic!("{name}: no reward: {:?}", r.end));
-        assert!(reward > min, "{name}: reward {reward}");
+        eprintln!("{name}: reward {reward:.3}");
+        assert!(reward >= SCRIPTED_REWARD_FLOOR, "{name}: reward {reward}");
         assert_eq!(r.end.success, Some(true), "{name}");
     }
     Ok(())
@@ -142,7 +149,8 @@ async fn miniwob_enter_text_scripted_reward() -> Result<()> {
     let s = scenario("miniwob-enter-text");
     let r = kamera_harness::run_scenario(&s, model(), &kamera_model::default_home(), RunConfig::default()).await?;
     let reward = r.end.reward.expect("episode ended with a reward");
-    assert!(reward > 0.0, "reward {reward}: {:?}", r.end);
+    eprintln!("miniwob-enter-text: reward {reward:.3}");
+    assert!(reward >= SCRIPTED_REWARD_FLOOR, "reward {reward}: {:?}", r.end);
     assert_eq!(r.end.success, Some(true));
     Ok(())
 }
@@ -251,7 +259,8 @@ async fn navigation_off_allowed_origins_is_refused() -> Result<()> {
 }
 
 /// The model policy always acts within the grammar: when SmolLM2's free JSON names no valid
-/// action, it ranks the page's valid actions; on click-test it clicks the button.
+/// action, it ranks the page's valid actions; on click-test it clicks the button, in time for
+/// the scripted runs' reward floor.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn model_policy_acts_validly_on_miniwob_click_test() -> Result<()> {
     require_chromium();
@@ -264,7 +273,14 @@ async fn model_policy_acts_validly_on_miniwob_click_test() -> Result<()> {
         assert!(m.output.starts_with("{\"action\": \""), "{}", m.output);
     }
     let reward = r.end.reward.expect("episode ended with a reward");
-    assert!(reward > 0.0, "reward {reward}: {:?}", r.steps.last().map(|s| &s.action));
+    eprintln!("miniwob-click-test-model: reward {reward:.3}");
+    // kamera-agent's README (the agent benchmark): SmolLM2 constrained passes click-test seed 1
+    // at 0.96; here a right click within 12 s of the 60 s episode.
+    assert!(
+        reward >= SCRIPTED_REWARD_FLOOR,
+        "reward {reward}: {:?}",
+        r.steps.last().map(|s| &s.action)
+    );
     Ok(())
 }
 

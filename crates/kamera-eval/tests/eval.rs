@@ -77,7 +77,12 @@ fn kamera_beats_blind_and_costs_what_it_says() {
         kl(r, "kamera:32"),
         kl(r, "blind")
     );
-    assert!(r.methods["kamera:32"].gap_recovered > 0.0);
+    // The README's SmolLM2 kamera:32 (bf16) recovers 0.829 of the gap over 24 default tasks;
+    // these 3 short tasks give 0.831 (bf16 prefill); 0.05 of tolerance for the task sample and
+    // the prefill's precision on another CPU.
+    let gap = r.methods["kamera:32"].gap_recovered;
+    eprintln!("kamera:32 gap recovered {gap:.3}, blind KL {:.4}", r.blind_kl);
+    assert!(gap >= 0.829 - 0.05, "kamera:32 gap recovered {gap}");
     assert_eq!(r.methods["blind"].gap_recovered, 0.0);
     assert_eq!(r.methods["blind"].bytes_ratio, 1.0);
     assert!(r.methods["kamera:32"].bytes_ratio > 1.0);
@@ -189,7 +194,10 @@ fn mixed_bit_tail_at_share_1_is_the_int4_patch_and_keeps_the_budget() {
 #[test]
 fn bf16_prefills_move_the_full_answer_by_a_small_share_of_the_gap() -> Result<()> {
     if !PrefillPrecision::Bf16.available() {
-        eprintln!("skipped: this CPU has no AVX512_BF16");
+        kamera_ops::testkit::skip(
+            "kamera-eval eval::bf16_prefills_move_the_full_answer_by_a_small_share_of_the_gap",
+            "this CPU has no AVX512_BF16",
+        );
         return Ok(());
     }
     let mut m = load()?;

@@ -59,14 +59,14 @@ fn tokenizer() -> Result<()> {
     fuzz("tokenizer", 1000)
 }
 
-/// Regenerates the GGUF seeds from the cached real models:
+/// Regenerates the GGUF seeds from the real models (fetched where not cached):
 /// `KAMERA_BLESS=1 cargo test --release -p kamera-fuzz --test fuzz -- --ignored gguf_seeds`.
 #[test]
-#[ignore = "writes seeds/ from the cached models"]
+#[ignore = "writes seeds/ from the real models"]
 fn gguf_seeds() -> Result<()> {
-    use kamera_model::{ModelName, default_home, model_path};
+    use kamera_model::{ModelName, default_home, fetch};
     for m in ModelName::ALL {
-        let seed = targets::gguf_seed_from_model(&model_path(m, &default_home()))?;
+        let seed = targets::gguf_seed_from_model(&fetch(m, &default_home())?)?;
         let p = targets::gguf_seeds_dir().join(format!("{}.gguf", m.as_str()));
         eprintln!("{}: {} bytes", p.display(), seed.len());
         if std::env::var_os("KAMERA_BLESS").is_some() {

@@ -1,18 +1,17 @@
 //! The device transformer against a plain f32 CPU forward of the same (bf16-rounded, seeded
 //! random) weights: logits and K/V of a prefill, a prefill split in two, and a chunk placed
-//! (relocated + patched) into a device context against kamera-ops' reuse. Skipped without a GPU.
+//! (relocated + patched) into a device context against kamera-ops' reuse. `#[ignore]`d: a CPU run
+//! never counts them; scripts/gpu-check.sh runs them on a device with `--include-ignored`.
 
 use kamera_gpu::{DeviceModel, DevicePool, HostWeights, ModelSpec, reference_prefill};
 use kamera_ops::{ChunkKv, DType, LayerPatch, LowRank, Mat, PairLayout, Patch, RopeSpec};
 
-fn device_or_skip(spec: &ModelSpec, w: &HostWeights) -> Option<DeviceModel> {
-    match DeviceModel::new(0, spec.clone(), w) {
-        Ok(m) => Some(m),
-        Err(e) => {
-            eprintln!("SKIPPED: no CUDA device model: {e}");
-            None
-        }
-    }
+/// The tests are ignored on a plain run; run with `--ignored` they need a device, and its
+/// absence is a failure, not a pass.
+fn device(spec: &ModelSpec, w: &HostWeights) -> DeviceModel {
+    DeviceModel::new(0, spec.clone(), w).unwrap_or_else(|e| {
+        panic!("no CUDA device for a device-model test (build with --features cuda, run on a GPU): {e}")
+    })
 }
 
 /// ‖a − b‖ / ‖b‖.
@@ -42,10 +41,11 @@ fn toks(n: usize, vocab: usize, seed: usize) -> Vec<u32> {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU; scripts/gpu-check.sh runs it with --include-ignored"]
 fn prefill_matches_cpu_reference() {
     for (name, spec) in specs() {
         let w = HostWeights::random(&spec, 7);
-        let Some(m) = device_or_skip(&spec, &w) else { return };
+        let m = device(&spec, &w);
         let t = toks(45, spec.vocab, 1);
         let (want, kvs) = reference_prefill(&spec, &w, &t);
         let mut kv = m.context(0).unwrap();
@@ -73,10 +73,11 @@ fn prefill_matches_cpu_reference() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU; scripts/gpu-check.sh runs it with --include-ignored"]
 fn bad_input_is_an_error() {
     let (_, spec) = specs().remove(0);
     let w = HostWeights::random(&spec, 3);
-    let Some(m) = device_or_skip(&spec, &w) else { return };
+    let m = device(&spec, &w);
     let mut kv = m.context(0).unwrap();
     assert!(m.prefill(&mut kv, &[], false).is_err());
     assert!(m.prefill(&mut kv, &[spec.vocab as u32], false).is_err());
@@ -89,10 +90,11 @@ fn bad_input_is_an_error() {
 /// A chunk prefilled alone at 0, made resident and placed at position 20 with a patch, equals
 /// kamera-ops' reuse of the same canonical KV and patch (one bf16 rounding apart).
 #[test]
+#[ignore = "needs a CUDA GPU; scripts/gpu-check.sh runs it with --include-ignored"]
 fn placed_chunk_matches_cpu_reuse() {
     for (name, spec) in specs() {
         let w = HostWeights::random(&spec, 11);
-        let Some(m) = device_or_skip(&spec, &w) else { return };
+        let m = device(&spec, &w);
         let mut kv = m.context(0).unwrap();
         m.prefill(&mut kv, &toks(24, spec.vocab, 2), false).unwrap();
         let canonical = m.download(&kv, 0).unwrap();

@@ -1,5 +1,6 @@
 //! Every GPU kernel against the CPU reference (kamera-ops), for every dtype pair and layout, with
-//! one tolerance table. Reports itself skipped where no GPU (or no `cuda` feature) exists.
+//! one tolerance table. The GPU tests are `#[ignore]`d (a CPU run never counts them as passed);
+//! scripts/gpu-check.sh runs them on a device with `--include-ignored`, where a missing device fails.
 
 use kamera_gpu::{Backend, CpuBackend, CudaBackend, Error, tolerance};
 use kamera_ops::*;
@@ -88,14 +89,15 @@ fn flavours() -> Vec<(&'static str, KvLayout, RopeSpec)> {
 }
 
 /// Both kernel families: four-column units (the default where shapes allow) and two-column ones.
-fn cuda() -> Option<[CudaBackend; 2]> {
-    match CudaBackend::new(0) {
-        Ok(b) => Some([b, CudaBackend::new(0).ok()?.with_wide_units(false)]),
-        Err(e) => {
-            eprintln!("SKIPPED: no GPU for the parity test: {e}");
-            None
-        }
-    }
+/// The tests that call it are ignored on a plain run; run with `--ignored` they need a device,
+/// and its absence is a failure, not a pass.
+fn cuda() -> [CudaBackend; 2] {
+    let open = || {
+        CudaBackend::new(0).unwrap_or_else(|e| {
+            panic!("no CUDA device for a GPU parity test (build with --features cuda, run on a GPU): {e}")
+        })
+    };
+    [open(), open().with_wide_units(false)]
 }
 
 fn within(op: &str, got: &ChunkKv, want: &ChunkKv) {
@@ -113,8 +115,9 @@ fn within(op: &str, got: &ChunkKv, want: &ChunkKv) {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU; scripts/gpu-check.sh runs it with --include-ignored"]
 fn fused_reuse_matches_cpu_reference() {
-    let Some(gpus) = cuda() else { return };
+    let gpus = cuda();
     for (kernel, gpu) in ["4-col", "2-col"].into_iter().zip(&gpus) {
         let dtypes = [DType::F32, DType::F16, DType::Bf16];
         for (name, layout, rope) in flavours() {
@@ -151,8 +154,9 @@ fn fused_reuse_matches_cpu_reference() {
 
 /// Many row tiles, a different rank in every layer and channel, bf16 factors, shifts both ways.
 #[test]
+#[ignore = "needs a CUDA GPU; scripts/gpu-check.sh runs it with --include-ignored"]
 fn per_layer_ranks_and_long_chunks_match_cpu_reference() {
-    let Some(gpus) = cuda() else { return };
+    let gpus = cuda();
     for (kernel, gpu) in ["4-col", "2-col"].into_iter().zip(&gpus) {
         let layout = KvLayout::gqa(4, 9, 3, 64);
         let rope = RopeSpec::new(64, 1e5, PairLayout::Interleaved);
@@ -202,8 +206,9 @@ fn random_patch(layout: KvLayout, n: usize, ranks: &[usize], dtype: DType, seed:
 /// of 4 slots wraps around) and end on a partial tile, 512 columns in two column chunks, ranks of
 /// one and three MMA k-steps (one of them not a multiple of 16), both 16-bit factor types.
 #[test]
+#[ignore = "needs a CUDA GPU; scripts/gpu-check.sh runs it with --include-ignored"]
 fn long_chunks_through_the_tensor_core_pipeline_match_cpu_reference() {
-    let Some(gpus) = cuda() else { return };
+    let gpus = cuda();
     let n = 4100;
     for (name, layout, rope) in [
         (
@@ -244,8 +249,9 @@ fn long_chunks_through_the_tensor_core_pipeline_match_cpu_reference() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU; scripts/gpu-check.sh runs it with --include-ignored"]
 fn gather_matches_cpu_reference() {
-    let Some(gpus) = cuda() else { return };
+    let gpus = cuda();
     for (kernel, gpu) in ["4-col", "2-col"].into_iter().zip(&gpus) {
         for (name, layout, rope) in flavours() {
             let (a, b, c) = (
@@ -273,8 +279,9 @@ fn gather_matches_cpu_reference() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU; scripts/gpu-check.sh runs it with --include-ignored"]
 fn gpu_rejects_what_the_reference_rejects() {
-    let Some(gpus) = cuda() else { return };
+    let gpus = cuda();
     for gpu in &gpus {
         let (_, layout, rope) = flavours().swap_remove(0);
         let mut small = ChunkKv::zeros(layout, 0, 4, DType::F32).unwrap();

@@ -516,7 +516,10 @@ mod tests {
     #[test]
     fn bf16_attention_matches_reference() {
         if !crate::PrefillPrecision::Bf16.available() {
-            eprintln!("skipped: this CPU has no AVX512_BF16");
+            kamera_ops::testkit::skip(
+                "kamera-model attention::tests::bf16_attention_matches_reference",
+                "this CPU has no AVX512_BF16",
+            );
             return;
         }
         let dev = Device::Cpu;

@@ -87,7 +87,7 @@ fn wheel_without_the_file() -> Result<()> {
 #[test]
 fn disk_full() -> Result<()> {
     if !Path::new("/dev/full").exists() {
-        eprintln!("skipped: no /dev/full on this system");
+        kamera_ops::testkit::skip("kamera-model fetch::disk_full", "no /dev/full on this system");
         return Ok(());
     }
     let home = tmp("full");

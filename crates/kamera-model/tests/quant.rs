@@ -54,10 +54,11 @@ fn decode_matches_prefill(m: &Model) -> Result<()> {
 /// The bf16 prefill (AVX512_BF16 CPUs) against the f32 one on a 300-token text: the mean KL over
 /// every position's next-token distribution (the README reports it), top-1 agreement, and a
 /// fingerprint of its own (the store keeps bf16 KV apart) that f32 gives back.
-fn bf16_prefill_matches_f32(mut m: Model) -> Result<()> {
+fn bf16_prefill_matches_f32(mut m: Model, test: &str) -> Result<()> {
     use kamera_model::{Input, PrefillOptions, PrefillPrecision};
     if !PrefillPrecision::Bf16.available() {
-        eprintln!("skipped: this CPU has no AVX512_BF16");
+        let test = format!("kamera-model quant::{test} (its bf16 prefill part)");
+        kamera_ops::testkit::skip(&test, "this CPU has no AVX512_BF16");
         return Ok(());
     }
     let text = "A web agent reads the order page, finds the status field and reports it. ".repeat(20);
@@ -93,19 +94,19 @@ fn bf16_prefill_matches_f32(mut m: Model) -> Result<()> {
 fn smollm2_held_as_q4_1_and_q8_0() -> Result<()> {
     let m = check(ModelName::Smollm2_135m, &["Q4_1", "Q8_0"], 1.2)?;
     decode_matches_prefill(&m)?;
-    bf16_prefill_matches_f32(m)
+    bf16_prefill_matches_f32(m, "smollm2_held_as_q4_1_and_q8_0")
 }
 
 #[test]
 fn qwen25_held_as_its_four_block_types() -> Result<()> {
     let m = check(ModelName::Qwen25_05b, &["Q4_K", "Q5_0", "Q6_K", "Q8_0"], 1.2)?;
     decode_matches_prefill(&m)?;
-    bf16_prefill_matches_f32(m)
+    bf16_prefill_matches_f32(m, "qwen25_held_as_its_four_block_types")
 }
 
 #[test]
 fn gemma3_held_as_its_four_block_types() -> Result<()> {
     let m = check(ModelName::Gemma3_270m, &["Q4_K", "Q5_0", "Q6_K", "Q8_0"], 1.1)?;
     decode_matches_prefill(&m)?;
-    bf16_prefill_matches_f32(m)
+    bf16_prefill_matches_f32(m, "gemma3_held_as_its_four_block_types")
 }

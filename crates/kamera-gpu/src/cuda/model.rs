@@ -557,14 +557,10 @@ impl DeviceModel {
 
 #[cfg(test)]
 mod tests {
-    /// NVRTC alone (no GPU) compiles the model kernels for Hopper; skipped where NVRTC is missing.
+    /// NVRTC alone (no GPU) compiles the model kernels for Hopper (fails where NVRTC is missing).
     #[test]
     fn model_kernels_compile_for_hopper_without_a_gpu() {
-        // SAFETY: only probes whether the shared library can be loaded.
-        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-            eprintln!("SKIPPED: NVRTC (libnvrtc) is not installed");
-            return;
-        }
+        crate::cuda::tests::require_nvrtc();
         let ptx = super::super::ptx_for_source(crate::MODEL_KERNEL_SOURCE, "model", "sm_90")
             .unwrap()
             .to_src();

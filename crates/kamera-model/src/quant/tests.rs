@@ -308,7 +308,10 @@ fn matvec_speed() {
 #[test]
 fn bf16_tiles_match_rounded_reference() {
     if !super::bf16::available() {
-        eprintln!("skipped: this CPU has no AVX512_BF16");
+        kamera_ops::testkit::skip(
+            "kamera-model quant::tests::bf16_tiles_match_rounded_reference",
+            "this CPU has no AVX512_BF16",
+        );
         return;
     }
     use super::bf16::round_bf16;
