@@ -1,7 +1,8 @@
 //! Screenshots as image chunks end to end on real Chromium with the tiny random-weight
-//! Qwen2.5-VL (mechanics, not behaviour: its answers are noise): every page is an image chunk
-//! encoded once by the vision tower, revisited pages come back from the store relocated, and a
-//! replay of the trace without a browser reproduces the run's actions and visits.
+//! Qwen2.5-VL (mechanics, not behaviour: its answers are noise): every page is an image chunk,
+//! revisited pages are recalled as the same chunk, only the screenshots in the window the model
+//! reads (the last step) go through the vision tower, each once, and a replay of the trace
+//! without a browser reproduces the run's actions and visits.
 
 use std::sync::Arc;
 
@@ -13,7 +14,7 @@ use kamera_sched::Visit;
 use kamera_tests::{require_chromium, root};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn screenshots_become_image_chunks_relocated_and_replayed() -> Result<()> {
+async fn screenshots_become_image_chunks_recalled_and_replayed() -> Result<()> {
     require_chromium();
     let model = Arc::new(Model::load(
         &root().join("crates/kamera-model/tests/golden/qwen25vl-tiny"),
@@ -29,10 +30,13 @@ async fn screenshots_become_image_chunks_relocated_and_replayed() -> Result<()> 
     println!("visits {visits:?}\nsession {:?}", r.session);
     assert_eq!(r.end.error, None, "{:?}", r.end);
     assert_eq!(r.end.js_check, Some(true));
+    // Only the last step reads the model: the session holds its plans until then, so only the
+    // screenshots in the window it reads go through the tower, each once.
     let new = visits.iter().filter(|v| **v == Visit::New).count();
-    assert_eq!(
-        r.session.images_encoded, new,
-        "each new screenshot through the tower once, no more"
+    assert!(
+        r.session.images_encoded >= 1 && r.session.images_encoded < new,
+        "{} screenshots through the tower for {new} new ones",
+        r.session.images_encoded
     );
     assert_eq!(
         visits,
@@ -46,7 +50,7 @@ async fn screenshots_become_image_chunks_relocated_and_replayed() -> Result<()> 
         ],
         "home, orders, order: evicted and recalled when revisited (the same pixels, the same chunk)"
     );
-    assert!(r.session.evictions > 0 && r.session.relocations > 0, "{:?}", r.session);
+    assert!(r.session.evictions > 0, "{:?}", r.session);
     let rep = kamera_harness::replay(dir.path(), model).await?;
     assert_eq!(rep.first_mismatch, None, "replay actions differ");
     let replayed: Vec<Visit> = rep.summary.steps.iter().map(|st| st.visit).collect();
