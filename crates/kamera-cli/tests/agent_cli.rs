@@ -4,25 +4,11 @@
 //! `kamera doctor` names what is missing with the command that installs it, and fails for a
 //! required piece.
 
+mod common;
+
 use std::path::Path;
-use std::process::{Command, Output};
 
-fn kamera(env: &[(&str, &Path)], args: &[&str]) -> Output {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_kamera"));
-    c.args(args);
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    c.output().expect("run kamera")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
+use common::{kamera, text};
 
 #[test]
 fn bench_agent_table_and_json_agree() {

@@ -3,14 +3,17 @@
 //! STREAM ceiling, and the revisit on the session's path with its KL to the full re-prefill;
 //! medians lie inside their spread; the table prints them.
 
-use std::process::Command;
+mod common;
+
+use common::{kamera, text};
 
 #[test]
 fn bench_reuse_json_has_host_same_thread_memcpy_and_revisit_kl() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("reuse.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_kamera"))
-        .args([
+    let out = kamera(
+        &[],
+        &[
             "bench",
             "reuse",
             "--model",
@@ -29,14 +32,9 @@ fn bench_reuse_json_has_host_same_thread_memcpy_and_revisit_kl() {
             "5",
             "--json",
             json.to_str().unwrap(),
-        ])
-        .output()
-        .expect("run kamera");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+        ],
     );
+    let text = text(&out);
     assert!(out.status.success(), "{text}");
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     let m = &v["machine"];

@@ -4,24 +4,29 @@
 //! default on the same steps, and the work/KL Pareto front names exactly the rows no other row
 //! beats on both.
 
-use std::process::Command;
+mod common;
+
+use common::{kamera, text};
 
 #[test]
 fn bench_session_reports_every_method_and_the_front() {
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_kamera"))
-        .args([
-            "bench", "session", "--steps", "8", "--window", "256", "--front", "1", "--out",
-        ])
-        .arg(dir.path())
-        .output()
-        .expect("run kamera");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    let out = kamera(
+        &[],
+        &[
+            "bench",
+            "session",
+            "--steps",
+            "8",
+            "--window",
+            "256",
+            "--front",
+            "1",
+            "--out",
+            dir.path().to_str().unwrap(),
+        ],
     );
-    assert!(out.status.success(), "{text}");
+    assert!(out.status.success(), "{}", text(&out));
     let j: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.path().join("session.json")).unwrap()).unwrap();
     let s = &j["summary"];
