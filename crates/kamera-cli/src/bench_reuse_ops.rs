@@ -233,23 +233,22 @@ pub fn limits(canon: &ChunkKv, patch: &Patch, rope: &RopeSpec, to: i64, reps: us
             reuse_into(&f32c, None, rope, &mut out32, 0)?;
             reuse_into(&b16, None, rope, &mut out16, 0)?;
             let (mut copy, mut r32, mut r16, mut q32, mut q16) = (vec![], vec![], vec![], vec![], vec![]);
+            // Milliseconds of one call of `f`.
+            fn timed<E>(f: impl FnOnce() -> std::result::Result<(), E>) -> std::result::Result<f64, E> {
+                let t = Instant::now();
+                f()?;
+                Ok(ms(t))
+            }
             for _ in 0..reps {
-                let t = Instant::now();
-                par_copy(&mut dst, std::hint::black_box(&src), threads);
-                std::hint::black_box(&dst);
-                copy.push(ms(t));
-                let t = Instant::now();
-                reuse_into(&f32c, None, rope, &mut out32, 0)?;
-                r32.push(ms(t));
-                let t = Instant::now();
-                reuse_into(&f32c, Some(&p32), rope, &mut out32, 0)?;
-                q32.push(ms(t));
-                let t = Instant::now();
-                reuse_into(&b16, None, rope, &mut out16, 0)?;
-                r16.push(ms(t));
-                let t = Instant::now();
-                reuse_into(&b16, Some(&p16), rope, &mut out16, 0)?;
-                q16.push(ms(t));
+                copy.push(timed(|| {
+                    par_copy(&mut dst, std::hint::black_box(&src), threads);
+                    std::hint::black_box(&dst);
+                    Ok::<(), kamera_ops::Error>(())
+                })?);
+                r32.push(timed(|| reuse_into(&f32c, None, rope, &mut out32, 0))?);
+                q32.push(timed(|| reuse_into(&f32c, Some(&p32), rope, &mut out32, 0))?);
+                r16.push(timed(|| reuse_into(&b16, None, rope, &mut out16, 0))?);
+                q16.push(timed(|| reuse_into(&b16, Some(&p16), rope, &mut out16, 0))?);
             }
             let (copy, r32, r16) = (Spread::of(&copy), Spread::of(&r32), Spread::of(&r16));
             let (q32, q16) = (Spread::of(&q32), Spread::of(&q16));

@@ -42,4 +42,4 @@ pub use plan::{OrbitKey, Plan, Step};
 pub use points::{
     KNOWN_MODELS, KnownModel, default_patch_points, gemma3_patch_points, measured_points, qwen25_patch_points,
 };
-pub use window::{Order, Slot, SlotState, Visit, Window, WindowConfig, orbit_orderings};
+pub use window::{Materialized, Order, Slot, SlotState, Visit, Window, WindowConfig, orbit_orderings};

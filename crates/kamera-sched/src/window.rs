@@ -12,6 +12,7 @@ use crate::error::{Error, Result};
 use crate::plan::{Plan, Step};
 
 mod rebuild;
+pub use rebuild::Materialized;
 mod reorder;
 mod visit;
 mod work;

@@ -20,7 +20,7 @@ fn window(budget: usize, cost: CostModel) -> Window {
 /// Runs `pending` or its rebuild on `ex`; returns whether it was rebuilt.
 fn read(w: &mut Window, built: &mut Window, pending: &mut Vec<Plan>, ex: &mut Executor<Synth, MemStore>) -> bool {
     let held = std::mem::take(pending);
-    let plans = {
+    let m = {
         let enc = ex.encoder();
         let store = ex.store();
         w.materialize(
@@ -31,11 +31,11 @@ fn read(w: &mut Window, built: &mut Window, pending: &mut Vec<Plan>, ex: &mut Ex
             &|k| store.contains(k).unwrap(),
         )
     };
-    for plan in &plans {
+    for plan in &m.plans {
         ex.run_now(plan).unwrap();
     }
     *built = w.clone();
-    plans.iter().flat_map(|p| &p.decisions).any(|d| d.op == "materialize")
+    m.rebuilt
 }
 
 #[derive(Debug, Clone)]

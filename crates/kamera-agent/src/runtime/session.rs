@@ -387,8 +387,16 @@ impl Session {
         if !self.cfg.reuse {
             return self.context_no_reuse();
         }
-        let mut t = self.materialize()?;
-        t.sync_ms += self.exec.sync(self.window.end())?;
+        // Running held plans ends with a sync; with none held the context may still lag (a
+        // settle's background steps).
+        let t = if self.pending.is_empty() {
+            ApplyTimings {
+                sync_ms: self.exec.sync(self.window.end())?,
+                ..ApplyTimings::default()
+            }
+        } else {
+            self.materialize()?
+        };
         self.read_timings.add(&t);
         Ok(&mut self.exec.encoder_mut().ctx)
     }
@@ -512,22 +520,20 @@ impl Session {
         let store = self.store.clone();
         let allow_rebuild = self.exec.queue_may_wait();
         let content = &self.exec.encoder().content;
-        let plans = self.window.materialize(
+        let m = self.window.materialize(
             &self.built,
             pending,
             allow_rebuild,
             &|id| content.get(id).map_or(0, |c| c.tokens.len()),
             &|k| Self::stored(store.as_ref(), k),
         );
-        for d in plans
-            .iter()
-            .flat_map(|p| &p.decisions)
-            .filter(|d| d.op == "materialize")
-        {
+        if m.rebuilt {
             self.stats.rebuilds += 1;
-            tracing::debug!(decision = %d, "materialize");
+            for d in m.plans.iter().flat_map(|p| &p.decisions) {
+                tracing::debug!(decision = %d, "materialize");
+            }
         }
-        self.execute(&plans)
+        self.execute(&m.plans)
     }
 
     /// Runs `plans` now, in order (their background steps queued, or run too without

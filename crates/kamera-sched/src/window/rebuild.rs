@@ -15,6 +15,14 @@ use super::{Slot, SlotState, Window};
 use crate::cost::{Choice, Decision};
 use crate::plan::{Plan, Step};
 
+/// What [`Window::materialize`] chose: the plans to run in order, and whether they are a rebuild
+/// replacing the held ones.
+#[derive(Debug, Clone, Default)]
+pub struct Materialized {
+    pub plans: Vec<Plan>,
+    pub rebuilt: bool,
+}
+
 /// Whether two slots hold the same KV: the same chunk, at the same place, made the same way.
 fn same_kv(a: &Slot, b: &Slot) -> bool {
     a.chunk == b.chunk && a.start == b.start && a.n_tokens == b.n_tokens && a.state == b.state && a.shifted == b.shifted
@@ -35,16 +43,17 @@ impl Window {
         allow_rebuild: bool,
         tokens: &dyn Fn(&ChunkId) -> usize,
         stored: &dyn Fn(&Key) -> bool,
-    ) -> Vec<Plan> {
+    ) -> Materialized {
+        let as_held = |plans| Materialized { plans, rebuilt: false };
         let held: f64 = pending.iter().map(|p| self.cfg.cost.steps_us(&p.steps, tokens)).sum();
         if held == 0.0 || !allow_rebuild {
-            return pending;
+            return as_held(pending);
         }
         let mut rebuilt = self.clone();
         let mut plan = rebuilt.rebuild(built, &pending, stored);
         let fresh = self.cfg.cost.steps_us(&plan.steps, tokens);
         if fresh >= held {
-            return pending;
+            return as_held(pending);
         }
         let (steps, later) = pending
             .iter()
@@ -61,7 +70,10 @@ impl Window {
             ),
         });
         *self = rebuilt;
-        vec![plan]
+        Materialized {
+            plans: vec![plan],
+            rebuilt: true,
+        }
     }
 
     /// Plans this window's layout built afresh over an executor holding `built`'s: the slots
