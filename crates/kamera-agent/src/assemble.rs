@@ -164,8 +164,9 @@ pub fn load_model(source: &ModelSource, precision: Option<PrefillPrecision>, hom
 }
 
 /// The scheduler's cost model for `model`: this machine's rates from `calibration`, the patch
-/// points measured for the model (kamera-sched's table, by `ModelFp::of(base_fingerprint)`),
-/// and its patch basis. What is missing gets the stated defaults and one warning.
+/// points and blind-placement KLs measured for the model (kamera-sched's table, by
+/// `ModelFp::of(base_fingerprint)`), and its patch basis. What is missing gets the stated
+/// defaults and one warning.
 pub fn cost_model(
     model: &Model,
     calibration: &CalibrationSource,
@@ -196,11 +197,19 @@ pub fn cost_model(
             cost.patch_points = kamera_sched::default_patch_points();
         }
     }
+    match kamera_sched::measured_blind_kl(&fp) {
+        Some(blind) => {
+            cost.recall_blind_kl = blind.recall;
+            cost.survivor_blind_kl = blind.survivors;
+        }
+        None => missing.push("no measured blind-placement KL"),
+    }
     if !missing.is_empty() {
         tracing::warn!(
             model = %fp,
-            "{}: using the defaults (SmolLM2-135M's rates on a 2-core CPU and its patch points); run `kamera calibrate --model <this model>`",
-            missing.join(" and ")
+            "{}: using the defaults (SmolLM2-135M's rates on a 2-core CPU and its patch points; blind placements predicted at KL {:.2}, so recalls are patched or re-prefilled); run `kamera calibrate --model <this model>` for the rates",
+            missing.join(", "),
+            cost.recall_blind_kl
         );
     }
     cost.basis = load_basis(model, basis, home)?;

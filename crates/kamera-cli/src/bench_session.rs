@@ -23,9 +23,8 @@ use std::time::Instant;
 
 use anyhow::{Context as _, Result};
 use clap::Args;
-use kamera_agent::{Llm, Session, SessionConfig};
+use kamera_agent::{Llm, Session};
 use kamera_gpu::CpuBackend;
-use kamera_ops::{DType, PatchConfig};
 use kamera_store::{ChunkStore, MemStore};
 use serde::Serialize;
 
@@ -52,9 +51,10 @@ pub struct SessionArgs {
     /// Page tokens the window holds (after the pinned prefix); the radix layout's too.
     #[arg(long, default_value_t = 512)]
     window: usize,
-    /// Rank of the patches the session forms.
-    #[arg(long, default_value_t = 16)]
-    rank: usize,
+    /// Rank of the patches the session forms (fixed, f32 factors); unset: the cost model's
+    /// measured point for this model, as `kamera run` forms them.
+    #[arg(long)]
+    rank: Option<usize>,
     /// Site seed.
     #[arg(long, default_value_t = 7)]
     seed: u64,
@@ -240,13 +240,14 @@ pub fn run(a: SessionArgs) -> Result<()> {
     }
     let prefix_text = llm.prefix_text(goal);
     let open = |cost: kamera_sched::CostModel| -> Result<(Session, Arc<MemStore>)> {
-        let cfg = SessionConfig {
+        // The product's own session settings (`kamera run`'s `session_config`) for this budget.
+        let budget = kamera_agent::Budget {
             window_tokens: a.window,
-            patch: PatchConfig::fixed(a.rank, DType::F32),
-            cost,
+            patch_rank: a.rank,
             repair: !a.no_repair,
-            ..SessionConfig::default()
+            ..kamera_agent::Budget::default()
         };
+        let cfg = kamera_agent::session_config(&budget, cost);
         let store = Arc::new(MemStore::new());
         let mut session = Session::new(model.clone(), store.clone(), Box::new(CpuBackend), cfg);
         session.pin(&prefix_text)?;
@@ -415,7 +416,11 @@ pub fn run(a: SessionArgs) -> Result<()> {
         model: a.model.clone(),
         window: a.window,
         orders: a.orders,
-        rank: a.rank,
+        patch: match a.rank {
+            Some(r) => format!("rank-{r} f32"),
+            None => cost.patch_point().map_or("rank-16 bf16".into(), |p| p.label.clone()),
+        },
+        blind_kl: [cost.recall_blind_kl, cost.survivor_blind_kl],
         seed: a.seed,
         threads,
     };

@@ -80,7 +80,11 @@ pub struct Params {
     pub model: String,
     pub window: usize,
     pub orders: usize,
-    pub rank: usize,
+    /// The patches the sessions form: `--rank R` (f32 factors) or the cost model's point.
+    pub patch: String,
+    /// The KL each blind placement is predicted to cost (recall, survivors): the model's
+    /// measured values, or the defaults.
+    pub blind_kl: [f64; 2],
     pub seed: u64,
     /// Candle's rayon threads = llama.cpp's n_threads.
     pub threads: usize,
@@ -266,8 +270,8 @@ pub fn markdown(s: &Summary) -> String {
     let p = &s.params;
     let _ = writeln!(
         m,
-        "`kamera bench session --model {} --steps {} --window {} --orders {} --seed {}` (rank-{} patches; {} question steps; {} threads on both engines)\n",
-        p.model, s.steps, p.window, p.orders, p.seed, p.rank, s.questions, p.threads
+        "`kamera bench session --model {} --steps {} --window {} --orders {} --seed {}` ({} patches; blind placements predicted at KL {:.1e} (recall) / {:.1e} (survivors); {} question steps; {} threads on both engines)\n",
+        p.model, s.steps, p.window, p.orders, p.seed, p.patch, p.blind_kl[0], p.blind_kl[1], s.questions, p.threads
     );
     let _ = writeln!(
         m,

@@ -63,12 +63,15 @@ pub struct CostModel {
     /// above it, the window re-prefills or patches instead.
     pub kl_budget: f64,
     /// Predicted answer KL of a recalled chunk placed blind: its kept KV relocated, no patch.
-    /// Default 0.1: `kamera bench session --steps 40 --window 512` on SmolLM2-135M measured
-    /// 0.125 mean answer KL with blind recalls and repaired survivors (2026-12-03).
+    /// The runtime sets the model's measured value ([`crate::measured_blind_kl`]); default 0.1,
+    /// above the default budget, for a model never measured (SmolLM2-135M's order: `kamera bench
+    /// session --steps 40 --window 512` measured 0.125 with blind recalls and repaired
+    /// survivors, 2026-12-03).
     pub recall_blind_kl: f64,
     /// Predicted answer KL of survivors of an eviction re-rotated blind, as llama.cpp's context
-    /// shift does. Above [`CostModel::kl_budget`], survivors are repaired. Default 0.1: the same
-    /// bench measured 0.097 with exact recalls and blind survivors.
+    /// shift does. Above [`CostModel::kl_budget`], survivors are repaired. The runtime sets the
+    /// model's measured value; default 0.1 (the same bench measured 0.097 on SmolLM2-135M with
+    /// exact recalls and blind survivors).
     pub survivor_blind_kl: f64,
 }
 

@@ -40,6 +40,7 @@ pub use error::{Error, Result, short};
 pub use exec::{ExecConfig, ExecStats, Executor, Resident};
 pub use plan::{OrbitKey, Plan, Step};
 pub use points::{
-    KNOWN_MODELS, KnownModel, default_patch_points, gemma3_patch_points, measured_points, qwen25_patch_points,
+    BlindKl, KNOWN_MODELS, KnownModel, default_patch_points, gemma3_patch_points, measured_blind_kl, measured_points,
+    qwen25_patch_points,
 };
 pub use window::{Materialized, Order, Slot, SlotState, Visit, Window, WindowConfig, orbit_orderings};

@@ -1,6 +1,7 @@
-//! Measured patch points per model, keyed by the model's fingerprint: the runtime looks its
-//! model up here ([`measured_points`]) and never by name. A model not in the table gets
-//! [`default_patch_points`] (SmolLM2-135M's), and the runtime says so.
+//! Measured patch points and blind-placement KLs per model, keyed by the model's fingerprint: the
+//! runtime looks its model up here ([`measured_points`], [`measured_blind_kl`]) and never by
+//! name. A model not in the table gets [`default_patch_points`] (SmolLM2-135M's) and the cost
+//! model's default blind KLs (0.1: never blind under the default budget), and the runtime says so.
 
 use kamera_ops::{DType, PatchConfig, Quant, RankPolicy};
 use kamera_store::ModelFp;
@@ -16,6 +17,20 @@ pub struct KnownModel {
     /// whatever the prefill precision.
     pub fp: ModelFp,
     pub points: fn() -> Vec<PatchPoint>,
+    /// The answer KL its blind placements cost, measured on the agent's own workload.
+    pub blind: Option<BlindKl>,
+}
+
+/// The mean next-token KL (to a full re-prefill of the same window) that a model pays for a
+/// placement without a forward pass, measured by `kamera bench session --front 1` (every
+/// placement blind; bench/session/README.md): the mean KL of the steps that recall a page, and of
+/// the steps that add a new page after an eviction (whose survivors were re-rotated blind). The
+/// cost model compares them with its KL budget ([`crate::CostModel::recall_blind_kl`],
+/// [`crate::CostModel::survivor_blind_kl`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BlindKl {
+    pub recall: f64,
+    pub survivors: f64,
 }
 
 /// 32 hex digits as a fingerprint (compile-time; a bad literal fails the build).
@@ -47,16 +62,28 @@ pub const KNOWN_MODELS: [KnownModel; 3] = [
         name: "SmolLM2-135M-Instruct Q4_1",
         fp: fp("ea72c5c787770588bbcef4a10cea6e81"),
         points: default_patch_points,
+        // w512-s100-lazy, `kamera@kl1`: 58 recall steps 7.0e-2, 9 new-page steps 3.5e-2.
+        blind: Some(BlindKl {
+            recall: 7.0e-2,
+            survivors: 3.5e-2,
+        }),
     },
     KnownModel {
         name: "Qwen2.5-Coder-0.5B-Instruct",
         fp: fp("731f56d74faf4dec69531fc36e565573"),
         points: qwen25_patch_points,
+        // qwen-w512-s60-lazy, `kamera@kl1`: 32 recall steps 5.8e-3, 9 new-page steps 5.1e-3.
+        blind: Some(BlindKl {
+            recall: 5.8e-3,
+            survivors: 5.1e-3,
+        }),
     },
     KnownModel {
         name: "Gemma 3 270M Q4_K_M",
         fp: fp("645b57f2c3dd137e786de12d4a47771d"),
         points: gemma3_patch_points,
+        // Not measured on the session bench yet: the cost model's defaults.
+        blind: None,
     },
 ];
 
@@ -64,6 +91,12 @@ pub const KNOWN_MODELS: [KnownModel; 3] = [
 /// `base_fingerprint`), or `None` for a model never measured.
 pub fn measured_points(fp: &ModelFp) -> Option<Vec<PatchPoint>> {
     KNOWN_MODELS.iter().find(|m| m.fp == *fp).map(|m| (m.points)())
+}
+
+/// The measured blind-placement KLs of the model with fingerprint `fp`, or `None` for a model
+/// never measured on the session bench.
+pub fn measured_blind_kl(fp: &ModelFp) -> Option<BlindKl> {
+    KNOWN_MODELS.iter().find(|m| m.fp == *fp).and_then(|m| m.blind)
 }
 
 /// SmolLM2-135M's measured points (`kamera eval`, first 4 tasks of the default suite: 3 pages of

@@ -2,7 +2,9 @@
 //! fetches it, finds its own points, under any prefill precision.
 
 use kamera_model::{Model, ModelName, PrefillPrecision};
-use kamera_sched::{KNOWN_MODELS, gemma3_patch_points, measured_points, qwen25_patch_points};
+use kamera_sched::{
+    Choice, CostModel, KNOWN_MODELS, gemma3_patch_points, measured_blind_kl, measured_points, qwen25_patch_points,
+};
 use kamera_store::ModelFp;
 
 #[test]
@@ -33,4 +35,39 @@ fn each_known_model_finds_its_points_by_fingerprint() {
     fps.sort();
     fps.dedup();
     assert_eq!(fps.len(), 3);
+}
+
+/// The blind KLs measured on the session bench decide the default policy per model: Qwen2.5-0.5B
+/// (blind recall 5.8e-3) places recalls and survivors blind under the default budget 0.01,
+/// SmolLM2-135M (7.0e-2) does not, and Gemma 3 (never measured) keeps the conservative default.
+#[test]
+fn measured_blind_kls_set_each_models_default_policy() {
+    let home = kamera_model::default_home();
+    for (name, blind_by_default) in [
+        (ModelName::Smollm2_135m, Some(false)),
+        (ModelName::Qwen25_05b, Some(true)),
+        (ModelName::Gemma3_270m, None),
+    ] {
+        let path = kamera_model::fetch(name, &home).unwrap_or_else(|e| panic!("fetching {name}: {e}"));
+        let m = Model::load(&path).unwrap_or_else(|e| panic!("loading {name}: {e}"));
+        let fp = ModelFp::of(m.base_fingerprint());
+        let blind = measured_blind_kl(&fp);
+        assert_eq!(
+            blind.is_some(),
+            blind_by_default.is_some(),
+            "{name}: measured blind KL {blind:?}"
+        );
+        let Some(blind) = blind else { continue };
+        let cost = CostModel {
+            recall_blind_kl: blind.recall,
+            survivor_blind_kl: blind.survivors,
+            ..CostModel::default()
+        };
+        let recall = cost.recall(kamera_store::ChunkId::of(b"a page", "text", fp), 300, 200, false, 4.0);
+        let survivors = cost.survivors(300, 200);
+        let want = blind_by_default.unwrap();
+        assert_eq!(recall.choice == Choice::Blind, want, "{name}: {}", recall.reason);
+        assert_eq!(survivors.choice == Choice::Blind, want, "{name}: {}", survivors.reason);
+    }
+    assert!(CostModel::default().recall_blind_kl > CostModel::default().kl_budget);
 }
