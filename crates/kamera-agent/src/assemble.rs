@@ -184,7 +184,10 @@ pub fn cost_model(
                 tracing::info!(path = %p.display(), "cost model calibrated on this machine");
                 c.cost
             } else {
-                missing.push("no calibration on this machine");
+                missing.push(
+                    "no calibration on this machine (SmolLM2-135M's rates on a 2-core CPU; run `kamera calibrate --model <this model>`)"
+                        .to_string(),
+                );
                 CostModel::default()
             }
         }
@@ -193,7 +196,7 @@ pub fn cost_model(
     match kamera_sched::measured_points(&fp) {
         Some(points) => cost.patch_points = points,
         None => {
-            missing.push("no measured patch points");
+            missing.push("no measured patch points (SmolLM2-135M's)".to_string());
             cost.patch_points = kamera_sched::default_patch_points();
         }
     }
@@ -202,15 +205,13 @@ pub fn cost_model(
             cost.recall_blind_kl = blind.recall;
             cost.survivor_blind_kl = blind.survivors;
         }
-        None => missing.push("no measured blind-placement KL"),
+        None => missing.push(format!(
+            "no measured blind-placement KL (predicted {:.2} for recalls, {:.2} for survivors: above the KL budget {:.2}, so they are patched or re-prefilled)",
+            cost.recall_blind_kl, cost.survivor_blind_kl, cost.kl_budget
+        )),
     }
     if !missing.is_empty() {
-        tracing::warn!(
-            model = %fp,
-            "{}: using the defaults (SmolLM2-135M's rates on a 2-core CPU and its patch points; blind placements predicted at KL {:.2}, so recalls are patched or re-prefilled); run `kamera calibrate --model <this model>` for the rates",
-            missing.join(", "),
-            cost.recall_blind_kl
-        );
+        tracing::warn!(model = %fp, "using defaults: {}", missing.join("; "));
     }
     cost.basis = load_basis(model, basis, home)?;
     if let Some(p) = cost.patch_point() {
