@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kamera_ops::{ChunkKv, DType, PatchConfig};
-use kamera_store::{ChunkId, ChunkStore, Key, ModelFp, Record};
+use kamera_store::{Body, ChunkId, ChunkStore, Key, ModelFp, Record};
 
 use crate::cost::CostModel;
 use crate::encoder::{BoxError, Encoder, Part, Prior, Timings};
@@ -66,12 +66,33 @@ pub struct Resident {
     pub version: u64,
 }
 
+/// A chunk's canonical KV as staged: the store's record itself (shared, not copied out of it) or
+/// a prefill's output wrapped as one.
+#[derive(Debug, Clone)]
+struct Canonical(Arc<Record>);
+
+impl Canonical {
+    fn new(rec: Arc<Record>) -> Option<Canonical> {
+        matches!(rec.body, Body::Kv(_)).then_some(Canonical(rec))
+    }
+}
+
+impl std::ops::Deref for Canonical {
+    type Target = ChunkKv;
+    fn deref(&self) -> &ChunkKv {
+        match &self.0.body {
+            Body::Kv(kv) => kv,
+            Body::Patch(_) => unreachable!("Canonical::new admits KV records only"),
+        }
+    }
+}
+
 /// Executes plans; holds the resident KV of each chunk at its window position.
 pub struct Executor<E, S> {
     enc: E,
     store: S,
     cfg: ExecConfig,
-    staged: BTreeMap<ChunkId, Arc<ChunkKv>>,
+    staged: BTreeMap<ChunkId, Canonical>,
     encode_us: BTreeMap<ChunkId, u64>,
     /// Conditioned KV a `FormPatch` computed, exact where it was computed: the `Place` after it
     /// uses it instead of canonical + the patch that approximates it.
@@ -188,18 +209,15 @@ impl<E: Encoder, S: ChunkStore> Executor<E, S> {
         self.resident.insert(chunk, Resident { kv, version });
     }
 
-    fn canonical(&mut self, op: &'static str, chunk: ChunkId) -> Result<Arc<ChunkKv>> {
+    fn canonical(&mut self, op: &'static str, chunk: ChunkId) -> Result<Canonical> {
         if let Some(kv) = self.staged.get(&chunk) {
             return Ok(kv.clone());
         }
         let key = Key::canonical(self.cfg.model, chunk);
         let rec = self.store.lookup(&key).map_err(store_err(op))?;
         let kv = rec
-            .as_ref()
-            .and_then(|r| r.as_kv())
-            .cloned()
+            .and_then(Canonical::new)
             .ok_or_else(|| Error::chunk(op, &chunk, "has no usable canonical KV in the store (re-insert it)"))?;
-        let kv = Arc::new(kv);
         self.staged.insert(chunk, kv.clone());
         Ok(kv)
     }
@@ -338,7 +356,8 @@ impl<E: Encoder, S: ChunkStore> Executor<E, S> {
                 let kv = self.enc.prefill_alone(*chunk).map_err(runner("prefill alone"))?;
                 self.count_prefill(&kv);
                 self.encode_us.insert(*chunk, t0.elapsed().as_micros() as u64);
-                self.staged.insert(*chunk, Arc::new(kv));
+                let rec = Record::kv(self.cfg.model, 0, kv);
+                self.staged.insert(*chunk, Canonical(Arc::new(rec)));
                 t.prefill_ms += ms(t0);
             }
             Step::Prefill {
