@@ -139,7 +139,24 @@ pub(crate) fn usize_field(v: &serde_json::Value, key: &str, file: &Path) -> Resu
         })
 }
 
-/// Float field `key`, or `default` when absent.
-pub(crate) fn f64_field(v: &serde_json::Value, key: &str, default: f64) -> f64 {
-    v.get(key).and_then(|x| x.as_f64()).unwrap_or(default)
+/// Float field `key` of the first of `objs` that has it: an error naming it when none does (a
+/// value that changes the math never gets a default).
+pub(crate) fn f64_field(objs: &[&serde_json::Value], key: &str, file: &Path) -> Result<f64> {
+    objs.iter()
+        .find_map(|v| v.get(key))
+        .map(|x| {
+            x.as_f64().ok_or_else(|| Error::Invalid {
+                op: "read config",
+                detail: format!("{}: \"{key}\" = {x} is not a number", file.display()),
+            })
+        })
+        .unwrap_or_else(|| {
+            Err(Error::Invalid {
+                op: "read config",
+                detail: format!(
+                    "{}: missing \"{key}\" (it changes the math; no default is assumed)",
+                    file.display()
+                ),
+            })
+        })
 }

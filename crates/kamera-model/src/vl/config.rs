@@ -1,6 +1,10 @@
 //! Qwen2.5-VL's config.json: the Qwen2 text model (fields at the top level, as the released
 //! checkpoints have them, or under `text_config`, as newer transformers write), the vision tower,
-//! and the vision token ids.
+//! and the vision token ids. Both layouts of the rotary parameters are read: transformers 4.x's
+//! `rope_scaling` {`mrope_section`} beside `rope_theta`, and 5.x's `rope_parameters`
+//! {`mrope_section`, `rope_theta`, `rope_type`}. A value that changes the math (the rotary base,
+//! the norm's epsilon, the sections) is an error when missing, never a default; fields this
+//! runner does not read are logged at debug level.
 
 use std::path::Path;
 
@@ -88,7 +92,7 @@ impl VlConfig {
         let vis = v
             .get("vision_config")
             .ok_or_else(|| invalid(file, "no \"vision_config\"".into()))?;
-        let text = text_config(t, file)?;
+        let text = text_config(t, &v, file)?;
         let vision = vision_config(vis, file)?;
         if vision.out_hidden != text.hidden {
             return Err(invalid(
@@ -126,7 +130,8 @@ impl VlConfig {
     }
 }
 
-fn text_config(t: &Value, file: &Path) -> Result<Config> {
+/// The text model of `t` (`text_config`, or the top level `top` of a flat config).
+fn text_config(t: &Value, top: &Value, file: &Path) -> Result<Config> {
     let u = |k: &str| usize_field(t, k, file);
     let (hidden, heads, n_layers) = (u("hidden_size")?, u("num_attention_heads")?, u("num_hidden_layers")?);
     let kv_heads = u("num_key_value_heads").unwrap_or(heads);
@@ -143,25 +148,16 @@ fn text_config(t: &Value, file: &Path) -> Result<Config> {
     if t.get("use_sliding_window").and_then(Value::as_bool) == Some(true) {
         return Err(invalid(file, "use_sliding_window = true is not supported".into()));
     }
-    let scaling = t.get("rope_scaling");
-    let sections: Vec<usize> = scaling
-        .and_then(|s| s.get("mrope_section"))
-        .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(|x| x.as_u64().map(|x| x as usize)).collect())
-        .unwrap_or_default();
-    let [st, sh, sw] = sections[..] else {
-        return Err(invalid(
-            file,
-            "rope_scaling.mrope_section must list three integers".into(),
-        ));
-    };
+    let (sections, base) = rope(t, top, file)?;
+    let [st, sh, sw] = sections;
     if st + sh + sw != head_dim / 2 {
         return Err(invalid(
             file,
             format!("mrope_section {sections:?} must sum to head_dim / 2 = {}", head_dim / 2),
         ));
     }
-    let base = f64_field(t, "rope_theta", 1_000_000.0);
+    let rms_eps = f64_field(&[t, top], "rms_norm_eps", file)?;
+    unread("text_config", t, TEXT_FIELDS);
     Ok(Config {
         family: Family::Qwen2,
         n_layers,
@@ -171,7 +167,7 @@ fn text_config(t: &Value, file: &Path) -> Result<Config> {
         kv_heads,
         head_dim,
         vocab: u("vocab_size")?,
-        rms_eps: f64_field(t, "rms_norm_eps", 1e-6),
+        rms_eps,
         rope_bases: vec![base; n_layers],
         rope_layout: PairLayout::HalfSplit,
         sliding_window: None,
@@ -200,7 +196,8 @@ fn vision_config(v: &Value, file: &Path) -> Result<VisionConfig> {
         hidden: u("hidden_size")?,
         intermediate: u("intermediate_size")?,
         heads: u("num_heads")?,
-        in_channels: u("in_channels").unwrap_or(3),
+        // transformers writes `in_channels`; the released checkpoints' configs `in_chans`.
+        in_channels: u("in_channels").or_else(|_| u("in_chans")).unwrap_or(3),
         patch_size: u("patch_size")?,
         temporal_patch_size: u("temporal_patch_size")?,
         merge_size: u("spatial_merge_size")?,
@@ -209,7 +206,12 @@ fn vision_config(v: &Value, file: &Path) -> Result<VisionConfig> {
             .get("fullatt_block_indexes")
             .and_then(Value::as_array)
             .map(|a| a.iter().filter_map(|x| x.as_u64().map(|x| x as usize)).collect())
-            .unwrap_or_default(),
+            .ok_or_else(|| {
+                invalid(
+                    file,
+                    "vision_config has no \"fullatt_block_indexes\" (which blocks attend fully)".into(),
+                )
+            })?,
         out_hidden: u("out_hidden_size")?,
         tokens_per_second: u("tokens_per_second").unwrap_or(2),
     };
@@ -223,4 +225,95 @@ fn vision_config(v: &Value, file: &Path) -> Result<VisionConfig> {
         ));
     }
     Ok(cfg)
+}
+
+/// The M-RoPE sections and rotary base, from transformers 5's `rope_parameters` or 4.x's
+/// `rope_scaling` + `rope_theta` (in `t`, else at the top level): errors name what is missing.
+fn rope(t: &Value, top: &Value, file: &Path) -> Result<([usize; 3], f64)> {
+    let params = [t, top]
+        .iter()
+        .find_map(|o| o.get("rope_parameters").or_else(|| o.get("rope_scaling")))
+        .filter(|p| p.is_object())
+        .ok_or_else(|| {
+            invalid(
+                file,
+                "no \"rope_parameters\" (transformers 5) or \"rope_scaling\" (transformers 4) with \"mrope_section\""
+                    .into(),
+            )
+        })?;
+    let kind = params
+        .get("rope_type")
+        .or_else(|| params.get("type"))
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    if !matches!(kind, "default" | "mrope") {
+        return Err(invalid(
+            file,
+            format!("rope type {kind:?} is not supported (\"default\" or \"mrope\")"),
+        ));
+    }
+    let sections: Vec<usize> = params
+        .get("mrope_section")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(|x| x.as_u64().map(|x| x as usize)).collect())
+        .unwrap_or_default();
+    let [st, sh, sw] = sections[..] else {
+        return Err(invalid(
+            file,
+            format!("mrope_section must list three integers, got {sections:?}"),
+        ));
+    };
+    let base = f64_field(&[params, t, top], "rope_theta", file)?;
+    if !(base.is_finite() && base > 1.0) {
+        return Err(invalid(file, format!("rope_theta {base} must be a finite base > 1")));
+    }
+    Ok(([st, sh, sw], base))
+}
+
+/// Text-model fields this runner reads, or that do not change its math (HF bookkeeping).
+const TEXT_FIELDS: &[&str] = &[
+    "hidden_size",
+    "num_attention_heads",
+    "num_hidden_layers",
+    "num_key_value_heads",
+    "intermediate_size",
+    "vocab_size",
+    "rms_norm_eps",
+    "rope_theta",
+    "rope_scaling",
+    "rope_parameters",
+    "hidden_act",
+    "use_sliding_window",
+    "sliding_window",
+    "max_window_layers",
+    "tie_word_embeddings",
+    "architectures",
+    "attention_dropout",
+    "initializer_range",
+    "layer_types",
+    "max_position_embeddings",
+    "model_type",
+    "use_cache",
+    "dtype",
+    "torch_dtype",
+    "transformers_version",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "text_config",
+    "vision_config",
+    "image_token_id",
+    "video_token_id",
+    "vision_start_token_id",
+    "vision_end_token_id",
+    "vision_token_id",
+];
+
+/// Logs (debug) the fields of `obj` this runner neither reads nor knows to be bookkeeping.
+fn unread(what: &str, obj: &Value, known: &[&str]) {
+    if let Some(o) = obj.as_object() {
+        for k in o.keys().filter(|k| !known.contains(&k.as_str())) {
+            tracing::debug!(section = what, field = %k, "config field not read by this runner");
+        }
+    }
 }
