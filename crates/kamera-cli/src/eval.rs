@@ -278,3 +278,21 @@ pub fn run(a: EvalArgs) -> Result<()> {
     print!("{md}");
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::expand_runtime;
+
+    #[test]
+    fn runtime_stands_for_the_runtimes_method_alone_or_recalled() {
+        let got = expand_runtime(
+            "full, runtime,recall:runtime,recall-foreign:runtime,kamera:8,xruntime",
+            "kamera-budget:0.095/q4/rf",
+        );
+        assert_eq!(
+            got,
+            "full,kamera-budget:0.095/q4/rf,recall:kamera-budget:0.095/q4/rf,recall-foreign:kamera-budget:0.095/q4/rf,kamera:8,xruntime"
+        );
+        assert!(kamera_eval::parse_methods(&got.replace(",xruntime", "")).is_ok());
+    }
+}
