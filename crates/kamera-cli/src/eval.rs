@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context as _, Result};
 use clap::Args;
-use kamera_eval::{EvalConfig, evaluate, load_tasks, parse_methods};
+use kamera_eval::{EvalConfig, Split, TaskRange, TaskSelection, evaluate, load_tasks, parse_methods};
 
 /// Every method at the settings the targets name.
 pub const DEFAULT_METHODS: &str = "full,prefix,blind,kamera:8,kamera:16,kamera:32,kamera-budget:0.1,kamera:32/q8,kamera:64/q4,kamera-budget:0.1/q4,orbit:32,orbit-later:32,orbit-slot:32,cacheblend:0.15,epic:32,oracle-tokens:0.5";
@@ -28,7 +28,12 @@ pub struct EvalArgs {
     /// kamera-eval README): /w=LETTERS, /rf, /rel, /ls, /kx=F, /gx=F, /klt and /klte
     /// (transform-coded in --deficit-basis), /t2=F, /t3=F (mixed-bit factors, simulated bytes);
     /// oracle-layer:L[k|v],
-    /// oracle-except:L[k|v] probe one layer's sensitivity.
+    /// oracle-except:L[k|v] probe one layer's sensitivity. The runtime's case: recall:SPEC
+    /// (each page's patch formed after the task's other pages in reverse order, scored in the
+    /// task's order), recall-foreign:SPEC (formed after another task's pages); the equal-bytes
+    /// baseline: kvq:B (each later page's conditioned KV quantised to B of its bf16 bytes),
+    /// kvq-deficit:B (its deficit so). `runtime` stands for the patch method the runtime forms
+    /// for this model (kamera-sched's cost model), also inside recall:runtime.
     #[arg(long, default_value = DEFAULT_METHODS)]
     methods: String,
     /// Where to write the JSON report (required unless --calibrate-queries or
@@ -41,9 +46,17 @@ pub struct EvalArgs {
     /// Where to write the SVG plot (default: the JSON path with .svg).
     #[arg(long)]
     svg: Option<PathBuf>,
-    /// Only the first N tasks.
+    /// Only the first N tasks (of the split or range, when given).
     #[arg(long)]
     limit: Option<usize>,
+    /// A split of tasks/default.jsonl by position: dev (tasks 1-8, where configurations were
+    /// picked), calibration (9-24: bases, sensitivity and query tables) or heldout (25-40, for
+    /// headline figures). Recorded in the report.
+    #[arg(long, conflicts_with = "task_range")]
+    split: Option<Split>,
+    /// Tasks A..=B (or A-B, or A..B with B excluded) of --tasks, 1-based. Recorded in the report.
+    #[arg(long)]
+    task_range: Option<TaskRange>,
     /// The most orderings of a task's pages an orbit is formed from (and its methods scored
     /// on): all of them when there are at most this many (up to 4 pages at 24), else this many
     /// sampled, the task's own first.
@@ -94,14 +107,66 @@ pub struct EvalArgs {
     noise_floor: bool,
 }
 
-pub fn run(a: EvalArgs) -> Result<()> {
-    let methods = parse_methods(&a.methods)?;
+/// The patch methods the runtime forms for `model`: the cost model's choice among the model's
+/// measured patch points (SmolLM2-135M's for a model never measured), without a basis.
+fn runtime_methods(model: &kamera_model::Model) -> Vec<String> {
+    let fp = kamera_store::ModelFp::of(model.base_fingerprint());
+    let points = kamera_sched::measured_points(&fp).unwrap_or_else(kamera_sched::default_patch_points);
+    let cost = kamera_sched::CostModel {
+        patch_points: points,
+        ..kamera_sched::CostModel::default()
+    };
+    cost.patch_point().map(|p| p.label.clone()).into_iter().collect()
+}
+
+/// `list` with every `runtime` (alone or after `recall:` / `recall-foreign:`) replaced by
+/// `runtime`'s method.
+fn expand_runtime(list: &str, runtime: &str) -> String {
+    list.split(',')
+        .map(|m| {
+            let m = m.trim();
+            match m.strip_suffix("runtime") {
+                Some(head) if head.is_empty() || head.ends_with(':') => format!("{head}{runtime}"),
+                _ => m.to_string(),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The tasks of `a`'s file, split or range, and limit, and what was selected.
+fn select_tasks(a: &EvalArgs) -> Result<(Vec<kamera_eval::Task>, TaskSelection)> {
     let mut tasks = load_tasks(&a.tasks)?;
+    let range = a.split.map(Split::range).or(a.task_range);
+    if let Some(r) = range {
+        tasks = r.select(tasks)?;
+    }
     if let Some(n) = a.limit {
         tasks.truncate(n);
     }
+    let sel = TaskSelection {
+        file: a.tasks.display().to_string(),
+        split: a.split.map(|s| s.name().to_string()),
+        range,
+        limit: a.limit,
+        ids: tasks.iter().map(|t| t.id.clone()).collect(),
+    };
+    Ok((tasks, sel))
+}
+
+pub fn run(a: EvalArgs) -> Result<()> {
+    let uses_runtime = a.methods.split(',').any(|m| m.trim().ends_with("runtime"));
+    if !uses_runtime {
+        parse_methods(&a.methods)?;
+    }
+    let (tasks, selection) = select_tasks(&a)?;
     let mut model = crate::models::load_with(&a.model, a.prefill_precision)?;
     eprintln!("{}: prefill precision {}", a.model, model.prefill_precision());
+    let runtime = runtime_methods(&model);
+    let methods = match runtime.first() {
+        Some(r) => parse_methods(&expand_runtime(&a.methods, r))?,
+        None => parse_methods(&a.methods)?,
+    };
     let layer_sensitivity = match &a.layer_sensitivity {
         Some(p) => {
             let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
@@ -194,6 +259,8 @@ pub fn run(a: EvalArgs) -> Result<()> {
     })?;
     bar.finish_and_clear();
     report.noise_floor = noise;
+    report.selection = Some(selection);
+    report.runtime_methods = runtime;
     let write = |p: &PathBuf, s: &str| std::fs::write(p, s).with_context(|| format!("writing {}", p.display()));
     write(&json, &serde_json::to_string_pretty(&report)?)?;
     let svg = a.svg.clone().unwrap_or_else(|| json.with_extension("svg"));
@@ -210,4 +277,22 @@ pub fn run(a: EvalArgs) -> Result<()> {
     }
     print!("{md}");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::expand_runtime;
+
+    #[test]
+    fn runtime_stands_for_the_runtimes_method_alone_or_recalled() {
+        let got = expand_runtime(
+            "full, runtime,recall:runtime,recall-foreign:runtime,kamera:8,xruntime",
+            "kamera-budget:0.095/q4/rf",
+        );
+        assert_eq!(
+            got,
+            "full,kamera-budget:0.095/q4/rf,recall:kamera-budget:0.095/q4/rf,recall-foreign:kamera-budget:0.095/q4/rf,kamera:8,xruntime"
+        );
+        assert!(kamera_eval::parse_methods(&got.replace(",xruntime", "")).is_ok());
+    }
 }

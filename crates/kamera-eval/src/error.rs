@@ -29,7 +29,7 @@ pub enum Error {
     #[error("task {id:?}: {detail}")]
     Task { id: String, detail: String },
     #[error(
-        "method {spec:?}: {detail} (known: full, prefix, blind, kamera:R, kamera-budget:B, kamera-share:B, kamera-kv:BK+BV, kamera-energy:E[+EV], orbit:R, orbit-later:R, orbit-slot:R, orbit-unseen:R, cacheblend:F, epic:K, oracle-tokens:F, oracle-layer:L[k|v], oracle-except:L[k|v]; patch methods take /q8, /q4, /f32, /f16, /bf16, /drop=S and more, see the README)"
+        "method {spec:?}: {detail} (known: full, prefix, blind, kamera:R, kamera-budget:B, kamera-share:B, kamera-kv:BK+BV, kamera-energy:E[+EV], orbit:R, orbit-later:R, orbit-slot:R, orbit-unseen:R, cacheblend:F, epic:K, oracle-tokens:F, oracle-layer:L[k|v], oracle-except:L[k|v], recall:SPEC, recall-foreign:SPEC, kvq:B, kvq-deficit:B; patch methods take /q8, /q4, /f32, /f16, /bf16, /drop=S and more, see the README)"
     )]
     Method { spec: String, detail: String },
     #[error("{op}: {detail}")]

@@ -11,14 +11,17 @@ mod error;
 mod generate;
 mod klt;
 mod kv;
+mod kvq;
 mod method;
 mod metrics;
 mod mixed;
 mod noise;
 mod orbit;
 mod qcal;
+mod recall;
 mod report;
 mod run;
+mod split;
 mod tail;
 mod task;
 mod weighted;
@@ -28,13 +31,15 @@ pub use error::{Error, Result};
 pub use generate::{GenConfig, Rng, filler_text, generate};
 pub use kamera_ops::orbit_orderings;
 pub use klt::{BasisHeader, DeficitBasis, calibrate_basis};
-pub use method::{Method, OrbitKind, PatchSpec, Tail, WEIGHT_FLOOR, Weighting, parse_methods};
+pub use kvq::{GroupQuant, MAX_GROUP, quantise_kv};
+pub use method::{Method, OrbitKind, PatchSpec, Tail, Visit, WEIGHT_FLOOR, Weighting, parse_methods};
 pub use metrics::{Scores, gap_recovered, kl, log_softmax, score};
 pub use mixed::Form;
 pub use noise::{NoiseFloor, TaskNoise, precision_noise};
 pub use qcal::{QueryCalibration, calibrate_queries};
-pub use report::{Diagnostics, LayerEnergy, MethodSummary, OraclePoint, OrbitLayer, Report, summarize};
+pub use report::{Diagnostics, LayerEnergy, MethodSummary, OraclePoint, OrbitLayer, Report, gap_se, summarize};
 pub use run::{DEFAULT_SYSTEM, EvalConfig, Evaluator, TaskDiagnostics, TaskMethod, TaskResult};
+pub use split::{Split, TaskRange, TaskSelection};
 pub use task::{Task, load_tasks, parse_tasks, save_tasks, tasks_to_jsonl};
 
 /// Runs `methods` on every task and aggregates; `on_task` is called after each task.
@@ -49,7 +54,9 @@ pub fn evaluate(
     let ev = Evaluator::new(model, cfg);
     let mut per_task = Vec::with_capacity(tasks.len());
     for (i, t) in tasks.iter().enumerate() {
-        let r = ev.run_task(t, methods)?;
+        // `recall-foreign` forms a page's patch after the next task's pages (cyclically).
+        let other = (tasks.len() > 1).then(|| &tasks[(i + 1) % tasks.len()]);
+        let r = ev.run_task_with(t, methods, other)?;
         on_task(i, &r);
         per_task.push(r);
     }

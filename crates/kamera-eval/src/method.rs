@@ -261,6 +261,33 @@ pub enum Method {
         v: bool,
         except: bool,
     },
+    /// The runtime's case (`recall:SPEC`, `recall-foreign:SPEC`; kamera-eval `recall`): each
+    /// page's patch formed at a first visit in another context A, then applied after its
+    /// canonical KV is recalled into the task's ordering B.
+    Recall { visit: Visit, patch: PatchSpec },
+    /// The equal-bytes baseline (`kvq:B`; kamera-eval `kvq`): each page's conditioned KV itself
+    /// (`kvq-deficit:B`: its deficit on top of the relocated canonical KV) stored in B of its
+    /// bf16 KV bytes by a per-group uniform quantiser.
+    KvQuant { fraction: f64, deficit: bool },
+}
+
+/// Context A of the runtime's case: what preceded the page at its first visit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Visit {
+    /// The task's other pages, in the reverse of their order in the task (`recall:`).
+    Reordered,
+    /// The first pages of another task of the run, as many as precede the page in the task
+    /// (`recall-foreign:`).
+    Foreign,
+}
+
+impl Visit {
+    fn prefix(self) -> &'static str {
+        match self {
+            Visit::Reordered => "recall:",
+            Visit::Foreign => "recall-foreign:",
+        }
+    }
 }
 
 fn fraction(spec: &str, arg: &str) -> Result<f64> {
@@ -500,6 +527,11 @@ impl FromStr for Method {
     type Err = Error;
     fn from_str(spec: &str) -> Result<Method> {
         let s = spec.trim();
+        for visit in [Visit::Reordered, Visit::Foreign] {
+            if let Some(inner) = s.strip_prefix(visit.prefix()) {
+                return recall(spec, visit, inner);
+            }
+        }
         let mut parts = s.split('/');
         let head = parts.next().unwrap_or_default();
         let mods: Vec<&str> = parts.collect();
@@ -582,8 +614,31 @@ impl FromStr for Method {
                     except: name == "oracle-except",
                 })
             }
+            "kvq" | "kvq-deficit" => no_mods(Method::KvQuant {
+                fraction: fraction(spec, need()?)?,
+                deficit: name == "kvq-deficit",
+            }),
             _ => Err(bad("unknown method".into())),
         }
+    }
+}
+
+/// `recall:SPEC` / `recall-foreign:SPEC`: SPEC a `kamera*` patch method without attention
+/// weights (those come from a probed prefill in the scored context, which a first visit elsewhere
+/// does not have).
+fn recall(spec: &str, visit: Visit, inner: &str) -> Result<Method> {
+    let bad = |detail: &str| Error::Method {
+        spec: spec.into(),
+        detail: detail.into(),
+    };
+    match inner.parse::<Method>()? {
+        Method::Kamera(p) if p.weighting.any() => Err(bad(
+            "the runtime's case forms patches from the deficit alone (no w=, wq=)",
+        )),
+        Method::Kamera(patch) => Ok(Method::Recall { visit, patch }),
+        _ => Err(bad(
+            "recall takes a kamera patch method (recall:kamera-budget:0.095/q4/rf)",
+        )),
     }
 }
 
@@ -684,6 +739,12 @@ impl fmt::Display for Method {
                 let name = if *except { "oracle-except" } else { "oracle-layer" };
                 write!(f, "{name}:{layer}{ch}")
             }
+            Method::Recall { visit, patch } => {
+                write!(f, "{}{}", visit.prefix(), Method::Kamera(patch.clone()))
+            }
+            Method::KvQuant { fraction, deficit } => {
+                write!(f, "kvq{}:{fraction}", if *deficit { "-deficit" } else { "" })
+            }
         }
     }
 }
@@ -723,10 +784,27 @@ mod tests {
              kamera:32/w=qkvo2/wf=0.1/q8/rf,kamera-budget:0.095/q4/rf/rel/ls/kx=2/gx=0.5,oracle-layer:3,oracle-layer:17v,oracle-except:2k,\
              kamera-budget:0.1/q4/rf/ls/t2=0.6,kamera-budget:0.1/q4/rf/t3=0.5,kamera-budget:0.1/q4/wq=cal/rf/ls,\
              kamera-budget:0.1/q4/wq=cal/w=v/wf=0.5/rf,kamera-budget:0.1/q4/w=p/wq=cal,kamera:8/q4/wq=calraw,\
-             kamera-budget:0.098/q4/rf/ls/gx=2/m8=2,kamera-budget:0.1/q4/rf/d4=3,kamera-budget:0.1/q4/rf/ls/da4",
+             kamera-budget:0.098/q4/rf/ls/gx=2/m8=2,kamera-budget:0.1/q4/rf/d4=3,kamera-budget:0.1/q4/rf/ls/da4,\
+             recall:kamera-budget:0.095/q4/rf,recall-foreign:kamera:8,kvq:0.096,kvq-deficit:0.1",
         )
         .unwrap();
-        assert_eq!(ms.len(), 33);
+        assert_eq!(ms.len(), 37);
+        let Method::Recall { visit, patch } = &ms[33].1 else {
+            panic!()
+        };
+        assert_eq!(
+            (*visit, patch.quant, patch.refit),
+            (Visit::Reordered, Quant::Int4, true)
+        );
+        assert_eq!(ms[34].1.to_string(), "recall-foreign:kamera:8");
+        assert_eq!(
+            ms[35].1,
+            Method::KvQuant {
+                fraction: 0.096,
+                deficit: false
+            }
+        );
+        assert_eq!(ms[36].1.to_string(), "kvq-deficit:0.1");
         let klt =
             parse_methods("kamera-budget:0.098/klt/wq=cal/wf=1/ls,kamera-budget:0.1/klt/w=vo,kamera-budget:0.1/klte")
                 .unwrap();
@@ -870,6 +948,12 @@ mod tests {
             "kamera:8/w=p",
             "kamera:8/wq=page",
             "orbit:8/wq=cal",
+            "recall:blind",
+            "recall:kamera:8/w=v",
+            "recall:orbit:8",
+            "recall:",
+            "kvq:2",
+            "kvq:0.1/q4",
         ] {
             assert!(parse_methods(bad).is_err(), "{bad}");
         }

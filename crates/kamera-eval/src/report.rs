@@ -22,6 +22,11 @@ pub struct MethodSummary {
     pub gap_recovered: f64,
     /// Mean over tasks of the per-task gap recovered (noisier: tasks with tiny blind KL weigh in).
     pub gap_recovered_task_mean: f64,
+    /// The task standard error of `gap_recovered` (a ratio of means, by the delta method:
+    /// √(Σ (KLᵢ − R·blindᵢ)² / (n(n − 1))) / mean blind with R = mean KL / mean blind; 0 for
+    /// one task).
+    #[serde(default)]
+    pub gap_se: f64,
     pub bytes_ratio: f64,
     /// The largest patch record / its chunk's canonical record over every patched chunk of
     /// every task (the per-chunk reading of "added bytes").
@@ -113,7 +118,26 @@ pub struct Report {
     #[serde(default)]
     pub noise_floor: Option<NoiseFloor>,
     pub diagnostics: Diagnostics,
+    /// Which tasks were scored (`None` in reports from before it was recorded).
+    #[serde(default)]
+    pub selection: Option<crate::split::TaskSelection>,
+    /// The patch methods the runtime forms for this model (kamera-sched's cost model), where
+    /// known to the caller.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub runtime_methods: Vec<String>,
     pub per_task: Vec<TaskResult>,
+}
+
+/// The task standard error of 1 − mean(kl) / mean(blind) ([`MethodSummary::gap_se`]).
+pub fn gap_se(kl: &[f64], blind: &[f64]) -> f64 {
+    let n = kl.len().min(blind.len());
+    let mb = mean(blind.iter().take(n).copied());
+    if n < 2 || mb <= 0.0 {
+        return 0.0;
+    }
+    let r = mean(kl.iter().take(n).copied()) / mb;
+    let ss: f64 = kl.iter().zip(blind).map(|(k, b)| (k - r * b).powi(2)).sum();
+    (ss / (n * (n - 1)) as f64).sqrt() / mb
 }
 
 fn mean(xs: impl Iterator<Item = f64>) -> f64 {
@@ -149,6 +173,14 @@ pub fn summarize(model: &str, order: &[String], settings: &EvalConfig, per_task:
                 answer_logprob: m(&|r| r.answer_logprob),
                 gap_recovered: gap_recovered(kl, method_blind),
                 gap_recovered_task_mean: m(&|r| r.gap_recovered),
+                gap_se: {
+                    let pairs = per_task.iter().filter_map(|t| {
+                        let r = t.methods.get(spec)?;
+                        Some((r.kl, if r.orderings > 0 { r.blind_kl } else { t.blind_kl }))
+                    });
+                    let (kls, blinds): (Vec<f64>, Vec<f64>) = pairs.unzip();
+                    gap_se(&kls, &blinds)
+                },
                 bytes_ratio: m(&|r| r.bytes_ratio),
                 chunk_bytes_max: rows.iter().map(|r| r.chunk_bytes_max).fold(0.0, f64::max),
                 blind_kl: method_blind,
@@ -225,6 +257,8 @@ pub fn summarize(model: &str, order: &[String], settings: &EvalConfig, per_task:
         prefill_precision: None,
         noise_floor: None,
         diagnostics,
+        selection: None,
+        runtime_methods: Vec::new(),
         per_task,
     }
 }
@@ -243,6 +277,19 @@ impl Report {
             "Mean blind KL {:.4}; full re-prefill of the chunks {:.0} ms.\n",
             self.blind_kl, self.full_ms
         );
+        if let Some(sel) = &self.selection {
+            let range = sel.range.map_or("all".to_string(), |r| format!("{r}"));
+            let split = sel.split.as_deref().map_or(String::new(), |x| format!(" (split {x})"));
+            let limit = sel.limit.map_or(String::new(), |n| format!(", first {n} of them"));
+            let _ = writeln!(s, "Tasks {range}{split} of {}{limit}.\n", sel.file);
+        }
+        if !self.runtime_methods.is_empty() {
+            let _ = writeln!(
+                s,
+                "The runtime forms {} patches for this model (kamera-sched's cost model).\n",
+                self.runtime_methods.join(", ")
+            );
+        }
         if let Some(p) = self.prefill_precision {
             let _ = writeln!(
                 s,
@@ -263,18 +310,19 @@ impl Report {
                 n.blind_kl_other
             );
         }
-        s.push_str("| method | KL(full‖m) | blind KL (same orderings) | orderings | gap recovered | top-1 | exact match | answer logprob | bytes ratio | assemble ms | patch ms | break-even reuses | recompute share |\n");
-        s.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        s.push_str("| method | KL(full‖m) | blind KL (same orderings) | orderings | gap recovered | ± s.e. | top-1 | exact match | answer logprob | bytes ratio | assemble ms | patch ms | break-even reuses | recompute share |\n");
+        s.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
         for spec in &self.method_order {
             let Some(m) = self.methods.get(spec) else { continue };
             let be = m.break_even_reuses.map_or("-".to_string(), |b| format!("{b:.2}"));
             let _ = writeln!(
                 s,
-                "| {spec} | {:.4} | {:.4} | {:.1} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.1} | {:.1} | {be} | {:.3} |",
+                "| {spec} | {:.4} | {:.4} | {:.1} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.1} | {:.1} | {be} | {:.3} |",
                 m.kl,
                 m.blind_kl,
                 m.orderings,
                 m.gap_recovered,
+                m.gap_se,
                 m.top1,
                 m.exact_match,
                 m.answer_logprob,

@@ -215,7 +215,7 @@ impl<'a> Evaluator<'a> {
         &self.cfg
     }
 
-    fn encode(&self, id: &str, what: &str, text: &str) -> Result<Vec<u32>> {
+    pub(crate) fn encode(&self, id: &str, what: &str, text: &str) -> Result<Vec<u32>> {
         let ids = self.model.tokenizer().encode_raw(text).model("tokenize")?;
         if ids.is_empty() {
             return Err(Error::Task {
@@ -468,25 +468,28 @@ impl<'a> Evaluator<'a> {
         Ok((kv, ms(t)))
     }
 
-    /// The context with each chunk's patch; a patch's record bytes are its kamera-store
-    /// encoding unless given (a simulated type the codec does not have).
-    fn patched(
+    /// The context with each chunk's patch (none where `None`); a patch's record bytes are its
+    /// kamera-store encoding unless given (a simulated type the codec does not have).
+    pub(crate) fn patched(
         &self,
         p: &Prepared,
-        patches: &[(Patch, Option<usize>)],
+        patches: &[Option<&Formed>],
         patch_ms: f64,
     ) -> Result<(Context, TaskMethod)> {
         let order: Vec<usize> = (0..p.canon.len()).collect();
-        let refs: Vec<Option<&Patch>> = patches.iter().map(|(x, _)| Some(x)).collect();
+        let refs: Vec<Option<&Patch>> = patches.iter().map(|x| x.map(|(x, _)| x)).collect();
         let (kv, t) = self.assemble(p, &order, &refs)?;
         let each = patches
             .iter()
-            .map(|(x, b)| b.map_or_else(|| stored_bytes([x]), Ok))
+            .map(|x| match x {
+                None => Ok(0),
+                Some((x, b)) => b.map_or_else(|| stored_bytes([x]), Ok),
+            })
             .collect::<Result<Vec<_>>>()?;
         let bytes: usize = each.iter().sum();
         let mut cost = method_cost(1.0 + bytes as f64 / p.canon_bytes as f64, t, patch_ms, 0.0);
-        for (((patch, _), &canon), &b) in patches.iter().zip(&p.chunk_bytes).zip(&each) {
-            if patch.ranks().iter().any(|&(k, v)| k + v > 0) {
+        for ((patch, &canon), &b) in patches.iter().zip(&p.chunk_bytes).zip(&each) {
+            if patch.is_some_and(|(x, _)| x.ranks().iter().any(|&(k, v)| k + v > 0)) {
                 let r = b as f64 / canon as f64;
                 cost.chunk_bytes_max = cost.chunk_bytes_max.max(r);
             }
@@ -519,6 +522,12 @@ impl<'a> Evaluator<'a> {
 
     /// Runs `methods` (spec as given, parsed) on one task.
     pub fn run_task(&self, task: &Task, methods: &[(String, Method)]) -> Result<TaskResult> {
+        self.run_task_with(task, methods, None)
+    }
+
+    /// [`Evaluator::run_task`], with `other` the task whose pages `recall-foreign` patches are
+    /// formed after.
+    pub fn run_task_with(&self, task: &Task, methods: &[(String, Method)], other: Option<&Task>) -> Result<TaskResult> {
         let p = self.prepare(task)?;
         let rope = self.model.rope();
         let vocab = self.model.config().vocab;
@@ -567,7 +576,8 @@ impl<'a> Evaluator<'a> {
                     };
                     let plain = (spec.weighting.plain_ranks).then_some(&s.svds[..]);
                     let (patches, t) = self.spec_patches(&p, svds, ws, plain, spec)?;
-                    let (ctx, cost) = self.patched(&p, &patches, p.full_ms + svd_ms + t)?;
+                    let all: Vec<Option<&Formed>> = patches.iter().map(Some).collect();
+                    let (ctx, cost) = self.patched(&p, &all, p.full_ms + svd_ms + t)?;
                     (self.answer_rows(&p, &ctx)?, cost)
                 }
                 Method::Orbit { kind, patch } => {
@@ -605,6 +615,14 @@ impl<'a> Evaluator<'a> {
                     let t = ms(t) + p.blind_ms;
                     let ctx = self.with_region(&p, &region)?;
                     (self.answer_rows(&p, &ctx)?, method_cost(1.0 + fraction, t, 0.0, 0.0))
+                }
+                Method::Recall { visit, patch } => {
+                    let (ctx, cost) = self.recall(task, &p, *visit, other, patch)?;
+                    (self.answer_rows(&p, &ctx)?, cost)
+                }
+                Method::KvQuant { fraction, deficit } => {
+                    let (ctx, cost) = self.kv_quant(&p, *fraction, *deficit)?;
+                    (self.answer_rows(&p, &ctx)?, cost)
                 }
                 Method::OracleLayer { layer, k, v, except } => {
                     let t = Instant::now();
