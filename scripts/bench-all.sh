@@ -85,9 +85,10 @@ for t in "${selected[@]}"; do
     run) run_table "$t" "$PWD/scripts/bench-run.sh" "$PWD/scenarios/order-status.toml" 5 ;;
     agent) run_table "$t" "$kamera" bench agent --json agent.json ;;
     eval)
-      sed -n 25,40p crates/kamera-eval/tasks/default.jsonl >"$out/heldout-tasks.jsonl"
-      run_table "$t" "$kamera" eval --model smollm2-135m --tasks heldout-tasks.jsonl \
-        --methods full,prefix,blind,kamera-budget:0.095/q4/rf --json eval.json --no-diagnostics ;;
+      run_table "$t" "$kamera" eval --model smollm2-135m --tasks "$PWD/crates/kamera-eval/tasks/default.jsonl" \
+        --split heldout --no-diagnostics \
+        --methods full,prefix,blind,runtime,recall:runtime,recall-foreign:runtime,kvq:0.096,kvq-deficit:0.096 \
+        --json eval.json --report eval-report.md ;;
   esac
 done
 echo "bench-all: results in $out (INDEX.md)" >&2
