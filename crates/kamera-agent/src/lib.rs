@@ -49,6 +49,7 @@ mod app;
 mod assemble;
 mod calibration;
 mod error;
+mod json_schema;
 mod llm;
 mod lm;
 mod policy;
@@ -82,7 +83,8 @@ pub use runtime::{
 pub use scenario::{
     Budget, DEFAULT_WAIT_MS, MiniWobSpec, Observe, PolicyKind, Scenario, SiteSpec, Step, Success, resolve,
 };
-pub use schema::{ActionSchema, Fit, LEAD, Template};
+pub use json_schema::JsonGrammar;
+pub use schema::{ActionSchema, Fit, Grammar, LEAD, Template};
 pub use trace::{
     EndRecord, Header, Line, ObsRecord, StepRecord, StepResult, StepTimings, TRACE_VERSION, Trace, TraceWriter,
     devtools_recorder, sha256_hex,
