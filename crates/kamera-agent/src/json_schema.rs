@@ -45,9 +45,18 @@ const MAX_DEPTH: usize = 8;
 enum Node {
     /// Properties in order: the key as written (quoted, JSON-escaped), its value.
     Object(Vec<(String, Node)>),
-    Array { item: Box<Node>, min: usize, max: usize },
-    Str { min: usize, max: usize },
-    Number { integer: bool },
+    Array {
+        item: Box<Node>,
+        min: usize,
+        max: usize,
+    },
+    Str {
+        min: usize,
+        max: usize,
+    },
+    Number {
+        integer: bool,
+    },
     /// One of these JSON texts (`true`/`false`, or JSON strings).
     Literal(Vec<String>),
 }
@@ -150,9 +159,10 @@ fn compile(schema: &Value, path: &str, depth: usize) -> std::result::Result<Node
         ));
     }
     if let Some(e) = o.get("enum") {
-        let values = e.as_array().filter(|a| !a.is_empty()).ok_or_else(|| {
-            format!("enum at {} must be a non-empty array", at(path))
-        })?;
+        let values = e
+            .as_array()
+            .filter(|a| !a.is_empty())
+            .ok_or_else(|| format!("enum at {} must be a non-empty array", at(path)))?;
         let mut lits = Vec::new();
         for v in values {
             match v.as_str() {
@@ -195,7 +205,10 @@ fn compile(schema: &Value, path: &str, depth: usize) -> std::result::Result<Node
                     .as_array()
                     .ok_or_else(|| format!("required at {} must be an array of names", at(path)))?;
                 if let Some(n) = names.iter().find(|n| n.as_str().is_none_or(|n| !props.contains_key(n))) {
-                    return Err(format!("required at {} names {n}, which is not one of its properties", at(path)));
+                    return Err(format!(
+                        "required at {} names {n}, which is not one of its properties",
+                        at(path)
+                    ));
                 }
             }
             let mut fields = Vec::new();
@@ -223,7 +236,9 @@ fn compile(schema: &Value, path: &str, depth: usize) -> std::result::Result<Node
         }
         "string" => {
             let min = usize_of(o, "minLength", path)?.unwrap_or(0);
-            let max = usize_of(o, "maxLength", path)?.unwrap_or(MAX_FREE_CHARS).min(MAX_FREE_CHARS);
+            let max = usize_of(o, "maxLength", path)?
+                .unwrap_or(MAX_FREE_CHARS)
+                .min(MAX_FREE_CHARS);
             if min > max {
                 return Err(format!(
                     "minLength {min} at {} is more than the {max} characters a string may hold",
@@ -259,8 +274,8 @@ fn lit(lit: &str, s: &str, pos: usize) -> Walk {
     let rest = &s[pos..];
     if rest.starts_with(lit) {
         Walk::Done(pos + lit.len())
-    } else if lit.starts_with(rest) {
-        Walk::Open(lit[rest.len()..].to_string())
+    } else if let Some(left) = lit.strip_prefix(rest) {
+        Walk::Open(left.to_string())
     } else {
         Walk::Dead
     }
@@ -295,7 +310,11 @@ fn walk(node: &Node, s: &str, pos: usize) -> Walk {
             let mut n = 0;
             for (i, c) in rest[1..].char_indices() {
                 if c == '"' {
-                    return if n >= *min { Walk::Done(pos + 1 + i + 1) } else { Walk::Dead };
+                    return if n >= *min {
+                        Walk::Done(pos + 1 + i + 1)
+                    } else {
+                        Walk::Dead
+                    };
                 }
                 n += 1;
                 if !free_char(c) || n > *max {
@@ -318,7 +337,11 @@ fn walk(node: &Node, s: &str, pos: usize) -> Walk {
                         .collect();
                     format!("{}}}", tail.concat())
                 };
-                let head = if i == 0 { format!("{key}: ") } else { format!(", {key}: ") };
+                let head = if i == 0 {
+                    format!("{key}: ")
+                } else {
+                    format!(", {key}: ")
+                };
                 pos = match lit(&head, s, pos) {
                     Walk::Done(e) => e,
                     Walk::Open(c) => return Walk::Open(format!("{c}{}{}", shortest(value), rest_of(i + 1))),
@@ -497,7 +520,8 @@ mod tests {
         assert!(e.contains("top level"), "{e}");
         let e = JsonGrammar::new(&json!({"type": "object", "properties": {"n": {"type": "null"}}})).expect_err("null");
         assert!(e.contains("\"null\""), "{e}");
-        let e = JsonGrammar::new(&json!({"type": "object", "properties": {}, "required": ["a"]})).expect_err("required");
+        let e =
+            JsonGrammar::new(&json!({"type": "object", "properties": {}, "required": ["a"]})).expect_err("required");
         assert!(e.contains("\"a\""), "{e}");
     }
 }

@@ -145,7 +145,10 @@ async fn serve_http(addr: SocketAddr, shared: Arc<Shared>, cancel: CancellationT
         let svc = hyper_util::service::TowerToHyperService::new(service.clone());
         tokio::spawn(async move {
             let io = hyper_util::rt::TokioIo::new(stream);
-            if let Err(e) = hyper::server::conn::http1::Builder::new().serve_connection(io, svc).await {
+            if let Err(e) = hyper::server::conn::http1::Builder::new()
+                .serve_connection(io, svc)
+                .await
+            {
                 tracing::debug!(%peer, error = %e, "MCP HTTP connection");
             }
         });

@@ -284,10 +284,12 @@ pub(crate) fn summary_text(s: &RunSummary, reuse: bool) -> String {
     use std::fmt::Write;
     let mut o = String::new();
     _ = writeln!(o, "scenario  {}", s.scenario);
-    _ = writeln!(o, 
+    _ = writeln!(
+        o,
         "window    how the page's chunk was met (hit, new, recall, stored) and the plan's steps as made (held until the model reads the window; \"rebuilt\": that read built the window afresh instead)"
     );
-    _ = writeln!(o, 
+    _ = writeln!(
+        o,
         "{:>4}  {:<28} {:<34} {:<34} {:>8} {:>8} {:>8}  result",
         "step", "page", "action", "window", "encode", "model", "total"
     );
@@ -317,7 +319,8 @@ pub(crate) fn summary_text(s: &RunSummary, reuse: bool) -> String {
             .chars()
             .take(34)
             .collect();
-        _ = writeln!(o, 
+        _ = writeln!(
+            o,
             "{:>4}  {:<28} {:<34} {:<34} {:>6.0}ms {:>6.0}ms {:>6.0}ms  {}",
             st.step,
             page,
@@ -330,7 +333,8 @@ pub(crate) fn summary_text(s: &RunSummary, reuse: bool) -> String {
         );
     }
     let c = &s.session;
-    _ = writeln!(o, 
+    _ = writeln!(
+        o,
         "session   {} hit, {} new, {} recall, {} from the store, {} evict, {} relocate; {} tokens placed without prefill, {} prefilled",
         c.hits, c.new, c.recalls, c.stored, c.evictions, c.relocations, c.placed_tokens, c.prefill_tokens
     );
@@ -342,19 +346,22 @@ pub(crate) fn summary_text(s: &RunSummary, reuse: bool) -> String {
             .filter(|p| p.name() == "prefill")
             .count();
         let rebuilt = s.steps.iter().filter(|st| st.rebuilt).count();
-        _ = writeln!(o, 
+        _ = writeln!(
+            o,
             "lazy      {planned} prefills planned; {rebuilt} model reads built the window afresh instead of running the held plans"
         );
     }
     if c.patches_formed > 0 || c.patches_applied > 0 {
         let patch_ms: f64 = s.steps.iter().map(|st| st.timings.patch_ms).sum();
-        _ = writeln!(o, 
+        _ = writeln!(
+            o,
             "patches   {} formed ({patch_ms:.0} ms), {} placements relocated + patched",
             c.patches_formed, c.patches_applied
         );
     }
     if let Some(m) = s.steps.iter().rev().find_map(|st| st.model.as_ref()) {
-        _ = writeln!(o, 
+        _ = writeln!(
+            o,
             "model     context {} tokens (the live window); question {} tokens prefilled in {:.0} ms; answer in {:.0} ms",
             m.context_tokens, m.prompt_tokens, m.timings.prefill_ms, m.timings.decode_ms
         );
@@ -367,7 +374,8 @@ pub(crate) fn summary_text(s: &RunSummary, reuse: bool) -> String {
         && let (Some(base), Some(m)) = (st.timings.baseline_prefill_ms, st.model.as_ref())
     {
         let reuse = st.timings.reuse_ms + st.timings.patch_ms;
-        _ = writeln!(o, 
+        _ = writeln!(
+            o,
             "baseline  full re-prefill of the {}-token context {base:.0} ms vs this step's reuse {:.1} ms + patch {:.0} ms ({:.1}x)",
             m.context_tokens,
             st.timings.reuse_ms,
@@ -395,7 +403,8 @@ pub(crate) fn summary_text(s: &RunSummary, reuse: bool) -> String {
     };
     let sum = |f: fn(&kamera_agent::StepTimings) -> f64| s.steps.iter().map(|st| f(&st.timings)).sum::<f64>();
     let model_ms = sum(|t| t.reuse_ms + t.prefill_ms + t.decode_ms);
-    _ = writeln!(o, 
+    _ = writeln!(
+        o,
         "time      {:.1} s run; steps {:.1} s, of which model calls {:.1} s (context {:.1} s, prompt + answer {:.1} s)",
         s.wall_ms / 1e3,
         sum(|t| t.total_ms) / 1e3,
@@ -403,7 +412,12 @@ pub(crate) fn summary_text(s: &RunSummary, reuse: bool) -> String {
         sum(|t| t.reuse_ms) / 1e3,
         sum(|t| t.prefill_ms + t.decode_ms) / 1e3
     );
-    _ = writeln!(o, "result    {verdict} in {} steps, {:.1} s", s.end.steps, s.wall_ms / 1e3);
+    _ = writeln!(
+        o,
+        "result    {verdict} in {} steps, {:.1} s",
+        s.end.steps,
+        s.wall_ms / 1e3
+    );
     o
 }
 

@@ -98,30 +98,58 @@ fn drive(calls: &Value, server: &[&str]) -> Value {
 }
 
 fn check(answer: &Value, tracking: &str, status: &str) {
-    let names: Vec<&str> = answer["tools"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
-    assert_eq!(names, ["act", "extract", "navigate", "observe", "replay", "run_scenario"]);
+    let names: Vec<&str> = answer["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(
+        names,
+        ["act", "extract", "navigate", "observe", "replay", "run_scenario"]
+    );
     let calls = answer["calls"].as_array().unwrap();
     let text = |i: usize| calls[i]["text"].as_str().unwrap_or_default();
     let ok = |i: usize| assert_eq!(calls[i]["is_error"], false, "call {i}: {}", calls[i]);
     let err = |i: usize, says: &str| {
-        assert_eq!(calls[i]["is_error"], true, "call {i} should be a tool error: {}", calls[i]);
+        assert_eq!(
+            calls[i]["is_error"], true,
+            "call {i} should be a tool error: {}",
+            calls[i]
+        );
         assert!(text(i).contains(says), "call {i} should say {says:?}: {}", text(i));
     };
     for i in 0..10 {
         ok(i);
     }
     // The page as the agent reads it: title, path, text, interactive elements as [id] tag "text".
-    assert!(text(1).contains("Kestrel Supply") && text(1).contains("\"Orders\""), "{}", text(1));
+    assert!(
+        text(1).contains("Kestrel Supply") && text(1).contains("\"Orders\""),
+        "{}",
+        text(1)
+    );
     assert!(text(1).contains("[1] "), "elements carry their ids: {}", text(1));
     assert!(calls[1]["images"].as_array().unwrap().is_empty());
     // Text and a PNG screenshot of the order page.
-    assert!(text(4).contains("Order A-1042") && text(4).contains(tracking), "{}", text(4));
+    assert!(
+        text(4).contains("Order A-1042") && text(4).contains(tracking),
+        "{}",
+        text(4)
+    );
     let shot = &calls[4]["images"][0];
-    assert_eq!((shot["mime_type"].as_str(), shot["png"].as_bool()), (Some("image/png"), Some(true)), "{shot}");
+    assert_eq!(
+        (shot["mime_type"].as_str(), shot["png"].as_bool()),
+        (Some("image/png"), Some(true)),
+        "{shot}"
+    );
     assert!(shot["bytes"].as_u64().unwrap() > 1000, "{shot}");
     // Typed and clicked through to the shipment page.
     assert!(text(7).contains("click"), "{}", text(7));
-    assert!(text(8).contains(&format!("Shipment {tracking}")) && text(8).contains(&format!("Status: {status}")), "{}", text(8));
+    assert!(
+        text(8).contains(&format!("Shipment {tracking}")) && text(8).contains(&format!("Status: {status}")),
+        "{}",
+        text(8)
+    );
     // JSON valid against the schema by construction; what the 135M model reads into it is reported.
     let v: Value = serde_json::from_str(text(9)).unwrap_or_else(|e| panic!("extract: {e}: {}", text(9)));
     assert_eq!(v, calls[9]["structured"], "the structured content is the JSON");
@@ -139,7 +167,11 @@ fn check(answer: &Value, tracking: &str, status: &str) {
 
 fn order_1042() -> (String, String) {
     let d = kamera_site::data(7);
-    let o = d.orders.iter().find(|o| o.id == "A-1042").expect("order A-1042 on seed 7");
+    let o = d
+        .orders
+        .iter()
+        .find(|o| o.id == "A-1042")
+        .expect("order A-1042 on seed 7");
     (o.tracking.clone(), o.status.clone())
 }
 
@@ -208,7 +240,44 @@ fn mcp_over_streamable_http() {
     let answer = drive(&calls(&origin, &tracking), &["--http", &url]);
     check(&answer, &tracking, &status);
     // A second client meets the same browser: it is still on the shipment page.
-    let again = drive(&json!([{"tool": "observe", "arguments": {"mode": "text"}}]), &["--http", &url]);
+    let again = drive(
+        &json!([{"tool": "observe", "arguments": {"mode": "text"}}]),
+        &["--http", &url],
+    );
     let page = again["calls"][0]["text"].as_str().unwrap_or_default();
     assert!(page.contains(&format!("Shipment {tracking}")), "{page}");
+    // The CLI's jobs: a scenario run (its own site and browser) and the replay of a recorded trace.
+    let scenario = repo().join("scenarios/order-status.toml");
+    let trace = tempfile::tempdir().unwrap();
+    let rec = common::kamera(
+        &[],
+        &[
+            "record",
+            scenario.to_str().unwrap(),
+            "--out",
+            trace.path().to_str().unwrap(),
+            "--no-store",
+        ],
+    );
+    assert!(rec.status.success(), "{}", common::text(&rec));
+    let jobs = drive(
+        &json!([
+            {"tool": "run_scenario", "arguments": {"path": scenario}},
+            {"tool": "replay", "arguments": {"trace": trace.path()}},
+            {"tool": "replay", "arguments": {"trace": "/no/such/trace"}},
+        ]),
+        &["--http", &url],
+    );
+    let calls = jobs["calls"].as_array().unwrap();
+    let text = |i: usize| calls[i]["text"].as_str().unwrap_or_default();
+    assert_eq!(calls[0]["is_error"], false, "{}", calls[0]);
+    assert!(
+        text(0).contains("scenario  order-status") && text(0).contains("result    PASS"),
+        "{}",
+        text(0)
+    );
+    assert_eq!(calls[1]["is_error"], false, "{}", calls[1]);
+    assert!(text(1).contains("(identical)"), "{}", text(1));
+    assert_eq!(calls[2]["is_error"], true, "{}", calls[2]);
+    assert!(text(2).contains("no trace at /no/such/trace"), "{}", text(2));
 }

@@ -123,9 +123,8 @@ impl Agent {
     ) -> Result<serde_json::Value> {
         let grammar = JsonGrammar::new(schema).map_err(|detail| Error::Schema { detail })?;
         self.observe().await?;
-        let prompt = format!(
-            "{instruction}\nReply with one JSON value valid against this JSON Schema, nothing else:\n{schema}"
-        );
+        let prompt =
+            format!("{instruction}\nReply with one JSON value valid against this JSON Schema, nothing else:\n{schema}");
         let session = &mut self.session;
         let (llm, plugged) = (&self.llm, self.lm.as_deref());
         let call = blocking(|| -> Result<_> {

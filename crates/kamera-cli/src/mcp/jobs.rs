@@ -52,7 +52,10 @@ impl Jobs {
     pub async fn replay(&self, trace: &str) -> Result<(String, bool)> {
         let dir = PathBuf::from(trace);
         if !dir.join("trace.ndjson").exists() {
-            bail!("no trace at {} (a folder with trace.ndjson, written by `kamera record`)", dir.display());
+            bail!(
+                "no trace at {} (a folder with trace.ndjson, written by `kamera record`)",
+                dir.display()
+            );
         }
         let runtime = runtime_config(self.model.clone(), &self.model_arg, &StoreArgs::none(), true);
         let report = kamera_harness::replay_with(&dir, self.model.clone(), runtime).await?;
