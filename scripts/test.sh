@@ -11,6 +11,8 @@ python3 -m pip --version >/dev/null 2>&1 || { echo "test.sh: python3 -m pip is r
 
 # Debian's chromium for the browser tests, installed once.
 if [ -x scripts/install-chromium.sh ]; then scripts/install-chromium.sh; fi
+# The official MCP Python SDK in a cached venv, for the `kamera mcp` tests' client, installed once.
+scripts/mcp-venv.sh >/dev/null
 # Debian's redis-server (and redis-cli) for kamera-store's Redis tests, installed once.
 if [ -x scripts/install-redis.sh ]; then scripts/install-redis.sh; fi
 

@@ -1,28 +1,30 @@
 //! The API an app embeds: [`Agent::builder`] builds an [`Agent`] that keeps its browser, model,
 //! chunk store and context window across tasks; [`Agent::run`] works a task to a typed
-//! [`History`], [`Agent::act`], [`Agent::observe`] and [`Agent::extract`] take one step.
+//! [`History`], [`Agent::act`], [`Agent::perform`], [`Agent::navigate`], [`Agent::observe`],
+//! [`Agent::extract`] and [`Agent::extract_json`] take one step (app/step.rs).
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kamera_browser::{Action, Browser, ChromiumBrowser, ChromiumConfig, Observation, Origins};
+use kamera_browser::{Action, Browser, ChromiumBrowser, ChromiumConfig, Origins};
 use kamera_model::Model;
 use kamera_store::ChunkStore;
-use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
-use crate::agent::{Env, OnStep, Parts, RunOptions, RunSummary, chunk_text, run_episode};
+use crate::agent::{Env, OnStep, Parts, RunOptions, RunSummary, run_episode};
 use crate::assemble::{
     BasisSource, CalibrationSource, ModelSource, RuntimeConfig, StoreSource, load_model, open_runtime,
 };
 use crate::error::{Error, Result};
 use crate::llm::Llm;
-use crate::lm::{LanguageModel, View};
+use crate::lm::LanguageModel;
 use crate::policy::{Decoding, ModelPolicy, Policy};
 use crate::runtime::Session;
 use crate::scenario::{Budget, Observe, PolicyKind, Scenario, Success};
 use crate::trace::StepRecord;
+
+mod step;
 
 /// What a run did, step by step (observation, plan, model call, action, result, timings) and how
 /// it ended (answer, success, error). Serialises to the trace's JSON.
@@ -283,7 +285,7 @@ impl Agent {
         &self.session
     }
 
-    async fn browser(&mut self) -> Result<&mut Box<dyn Browser>> {
+    pub(crate) async fn browser(&mut self) -> Result<&mut Box<dyn Browser>> {
         if self.browser.is_none() {
             let b = ChromiumBrowser::launch(ChromiumConfig::new(self.origins.clone())).await?;
             self.browser = Some(Box::new(b));
@@ -336,54 +338,8 @@ impl Agent {
         })
     }
 
-    /// The current page (starting at `start_url` when nothing has run yet).
-    pub async fn observe(&mut self) -> Result<Observation> {
-        self.start().await?;
-        Ok(self.browser().await?.observe().await?)
-    }
-
-    /// Reads `instruction` off the current page as a `T`: the model writes JSON over the context
-    /// window, which must deserialise as `T`; otherwise [`Error::Extract`] names the type and the
-    /// model's output. The JSON is checked against `T`, not constrained to it while decoding.
-    pub async fn extract<T: DeserializeOwned>(&mut self, instruction: &str) -> Result<T> {
-        let obs = self.observe().await?;
-        let text = chunk_text(&obs, &self.env.origin);
-        let prompt = format!("{instruction}\nReply with JSON only.");
-        let prefix = self.llm.prefix_text(self.standing_goal());
-        let max_new = self.scenario.budget.max_new_tokens.max(48);
-        let session = &mut self.session;
-        let llm: &dyn LanguageModel = match &self.lm {
-            Some(m) => m.as_ref(),
-            None => &self.llm,
-        };
-        let call = crate::agent::blocking(|| -> Result<_> {
-            if session.pinned_tokens() == 0 {
-                session.pin(&prefix)?;
-            }
-            session.observe_page(&text)?;
-            let window = crate::lm::window_text(session)?;
-            let call = llm.generate(&mut View::new(session, &window), &prompt, max_new, 0)?;
-            session.settle()?;
-            Ok(call)
-        })?;
-        let out = call.output.trim();
-        let bad = |detail: String| Error::Extract {
-            type_name: std::any::type_name::<T>(),
-            detail,
-            output: out.to_string(),
-        };
-        let start = out.find(['{', '[', '"']).unwrap_or(0);
-        let mut values = serde_json::Deserializer::from_str(&out[start..]).into_iter::<serde_json::Value>();
-        let value = match values.next() {
-            Some(Ok(v)) => v,
-            Some(Err(e)) => return Err(bad(format!("not JSON: {e}"))),
-            None => return Err(bad("no JSON in the reply".into())),
-        };
-        serde_json::from_value(value).map_err(|e| bad(e.to_string()))
-    }
-
     /// The goal of the session's pinned prefix: the builder's task, or a neutral one.
-    fn standing_goal(&self) -> &str {
+    pub(crate) fn standing_goal(&self) -> &str {
         match self.scenario.goal.trim() {
             "" => "the user's requests, one at a time",
             g => g,
@@ -391,7 +347,7 @@ impl Agent {
     }
 
     /// Navigates to `start_url` the first time anything runs.
-    async fn start(&mut self) -> Result<()> {
+    pub(crate) async fn start(&mut self) -> Result<()> {
         if self.env.start_url.is_empty() {
             self.browser().await?;
             return Ok(());
@@ -403,7 +359,7 @@ impl Agent {
 
     /// One run of `policy` (with `goal` and a step budget instead of the task's, for `act`);
     /// gives the policy back.
-    async fn episode(
+    pub(crate) async fn episode(
         &mut self,
         mut policy: Box<dyn Policy>,
         goal: Option<(&str, usize)>,

@@ -72,6 +72,10 @@ pub enum Error {
         path: PathBuf,
         detail: String,
     },
+    /// A JSON Schema extraction cannot decode under (an unsupported keyword or type, a bad
+    /// value); `detail` names it and where it is.
+    #[error("extract: {detail}")]
+    Schema { detail: String },
     /// The model's reply to an extraction is not a `type_name`.
     #[error("extract {type_name}: {detail}; the model wrote {output:?}")]
     Extract {

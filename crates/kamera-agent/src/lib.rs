@@ -49,6 +49,7 @@ mod app;
 mod assemble;
 mod calibration;
 mod error;
+mod json_schema;
 mod llm;
 mod lm;
 mod policy;
@@ -70,6 +71,7 @@ pub use assemble::{
 };
 pub use calibration::Calibration;
 pub use error::{Error, Result};
+pub use json_schema::JsonGrammar;
 pub use llm::{CallTimings, Llm, ModelCall, parse_action};
 pub use lm::{LanguageModel, View};
 pub use policy::{
@@ -82,7 +84,7 @@ pub use runtime::{
 pub use scenario::{
     Budget, DEFAULT_WAIT_MS, MiniWobSpec, Observe, PolicyKind, Scenario, SiteSpec, Step, Success, resolve,
 };
-pub use schema::{ActionSchema, Fit, LEAD, Template};
+pub use schema::{ActionSchema, Fit, Grammar, LEAD, Template};
 pub use trace::{
     EndRecord, Header, Line, ObsRecord, StepRecord, StepResult, StepTimings, TRACE_VERSION, Trace, TraceWriter,
     devtools_recorder, sha256_hex,

@@ -11,7 +11,7 @@ use kamera_model::{Context, Input, Model, PrefillOptions};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result, model};
-use crate::schema::{ActionSchema, Fit, LEAD};
+use crate::schema::{ActionSchema, Fit, Grammar};
 
 /// Timings of one model call, in milliseconds.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -82,7 +82,7 @@ impl Llm {
     }
 
     /// Greedy decoding held to `schema` after `instruction` with the reply started by
-    /// [`LEAD`]: at each step the most likely token that keeps the reply a prefix of one of the
+    /// [`crate::LEAD`]: at each step the most likely token that keeps the reply a prefix of one of the
     /// page's valid actions (a token mask), until the reply is a complete action. When
     /// `max_new` tokens run out first, the reply is closed by its shortest completion. The
     /// output is always a complete action of the schema.
@@ -91,6 +91,21 @@ impl Llm {
         ctx: &mut Context,
         instruction: &str,
         schema: &ActionSchema,
+        max_new: usize,
+    ) -> Result<ModelCall> {
+        self.decode_constrained(ctx, instruction, schema, max_new)
+    }
+
+    /// Greedy decoding held to any [`Grammar`] (a page's actions, a JSON Schema) after
+    /// `instruction`, the reply started by the grammar's lead: at each step the most likely
+    /// token that keeps the reply open or complete, until it is complete; when `max_new` tokens
+    /// run out first, the grammar's shortest completion closes it. The output is always a
+    /// complete reply of the grammar.
+    pub fn decode_constrained(
+        &self,
+        ctx: &mut Context,
+        instruction: &str,
+        schema: &dyn Grammar,
         max_new: usize,
     ) -> Result<ModelCall> {
         let base = ctx.len();
@@ -103,18 +118,19 @@ impl Llm {
         &self,
         gctx: &mut Context,
         instruction: &str,
-        schema: &ActionSchema,
+        schema: &dyn Grammar,
         max_new: usize,
     ) -> Result<ModelCall> {
         let pieces = self.pieces();
         let context_tokens = gctx.len();
-        let prompt = format!("{}{LEAD}", self.close_turn(instruction));
+        let lead = schema.lead();
+        let prompt = format!("{}{lead}", self.close_turn(instruction));
         let ptoks = self.tokens(&prompt, false)?;
         let t1 = Instant::now();
         let mut step = self.model.extend(&ptoks, gctx).map_err(model("prefill"))?;
         let prefill_ms = ms(t1);
         let t2 = Instant::now();
-        let mut reply = LEAD.to_string();
+        let mut reply = lead.to_string();
         let mut out = Vec::new();
         let mut order: Vec<u32> = Vec::new();
         while schema.fit(&reply) != Fit::Complete {

@@ -51,6 +51,31 @@ pub enum Fit {
     Complete,
 }
 
+/// What constrained decoding holds a reply to: the text every reply starts with, where a reply
+/// stands, and the shortest completion of an open one. [`ActionSchema`] (a page's actions) and
+/// [`crate::JsonGrammar`] (a JSON Schema, for extraction) implement it; the token mask of
+/// [`crate::Llm::decode_constrained`] asks nothing else.
+pub trait Grammar {
+    /// What every reply starts with (the prompt ends with it).
+    fn lead(&self) -> &str;
+    /// Where `reply` (which starts with [`Grammar::lead`]) stands.
+    fn fit(&self, reply: &str) -> Fit;
+    /// `reply`, open, completed into a complete one by the shortest way.
+    fn close(&self, reply: &str) -> Option<String>;
+}
+
+impl Grammar for ActionSchema {
+    fn lead(&self) -> &str {
+        LEAD
+    }
+    fn fit(&self, reply: &str) -> Fit {
+        ActionSchema::fit(self, reply)
+    }
+    fn close(&self, reply: &str) -> Option<String> {
+        ActionSchema::close(self, reply)
+    }
+}
+
 /// The valid actions of one page.
 #[derive(Debug, Clone, Default)]
 pub struct ActionSchema {

@@ -17,6 +17,7 @@ mod doctor;
 mod eval;
 mod generate;
 mod logits;
+mod mcp;
 mod models;
 mod progress;
 // kamera-store's test server (a redis-server on a free loopback port in a temp dir, killed on
@@ -61,6 +62,9 @@ enum Command {
     Replay(run::ReplayArgs),
     /// Inspect, verify and garbage-collect the canonical KV store.
     Store(store::StoreArgs),
+    /// Serve the agent (one browser, one Session) to MCP clients over stdio, or streamable HTTP
+    /// on loopback with --http: navigate, observe, act, extract, run_scenario, replay.
+    Mcp(mcp::McpArgs),
     /// Check what this machine has (Chromium, models, store, redis-server, NVRTC) and print the
     /// command that installs what is missing; exits 1 when something required is missing.
     Doctor(doctor::DoctorArgs),
@@ -116,5 +120,6 @@ fn main() -> Result<()> {
         Command::Calibrate(a) => calibrate::run(a),
         Command::Store(a) => store::run(a),
         Command::Doctor(a) => doctor::run(a),
+        Command::Mcp(a) => mcp::run(a),
     }
 }

@@ -41,7 +41,7 @@ pub struct RunArgs {
     store: StoreArgs,
 }
 
-#[derive(Args)]
+#[derive(Args, Clone)]
 pub struct ModelArg {
     /// The model: a built-in name, a name added with `kamera models add`, a .gguf file or a
     /// model directory (a Qwen2.5-VL for `observe = "screenshot"`). Default: the embedded
@@ -66,14 +66,14 @@ pub struct ModelArg {
 }
 
 impl ModelArg {
-    fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         self.model
             .as_deref()
             .unwrap_or(kamera_model::ModelName::Smollm2_135m.as_str())
     }
 }
 
-#[derive(Args)]
+#[derive(Args, Clone)]
 pub struct StoreArgs {
     /// Keep canonical chunks only in memory for this run (no persistent chunk store).
     #[arg(long)]
@@ -94,6 +94,16 @@ pub struct StoreArgs {
 }
 
 impl StoreArgs {
+    /// No persistent store: memory only (what a replay keeps).
+    pub fn none() -> StoreArgs {
+        StoreArgs {
+            no_store: true,
+            store: None,
+            write_behind: None,
+            tls_ca: None,
+        }
+    }
+
     /// The chunk store asked for: memory with `--no-store`, else the tiered stack (a memory tier
     /// over the sled store, over Redis for a `redis://` URL); [`kamera_agent::open_store`] opens it.
     pub fn source(&self) -> StoreSource {
@@ -146,7 +156,7 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
 }
 
-fn load_model(m: &ModelArg) -> Result<Arc<Model>> {
+pub(crate) fn load_model(m: &ModelArg) -> Result<Arc<Model>> {
     let name = m.name();
     let model =
         crate::models::load_with(name, m.prefill_precision).with_context(|| format!("loading the model {name:?}"))?;
@@ -166,7 +176,7 @@ fn cancel_on_ctrl_c(rt: &tokio::runtime::Runtime) -> CancellationToken {
 
 /// On a fresh machine the Quick start's `kamera run` finds no chromium: run the repository's
 /// installer (Debian's chromium via apt-get, idempotent) once, then go on.
-fn ensure_chromium() -> Result<()> {
+pub(crate) fn ensure_chromium() -> Result<()> {
     let exe = std::env::var_os("KAMERA_CHROMIUM")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("/usr/bin/chromium"));
@@ -268,14 +278,18 @@ fn execute(scenario_arg: &str, setup: Setup<'_>) -> Result<RunSummary> {
     Ok(summary)
 }
 
-/// The run's table; `reuse: false` (`--no-reuse`): the window column says so instead of the plan,
+/// The run's table (what `kamera run` prints, and the MCP server's `run_scenario` returns); `reuse: false` (`--no-reuse`): the window column says so instead of the plan,
 /// which the window made but the session did not execute.
-fn print_summary(s: &RunSummary, reuse: bool) {
-    println!("scenario  {}", s.scenario);
-    println!(
+pub(crate) fn summary_text(s: &RunSummary, reuse: bool) -> String {
+    use std::fmt::Write;
+    let mut o = String::new();
+    _ = writeln!(o, "scenario  {}", s.scenario);
+    _ = writeln!(
+        o,
         "window    how the page's chunk was met (hit, new, recall, stored) and the plan's steps as made (held until the model reads the window; \"rebuilt\": that read built the window afresh instead)"
     );
-    println!(
+    _ = writeln!(
+        o,
         "{:>4}  {:<28} {:<34} {:<34} {:>8} {:>8} {:>8}  result",
         "step", "page", "action", "window", "encode", "model", "total"
     );
@@ -305,7 +319,8 @@ fn print_summary(s: &RunSummary, reuse: bool) {
             .chars()
             .take(34)
             .collect();
-        println!(
+        _ = writeln!(
+            o,
             "{:>4}  {:<28} {:<34} {:<34} {:>6.0}ms {:>6.0}ms {:>6.0}ms  {}",
             st.step,
             page,
@@ -318,7 +333,8 @@ fn print_summary(s: &RunSummary, reuse: bool) {
         );
     }
     let c = &s.session;
-    println!(
+    _ = writeln!(
+        o,
         "session   {} hit, {} new, {} recall, {} from the store, {} evict, {} relocate; {} tokens placed without prefill, {} prefilled",
         c.hits, c.new, c.recalls, c.stored, c.evictions, c.relocations, c.placed_tokens, c.prefill_tokens
     );
@@ -330,32 +346,36 @@ fn print_summary(s: &RunSummary, reuse: bool) {
             .filter(|p| p.name() == "prefill")
             .count();
         let rebuilt = s.steps.iter().filter(|st| st.rebuilt).count();
-        println!(
+        _ = writeln!(
+            o,
             "lazy      {planned} prefills planned; {rebuilt} model reads built the window afresh instead of running the held plans"
         );
     }
     if c.patches_formed > 0 || c.patches_applied > 0 {
         let patch_ms: f64 = s.steps.iter().map(|st| st.timings.patch_ms).sum();
-        println!(
+        _ = writeln!(
+            o,
             "patches   {} formed ({patch_ms:.0} ms), {} placements relocated + patched",
             c.patches_formed, c.patches_applied
         );
     }
     if let Some(m) = s.steps.iter().rev().find_map(|st| st.model.as_ref()) {
-        println!(
+        _ = writeln!(
+            o,
             "model     context {} tokens (the live window); question {} tokens prefilled in {:.0} ms; answer in {:.0} ms",
             m.context_tokens, m.prompt_tokens, m.timings.prefill_ms, m.timings.decode_ms
         );
         if !m.scores.is_empty() {
             let scores: Vec<String> = m.scores.iter().map(|(c, v)| format!("{c} {v:.2}")).collect();
-            println!("scores    {}", scores.join(", "));
+            _ = writeln!(o, "scores    {}", scores.join(", "));
         }
     }
     if let Some(st) = s.steps.iter().rev().find(|st| st.timings.baseline_prefill_ms.is_some())
         && let (Some(base), Some(m)) = (st.timings.baseline_prefill_ms, st.model.as_ref())
     {
         let reuse = st.timings.reuse_ms + st.timings.patch_ms;
-        println!(
+        _ = writeln!(
+            o,
             "baseline  full re-prefill of the {}-token context {base:.0} ms vs this step's reuse {:.1} ms + patch {:.0} ms ({:.1}x)",
             m.context_tokens,
             st.timings.reuse_ms,
@@ -363,18 +383,18 @@ fn print_summary(s: &RunSummary, reuse: bool) {
             base / reuse.max(1e-3)
         );
     }
-    println!("answer    {}", s.end.answer.as_deref().unwrap_or("-"));
+    _ = writeln!(o, "answer    {}", s.end.answer.as_deref().unwrap_or("-"));
     if let Some(e) = &s.expected {
-        println!("expected  {e}");
+        _ = writeln!(o, "expected  {e}");
     }
     if let Some(r) = s.end.reward {
-        println!("reward    {r:.3}");
+        _ = writeln!(o, "reward    {r:.3}");
     }
     if s.refused > 0 {
-        println!("refused   {} navigation(s) off the allowed origins", s.refused);
+        _ = writeln!(o, "refused   {} navigation(s) off the allowed origins", s.refused);
     }
     if let Some(e) = &s.end.error {
-        println!("error     {e}");
+        _ = writeln!(o, "error     {e}");
     }
     let verdict = match s.end.success {
         Some(true) => "PASS",
@@ -383,7 +403,8 @@ fn print_summary(s: &RunSummary, reuse: bool) {
     };
     let sum = |f: fn(&kamera_agent::StepTimings) -> f64| s.steps.iter().map(|st| f(&st.timings)).sum::<f64>();
     let model_ms = sum(|t| t.reuse_ms + t.prefill_ms + t.decode_ms);
-    println!(
+    _ = writeln!(
+        o,
         "time      {:.1} s run; steps {:.1} s, of which model calls {:.1} s (context {:.1} s, prompt + answer {:.1} s)",
         s.wall_ms / 1e3,
         sum(|t| t.total_ms) / 1e3,
@@ -391,7 +412,13 @@ fn print_summary(s: &RunSummary, reuse: bool) {
         sum(|t| t.reuse_ms) / 1e3,
         sum(|t| t.prefill_ms + t.decode_ms) / 1e3
     );
-    println!("result    {verdict} in {} steps, {:.1} s", s.end.steps, s.wall_ms / 1e3);
+    _ = writeln!(
+        o,
+        "result    {verdict} in {} steps, {:.1} s",
+        s.end.steps,
+        s.wall_ms / 1e3
+    );
+    o
 }
 
 pub fn run(a: RunArgs) -> Result<()> {
@@ -423,7 +450,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         if a.no_reuse {
             println!("reuse     off (--no-reuse): every model call re-prefilled the window; nothing stored");
         }
-        print_summary(&summary, !a.no_reuse);
+        print!("{}", summary_text(&summary, !a.no_reuse));
     }
     if summary.end.success == Some(false) {
         std::process::exit(2);
@@ -452,7 +479,7 @@ pub fn record(a: RecordArgs) -> Result<()> {
         .unwrap_or_default();
     let rec = kamera_agent::devtools_recorder(&scenario.name, &start, &trace.steps, 800, 600);
     std::fs::write(a.out.join("recorder.json"), serde_json::to_string_pretty(&rec)?)?;
-    print_summary(&summary, true);
+    print!("{}", summary_text(&summary, true));
     println!(
         "trace     {} (trace.ndjson, resources/, recorder.json)",
         a.out.display()
@@ -466,35 +493,35 @@ pub fn replay(a: ReplayArgs) -> Result<()> {
     }
     let model = load_model(&a.model)?;
     let rt = runtime()?;
-    let no_store = StoreArgs {
-        no_store: true,
-        store: None,
-        write_behind: None,
-        tls_ca: None,
-    };
-    let runtime_cfg = runtime_config(model.clone(), &a.model, &no_store, true);
+    let runtime_cfg = runtime_config(model.clone(), &a.model, &StoreArgs::none(), true);
     let report = rt.block_on(kamera_harness::replay_with(&a.dir, model, runtime_cfg))?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        print_summary(&report.summary, true);
-        println!(
-            "replay    {} of {} actions match{}",
-            report
-                .recorded
-                .iter()
-                .zip(&report.replayed)
-                .filter(|(x, y)| x == y)
-                .count(),
-            report.recorded.len(),
-            match report.first_mismatch {
-                None => " (identical)".to_string(),
-                Some(i) => format!("; first difference at action {i}"),
-            }
-        );
+        print!("{}", replay_text(&report));
     }
     if !report.matches() {
         std::process::exit(3);
     }
     Ok(())
+}
+
+/// The replay's table and how many of its actions match the recording (what `kamera replay`
+/// prints, and the MCP server's `replay` returns).
+pub(crate) fn replay_text(report: &kamera_harness::ReplayReport) -> String {
+    let matching = report
+        .recorded
+        .iter()
+        .zip(&report.replayed)
+        .filter(|(x, y)| x == y)
+        .count();
+    format!(
+        "{}replay    {matching} of {} actions match{}\n",
+        summary_text(&report.summary, true),
+        report.recorded.len(),
+        match report.first_mismatch {
+            None => " (identical)".to_string(),
+            Some(i) => format!("; first difference at action {i}"),
+        }
+    )
 }
