@@ -4,16 +4,14 @@
 //! loads to the same model, bit for bit; a config missing a value that changes the math is an
 //! error naming it, never a default.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::Result;
-use kamera_model::vl::rope_index;
-use kamera_model::{Input, Model, PrefillOptions};
+use kamera_model::Model;
 use serde_json::{Value, json};
 
-fn tiny() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/qwen25vl-tiny")
-}
+mod common;
+use common::{tiny_vl as tiny, vl_text_logits};
 
 fn original() -> Result<Value> {
     Ok(serde_json::from_str(&std::fs::read_to_string(
@@ -32,22 +30,6 @@ fn with_config(name: &str, config: &Value) -> Result<PathBuf> {
     }
     std::fs::write(dir.join("config.json"), serde_json::to_vec_pretty(config)?)?;
     Ok(dir)
-}
-
-fn logits(m: &Model) -> Result<Vec<f32>> {
-    let ids = m
-        .tokenizer()
-        .encode("<|im_start|>user\nWhere is my parcel?<|im_end|>\n")?;
-    let vision = m.vision().ok_or_else(|| anyhow::anyhow!("no vision tower"))?;
-    let (pos, _) = rope_index(&ids, vision.tokens().image, &[], 2, 0)?;
-    let x = m.embed_tokens(&ids)?;
-    let out = m.prefill_rotary(
-        Input::Embeddings { data: &x, n: ids.len() },
-        &pos,
-        &m.empty_context(),
-        PrefillOptions::default(),
-    )?;
-    Ok(out.logits)
 }
 
 /// transformers 5's layout: `rope_parameters` {mrope_section, rope_theta, rope_type}.
@@ -80,10 +62,10 @@ fn flat(mut c: Value) -> Value {
 
 #[test]
 fn transformers5_and_flat_layouts_load_the_same_model() -> Result<()> {
-    let reference = logits(&Model::load(&tiny())?)?;
+    let reference = vl_text_logits(&Model::load(&tiny())?)?;
     for (name, config) in [("t5", transformers5(original()?)), ("flat", flat(original()?))] {
         let dir = with_config(name, &config)?;
-        let got = logits(&Model::load(&dir)?)?;
+        let got = vl_text_logits(&Model::load(&dir)?)?;
         assert_eq!(got, reference, "{name}: logits differ from the transformers 4 layout's");
         std::fs::remove_dir_all(dir)?;
     }

@@ -2,16 +2,14 @@
 //! f32 sharded checkpoint; a missing or mis-shaped tensor is an error naming it and the shapes.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use anyhow::{Context as _, Result};
+use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
-use kamera_model::vl::rope_index;
-use kamera_model::{Input, Model, PrefillOptions};
+use kamera_model::Model;
 
-fn tiny() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/qwen25vl-tiny")
-}
+mod common;
+use common::{tiny_vl as tiny, vl_text_logits};
 
 /// A copy of the tiny checkpoint's config and tokenizer with `tensors` as one model.safetensors.
 fn variant(name: &str, tensors: &HashMap<String, Tensor>) -> Result<PathBuf> {
@@ -41,21 +39,6 @@ fn all_tensors() -> Result<HashMap<String, Tensor>> {
     Ok(out)
 }
 
-fn text_logits(m: &Model) -> Result<Vec<f32>> {
-    let ids = m
-        .tokenizer()
-        .encode("<|im_start|>user\nWhat is the order status?<|im_end|>\n")?;
-    let (pos, _) = rope_index(&ids, m.vision().context("vision")?.tokens().image, &[], 2, 0)?;
-    let x = m.embed_tokens(&ids)?;
-    let out = m.prefill_rotary(
-        Input::Embeddings { data: &x, n: ids.len() },
-        &pos,
-        &m.empty_context(),
-        PrefillOptions::default(),
-    )?;
-    Ok(out.logits)
-}
-
 #[test]
 fn bf16_weights_load_and_agree() -> Result<()> {
     let bf16: HashMap<String, Tensor> = all_tensors()?
@@ -65,7 +48,7 @@ fn bf16_weights_load_and_agree() -> Result<()> {
     let dir = variant("bf16", &bf16)?;
     let (a, b) = (Model::load(&tiny())?, Model::load(&dir)?);
     assert_ne!(a.fingerprint(), b.fingerprint(), "other weights, other store key");
-    let (la, lb) = (text_logits(&a)?, text_logits(&b)?);
+    let (la, lb) = (vl_text_logits(&a)?, vl_text_logits(&b)?);
     let argmax = |v: &[f32]| (0..v.len()).fold(0, |m, i| if v[i] > v[m] { i } else { m });
     let scale = la.iter().fold(0f32, |m, x| m.max(x.abs()));
     let err = la.iter().zip(&lb).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale;

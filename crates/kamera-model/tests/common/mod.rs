@@ -47,3 +47,26 @@ pub fn path(name: ModelName) -> Result<PathBuf> {
     let home = default_home();
     fetch(name, &home).with_context(|| format!("fetching {name} into {} failed", home.display()))
 }
+
+/// The tiny random-weight Qwen2.5-VL checkpoint of scripts/qwen25vl_golden.py.
+pub fn tiny_vl() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/qwen25vl-tiny")
+}
+
+/// A Qwen2.5-VL model's logits for a short chat turn of text, prefilled with its 3-D rotary ids.
+pub fn vl_text_logits(m: &Model) -> Result<Vec<f32>> {
+    use kamera_model::{Input, PrefillOptions, vl::rope_index};
+    let ids = m
+        .tokenizer()
+        .encode("<|im_start|>user\nWhat is the order status?<|im_end|>\n")?;
+    let vision = m.vision().context("a vision-language model")?;
+    let (pos, _) = rope_index(&ids, vision.tokens().image, &[], 2, 0)?;
+    let x = m.embed_tokens(&ids)?;
+    let out = m.prefill_rotary(
+        Input::Embeddings { data: &x, n: ids.len() },
+        &pos,
+        &m.empty_context(),
+        PrefillOptions::default(),
+    )?;
+    Ok(out.logits)
+}
