@@ -383,7 +383,12 @@ impl Agent {
         if let Err(e) = self.browser().await {
             return (Err(e), policy);
         }
-        let action_cache = match self.action_cache.as_ref().map(crate::cache::ActionCache::open).transpose() {
+        let action_cache = match self
+            .action_cache
+            .as_ref()
+            .map(crate::cache::ActionCache::open)
+            .transpose()
+        {
             Ok(c) => c,
             Err(e) => return (Err(e), policy),
         };

@@ -117,7 +117,9 @@ pub enum Use {
     /// The entry's targets were found by their stable selectors on a changed page.
     Healed,
     /// No usable entry: decide afresh (`true`: an entry existed and is being healed).
-    Decide { healing: bool },
+    Decide {
+        healing: bool,
+    },
 }
 
 /// The cache directory and what it did this run.
@@ -317,7 +319,13 @@ impl ActionCache {
 
     /// A question's cached answer, when it was read from this very window (`window`: the
     /// window's text); else `Decide` and the caller asks the model, then [`ActionCache::record_answer`].
-    pub fn answer(&mut self, question: &str, obs: &Observation, origin: &str, window: &str) -> Result<(Use, Option<String>)> {
+    pub fn answer(
+        &mut self,
+        question: &str,
+        obs: &Observation,
+        origin: &str,
+        window: &str,
+    ) -> Result<(Use, Option<String>)> {
         let url = url_key(&obs.url, origin);
         let (_, rec) = self.lookup("answer", question, &url)?;
         let w = crate::trace::sha256_hex(window.as_bytes());
@@ -332,7 +340,15 @@ impl ActionCache {
     }
 
     /// Writes a question's answer read from `window`.
-    pub fn record_answer(&mut self, question: &str, obs: &Observation, origin: &str, window: &str, answer: &str, healing: bool) -> Result<()> {
+    pub fn record_answer(
+        &mut self,
+        question: &str,
+        obs: &Observation,
+        origin: &str,
+        window: &str,
+        answer: &str,
+        healing: bool,
+    ) -> Result<()> {
         let url = url_key(&obs.url, origin);
         self.count(healing);
         let file = self.file("answer", question, &url);
@@ -361,7 +377,13 @@ impl ActionCache {
         let Some(rec) = rec else {
             return Ok((Use::Decide { healing: false }, None));
         };
-        let Value::Action { structure, action, targets, after } = &rec.value else {
+        let Value::Action {
+            structure,
+            action,
+            targets,
+            after,
+        } = &rec.value
+        else {
             return Ok((Use::Decide { healing: false }, None));
         };
         if rec.stale {
@@ -526,24 +548,46 @@ mod tests {
     fn store_hit_heal_and_stale() {
         let dir = tempfile::tempdir().unwrap();
         let o = "http://127.0.0.1:1";
-        let home = obs(&format!("{o}/"), "Home", serde_json::json!([
-            {"id": 1, "tag": "a", "text": "Orders", "href": format!("{o}/orders"), "x": 1.0, "y": 1.0}]));
+        let home = obs(
+            &format!("{o}/"),
+            "Home",
+            serde_json::json!([
+            {"id": 1, "tag": "a", "text": "Orders", "href": format!("{o}/orders"), "x": 1.0, "y": 1.0}]),
+        );
         let orders = obs(&format!("{o}/orders"), "Orders", serde_json::json!([]));
         let mut c = ActionCache::open(dir.path()).unwrap();
-        assert_eq!(c.target("click text:Orders", &home, o).unwrap().0, Use::Decide { healing: false });
+        assert_eq!(
+            c.target("click text:Orders", &home, o).unwrap().0,
+            Use::Decide { healing: false }
+        );
         c.record_target("click text:Orders", &home, o, 1, false);
         assert!(!c.observed(&orders, o).unwrap());
         let mut c = ActionCache::open(dir.path()).unwrap();
         assert_eq!(c.target("click text:Orders", &home, o).unwrap().0, Use::Hit);
         assert!(!c.observed(&orders, o).unwrap());
-        let renamed = obs("http://127.0.0.1:2/", "Home", serde_json::json!([
-            {"id": 7, "tag": "a", "text": "Purchases", "href": "http://127.0.0.1:2/orders", "x": 9.0, "y": 1.0}]));
+        let renamed = obs(
+            "http://127.0.0.1:2/",
+            "Home",
+            serde_json::json!([
+            {"id": 7, "tag": "a", "text": "Purchases", "href": "http://127.0.0.1:2/orders", "x": 9.0, "y": 1.0}]),
+        );
         let (u, id, _) = c.target("click text:Orders", &renamed, "http://127.0.0.1:2").unwrap();
         assert_eq!((u, id), (Use::Healed, Some(7)));
         // It did nothing: stale, retried once.
         assert!(c.observed(&renamed, "http://127.0.0.1:2").unwrap());
-        assert_eq!(c.target("click text:Orders", &renamed, "http://127.0.0.1:2").unwrap().0, Use::Decide { healing: true });
-        assert_eq!(c.stats(), &CacheStats { hits: 1, healed: 1, stored: 0, mismatches: 1 });
+        assert_eq!(
+            c.target("click text:Orders", &renamed, "http://127.0.0.1:2").unwrap().0,
+            Use::Decide { healing: true }
+        );
+        assert_eq!(
+            c.stats(),
+            &CacheStats {
+                hits: 1,
+                healed: 1,
+                stored: 0,
+                mismatches: 1
+            }
+        );
     }
 
     /// A corrupt file and a file of another version are errors naming them.

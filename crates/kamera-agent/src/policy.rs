@@ -183,17 +183,25 @@ fn step_target(
             }
             // Candidates as the page lists them but without their ids (a number says nothing of
             // the element and biases the likelihood).
-            let texts: Vec<String> = cands.iter().map(|e| format!("{} \"{}\"", e.tag, e.text.trim())).collect();
-            let was = known.map(|k| format!(" The element was {}.", k.describe())).unwrap_or_default();
+            let texts: Vec<String> = cands
+                .iter()
+                .map(|e| format!("{} \"{}\"", e.tag, e.text.trim()))
+                .collect();
+            let was = known
+                .map(|k| format!(" The element was {}.", k.describe()))
+                .unwrap_or_default();
             let q = format!(
                 "The page changed since this step was recorded: {instruction}.{was}\nThe page's elements now: {}.\nWhich element does the step mean now?",
                 texts.join(", ")
             );
             let call = mind.llm.rank(&mut mind.view, &q, "", &texts)?;
-            let pick = texts.iter().position(|x| *x == call.output).ok_or_else(|| Error::Policy {
-                tries: 1,
-                last: call.output.clone(),
-            })?;
+            let pick = texts
+                .iter()
+                .position(|x| *x == call.output)
+                .ok_or_else(|| Error::Policy {
+                    tries: 1,
+                    last: call.output.clone(),
+                })?;
             tracing::info!(instruction, picked = %texts[pick], "action cache: the model re-inferred a target");
             (cands[pick].id, Some(call))
         }
@@ -252,11 +260,10 @@ impl Policy for ScriptedPolicy {
             let mut call = None;
             let mut target = |verb: &str, want: Want, t: &str| -> Result<u32> {
                 let t = self.subst(t);
-                let (id, c) = step_target(mind, obs, &format!("{verb} {t}"), &t, want)
-                    .map_err(|e| match e {
-                        Error::Step { detail, .. } => bad(detail),
-                        e => e,
-                    })?;
+                let (id, c) = step_target(mind, obs, &format!("{verb} {t}"), &t, want).map_err(|e| match e {
+                    Error::Step { detail, .. } => bad(detail),
+                    e => e,
+                })?;
                 if c.is_some() {
                     call = c;
                 }

@@ -393,12 +393,20 @@ pub(crate) fn summary_text(s: &RunSummary, reuse: bool) -> String {
         );
     }
     match &s.cache {
-        Some(c) => _ = writeln!(
-            o,
-            "cache     {} model calls, {} cache hits, {} healed, {} stored, {} replays that led elsewhere",
-            s.model_calls, s.cache_hits, s.cache_healed, c.stored, c.mismatches
-        ),
-        None => _ = writeln!(o, "cache     {} model calls, {} cache hits (no action cache)", s.model_calls, s.cache_hits),
+        Some(c) => {
+            _ = writeln!(
+                o,
+                "cache     {} model calls, {} cache hits, {} healed, {} stored, {} replays that led elsewhere",
+                s.model_calls, s.cache_hits, s.cache_healed, c.stored, c.mismatches
+            )
+        }
+        None => {
+            _ = writeln!(
+                o,
+                "cache     {} model calls, {} cache hits (no action cache)",
+                s.model_calls, s.cache_hits
+            )
+        }
     }
     _ = writeln!(o, "answer    {}", s.end.answer.as_deref().unwrap_or("-"));
     if let Some(e) = &s.expected {

@@ -40,7 +40,11 @@ fn second_run_makes_no_model_call_and_the_perturbed_site_heals() {
     let (first, ok, log) = run("track-button", Some(&cache));
     assert!(ok, "{log}");
     assert_eq!(first["end"]["success"], true, "{log}");
-    assert_eq!(n(&first, "model_calls"), 1, "the question; scripted targets need no model: {log}");
+    assert_eq!(
+        n(&first, "model_calls"),
+        1,
+        "the question; scripted targets need no model: {log}"
+    );
     assert_eq!(n(&first, "cache_hits"), 0);
     assert_eq!(first["cache"]["stored"], 6, "five targets and the answer: {log}");
     let unperturbed = dir.path().join("unperturbed");
@@ -63,7 +67,10 @@ fn second_run_makes_no_model_call_and_the_perturbed_site_heals() {
     let (calls, heals) = (n(&healed, "model_calls"), n(&healed, "cache_healed"));
     assert!(heals > 0, "{log}");
     assert!(calls <= heals, "{calls} model calls for {heals} healed steps: {log}");
-    assert_eq!(healed["cache"]["mismatches"], 0, "every healed step led where it did before: {log}");
+    assert_eq!(
+        healed["cache"]["mismatches"], 0,
+        "every healed step led where it did before: {log}"
+    );
 
     // The healed entries now fit the perturbed site: it replays with no model call.
     let (again, ok, log) = run("track-button-perturbed", Some(&unperturbed));
@@ -84,7 +91,10 @@ fn a_corrupt_entry_is_an_error_naming_it() {
     );
     std::fs::write(&bad, b"{\"version\": 2}").unwrap();
     let (_, ok, log) = run("track-button", Some(dir.path()));
-    assert!(!ok && log.contains("entry version 2") && log.contains("reads version 1"), "{log}");
+    assert!(
+        !ok && log.contains("entry version 2") && log.contains("reads version 1"),
+        "{log}"
+    );
     assert!(bad.exists(), "the bad entry is left for its owner");
 }
 

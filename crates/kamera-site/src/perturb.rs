@@ -39,7 +39,7 @@ fn nav_html(links: &[(&str, &str)]) -> String {
 
 /// Rewrites the pages of `site` (as [`crate::generate`] made them) for perturbation seed `p`.
 pub fn apply(site: &mut BTreeMap<String, Vec<u8>>, p: u64) {
-    let mut r = Rng(p ^ 0x7065_7274_7572_62);
+    let mut r = Rng(p ^ 0x0070_6572_7475_7262);
     let mut nav = NAV.to_vec();
     // Fisher-Yates; a shuffle that leaves the order as it was is turned once more.
     for i in (1..nav.len()).rev() {
@@ -78,7 +78,10 @@ pub fn apply(site: &mut BTreeMap<String, Vec<u8>>, p: u64) {
 
 /// `s` with the first span from `start` through `end` replaced by `with`.
 fn replace_between(s: &str, start: &str, end: &str, with: &str) -> String {
-    match s.find(start).and_then(|i| s[i..].find(end).map(|j| (i, i + j + end.len()))) {
+    match s
+        .find(start)
+        .and_then(|i| s[i..].find(end).map(|j| (i, i + j + end.len())))
+    {
         Some((i, j)) => format!("{}{with}{}", &s[..i], &s[j..]),
         None => s.to_string(),
     }

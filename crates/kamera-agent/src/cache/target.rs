@@ -11,7 +11,9 @@ use serde::{Deserialize, Serialize};
 pub fn url_key(url: &str, origin: &str) -> String {
     let rest = match url.strip_prefix(origin).filter(|_| !origin.is_empty()) {
         Some(r) => r,
-        None => url.split_once("://").map_or(url, |(_, r)| r.find('/').map_or("/", |i| &r[i..])),
+        None => url
+            .split_once("://")
+            .map_or(url, |(_, r)| r.find('/').map_or("/", |i| &r[i..])),
     };
     let path = rest.split(['?', '#']).next().unwrap_or("");
     if path.is_empty() { "/".into() } else { path.into() }
@@ -133,7 +135,11 @@ impl Target {
                 .filter(|e| rule(e))
                 .min_by(|a, b| self.dist(a).total_cmp(&self.dist(b)));
             if let Some(e) = best {
-                let same = Target { x: self.x, y: self.y, ..Target::of(e) } == *self;
+                let same = Target {
+                    x: self.x,
+                    y: self.y,
+                    ..Target::of(e)
+                } == *self;
                 return Some((e.id, if same { Found::Same } else { Found::Moved }));
             }
         }
@@ -158,7 +164,10 @@ mod tests {
 
     #[test]
     fn urls_lose_origin_query_and_fragment() {
-        assert_eq!(url_key("http://127.0.0.1:4000/orders?x=1#a", "http://127.0.0.1:4000"), "/orders");
+        assert_eq!(
+            url_key("http://127.0.0.1:4000/orders?x=1#a", "http://127.0.0.1:4000"),
+            "/orders"
+        );
         assert_eq!(url_key("http://127.0.0.1:5000/", "http://127.0.0.1:4000"), "/");
         assert_eq!(url_key("http://h:1", ""), "/");
     }
@@ -182,7 +191,11 @@ mod tests {
         assert_eq!(orders.find(&after), Some((1, Found::Moved)));
         let field = Target::of(before.element(3).unwrap());
         assert_eq!(field.find(&after), Some((4, Found::Moved)));
-        let gone = Target { text: "Track this shipment".into(), href: "/track".into(), ..orders };
+        let gone = Target {
+            text: "Track this shipment".into(),
+            href: "/track".into(),
+            ..orders
+        };
         assert_eq!(gone.find(&after), None);
         assert_ne!(structure_hash(&before), structure_hash(&after));
     }
