@@ -50,6 +50,9 @@ pub struct RunOptions {
     /// The model the policy asks (default: the session's local model, [`Llm`]). A plugged model
     /// reads the window as text ([`crate::View::text`]); the session still places the pages.
     pub language_model: Option<Arc<dyn LanguageModel>>,
+    /// The action cache ([`crate::ActionCache`]): steps seen before are replayed from it with
+    /// no model call, and healed where the page changed.
+    pub action_cache: Option<crate::cache::ActionCache>,
 }
 
 /// The outcome of a run.
@@ -63,6 +66,18 @@ pub struct RunSummary {
     pub session: SessionStats,
     pub refused: usize,
     pub wall_ms: f64,
+    /// Steps that called the model (a policy's decision, a question, a target re-inferred).
+    #[serde(default)]
+    pub model_calls: usize,
+    /// Steps the action cache replayed as recorded, with no model call.
+    #[serde(default)]
+    pub cache_hits: usize,
+    /// Steps whose cache entry no longer fit the page and was updated (self-heal).
+    #[serde(default)]
+    pub cache_healed: usize,
+    /// What the action cache did, when the run kept one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<crate::cache::CacheStats>,
 }
 
 impl RunSummary {
@@ -331,13 +346,24 @@ impl Run<'_, '_> {
         };
         let (goal, max_new) = (&self.scenario.goal, self.scenario.budget.max_new_tokens);
         let mut context_ms = 0.0;
+        let mut cache = self.opts.action_cache.as_mut();
+        let origin = &self.env.origin;
         let d = blocking(|| {
+            // The last step's cache entry, checked against the page it led to: a replayed step
+            // that did nothing is taken again, re-inferred.
+            if let Some(c) = cache.as_deref_mut()
+                && c.observed(obs, origin)?
+            {
+                policy.retry_last();
+            }
             let text = crate::lm::window_text(session)?;
             let mut mind = Mind {
                 llm,
                 view: View::new(session, &text),
                 goal,
                 max_new_tokens: max_new,
+                cache,
+                origin,
             };
             let d = policy.next(step, obs, &mut mind);
             context_ms = mind.view.context_ms;
@@ -500,6 +526,13 @@ impl Run<'_, '_> {
             t.write(&Line::End(self.summary.end.clone()))?;
         }
         self.summary.session = self.agent.session.stats().since(&self.stats0);
+        self.summary.model_calls = self.summary.steps.iter().filter(|s| s.model.is_some()).count();
+        if let Some(c) = self.opts.action_cache.as_mut() {
+            c.finish()?;
+            let st = c.stats().clone();
+            (self.summary.cache_hits, self.summary.cache_healed) = (st.hits, st.healed);
+            self.summary.cache = Some(st);
+        }
         self.summary.wall_ms = ms(self.t0);
         r.map(|()| self.summary)
     }

@@ -50,9 +50,18 @@ pub struct AgentBuilder {
     deadline: Option<Duration>,
     cancel: Option<CancellationToken>,
     on_step: Option<OnStep>,
+    action_cache: Option<PathBuf>,
 }
 
 impl AgentBuilder {
+    /// Keeps an action cache in `dir` ([`crate::ActionCache`]): a step taken before on the same
+    /// page is replayed with no model call, and healed (re-found by its target's features, or
+    /// re-inferred by one model call) where the page changed. Opened, and every entry checked, at
+    /// each run; a corrupt entry or one of another version fails the run, naming the file.
+    pub fn action_cache(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.action_cache = Some(dir.into());
+        self
+    }
     /// What the agent is asked to achieve (shown to the model; [`Agent::run`] works it).
     pub fn task(mut self, task: impl Into<String>) -> Self {
         self.task = Some(task.into());
@@ -223,6 +232,7 @@ impl AgentBuilder {
             deadline: self.deadline,
             cancel: self.cancel.unwrap_or_default(),
             on_step: self.on_step.map(|f| Arc::new(Mutex::new(f))),
+            action_cache: self.action_cache,
         };
         Ok(agent)
     }
@@ -272,6 +282,7 @@ pub struct Agent {
     deadline: Option<Duration>,
     cancel: CancellationToken,
     on_step: Option<SharedOnStep>,
+    action_cache: Option<PathBuf>,
 }
 
 impl Agent {
@@ -372,6 +383,15 @@ impl Agent {
         if let Err(e) = self.browser().await {
             return (Err(e), policy);
         }
+        let action_cache = match self
+            .action_cache
+            .as_ref()
+            .map(crate::cache::ActionCache::open)
+            .transpose()
+        {
+            Ok(c) => c,
+            Err(e) => return (Err(e), policy),
+        };
         if self.session.pinned_tokens() == 0 {
             let prefix = self.llm.prefix_text(self.standing_goal());
             let session = &mut self.session;
@@ -398,6 +418,7 @@ impl Agent {
             cancel: cancel.clone(),
             on_step,
             language_model: self.lm.clone(),
+            action_cache,
             ..Default::default()
         };
         let t0 = Instant::now();

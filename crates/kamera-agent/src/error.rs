@@ -56,6 +56,9 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// An action cache entry that does not read (corrupt, or of another format version).
+    #[error("action cache {path}: {detail}")]
+    Cache { path: PathBuf, detail: String },
     #[error("cancelled")]
     Cancelled,
     /// A run went past the agent's deadline (checked between steps).

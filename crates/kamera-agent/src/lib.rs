@@ -47,6 +47,7 @@
 mod agent;
 mod app;
 mod assemble;
+mod cache;
 mod calibration;
 mod error;
 mod json_schema;
@@ -69,6 +70,7 @@ pub use assemble::{
     BasisSource, CalibrationSource, MEMORY_TIER_BYTES, ModelSource, RuntimeConfig, StoreSource, cost_model,
     installed_basis_path, load_model, open_runtime, open_store, session_config,
 };
+pub use cache::{ACTION_CACHE_VERSION, ActionCache, CacheStats, PageSig, Target, Use, structure_hash, url_key};
 pub use calibration::Calibration;
 pub use error::{Error, Result};
 pub use json_schema::JsonGrammar;

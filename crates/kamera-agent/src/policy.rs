@@ -6,6 +6,7 @@
 use kamera_browser::{Action, Element, Observation};
 use std::collections::HashMap;
 
+use crate::cache::{ActionCache, Use};
 use crate::error::{Error, Result};
 use crate::llm::{ModelCall, parse_action};
 use crate::lm::{LanguageModel, View};
@@ -21,6 +22,11 @@ pub struct Mind<'a> {
     pub view: View<'a>,
     pub goal: &'a str,
     pub max_new_tokens: usize,
+    /// The action cache, when the run keeps one: scripted targets and answers, and the model
+    /// policy's actions, are looked up there first and recorded there.
+    pub cache: Option<&'a mut ActionCache>,
+    /// The served origin (the cache keys URLs without it).
+    pub origin: &'a str,
 }
 
 /// A policy's choice for one step.
@@ -43,12 +49,19 @@ pub trait Policy: Send {
     fn memory(&self) -> Vec<String> {
         Vec::new()
     }
+    /// Asks for the last acting step again (a replayed cached step did nothing); `false`: the
+    /// policy has no such step (it decides afresh anyway).
+    fn retry_last(&mut self) -> bool {
+        false
+    }
 }
 
 /// Follows scripted [`Step`]s; `remember` steps read values off the page without acting.
 pub struct ScriptedPolicy {
     steps: Vec<Step>,
     cursor: usize,
+    /// The cursor of the last step that acted.
+    last: usize,
     vars: HashMap<String, String>,
     origin: String,
 }
@@ -59,6 +72,7 @@ impl ScriptedPolicy {
         ScriptedPolicy {
             steps,
             cursor: 0,
+            last: 0,
             vars: HashMap::new(),
             origin: origin.trim_end_matches('/').to_string(),
         }
@@ -96,6 +110,122 @@ pub fn resolve_target(obs: &Observation, target: &str) -> Option<u32> {
     obs.by_text(t).map(|e| e.id)
 }
 
+/// What kind of element a scripted step's target must be (the candidates a model may pick).
+#[derive(Debug, Clone, Copy)]
+enum Want {
+    Any,
+    Editable,
+    Options,
+    Checkable,
+}
+
+impl Want {
+    fn fits(self, e: &Element) -> bool {
+        e.interactive
+            && match self {
+                Want::Any => true,
+                Want::Editable => e.editable,
+                Want::Options => !e.options.is_empty(),
+                Want::Checkable => e.checked.is_some(),
+            }
+    }
+}
+
+/// A scripted step's target (`instruction`: the step as written, e.g. `click text:Orders`;
+/// `t`: its selector). With an action cache: the cached target where its features find it,
+/// else the selector's element; where the cached target is gone (or led elsewhere) or the
+/// selector matches nothing, one model call picks the element (the returned call). Without a
+/// cache: the selector's element, or an error naming it.
+fn step_target(
+    mind: &mut Mind<'_>,
+    obs: &Observation,
+    instruction: &str,
+    t: &str,
+    want: Want,
+) -> Result<(u32, Option<ModelCall>)> {
+    let no_match = || Error::Step {
+        step: 0,
+        detail: format!("no element matches {t:?} on {}", obs.url),
+    };
+    let Some(cache) = mind.cache.as_deref_mut() else {
+        return resolve_target(obs, t).map(|id| (id, None)).ok_or_else(no_match);
+    };
+    let (u, id, known) = cache.target(instruction, obs, mind.origin)?;
+    if let Some(id) = id {
+        return Ok((id, None));
+    }
+    let healing = u == (Use::Decide { healing: true });
+    let by_selector = if healing { None } else { resolve_target(obs, t) };
+    let (id, call) = match by_selector {
+        Some(id) => (id, None),
+        None if known.is_some() && kind_match(obs, want, known.as_ref()).is_some() => {
+            let id = kind_match(obs, want, known.as_ref()).unwrap_or_default();
+            tracing::info!(instruction, id, "action cache: the only element of the recorded kind");
+            (id, None)
+        }
+        None => {
+            let mut cands: Vec<&Element> = obs.elements.iter().filter(|e| want.fits(e)).collect();
+            // A redesign rarely turns a button into a field: the elements of the recorded kind
+            // (tag and editability) when there are any. SmolLM2-135M, asked among all of a
+            // page's elements, took its first link for a renamed form button.
+            if let Some(k) = &known {
+                let same: Vec<&Element> = cands
+                    .iter()
+                    .copied()
+                    .filter(|e| e.tag == k.tag && e.editable == k.editable)
+                    .collect();
+                if !same.is_empty() {
+                    cands = same;
+                }
+            }
+            if cands.is_empty() {
+                return Err(no_match());
+            }
+            // Candidates as the page lists them but without their ids (a number says nothing of
+            // the element and biases the likelihood).
+            let texts: Vec<String> = cands
+                .iter()
+                .map(|e| format!("{} \"{}\"", e.tag, e.text.trim()))
+                .collect();
+            let was = known
+                .map(|k| format!(" The element was {}.", k.describe()))
+                .unwrap_or_default();
+            let q = format!(
+                "The page changed since this step was recorded: {instruction}.{was}\nThe page's elements now: {}.\nWhich element does the step mean now?",
+                texts.join(", ")
+            );
+            let call = mind.llm.rank(&mut mind.view, &q, "", &texts)?;
+            let pick = texts
+                .iter()
+                .position(|x| *x == call.output)
+                .ok_or_else(|| Error::Policy {
+                    tries: 1,
+                    last: call.output.clone(),
+                })?;
+            tracing::info!(instruction, picked = %texts[pick], "action cache: the model re-inferred a target");
+            (cands[pick].id, Some(call))
+        }
+    };
+    if let Some(c) = mind.cache.as_deref_mut() {
+        c.record_target(instruction, obs, mind.origin, id, healing);
+    }
+    Ok((id, call))
+}
+
+/// The one interactive element of `obs` with the recorded target's tag and editability that
+/// the step can act on, when there is exactly one.
+fn kind_match(obs: &Observation, want: Want, known: Option<&crate::cache::Target>) -> Option<u32> {
+    let k = known?;
+    let mut it = obs
+        .elements
+        .iter()
+        .filter(|e| want.fits(e) && e.tag == k.tag && e.editable == k.editable);
+    match (it.next(), it.next()) {
+        (Some(e), None) => Some(e.id),
+        _ => None,
+    }
+}
+
 impl Policy for ScriptedPolicy {
     fn focus(&self) -> Option<String> {
         self.steps[self.cursor.min(self.steps.len())..]
@@ -111,6 +241,11 @@ impl Policy for ScriptedPolicy {
         self.vars.values().cloned().collect()
     }
 
+    fn retry_last(&mut self) -> bool {
+        self.cursor = self.last;
+        true
+    }
+
     fn next(&mut self, _step: usize, obs: &Observation, mind: &mut Mind<'_>) -> Result<Decision> {
         loop {
             let i = self.cursor;
@@ -122,9 +257,17 @@ impl Policy for ScriptedPolicy {
             };
             self.cursor += 1;
             let bad = |detail: String| Error::Step { step: i + 1, detail };
-            let target = |t: &str| {
+            let mut call = None;
+            let mut target = |verb: &str, want: Want, t: &str| -> Result<u32> {
                 let t = self.subst(t);
-                resolve_target(obs, &t).ok_or_else(|| bad(format!("no element matches {t:?} on {}", obs.url)))
+                let (id, c) = step_target(mind, obs, &format!("{verb} {t}"), &t, want).map_err(|e| match e {
+                    Error::Step { detail, .. } => bad(detail),
+                    e => e,
+                })?;
+                if c.is_some() {
+                    call = c;
+                }
+                Ok(id)
             };
             let action = match st {
                 Step::Remember { name, regex } => {
@@ -138,6 +281,18 @@ impl Policy for ScriptedPolicy {
                 }
                 Step::Ask { question, choices } => {
                     let q = self.subst(&question);
+                    let mut healing = false;
+                    if let Some(c) = mind.cache.as_deref_mut() {
+                        match c.answer(&q, obs, mind.origin, mind.view.text)? {
+                            (_, Some(answer)) => {
+                                return Ok(Decision {
+                                    action: Action::Done { answer },
+                                    model: None,
+                                });
+                            }
+                            (u, None) => healing = u == (Use::Decide { healing: true }),
+                        }
+                    }
                     let call = if choices.is_empty() {
                         mind.llm.generate(
                             &mut mind.view,
@@ -148,6 +303,9 @@ impl Policy for ScriptedPolicy {
                     } else {
                         mind.llm.choose(&mut mind.view, &q, &choices)?
                     };
+                    if let Some(c) = mind.cache.as_deref_mut() {
+                        c.record_answer(&q, obs, mind.origin, mind.view.text, call.output.trim(), healing)?;
+                    }
                     return Ok(Decision {
                         action: Action::Done {
                             answer: call.output.trim().to_string(),
@@ -155,10 +313,12 @@ impl Policy for ScriptedPolicy {
                         model: Some(call),
                     });
                 }
-                Step::Click { target: t } => Action::Click { id: target(&t)? },
+                Step::Click { target: t } => Action::Click {
+                    id: target("click", Want::Any, &t)?,
+                },
                 Step::Type { text, into } => {
                     let id = match &into {
-                        Some(t) => Some(target(t)?),
+                        Some(t) => Some(target("type into", Want::Editable, t)?),
                         None => None,
                     };
                     let text = self.subst(&text);
@@ -174,17 +334,25 @@ impl Policy for ScriptedPolicy {
                     Action::Type { id, text }
                 }
                 Step::Select { target: t, option } => Action::Select {
-                    id: target(&t)?,
+                    id: target("select in", Want::Options, &t)?,
                     option: self.subst(&option),
                 },
-                Step::Check { target: t } => Action::Check { id: target(&t)? },
-                Step::Uncheck { target: t } => Action::Uncheck { id: target(&t)? },
-                Step::Hover { target: t } => Action::Hover { id: target(&t)? },
-                Step::Drag { from, to } => Action::Drag {
-                    from: target(&from)?,
-                    to: target(&to)?,
+                Step::Check { target: t } => Action::Check {
+                    id: target("check", Want::Checkable, &t)?,
                 },
-                Step::ScrollTo { target: t } => Action::ScrollTo { id: target(&t)? },
+                Step::Uncheck { target: t } => Action::Uncheck {
+                    id: target("uncheck", Want::Checkable, &t)?,
+                },
+                Step::Hover { target: t } => Action::Hover {
+                    id: target("hover", Want::Any, &t)?,
+                },
+                Step::Drag { from, to } => Action::Drag {
+                    from: target("drag", Want::Any, &from)?,
+                    to: target("drop on", Want::Any, &to)?,
+                },
+                Step::ScrollTo { target: t } => Action::ScrollTo {
+                    id: target("scroll to", Want::Any, &t)?,
+                },
                 Step::SwitchTab { index } => Action::SwitchTab { index },
                 Step::WaitFor { target: t, ms } => Action::WaitFor {
                     target: self.subst(&t),
@@ -204,7 +372,8 @@ impl Policy for ScriptedPolicy {
                 Step::Scroll { dy } => Action::Scroll { dy },
                 Step::Wait { ms } => Action::Wait { ms },
             };
-            return Ok(Decision { action, model: None });
+            self.last = i;
+            return Ok(Decision { action, model: call });
         }
     }
 }
@@ -363,11 +532,24 @@ impl Policy for ModelPolicy {
     fn next(&mut self, _step: usize, obs: &Observation, mind: &mut Mind<'_>) -> Result<Decision> {
         let instruction = ModelPolicy::instruction(obs, mind.goal);
         self.seen(obs);
+        let mut healing = false;
+        if let Some(c) = mind.cache.as_deref_mut() {
+            match c.action(mind.goal, obs, mind.origin)? {
+                (_, Some(action)) => {
+                    self.tried.push(action.clone());
+                    return Ok(Decision { action, model: None });
+                }
+                (u, None) => healing = u == (Use::Decide { healing: true }),
+            }
+        }
         let decision = match self.decoding {
             Decoding::Constrained => self.constrained(obs, mind, &instruction)?,
             Decoding::Ranked => self.ranked(obs, mind, &instruction)?,
             Decoding::Free => self.free_or_ranked(obs, mind, &instruction)?,
         };
+        if let Some(c) = mind.cache.as_deref_mut() {
+            c.record_action(mind.goal, obs, mind.origin, &decision.action, healing);
+        }
         self.tried.push(decision.action.clone());
         Ok(decision)
     }

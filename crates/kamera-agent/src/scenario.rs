@@ -80,6 +80,10 @@ pub enum PolicyKind {
 #[serde(deny_unknown_fields)]
 pub struct SiteSpec {
     pub seed: u64,
+    /// A seeded layout perturbation of the site (kamera-site's `perturb`: menu reordered,
+    /// labels renamed, a field moved); unset: the site as designed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub perturb: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

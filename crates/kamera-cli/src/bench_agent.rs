@@ -217,7 +217,7 @@ fn scenario(task: &str, seed: u64, decoding: Decoding, max_steps: usize, episode
         allowed_origins: Vec::new(),
         policy: PolicyKind::Model,
         decoding,
-        site: order.then_some(SiteSpec { seed }),
+        site: order.then_some(SiteSpec { seed, perturb: None }),
         miniwob: (!order).then(|| MiniWobSpec {
             task: task.to_string(),
             seed,

@@ -35,6 +35,12 @@ pub struct RunArgs {
     /// `time` line of `kamera run X` and `kamera run X --no-reuse`).
     #[arg(long)]
     no_reuse: bool,
+    /// Keep an action cache in this folder: a step taken before on the same page is replayed
+    /// with no model call; where the page changed it is healed (its target found again by its
+    /// features, or re-inferred by one model call) and the entry updated. The summary reports
+    /// `model_calls` and `cache_hits`.
+    #[arg(long, value_name = "DIR")]
+    action_cache: Option<PathBuf>,
     #[command(flatten)]
     model: ModelArg,
     #[command(flatten)]
@@ -233,6 +239,7 @@ struct Setup<'a> {
     model: &'a ModelArg,
     baseline: bool,
     reuse: bool,
+    action_cache: Option<&'a Path>,
 }
 
 fn execute(scenario_arg: &str, setup: Setup<'_>) -> Result<RunSummary> {
@@ -243,6 +250,7 @@ fn execute(scenario_arg: &str, setup: Setup<'_>) -> Result<RunSummary> {
         model: model_arg,
         baseline,
         reuse,
+        action_cache,
     } = setup;
     let path = kamera_agent::resolve(scenario_arg);
     let scenario = Scenario::load(&path)?;
@@ -269,6 +277,7 @@ fn execute(scenario_arg: &str, setup: Setup<'_>) -> Result<RunSummary> {
             on_step: Some(on_step),
             runtime: runtime_cfg,
             baseline,
+            action_cache: action_cache.map(Path::to_path_buf),
         },
     ))?;
     pb.finish_and_clear();
@@ -383,6 +392,22 @@ pub(crate) fn summary_text(s: &RunSummary, reuse: bool) -> String {
             base / reuse.max(1e-3)
         );
     }
+    match &s.cache {
+        Some(c) => {
+            _ = writeln!(
+                o,
+                "cache     {} model calls, {} cache hits, {} healed, {} stored, {} replays that led elsewhere",
+                s.model_calls, s.cache_hits, s.cache_healed, c.stored, c.mismatches
+            )
+        }
+        None => {
+            _ = writeln!(
+                o,
+                "cache     {} model calls, {} cache hits (no action cache)",
+                s.model_calls, s.cache_hits
+            )
+        }
+    }
     _ = writeln!(o, "answer    {}", s.end.answer.as_deref().unwrap_or("-"));
     if let Some(e) = &s.expected {
         _ = writeln!(o, "expected  {e}");
@@ -439,6 +464,7 @@ pub fn run(a: RunArgs) -> Result<()> {
             model: &a.model,
             baseline: a.baseline,
             reuse: !a.no_reuse,
+            action_cache: a.action_cache.as_deref(),
         },
     )?;
     if a.trace.is_none() {
@@ -468,6 +494,7 @@ pub fn record(a: RecordArgs) -> Result<()> {
             model: &a.model,
             baseline: false,
             reuse: true,
+            action_cache: None,
         },
     )?;
     let trace = kamera_agent::Trace::read(&a.out)?;

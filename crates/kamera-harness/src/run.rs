@@ -26,7 +26,7 @@ pub struct Served {
 /// Starts the local site or MiniWoB++ server a scenario names (MiniWoB++ fetched into `home`).
 pub async fn serve(scenario: &Scenario, home: &Path) -> Result<Served> {
     let server = if let Some(s) = &scenario.site {
-        Some(Server::start(Content::Memory(kamera_site::generate(s.seed))).await?)
+        Some(Server::start(Content::Memory(kamera_site::generate_with(s.seed, s.perturb))).await?)
     } else if scenario.miniwob.is_some() {
         let home = home.to_path_buf();
         let dir = tokio::task::spawn_blocking(move || miniwob::ensure(&home))
@@ -83,10 +83,16 @@ pub struct RunConfig {
     pub runtime: RuntimeConfig,
     /// Time a full re-prefill of the answering window too ([`RunOptions::baseline`]).
     pub baseline: bool,
+    /// The action cache's folder ([`kamera_agent::ActionCache`]), when the run keeps one.
+    pub action_cache: Option<std::path::PathBuf>,
 }
 
 /// Serves, launches Chromium, opens a session over `cfg.store`, runs, closes.
 pub async fn run_scenario(scenario: &Scenario, model: Arc<Model>, home: &Path, cfg: RunConfig) -> Result<RunSummary> {
+    let action_cache = match &cfg.action_cache {
+        Some(d) => Some(kamera_agent::ActionCache::open(d)?),
+        None => None,
+    };
     let served = serve(scenario, home).await?;
     let mut session = session_with(scenario, model, cfg.runtime)?;
     let mut browser = ChromiumBrowser::launch(ChromiumConfig::new(served.origins.clone())).await?;
@@ -102,6 +108,7 @@ pub async fn run_scenario(scenario: &Scenario, model: Arc<Model>, home: &Path, c
         recorded_end: None,
         baseline: cfg.baseline,
         language_model: None,
+        action_cache,
     };
     let agent = Parts {
         browser: &mut browser,

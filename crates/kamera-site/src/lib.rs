@@ -17,6 +17,8 @@
 
 use std::collections::BTreeMap;
 
+pub mod perturb;
+
 const LAYOUT: &str = include_str!("../../../scenarios/site/layout.html");
 const STYLE: &str = include_str!("../../../scenarios/site/style.css");
 
@@ -114,6 +116,20 @@ fn page(title: &str, body: &str) -> Vec<u8> {
 
 /// Every page of the site for `seed`, by path.
 pub fn generate(seed: u64) -> BTreeMap<String, Vec<u8>> {
+    generate_with(seed, None)
+}
+
+/// The site for `seed`, with its layout perturbed by `perturb` when given ([`perturb`]): the same
+/// data and paths, the pages rearranged as a redesign would.
+pub fn generate_with(seed: u64, perturb: Option<u64>) -> BTreeMap<String, Vec<u8>> {
+    let mut m = generate_plain(seed);
+    if let Some(p) = perturb {
+        perturb::apply(&mut m, p);
+    }
+    m
+}
+
+fn generate_plain(seed: u64) -> BTreeMap<String, Vec<u8>> {
     let d = data(seed);
     let mut r = Rng(seed ^ 0x7369_7465);
     let mut m = BTreeMap::new();
@@ -254,5 +270,6 @@ mod tests {
         let o = &d.orders[2];
         let text = String::from_utf8(generate(7)[&format!("/shipping/{}", o.tracking)].clone()).unwrap();
         assert!(text.contains(&o.status));
+        assert_eq!(generate_with(7, None), generate(7));
     }
 }

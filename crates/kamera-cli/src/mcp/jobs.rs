@@ -42,6 +42,7 @@ impl Jobs {
                 on_step: None,
                 runtime,
                 baseline: false,
+                action_cache: None,
             },
         )
         .await?;
