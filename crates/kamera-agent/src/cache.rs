@@ -265,14 +265,19 @@ impl ActionCache {
                 _ => None,
             },
         };
+        self.replaying(file, record, obs, origin, s);
+        Ok((u, Some(id), known))
+    }
+
+    /// Holds `record` (an entry being replayed on `obs`) until the page it leads to is seen.
+    fn replaying(&mut self, file: PathBuf, record: Record, obs: &Observation, origin: &str, structure: String) {
         self.pending = Some(Pending {
             file,
             record,
             before: PageSig::of(obs, origin),
-            before_structure: s,
+            before_structure: structure,
             replayed: true,
         });
-        Ok((u, Some(id), known))
     }
 
     /// Records the target a scripted step resolved afresh (`healing`: replacing an entry that
@@ -420,13 +425,7 @@ impl ActionCache {
             targets,
             after: after.clone(),
         };
-        self.pending = Some(Pending {
-            file,
-            record,
-            before: PageSig::of(obs, origin),
-            before_structure: s,
-            replayed: true,
-        });
+        self.replaying(file, record, obs, origin, s);
         Ok((u, Some(replayed)))
     }
 
