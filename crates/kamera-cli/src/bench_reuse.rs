@@ -294,6 +294,9 @@ impl ReuseReport {
             r.place_gbs,
             100.0 * r.place_gbs / ceiling,
         );
+        if r.blind_by_default {
+            s += "\nThe revisit times the patched recall; with this model's measured blind KL within the cost model's budget, the runtime's default would place these chunks blind (no patch read or applied).\n";
+        }
         s
     }
 }
