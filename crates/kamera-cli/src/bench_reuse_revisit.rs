@@ -165,8 +165,10 @@ pub fn revisit(model: &Arc<Model>, c: &RevisitConfig<'_>) -> Result<Revisit> {
                 let applied = session.observe(&pages[i].0)?;
                 decisions.extend(applied.plan.decisions.iter().map(|d| d.to_string()));
             }
-            let placed = t0.elapsed().as_secs_f64() * 1e3;
+            // The session holds its plans until the model reads the window: the placement runs
+            // in `context()`, so it is timed up to there.
             let ctx = session.context()?;
+            let placed = t0.elapsed().as_secs_f64() * 1e3;
             let base = ctx.len();
             let logits = model.extend(c.question, ctx)?.logits;
             let ttft = t0.elapsed().as_secs_f64() * 1e3;
