@@ -34,8 +34,9 @@ pub struct Revisit {
     pub kv_dtype: String,
     pub patch_dtype: String,
     pub rank: usize,
-    /// `Session::observe` of every chunk: the window's plan, the executor's recall and place
-    /// (store read, relocate + patch), the write into the live context.
+    /// `Session::observe` of every chunk and the model's read of the window (`context()`, where
+    /// the held plans run): the window's plan, the executor's recall and place (store read,
+    /// relocate + patch), the write into the live context.
     pub place_ms: Spread,
     /// The question prefilled on the live context.
     pub question_ms: Spread,
