@@ -239,15 +239,15 @@ pub fn run(a: SessionArgs) -> Result<()> {
         cost.kl_budget = b;
     }
     let prefix_text = llm.prefix_text(goal);
+    // The product's own session settings (`kamera run`'s `session_config`) for this budget.
+    let session_budget = kamera_agent::Budget {
+        window_tokens: a.window,
+        patch_rank: a.rank,
+        repair: !a.no_repair,
+        ..kamera_agent::Budget::default()
+    };
     let open = |cost: kamera_sched::CostModel| -> Result<(Session, Arc<MemStore>)> {
-        // The product's own session settings (`kamera run`'s `session_config`) for this budget.
-        let budget = kamera_agent::Budget {
-            window_tokens: a.window,
-            patch_rank: a.rank,
-            repair: !a.no_repair,
-            ..kamera_agent::Budget::default()
-        };
-        let cfg = kamera_agent::session_config(&budget, cost);
+        let cfg = kamera_agent::session_config(&session_budget, cost);
         let store = Arc::new(MemStore::new());
         let mut session = Session::new(model.clone(), store.clone(), Box::new(CpuBackend), cfg);
         session.pin(&prefix_text)?;
@@ -416,9 +416,13 @@ pub fn run(a: SessionArgs) -> Result<()> {
         model: a.model.clone(),
         window: a.window,
         orders: a.orders,
-        patch: match a.rank {
-            Some(r) => format!("rank-{r} f32"),
-            None => cost.patch_point().map_or("rank-16 bf16".into(), |p| p.label.clone()),
+        // What the sessions form, from the one function that decides it.
+        patch: match (a.rank, cost.patch_point()) {
+            (None, Some(p)) => p.label.clone(),
+            _ => {
+                let p = kamera_agent::session_config(&session_budget, cost.clone()).patch;
+                format!("{:?} {:?}", p.rank, p.dtype).to_lowercase()
+            }
         },
         blind_kl: [cost.recall_blind_kl, cost.survivor_blind_kl],
         seed: a.seed,
