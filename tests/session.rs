@@ -101,3 +101,62 @@ fn recalled_chunk_with_its_patch_answers_closer_to_full_than_blind() -> anyhow::
     assert!(patched < 0.02, "KL {patched} with a rank-16 patch");
     Ok(())
 }
+
+/// The live context keeps the last model call's prompt rows while the window is unchanged: a
+/// second call whose prompt shares its start prefills only the rest, with the logits of a full
+/// prefill of the same tokens; the decoded tokens are cut off; a change to the window drops the
+/// kept prompt; [`Session::context`] always gives the window alone.
+#[test]
+fn the_next_prompt_reuses_the_last_prompts_rows() -> anyhow::Result<()> {
+    let model = model();
+    let llm = Llm::new(model.clone());
+    let cfg = SessionConfig {
+        window_tokens: 400,
+        ..SessionConfig::default()
+    };
+    let mut s = Session::new(model.clone(), Arc::new(MemStore::new()), Box::new(CpuBackend), cfg);
+    s.pin(&llm.prefix_text("Find who keeps the vault key."))?;
+    s.observe(PAGES[0])?;
+    let window = s.context()?.len();
+    let choices = ["Mira Solberg".to_string(), "Ada Brandt".to_string()];
+    let first = llm.choose(s.live()?, "Who keeps the vault key?", &choices)?;
+    assert_eq!((first.context_tokens, first.prompt_reused), (window, 0));
+    let other = ["Mira Solberg".to_string(), "Kai Mercer".to_string()];
+    let second = llm.choose(s.live()?, "Who keeps the vault key?", &other)?;
+    assert!(
+        second.prompt_reused >= 10 && second.prompt_reused < second.prompt_tokens,
+        "the second prompt shares all but its last choice with the first: {} of {} tokens reused",
+        second.prompt_reused,
+        second.prompt_tokens
+    );
+    // The kept rows are the second prompt's, and reading them gives a full prefill's logits.
+    let q = llm.tokens(&second.prompt, false)?;
+    let mut full = s.window_tokens();
+    full.extend(&q);
+    let reference = llm.full_prefill(&full)?;
+    let mut live = s.live()?;
+    assert_eq!(live.window_len(), window, "decoded tokens were cut off");
+    let (got, reused) = live.prompt(&model, &q)?;
+    assert_eq!(reused, q.len() - 1, "everything but the last token is reused");
+    drop(live);
+    let ctx = s.context()?;
+    assert_eq!(ctx.len(), window, "context() is the window alone");
+    let fresh = model.extend(&q, ctx)?.logits;
+    ctx.truncate(window);
+    let (kl, kl_fresh) = (
+        kamera_eval::kl(&reference, &got.logits),
+        kamera_eval::kl(&reference, &fresh),
+    );
+    let kl_pair = kamera_eval::kl(&fresh, &got.logits);
+    eprintln!("KL to a full prefill: reused prompt {kl:.3e}, prompt prefilled {kl_fresh:.3e}; between {kl_pair:.3e}");
+    // Rows of the same tokens computed in batches of other shapes differ by kernel rounding
+    // (the window itself is ~1e-4 from the full prefill); a misplaced row would be far above.
+    assert!(kl_pair < 1e-4, "reusing the prompt's rows moved the logits: KL {kl_pair:.3e}");
+    assert!(kl < kl_fresh + 1e-4, "reused {kl:.3e} vs prefilled {kl_fresh:.3e}");
+    // A new page changes the window: nothing of the old prompt is reused.
+    s.observe(PAGES[1])?;
+    let third = llm.choose(s.live()?, "Who keeps the vault key?", &choices)?;
+    assert_eq!(third.prompt_reused, 0);
+    assert!(third.context_tokens > window);
+    Ok(())
+}

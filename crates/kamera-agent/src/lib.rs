@@ -51,6 +51,7 @@ mod cache;
 mod calibration;
 mod error;
 mod json_schema;
+mod live;
 mod llm;
 mod lm;
 mod policy;
@@ -74,6 +75,7 @@ pub use cache::{ACTION_CACHE_VERSION, ActionCache, CacheStats, PageSig, Target, 
 pub use calibration::Calibration;
 pub use error::{Error, Result};
 pub use json_schema::JsonGrammar;
+pub use live::Live;
 pub use llm::{CallTimings, Llm, ModelCall, parse_action};
 pub use lm::{LanguageModel, View};
 pub use policy::{

@@ -1,16 +1,18 @@
 //! The model side of the loop: questions and action prompts are appended to the session's live
-//! window context (whose chunks the scheduler placed), answered, and cut off again: nothing
-//! before the prompt is copied or prefilled.
+//! window context (whose chunks the scheduler placed) and answered; what the call decoded is cut
+//! off again, and on the session's context the prompt's rows stay for the next call to reuse
+//! ([`Live`]). Nothing before the prompt is copied or prefilled.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use crate::ms;
 
-use kamera_model::{Context, Input, Model, PrefillOptions};
+use kamera_model::{Input, Model, PrefillOptions};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result, model};
+use crate::live::Live;
 use crate::schema::{ActionSchema, Fit, Grammar};
 
 /// Timings of one model call, in milliseconds.
@@ -32,6 +34,9 @@ pub struct ModelCall {
     /// The suffix prefilled fresh (question or instruction).
     pub prompt: String,
     pub prompt_tokens: usize,
+    /// Leading prompt tokens whose rows the last call on the same window left (not prefilled).
+    #[serde(default)]
+    pub prompt_reused: usize,
     /// Raw output (generated text, or the chosen candidate).
     pub output: String,
     pub output_tokens: Vec<u32>,
@@ -86,9 +91,9 @@ impl Llm {
     /// page's valid actions (a token mask), until the reply is a complete action. When
     /// `max_new` tokens run out first, the reply is closed by its shortest completion. The
     /// output is always a complete action of the schema.
-    pub fn generate_constrained(
+    pub fn generate_constrained<'c>(
         &self,
-        ctx: &mut Context,
+        ctx: impl Into<Live<'c>>,
         instruction: &str,
         schema: &ActionSchema,
         max_new: usize,
@@ -101,33 +106,30 @@ impl Llm {
     /// token that keeps the reply open or complete, until it is complete; when `max_new` tokens
     /// run out first, the grammar's shortest completion closes it. The output is always a
     /// complete reply of the grammar.
-    pub fn decode_constrained(
+    pub fn decode_constrained<'c>(
         &self,
-        ctx: &mut Context,
+        ctx: impl Into<Live<'c>>,
         instruction: &str,
         schema: &dyn Grammar,
         max_new: usize,
     ) -> Result<ModelCall> {
-        let base = ctx.len();
-        let r = self.constrained_on(ctx, instruction, schema, max_new);
-        ctx.truncate(base);
-        r
+        self.constrained_on(&mut ctx.into(), instruction, schema, max_new)
     }
 
     fn constrained_on(
         &self,
-        gctx: &mut Context,
+        live: &mut Live<'_>,
         instruction: &str,
         schema: &dyn Grammar,
         max_new: usize,
     ) -> Result<ModelCall> {
         let pieces = self.pieces();
-        let context_tokens = gctx.len();
+        let context_tokens = live.window_len();
         let lead = schema.lead();
         let prompt = format!("{}{lead}", self.close_turn(instruction));
         let ptoks = self.tokens(&prompt, false)?;
         let t1 = Instant::now();
-        let mut step = self.model.extend(&ptoks, gctx).map_err(model("prefill"))?;
+        let (mut step, prompt_reused) = live.prompt(&self.model, &ptoks)?;
         let prefill_ms = ms(t1);
         let t2 = Instant::now();
         let mut reply = lead.to_string();
@@ -165,11 +167,12 @@ impl Llm {
             if schema.fit(&reply) == Fit::Complete {
                 break;
             }
-            step = self.model.extend(&[next], gctx).map_err(model("decode"))?;
+            step = self.model.extend(&[next], live.ctx()).map_err(model("decode"))?;
         }
         Ok(ModelCall {
             context_tokens,
             prompt_tokens: ptoks.len(),
+            prompt_reused,
             prompt,
             output: reply,
             output_tokens: out,
@@ -218,7 +221,7 @@ impl Llm {
     }
 
     /// Picks the choice the model finds most likely after `question` (mean token log-likelihood).
-    pub fn choose(&self, ctx: &mut Context, question: &str, choices: &[String]) -> Result<ModelCall> {
+    pub fn choose<'c>(&self, ctx: impl Into<Live<'c>>, question: &str, choices: &[String]) -> Result<ModelCall> {
         let prompt = self.question_prompt(question, choices);
         self.rank_after(ctx, prompt, choices)
     }
@@ -234,27 +237,25 @@ impl Llm {
     /// Picks the continuation of the reply started by `lead` after `instruction` that the model
     /// finds most likely (mean token log-likelihood); the output is `lead` + that continuation.
     /// This is how the model policy stays inside the action grammar.
-    pub fn rank(&self, ctx: &mut Context, instruction: &str, lead: &str, candidates: &[String]) -> Result<ModelCall> {
+    pub fn rank<'c>(&self, ctx: impl Into<Live<'c>>, instruction: &str, lead: &str, candidates: &[String]) -> Result<ModelCall> {
         let prompt = format!("{}{lead}", self.close_turn(instruction));
         let mut call = self.rank_after(ctx, prompt, candidates)?;
         call.output = format!("{lead}{}", call.output);
         Ok(call)
     }
 
-    /// Scores `candidates` after `prompt`, appended to `ctx` (and cut off again after).
-    fn rank_after(&self, ctx: &mut Context, prompt: String, candidates: &[String]) -> Result<ModelCall> {
-        let base = ctx.len();
-        let r = self.rank_on(ctx, prompt, candidates);
-        ctx.truncate(base);
-        r
+    /// Scores `candidates` after `prompt`, appended to `ctx`.
+    fn rank_after<'c>(&self, ctx: impl Into<Live<'c>>, prompt: String, candidates: &[String]) -> Result<ModelCall> {
+        self.rank_on(&mut ctx.into(), prompt, candidates)
     }
 
-    fn rank_on(&self, qctx: &mut Context, prompt: String, candidates: &[String]) -> Result<ModelCall> {
-        let context_tokens = qctx.len();
+    fn rank_on(&self, live: &mut Live<'_>, prompt: String, candidates: &[String]) -> Result<ModelCall> {
+        let context_tokens = live.window_len();
         let reuse_ms = 0.0;
         let ptoks = self.tokens(&prompt, false)?;
         let t1 = Instant::now();
-        let q = self.model.extend(&ptoks, qctx).map_err(model("prefill"))?;
+        let (q, prompt_reused) = live.prompt(&self.model, &ptoks)?;
+        let qctx = live.ctx();
         let prefill_ms = ms(t1);
         let t2 = Instant::now();
         let mut scores = Vec::new();
@@ -291,6 +292,7 @@ impl Llm {
         Ok(ModelCall {
             context_tokens,
             prompt_tokens: ptoks.len(),
+            prompt_reused,
             prompt,
             output: best,
             output_tokens,
@@ -304,40 +306,37 @@ impl Llm {
     }
 
     /// Greedy generation (or seeded sampling when `seed > 0`) after `instruction`.
-    pub fn generate(&self, ctx: &mut Context, instruction: &str, max_new: usize, seed: u64) -> Result<ModelCall> {
+    pub fn generate<'c>(&self, ctx: impl Into<Live<'c>>, instruction: &str, max_new: usize, seed: u64) -> Result<ModelCall> {
         self.generate_after(ctx, instruction, "", max_new, seed)
     }
 
     /// Like [`Llm::generate`], with the assistant's reply started by `lead` (e.g. `{"action": "`
     /// to hold the model to a JSON object); the output includes `lead`.
-    pub fn generate_after(
+    pub fn generate_after<'c>(
         &self,
-        ctx: &mut Context,
+        ctx: impl Into<Live<'c>>,
         instruction: &str,
         lead: &str,
         max_new: usize,
         seed: u64,
     ) -> Result<ModelCall> {
-        let base = ctx.len();
-        let r = self.generate_on(ctx, instruction, lead, max_new, seed);
-        ctx.truncate(base);
-        r
+        self.generate_on(&mut ctx.into(), instruction, lead, max_new, seed)
     }
 
     fn generate_on(
         &self,
-        gctx: &mut Context,
+        live: &mut Live<'_>,
         instruction: &str,
         lead: &str,
         max_new: usize,
         seed: u64,
     ) -> Result<ModelCall> {
-        let context_tokens = gctx.len();
+        let context_tokens = live.window_len();
         let reuse_ms = 0.0;
         let prompt = format!("{}{lead}", self.close_turn(instruction));
         let ptoks = self.tokens(&prompt, false)?;
         let t1 = Instant::now();
-        let mut step = self.model.extend(&ptoks, gctx).map_err(model("prefill"))?;
+        let (mut step, prompt_reused) = live.prompt(&self.model, &ptoks)?;
         let prefill_ms = ms(t1);
         let t2 = Instant::now();
         let stop = self.model.chat_stop_tokens();
@@ -354,7 +353,7 @@ impl Llm {
                 break;
             }
             out.push(next);
-            step = self.model.extend(&[next], gctx).map_err(model("decode"))?;
+            step = self.model.extend(&[next], live.ctx()).map_err(model("decode"))?;
         }
         let output = format!(
             "{lead}{}",
@@ -363,6 +362,7 @@ impl Llm {
         Ok(ModelCall {
             context_tokens,
             prompt_tokens: ptoks.len(),
+            prompt_reused,
             prompt,
             output,
             output_tokens: out,

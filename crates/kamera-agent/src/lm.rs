@@ -5,6 +5,7 @@
 use kamera_model::Context;
 
 use crate::error::{Error, Result, model};
+use crate::live::Live;
 use crate::llm::{Llm, ModelCall};
 use crate::runtime::Session;
 use crate::schema::{ActionSchema, LEAD};
@@ -39,6 +40,15 @@ impl<'a> View<'a> {
         let ctx = self.session.context()?;
         self.context_ms += crate::ms(t);
         Ok(ctx)
+    }
+
+    /// [`View::kv`] with the last call's prompt rows kept after the window ([`Live`]), so that
+    /// a prompt that shares its start with the last one prefills only the rest.
+    pub fn live(&mut self) -> Result<Live<'_>> {
+        let t = std::time::Instant::now();
+        let live = self.session.live()?;
+        self.context_ms += crate::ms(t);
+        Ok(live)
     }
 }
 
@@ -116,15 +126,15 @@ impl LanguageModel for Llm {
         max_new: usize,
         seed: u64,
     ) -> Result<ModelCall> {
-        Llm::generate_after(self, view.kv()?, instruction, lead, max_new, seed)
+        Llm::generate_after(self, view.live()?, instruction, lead, max_new, seed)
     }
 
     fn rank(&self, view: &mut View<'_>, instruction: &str, lead: &str, candidates: &[String]) -> Result<ModelCall> {
-        Llm::rank(self, view.kv()?, instruction, lead, candidates)
+        Llm::rank(self, view.live()?, instruction, lead, candidates)
     }
 
     fn choose(&self, view: &mut View<'_>, question: &str, choices: &[String]) -> Result<ModelCall> {
-        Llm::choose(self, view.kv()?, question, choices)
+        Llm::choose(self, view.live()?, question, choices)
     }
 
     fn generate_constrained(
@@ -134,7 +144,7 @@ impl LanguageModel for Llm {
         schema: &ActionSchema,
         max_new: usize,
     ) -> Result<ModelCall> {
-        Llm::generate_constrained(self, view.kv()?, instruction, schema, max_new)
+        Llm::generate_constrained(self, view.live()?, instruction, schema, max_new)
     }
 }
 

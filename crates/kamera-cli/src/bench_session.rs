@@ -140,9 +140,8 @@ fn choice(llm: &Llm, logits: &[f32], choices: Option<&[String]>) -> Result<(Stri
     })
 }
 
-/// Fidelity of `logits` to `reference` (KL, same choice) and the answer.
 /// One Kamera session's step: the visit's plan (and the question's recall), the prompt on the
-/// live context, then its deferred work.
+/// live context (the last step's prompt rows reused where they match), then its deferred work.
 struct KameraStep {
     logits: Vec<f32>,
     ttft_ms: f64,
@@ -166,11 +165,9 @@ fn kamera_step(
         session.recall_relevant_page(q, &page.chunks)?;
     }
     let plan_ms = ms(t0);
-    let ctx = session.context()?;
-    let base = ctx.len();
-    let logits = model.extend(ptoks, ctx)?.logits;
+    let (out, reused) = session.live()?.prompt(model, ptoks)?;
+    let logits = out.logits;
     let ttft_ms = ms(t0);
-    ctx.truncate(base);
     let d1 = session.stats().deferred_ms;
     session.settle()?;
     Ok(KameraStep {
@@ -178,7 +175,7 @@ fn kamera_step(
         ttft_ms,
         deferred_ms: session.stats().deferred_ms - d1,
         plan_ms,
-        prefilled: session.stats().prefill_tokens - prefilled0 + ptoks.len(),
+        prefilled: session.stats().prefill_tokens - prefilled0 + ptoks.len() - reused,
         visit: page
             .applied
             .visit
@@ -203,6 +200,7 @@ impl KameraStep {
     }
 }
 
+/// Fidelity of `logits` to `reference` (KL, same choice) and the answer.
 fn judge(
     llm: &Llm,
     logits: &[f32],

@@ -132,7 +132,7 @@ impl Agent {
             let mut view = View::new(session, &window);
             let call = match plugged {
                 Some(m) => m.generate_after(&mut view, &prompt, grammar.lead(), max_new, 0)?,
-                None => llm.decode_constrained(view.kv()?, &prompt, &grammar, max_new)?,
+                None => llm.decode_constrained(view.live()?, &prompt, &grammar, max_new)?,
             };
             session.settle()?;
             Ok(call)

@@ -2,7 +2,8 @@
 //! and the `Backend`. It keeps the model's live context, which holds the window's KV rows by
 //! (chunk, version) from position 0 and is only rewritten from the first chunk that changed; a
 //! prefill after the window appends to it in place; image chunks get the vision tower's
-//! embeddings (computed once) and 3-D rotary ids.
+//! embeddings (computed once) and 3-D rotary ids. After the window it keeps the last model
+//! call's prompt rows ([`crate::Live`]) while the window does not change.
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -49,6 +50,8 @@ pub(crate) struct SessionEncoder {
     pub ctx: Context,
     /// The chunks (id, version) whose rows the context holds, in order from position 0.
     ctx_chunks: Vec<(ChunkId, u64)>,
+    /// The last model call's prompt tokens, whose rows follow the window's in `ctx`.
+    prompt_tail: Vec<u32>,
     /// Screenshots run through the vision tower.
     pub images_encoded: usize,
     /// KV bytes written into the live context.
@@ -66,6 +69,7 @@ impl SessionEncoder {
             image_max_pixels,
             ctx,
             ctx_chunks: Vec::new(),
+            prompt_tail: Vec::new(),
             images_encoded: 0,
             bytes_moved: 0,
         }
@@ -76,7 +80,20 @@ impl SessionEncoder {
     pub fn replace_context(&mut self, ctx: Context) -> &mut Context {
         self.ctx = ctx;
         self.ctx_chunks.clear();
+        self.prompt_tail.clear();
         &mut self.ctx
+    }
+
+    /// The live context for a model call, the last call's prompt rows kept after the window.
+    pub fn live(&mut self) -> crate::Live<'_> {
+        crate::Live::kept(&mut self.ctx, &mut self.prompt_tail)
+    }
+
+    /// Cuts the last call's prompt rows: the context holds exactly the window.
+    pub fn cut_prompt(&mut self) {
+        let rows = self.ctx.len().saturating_sub(self.prompt_tail.len());
+        self.ctx.truncate(rows);
+        self.prompt_tail.clear();
     }
 
     fn content_of(&self, op: &'static str, chunk: &ChunkId) -> Result<&Content> {
@@ -161,7 +178,8 @@ impl SessionEncoder {
 
     /// Makes the live context hold exactly `prior`'s chunks: rows of the longest unchanged run
     /// of (chunk, version) from position 0 stay; the context is cut there and the rest written.
-    fn sync_to(&mut self, prior: &Prior<'_>) -> Result<()> {
+    /// With `keep_prompt`, the last call's prompt rows stay when the window is unchanged.
+    fn sync_to(&mut self, prior: &Prior<'_>, keep_prompt: bool) -> Result<()> {
         let keep = self
             .ctx_chunks
             .iter()
@@ -169,6 +187,11 @@ impl SessionEncoder {
             .take_while(|(have, p)| have.0 == p.chunk && have.1 == p.version)
             .count();
         let rows: usize = prior.parts[..keep].iter().map(|p| p.kv.n_tokens()).sum();
+        let unchanged = keep == self.ctx_chunks.len() && keep == prior.parts.len();
+        if unchanged && keep_prompt && self.ctx.len() == rows + self.prompt_tail.len() {
+            return Ok(());
+        }
+        self.prompt_tail.clear();
         self.ctx.truncate(rows);
         self.ctx_chunks.truncate(keep);
         for p in &prior.parts[keep..] {
@@ -201,7 +224,7 @@ impl Encoder for SessionEncoder {
         prior: &Prior<'_>,
         version: u64,
     ) -> std::result::Result<ChunkKv, BoxError> {
-        self.sync_to(prior)?;
+        self.sync_to(prior, false)?;
         if self.ctx.rotary_end() != at {
             return Err(format!(
                 "prefill of {chunk} at {at}: the context ends at {}",
@@ -223,6 +246,6 @@ impl Encoder for SessionEncoder {
         Ok(self.backend.reuse(kv, patch, self.model.rope(), at)?)
     }
     fn sync(&mut self, prior: &Prior<'_>) -> std::result::Result<(), BoxError> {
-        Ok(self.sync_to(prior)?)
+        Ok(self.sync_to(prior, true)?)
     }
 }

@@ -16,6 +16,7 @@ use kamera_store::{ChunkId, ChunkStore, Key, ModelFp};
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
+use crate::live::Live;
 use crate::runtime::encoder::{Content, SessionEncoder};
 use crate::runtime::relevance::Relevance;
 use crate::scenario::Scenario;
@@ -387,8 +388,26 @@ impl Session {
         if !self.cfg.reuse {
             return self.context_no_reuse();
         }
-        // Running held plans ends with a sync; with none held the context may still lag (a
-        // settle's background steps).
+        self.bring_up_to_date()?;
+        let enc = self.exec.encoder_mut();
+        enc.cut_prompt();
+        Ok(&mut enc.ctx)
+    }
+
+    /// The window's context for a model call, with the rows of the last call's prompt kept
+    /// after it while the window has not changed ([`Live`]: the next prompt prefills only where
+    /// it differs). The no-reuse baseline keeps nothing.
+    pub fn live(&mut self) -> Result<Live<'_>> {
+        if !self.cfg.reuse {
+            return Ok(Live::from(self.context_no_reuse()?));
+        }
+        self.bring_up_to_date()?;
+        Ok(self.exec.encoder_mut().live())
+    }
+
+    /// Runs the held plans, or syncs the live context with the window when none is held (it
+    /// may lag after a settle's background steps).
+    fn bring_up_to_date(&mut self) -> Result<()> {
         let t = if self.pending.is_empty() {
             ApplyTimings {
                 sync_ms: self.exec.sync(self.window.end())?,
@@ -398,7 +417,7 @@ impl Session {
             self.materialize()?
         };
         self.read_timings.add(&t);
-        Ok(&mut self.exec.encoder_mut().ctx)
+        Ok(())
     }
 
     /// The tokens of the window's chunks in order (what a full re-prefill would run).
