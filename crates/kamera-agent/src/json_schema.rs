@@ -540,7 +540,8 @@ mod tests {
     #[test]
     fn strings_hold_json_escapes() {
         let g = order();
-        let reply = r#"{"id": "say \"hi\" \\ \/ \n caf\u00e9", "items": 1, "paid": true, "status": "Delivered", "tags": []}"#;
+        let reply =
+            r#"{"id": "say \"hi\" \\ \/ \n caf\u00e9", "items": 1, "paid": true, "status": "Delivered", "tags": []}"#;
         for i in 1..reply.len() {
             assert_eq!(g.fit(&reply[..i]), Fit::Open, "{}", &reply[..i]);
             let closed = g.close(&reply[..i]).unwrap_or_else(|| panic!("{}", &reply[..i]));

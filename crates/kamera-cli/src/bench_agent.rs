@@ -11,8 +11,8 @@ use std::time::Instant;
 use anyhow::{Context as _, Result, bail};
 use clap::Args;
 use kamera_agent::{
-    ActionCache, Budget, Decoding, Env, MiniWobSpec, ModelPolicy, Parts, PolicyKind, RunOptions, RunSummary, Scenario, SiteSpec,
-    Success, run_episode,
+    ActionCache, Budget, Decoding, Env, MiniWobSpec, ModelPolicy, Parts, PolicyKind, RunOptions, RunSummary, Scenario,
+    SiteSpec, Success, run_episode,
 };
 use kamera_browser::{Browser, ChromiumBrowser, ChromiumConfig, Content, Origins, Server};
 use kamera_harness::{miniwob, session_for};
@@ -125,7 +125,10 @@ pub fn groups(a: &AgentArgs) -> Result<Vec<Group>> {
         bail!("--passes must be at least 1");
     }
     if a.passes > 1 && a.action_cache.is_none() {
-        bail!("--passes {} repeats the model episodes over one action cache: give --action-cache DIR", a.passes);
+        bail!(
+            "--passes {} repeats the model episodes over one action cache: give --action-cache DIR",
+            a.passes
+        );
     }
     let mut g = Vec::new();
     if !a.baselines_only {
@@ -134,7 +137,11 @@ pub fn groups(a: &AgentArgs) -> Result<Vec<Group>> {
                 for d in &a.decodings {
                     g.push(Group {
                         model: m.clone(),
-                        decoding: if a.passes > 1 { format!("{d} pass {pass}") } else { d.clone() },
+                        decoding: if a.passes > 1 {
+                            format!("{d} pass {pass}")
+                        } else {
+                            d.clone()
+                        },
                         actor: Actor::Model {
                             name: m.clone(),
                             decoding: decoding(d)?,
@@ -552,7 +559,14 @@ mod tests {
             let mut sc = scenario(task, 1, Decoding::Constrained, 2, 60_000);
             let mut policy = ScriptedPolicy::new(vec![Step::Click { target: click.into() }], "");
             let r = episode(&servers, &mut browser, &model, &mut sc, &mut policy, None).await;
-            Ok(outcome(("smollm2-135m", "scripted", 1), task, 1, sc.goal.clone(), r, 0.0))
+            Ok(outcome(
+                ("smollm2-135m", "scripted", 1),
+                task,
+                1,
+                sc.goal.clone(),
+                r,
+                0.0,
+            ))
         };
         let good = run("click-test", "#subbtn").await?;
         assert_eq!(good.goal, "Click the button.");

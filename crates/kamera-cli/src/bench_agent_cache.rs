@@ -33,7 +33,10 @@ fn base(label: &str) -> &str {
 /// A row per (model, decoding, pass) in the episodes' order.
 pub fn passes(episodes: &[Episode]) -> Vec<CachePass> {
     let mut keys: Vec<(String, String, usize)> = Vec::new();
-    for e in episodes.iter().filter(|e| e.model != crate::bench_agent_baseline::LABEL) {
+    for e in episodes
+        .iter()
+        .filter(|e| e.model != crate::bench_agent_baseline::LABEL)
+    {
         let k = (e.model.clone(), base(&e.decoding).to_string(), e.pass);
         if !keys.contains(&k) {
             keys.push(k);
@@ -47,9 +50,9 @@ pub fn passes(episodes: &[Episode]) -> Vec<CachePass> {
                 .filter(|e| same(e, &model, &decoding) && e.pass == pass)
                 .collect();
             let first_ok = |e: &Episode| {
-                episodes
-                    .iter()
-                    .any(|f| same(f, &model, &decoding) && f.pass == 1 && f.task == e.task && f.seed == e.seed && f.success)
+                episodes.iter().any(|f| {
+                    same(f, &model, &decoding) && f.pass == 1 && f.task == e.task && f.seed == e.seed && f.success
+                })
             };
             let fp: Vec<&&Episode> = eps.iter().filter(|e| first_ok(e)).collect();
             CachePass {

@@ -192,7 +192,11 @@ fn bench_agent_second_pass_over_one_cache_makes_no_model_call() {
     );
     assert!(out.status.success(), "{}", text(&out));
     let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
-    assert_eq!(r["episodes"].as_array().unwrap().len(), 8, "2 tasks x 2 seeds x 2 passes");
+    assert_eq!(
+        r["episodes"].as_array().unwrap().len(),
+        8,
+        "2 tasks x 2 seeds x 2 passes"
+    );
     let passes = r["cache_passes"].as_array().unwrap();
     assert_eq!(passes.len(), 2, "{passes:?}");
     let (one, two) = (&passes[0], &passes[1]);
@@ -201,10 +205,17 @@ fn bench_agent_second_pass_over_one_cache_makes_no_model_call() {
     let passed = n(one, "first_passed");
     assert!(passed >= 1, "click-test's only element is its button: {one}");
     assert_eq!(n(two, "first_passed"), passed, "{two}");
-    assert_eq!(n(two, "first_passed_no_calls"), passed, "replayed from the cache: {two}");
+    assert_eq!(
+        n(two, "first_passed_no_calls"),
+        passed,
+        "replayed from the cache: {two}"
+    );
     assert_eq!(n(two, "first_passed_again"), passed, "and passed again: {two}");
     assert!(n(two, "cache_hits") >= passed, "{two}");
     let md = String::from_utf8_lossy(&out.stdout);
-    let row = format!("| smollm2-135m | constrained | 2 | 4 |");
-    assert!(md.contains(&row) && md.contains(&format!("| {passed}/{passed} | {passed}/{passed} |")), "{md}");
+    let row = "| smollm2-135m | constrained | 2 | 4 |";
+    assert!(
+        md.contains(row) && md.contains(&format!("| {passed}/{passed} | {passed}/{passed} |")),
+        "{md}"
+    );
 }
