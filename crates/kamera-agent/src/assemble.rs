@@ -212,7 +212,7 @@ pub fn cost_model(
             cost.recall_blind_kl, cost.survivor_blind_kl, cost.kl_budget
         )),
     }
-    if !missing.is_empty() {
+    if !missing.is_empty() && first_warning(&fp, &missing) {
         tracing::warn!(model = %fp, "using defaults: {}", missing.join("; "));
     }
     cost.basis = load_basis(model, basis, home)?;
@@ -305,4 +305,17 @@ pub fn open_store(source: &StoreSource, bases: &Bases) -> Result<Arc<dyn ChunkSt
         }
         Err(e) => Err(Box::new(e).into()),
     }
+}
+
+/// Whether this process has not yet warned about these defaults for this model: a bench or a
+/// fleet opens a runtime per episode, and the same line once per episode is noise.
+fn first_warning(fp: &ModelFp, missing: &[String]) -> bool {
+    static WARNED: std::sync::Mutex<Vec<(ModelFp, Vec<String>)>> = std::sync::Mutex::new(Vec::new());
+    let mut w = WARNED.lock().unwrap_or_else(|e| e.into_inner());
+    let key = (*fp, missing.to_vec());
+    if w.contains(&key) {
+        return false;
+    }
+    w.push(key);
+    true
 }
