@@ -20,7 +20,10 @@
 //! the step visibly did nothing it is retried once, the model re-inferring it.
 //!
 //! On disk: one JSON file per key, `DIR/<32 hex digits>.json` (sha256 of kind, instruction and
-//! URL key), written atomically (a temporary file, then a rename), carrying
+//! URL key), and for targets and actions a copy under the key with the page's interactive
+//! structure added, looked up first: pages that share a URL and an instruction (a task's seeds,
+//! a list and its filtered view) keep one entry each, and the structure-free key is what a
+//! changed page heals from. Written atomically (a temporary file, then a rename), carrying
 //! `"version": ACTION_CACHE_VERSION`. A file that does not parse, or of another version, is an
 //! error naming it ([`Error::Cache`]), never skipped.
 
@@ -89,6 +92,13 @@ impl Value {
             Value::Target { .. } => "target",
             Value::Action { .. } => "action",
             Value::Answer { .. } => "answer",
+        }
+    }
+    /// The interactive structure of the page the entry acts on (targets and actions).
+    fn structure(&self) -> Option<&str> {
+        match self {
+            Value::Target { structure, .. } | Value::Action { structure, .. } => Some(structure),
+            Value::Answer { .. } => None,
         }
     }
     fn after_mut(&mut self) -> Option<&mut Option<PageSig>> {
@@ -173,6 +183,40 @@ impl ActionCache {
         self.dir.join(format!("{}.json", &h[..32]))
     }
 
+    /// The file of the entry for `instruction` on a page of this interactive `structure`.
+    fn structured(&self, kind: &str, instruction: &str, url: &str, structure: &str) -> PathBuf {
+        self.file(kind, &format!("{instruction}\n{structure}"), url)
+    }
+
+    /// The entry for `instruction` on `url`: the one recorded on a page of `structure` when
+    /// there is one, else the last one recorded there. The path returned is the structure-free
+    /// key's ([`ActionCache::write_record`] writes both).
+    fn lookup_on(
+        &self,
+        kind: &str,
+        instruction: &str,
+        url: &str,
+        structure: &str,
+    ) -> Result<(PathBuf, Option<Record>)> {
+        let exact = self.structured(kind, instruction, url, structure);
+        if exact.exists() {
+            let rec = read(&exact)?;
+            if rec.value.kind() == kind {
+                return Ok((self.file(kind, instruction, url), Some(rec)));
+            }
+        }
+        self.lookup(kind, instruction, url)
+    }
+
+    /// Writes `rec` under `file` and, for targets and actions, under its structure's key.
+    fn write_record(&self, file: &Path, rec: &Record) -> Result<()> {
+        write(file, rec)?;
+        match rec.value.structure() {
+            Some(s) => write(&self.structured(rec.value.kind(), &rec.instruction, &rec.url, s), rec),
+            None => Ok(()),
+        }
+    }
+
     fn lookup(&self, kind: &str, instruction: &str, url: &str) -> Result<(PathBuf, Option<Record>)> {
         let file = self.file(kind, instruction, url);
         let rec = if file.exists() { Some(read(&file)?) } else { None };
@@ -208,14 +252,14 @@ impl ActionCache {
                 _ => *after = Some(now),
             }
         }
-        write(&p.file, &p.record)?;
+        self.write_record(&p.file, &p.record)?;
         Ok(retry)
     }
 
     /// Writes what is pending (the run's last step, with no next page to check it against).
     pub fn finish(&mut self) -> Result<()> {
         if let Some(p) = self.pending.take() {
-            write(&p.file, &p.record)?;
+            self.write_record(&p.file, &p.record)?;
         }
         Ok(())
     }
@@ -231,7 +275,7 @@ impl ActionCache {
         origin: &str,
     ) -> Result<(Use, Option<u32>, Option<Target>)> {
         let url = url_key(&obs.url, origin);
-        let (file, rec) = self.lookup("target", instruction, &url)?;
+        let (file, rec) = self.lookup_on("target", instruction, &url, &structure_hash(obs))?;
         let Some(rec) = rec else {
             return Ok((Use::Decide { healing: false }, None, None));
         };
@@ -378,7 +422,7 @@ impl ActionCache {
     pub fn action(&mut self, task: &str, obs: &Observation, origin: &str) -> Result<(Use, Option<Action>)> {
         let url = url_key(&obs.url, origin);
         let task = &self.visit_key(task, &url);
-        let (file, rec) = self.lookup("action", task, &url)?;
+        let (file, rec) = self.lookup_on("action", task, &url, &structure_hash(obs))?;
         let Some(rec) = rec else {
             return Ok((Use::Decide { healing: false }, None));
         };

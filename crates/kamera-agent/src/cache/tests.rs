@@ -1,4 +1,5 @@
-//! The action cache's unit tests: an entry stored, hit, healed and marked stale; bad files named.
+//! The action cache's unit tests: an entry stored, hit, healed and marked stale; pages sharing a
+//! URL and a task kept apart; bad files named.
 
 use super::*;
 
@@ -66,4 +67,36 @@ fn bad_files_are_named() {
     std::fs::write(&f, br#"{"version": 99}"#).unwrap();
     let e = ActionCache::open(dir.path()).err().expect("version").to_string();
     assert!(e.contains("0123.json") && e.contains("version 99"), "{e}");
+}
+
+/// Two pages at one URL under one task (a task's seeds) keep an entry each: each replays its
+/// own action, found on its own page, with no model call.
+#[test]
+fn pages_sharing_url_and_task_keep_their_own_entries() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = "http://127.0.0.1:1";
+    let widgets = |first: &str, second: &str| {
+        obs(
+            &format!("{o}/task.html"),
+            "Task",
+            serde_json::json!([
+                {"id": 1, "tag": "button", "text": first, "interactive": true, "x": 1.0, "y": 1.0},
+                {"id": 2, "tag": "button", "text": second, "interactive": true, "x": 1.0, "y": 9.0}]),
+        )
+    };
+    let (a, b) = (widgets("textarea", "slider"), widgets("spinner", "checkbox"));
+    let task = "Click on a \"textarea\" widget.";
+    let mut c = ActionCache::open(dir.path()).unwrap();
+    // The second page finds the first one's entry under the structure-free key: not its
+    // target, so it is decided afresh (healing), and kept under its own structure too.
+    for (page, id, healing) in [(&a, 1, false), (&b, 2, true)] {
+        c.visits.clear();
+        assert_eq!(c.action(task, page, o).unwrap().0, Use::Decide { healing });
+        c.record_action(task, page, o, &Action::Click { id }, healing);
+        c.finish().unwrap();
+    }
+    for (page, id) in [(&a, 1), (&b, 2)] {
+        let mut c = ActionCache::open(dir.path()).unwrap();
+        assert_eq!(c.action(task, page, o).unwrap(), (Use::Hit, Some(Action::Click { id })));
+    }
 }
