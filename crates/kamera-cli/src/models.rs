@@ -1,4 +1,4 @@
-//! `kamera models fetch|add|list`, and the model resolution the other subcommands share: a
+//! `kamera models fetch|add|random-vl|list`, and the model resolution the other subcommands share: a
 //! known name (fetched), a name added with `models add`, a `.gguf` file or a model directory.
 
 use std::path::PathBuf;
@@ -23,6 +23,18 @@ enum ModelsCommand {
     /// Register a model directory you bring (Hugging Face layout: config.json, safetensors,
     /// tokenizer.json; Qwen2.5-VL) under NAME, after checking that it loads.
     Add { name: String, dir: PathBuf },
+    /// Write a seeded random-weight Qwen2.5-VL checkpoint with the exact geometry of a released
+    /// model (random weights: cost, not behaviour) into DIR, its tokenizer the Qwen2.5 GGUF's
+    /// (fetched if missing). Register it with `kamera models add` to run or bench it.
+    RandomVl {
+        /// qwen2.5-vl-3b, qwen2.5-vl-7b, or tiny (a small test model with the real vocabulary).
+        #[arg(long)]
+        geometry: kamera_model::vl::Geometry,
+        /// The weights' seed.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        dir: PathBuf,
+    },
     /// Show each known model's cache state, and the models added.
     List {
         /// Recompute each cached file's sha256 instead of trusting its stamp.
@@ -59,6 +71,22 @@ pub fn run(args: ModelsArgs) -> Result<()> {
                 m.config().hidden,
                 if m.vision().is_some() { "yes" } else { "no" }
             );
+        }
+        ModelsCommand::RandomVl { geometry, seed, dir } => {
+            let gguf = crate::progress::fetch(ModelName::Qwen25_05b, &home)?;
+            eprintln!(
+                "writing a random-weight {geometry:?} (seed {seed}) into {}",
+                dir.display()
+            );
+            let mut last = 0;
+            kamera_model::vl::write_random_vl(geometry, &dir, seed, &gguf, &mut |done, total| {
+                let pct = done * 100 / total.max(1);
+                if pct >= last + 10 {
+                    last = pct;
+                    eprintln!("  {pct}% of {:.1} GB", total as f64 / 1e9);
+                }
+            })?;
+            println!("{}", dir.display());
         }
         ModelsCommand::List { rehash } => {
             for (name, dir) in read_added()? {

@@ -3,10 +3,12 @@
 
 mod config;
 mod positions;
+mod random;
 mod tower;
 
 pub use config::{VisionConfig, VisionTokens, VlConfig};
 pub use positions::{Grid, image_positions, image_span, patch_rows_cols, rope_index, window_index};
+pub use random::{Geometry, write_random_vl};
 pub(crate) use tower::Tower;
 pub use tower::VisionOutput;
 
