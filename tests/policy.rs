@@ -45,7 +45,7 @@ async fn constrained_decoding_makes_every_reply_a_valid_action() -> Result<()> {
         let ctx = session.context()?;
         let instruction = ModelPolicy::instruction(&obs, &s.goal);
 
-        let free = llm.generate_after(ctx, &instruction, LEAD, 32, 0)?;
+        let free = llm.generate_after(&mut *ctx, &instruction, LEAD, 32, 0)?;
         let free_ok = parse_action(&free.output).is_ok_and(|a| valid(&obs, &a));
         free_valid += usize::from(free_ok);
 
