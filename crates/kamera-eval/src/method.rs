@@ -318,6 +318,7 @@ mod tests {
     use kamera_ops::Grain;
 
     #[test]
+    // Long: one table of method spellings, each checked against its parse and its spelling back.
     fn parses_every_method_and_rejects_bad_ones() {
         let ms = parse_methods(
             "full, prefix,blind,kamera:32,kamera-budget:0.1,orbit:16,cacheblend:0.15,epic:32,oracle-tokens:0.5,\

@@ -336,6 +336,7 @@ impl<'a> Evaluator<'a> {
 
     /// [`Evaluator::run_task`], with `other` the task whose pages `recall-foreign` patches are
     /// formed after.
+    // Long: one arm per method family over the task's shared state (blind scores, spectra, orbit, weights).
     pub fn run_task_with(&self, task: &Task, methods: &[(String, Method)], other: Option<&Task>) -> Result<TaskResult> {
         let p = self.prepare(task)?;
         let rope = self.model.rope();

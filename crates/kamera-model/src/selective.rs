@@ -46,6 +46,7 @@ pub struct Selective {
 impl Model {
     /// Recomputes part of a reused region: `tokens` sit at `prefix.end()..`, `cached` holds their
     /// reused K/V at the same positions (e.g. relocated canonical chunks).
+    // Long: one forward pass (full layers, then the selected tokens) over shared positions and KV state.
     pub fn selective_recompute(
         &self,
         tokens: &[u32],

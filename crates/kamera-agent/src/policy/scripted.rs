@@ -201,6 +201,7 @@ impl Policy for ScriptedPolicy {
         true
     }
 
+    // Long: one match arm per scenario step kind.
     fn next(&mut self, _step: usize, obs: &Observation, mind: &mut Mind<'_>) -> Result<Decision> {
         loop {
             let i = self.cursor;

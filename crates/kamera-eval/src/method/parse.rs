@@ -68,6 +68,7 @@ pub(super) fn grain_letters(g: Grains) -> String {
         .collect()
 }
 
+// Long: one match arm per modifier of the method language, then the checks between modifiers.
 pub(super) fn modifiers(spec: &str, mut p: PatchSpec, mods: &[&str]) -> Result<PatchSpec> {
     for m in mods {
         match *m {
