@@ -204,6 +204,8 @@ struct MixedKeys<'a> {
 
 /// One layer for the selected tokens only (the block of `block::layer_forward`, with the new
 /// K/V written into the region at their own positions instead of appended).
+// Many arguments: `layer_forward`'s inputs, with the mixed region's keys in place of the past KV.
+#[allow(clippy::too_many_arguments)]
 fn layer_mixed(
     cfg: &Config,
     w: &LayerWeights,
