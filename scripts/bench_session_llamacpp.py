@@ -13,13 +13,15 @@ sequences and the same thread count as the Rust side, through llama-cpp-python b
                  llama-server's context shift does), then the longest common prefix with the
                  step's sequence is kept and the rest evaluated.
 
-With --reference, each step's two sequences are also evaluated from an empty cache (llama.cpp's
-own full re-prefill, for a KL free of the difference between the engines).
-
-Input (--steps FILE): {"steps": [{"window": [tok...], "radix": [tok...], "drop": [p0, n] | null}]}
-Output: next-token logits as float32 little-endian files (steps x n_vocab) in --out:
-prompt_cache.f32, context_shift.f32 (and full_window.f32, full_radix.f32 with --reference), and
-one JSON line on stdout with per-step timings and token counts.
+A step server, so that the bench times every method at the same step back to back (paired under
+the same machine load): it loads the model once per method (and once more for the reference),
+prints {"ready": true, "n_vocab": N} and then reads one JSON step per line on stdin,
+  {"window": [tok...], "radix": [tok...], "drop": [p0, n] | null}
+runs the prompt cache on "window", the context shift on "radix", and each sequence from an empty
+cache (llama.cpp's own full re-prefill, untimed, for a KL free of the difference between the
+engines), writes the four next-token logit vectors as float32 little-endian to --out/step.f32
+(prompt cache, context shift, full window, full radix), and answers one JSON line with the step's
+timings. At end of input it prints one JSON line with the engine's details.
 """
 import argparse
 import json
@@ -42,23 +44,17 @@ def lcp(a, b):
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gguf", required=True)
-    ap.add_argument("--steps", required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--n-ctx", type=int, required=True)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--cache-bytes", type=int, default=2 << 30)
-    ap.add_argument("--reference", action="store_true")
     args = ap.parse_args()
     import llama_cpp
-
-    with open(args.steps) as f:
-        steps = json.load(f)["steps"]
-    longest = max(max(len(s["window"]), len(s["radix"])) for s in steps)
-    n_ctx = longest + 64
 
     def load():
         return llama_cpp.Llama(
             model_path=args.gguf,
-            n_ctx=n_ctx,
+            n_ctx=args.n_ctx,
             n_threads=args.threads,
             n_threads_batch=args.threads,
             n_batch=512,
@@ -67,8 +63,8 @@ def main() -> int:
         )
 
     os.makedirs(args.out, exist_ok=True)
-    llm = load()
-    n_vocab = llm.n_vocab()
+    pc, cs, ref = load(), load(), load()
+    n_vocab = pc.n_vocab()
 
     def last_logits(m):
         ptr = llama_cpp.llama_get_logits_ith(m._ctx.ctx, -1)
@@ -76,96 +72,91 @@ def main() -> int:
 
     # (a) The RAM prompt cache, through create_completion. The first sample marks the first token:
     # `sample` is wrapped to note when it is called and to copy the logits it samples from.
-    llm.set_cache(llama_cpp.LlamaRAMCache(capacity_bytes=args.cache_bytes))
+    pc.set_cache(llama_cpp.LlamaRAMCache(capacity_bytes=args.cache_bytes))
     seen = {}
-    orig_sample = llm.sample
+    orig_sample = pc.sample
 
     def sample(*a, **kw):
         t = time.perf_counter()
-        seen["logits"] = last_logits(llm)
+        seen["logits"] = last_logits(pc)
         t1 = time.perf_counter()
         tok = orig_sample(*a, **kw)
         seen["ready"] = t + (time.perf_counter() - t1)
         return tok
 
-    llm.sample = sample
-    pc_rows, pc_logits = [], []
-    for s in steps:
-        seq = s["window"]
-        before = lcp(llm._input_ids.tolist(), seq) if llm.n_tokens > 0 else 0
+    pc.sample = sample
+
+    def prompt_cache(seq):
+        before = lcp(pc._input_ids.tolist(), seq) if pc.n_tokens > 0 else 0
         seen.clear()
         t0 = time.perf_counter()
-        llm.create_completion(prompt=seq, max_tokens=1, temperature=0.0, top_k=1, repeat_penalty=1.0)
+        pc.create_completion(prompt=seq, max_tokens=1, temperature=0.0, top_k=1, repeat_penalty=1.0)
         t_end = time.perf_counter()
-        pc_rows.append({
+        return seen["logits"], {
             "ttft_ms": (seen["ready"] - t0) * 1e3,
             "work_ms": (t_end - t0) * 1e3,
             "live_prefix": before,
-            "cache_entries": len(llm.cache.cache_state),
-            "cache_bytes": llm.cache.cache_size,
-        })
-        pc_logits.append(seen["logits"])
-        print(f"llama.cpp prompt-cache step {len(pc_rows) - 1}: ttft {pc_rows[-1]['ttft_ms']:.0f} ms", file=sys.stderr)
-    np.stack(pc_logits).tofile(os.path.join(args.out, "prompt_cache.f32"))
-    del llm
+            "cache_entries": len(pc.cache.cache_state),
+            "cache_bytes": pc.cache.cache_size,
+        }
 
     # (b) Context shift on one sequence.
-    llm = load()
-    mem = llama_cpp.llama_get_memory(llm._ctx.ctx)
+    mem = llama_cpp.llama_get_memory(cs._ctx.ctx)
     cur = []
-    cs_rows, cs_logits = [], []
-    for s in steps:
-        seq = s["radix"]
+
+    def context_shift(seq, drop):
+        nonlocal cur
         t0 = time.perf_counter()
         shifted = 0
-        if s.get("drop"):
-            p0, n = s["drop"]
+        if drop:
+            p0, n = drop
             if n > 0 and len(cur) >= p0 + n:
                 llama_cpp.llama_memory_seq_rm(mem, 0, p0, p0 + n)
                 llama_cpp.llama_memory_seq_add(mem, 0, p0 + n, -1, -n)
                 cur = cur[:p0] + cur[p0 + n:]
                 shifted = n
         keep = min(lcp(cur, seq), len(seq) - 1)
-        llm.n_tokens = keep
-        llm.input_ids[:keep] = cur[:keep]
-        llm.eval(seq[keep:])  # removes cells from `keep` on, then decodes the rest
-        logits = last_logits(llm)
+        cs.n_tokens = keep
+        cs.input_ids[:keep] = cur[:keep]
+        cs.eval(seq[keep:])  # removes cells from `keep` on, then decodes the rest
+        logits = last_logits(cs)
         t1 = time.perf_counter()
         cur = list(seq)
-        cs_rows.append({
+        return logits, {
             "ttft_ms": (t1 - t0) * 1e3,
             "work_ms": (t1 - t0) * 1e3,
             "reused": keep,
             "prefilled": len(seq) - keep,
             "shifted": shifted,
-        })
-        cs_logits.append(logits)
-        print(f"llama.cpp context-shift step {len(cs_rows) - 1}: ttft {cs_rows[-1]['ttft_ms']:.0f} ms", file=sys.stderr)
-    np.stack(cs_logits).tofile(os.path.join(args.out, "context_shift.f32"))
+        }
 
-    # Reference: every sequence from an empty cache.
-    if args.reference:
-        for key, name in (("window", "full_window.f32"), ("radix", "full_radix.f32")):
-            out = []
-            for s in steps:
-                llm.reset()
-                llm.eval(s[key])
-                out.append(last_logits(llm))
-            np.stack(out).tofile(os.path.join(args.out, name))
+    def full(seq):
+        ref.reset()
+        ref.eval(seq)
+        return last_logits(ref)
+
+    print(json.dumps({"ready": True, "n_vocab": n_vocab}), flush=True)
+    path = os.path.join(args.out, "step.f32")
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        s = json.loads(line)
+        pc_logits, pc_row = prompt_cache(s["window"])
+        cs_logits, cs_row = context_shift(s["radix"], s.get("drop"))
+        np.stack([pc_logits, cs_logits, full(s["window"]), full(s["radix"])]).tofile(path)
+        print(json.dumps({"prompt_cache": pc_row, "context_shift": cs_row}), flush=True)
 
     print(json.dumps({
         "engine": "llama.cpp",
         "version": llama_cpp.__version__,
         "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip(),
         "threads": args.threads,
-        "n_ctx": n_ctx,
+        "n_ctx": args.n_ctx,
         "n_vocab": n_vocab,
         "flash_attn": True,
         "cache_bytes": args.cache_bytes,
-        "prompt_cache": pc_rows,
-        "context_shift": cs_rows,
-        "reference": args.reference,
-    }))
+        "reference": True,
+    }), flush=True)
     return 0
 
 

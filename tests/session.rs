@@ -151,7 +151,10 @@ fn the_next_prompt_reuses_the_last_prompts_rows() -> anyhow::Result<()> {
     eprintln!("KL to a full prefill: reused prompt {kl:.3e}, prompt prefilled {kl_fresh:.3e}; between {kl_pair:.3e}");
     // Rows of the same tokens computed in batches of other shapes differ by kernel rounding
     // (the window itself is ~1e-4 from the full prefill); a misplaced row would be far above.
-    assert!(kl_pair < 1e-4, "reusing the prompt's rows moved the logits: KL {kl_pair:.3e}");
+    assert!(
+        kl_pair < 1e-4,
+        "reusing the prompt's rows moved the logits: KL {kl_pair:.3e}"
+    );
     assert!(kl < kl_fresh + 1e-4, "reused {kl:.3e} vs prefilled {kl_fresh:.3e}");
     // A new page changes the window: nothing of the old prompt is reused.
     s.observe(PAGES[1])?;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use kamera_gpu::{Backend, CpuBackend};
 use kamera_model::{Model, ModelName, PrefillPrecision};
-use kamera_ops::{DType, PatchBasis, PatchConfig};
+use kamera_ops::{Bases, DType, PatchBasis, PatchConfig};
 use kamera_sched::CostModel;
 use kamera_store::{ChunkStore, MemStore, ModelFp, StackOptions};
 
@@ -120,11 +120,13 @@ impl Default for RuntimeConfig {
 }
 
 /// Loads the model, cost model (calibration, measured patch points, basis) and store of `cfg` and
-/// opens the session over them.
+/// opens the session over them. The store is given the model's basis, so the patches coded in it
+/// decode.
 pub fn open_runtime(cfg: RuntimeConfig) -> Result<Session> {
     let model = load_model(&cfg.model, cfg.precision, &cfg.home)?;
     let cost = cost_model(&model, &cfg.calibration, &cfg.basis, &cfg.home)?;
-    let store = open_store(&cfg.store)?;
+    let bases: Bases = cost.basis.iter().cloned().collect();
+    let store = open_store(&cfg.store, &bases)?;
     let mut scfg = session_config(&cfg.budget, cost);
     scfg.reuse = cfg.reuse;
     let backend = cfg.backend.unwrap_or_else(|| Box::new(CpuBackend));
@@ -210,7 +212,7 @@ pub fn cost_model(
             cost.recall_blind_kl, cost.survivor_blind_kl, cost.kl_budget
         )),
     }
-    if !missing.is_empty() {
+    if !missing.is_empty() && first_warning(&fp, &missing) {
         tracing::warn!(model = %fp, "using defaults: {}", missing.join("; "));
     }
     cost.basis = load_basis(model, basis, home)?;
@@ -260,8 +262,9 @@ fn check_basis(b: &PatchBasis, model: &Model, path: &Path) -> Result<()> {
     })
 }
 
-/// The store of `source`.
-pub fn open_store(source: &StoreSource) -> Result<Arc<dyn ChunkStore>> {
+/// The store of `source`; a stack decodes transform-coded records in `bases` (the model's basis,
+/// when it has one). A [`StoreSource::Given`] store was configured by its caller.
+pub fn open_store(source: &StoreSource, bases: &Bases) -> Result<Arc<dyn ChunkStore>> {
     let (dir, redis, write_behind, tls_ca) = match source {
         StoreSource::Memory => return Ok(Arc::new(MemStore::new())),
         StoreSource::Given(s) => return Ok(s.clone()),
@@ -290,6 +293,7 @@ pub fn open_store(source: &StoreSource) -> Result<Arc<dyn ChunkStore>> {
         memory_bytes: MEMORY_TIER_BYTES,
         write_behind: *write_behind,
         tls_ca: tls_ca.clone(),
+        bases: bases.clone(),
     };
     // The local sled store may be held by another process: run on memory then. A bad Redis URL
     // is the user's to fix.
@@ -301,4 +305,17 @@ pub fn open_store(source: &StoreSource) -> Result<Arc<dyn ChunkStore>> {
         }
         Err(e) => Err(Box::new(e).into()),
     }
+}
+
+/// Whether this process has not yet warned about these defaults for this model: a bench or a
+/// fleet opens a runtime per episode, and the same line once per episode is noise.
+fn first_warning(fp: &ModelFp, missing: &[String]) -> bool {
+    static WARNED: std::sync::Mutex<Vec<(ModelFp, Vec<String>)>> = std::sync::Mutex::new(Vec::new());
+    let mut w = WARNED.lock().unwrap_or_else(|e| e.into_inner());
+    let key = (*fp, missing.to_vec());
+    if w.contains(&key) {
+        return false;
+    }
+    w.push(key);
+    true
 }

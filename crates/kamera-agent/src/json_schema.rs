@@ -6,8 +6,8 @@
 //!
 //! The reply is written in one canonical layout (`{"a": 1, "b": ["x", "y"]}`: every property in
 //! the schema's order, `": "` and `", "` between), so the token mask checks a prefix against one
-//! path, not against every spelling of the same JSON. Strings hold no quotes, backslashes or
-//! control characters (no escapes to decode).
+//! path, not against every spelling of the same JSON. Strings hold JSON's escapes (`\"`, `\\`,
+//! `\n`, `\u00e9`, ...; no lone UTF-16 surrogate) and no raw control characters.
 
 use serde_json::Value;
 
@@ -282,9 +282,37 @@ fn lit(lit: &str, s: &str, pos: usize) -> Walk {
     }
 }
 
-/// A character a string may hold (it stays valid JSON without escapes).
-fn free_char(c: char) -> bool {
-    c != '"' && c != '\\' && !c.is_control()
+/// How an escape after a backslash in a string reads.
+enum Escape {
+    Whole,
+    /// The input ends inside it: the text that completes it.
+    Cut(String),
+    Bad,
+}
+
+/// Reads the escape after a backslash: one of `"\/bfnrt`, or `u` and four hex digits that are
+/// not a UTF-16 surrogate (a lone one is not valid JSON text for a decoder; `\uD8..` is dead at
+/// its second digit).
+fn escape(chars: &mut std::str::CharIndices<'_>) -> Escape {
+    match chars.next() {
+        None => Escape::Cut("/".into()),
+        Some((_, e)) if "\"\\/bfnrt".contains(e) => Escape::Whole,
+        Some((_, 'u')) => {
+            let mut hex = String::new();
+            while hex.len() < 4 {
+                match chars.next() {
+                    None => return Escape::Cut("0".repeat(4 - hex.len())),
+                    Some((_, h)) if h.is_ascii_hexdigit() => hex.push(h.to_ascii_uppercase()),
+                    Some(_) => return Escape::Bad,
+                }
+                if hex.len() == 2 && hex.starts_with('D') && hex.as_bytes()[1] >= b'8' {
+                    return Escape::Bad;
+                }
+            }
+            Escape::Whole
+        }
+        Some(_) => Escape::Bad,
+    }
 }
 
 // Long: one match arm per schema node kind.
@@ -309,8 +337,11 @@ fn walk(node: &Node, s: &str, pos: usize) -> Walk {
             if !rest.starts_with('"') {
                 return Walk::Dead;
             }
+            // Characters so far, an escape counting one; the completion of a cut escape.
             let mut n = 0;
-            for (i, c) in rest[1..].char_indices() {
+            let dashes = |n: usize| "-".repeat(min.saturating_sub(n));
+            let mut chars = rest[1..].char_indices();
+            while let Some((i, c)) = chars.next() {
                 if c == '"' {
                     return if n >= *min {
                         Walk::Done(pos + 1 + i + 1)
@@ -319,11 +350,18 @@ fn walk(node: &Node, s: &str, pos: usize) -> Walk {
                     };
                 }
                 n += 1;
-                if !free_char(c) || n > *max {
+                if n > *max || c.is_control() {
                     return Walk::Dead;
                 }
+                if c == '\\' {
+                    match escape(&mut chars) {
+                        Escape::Whole => {}
+                        Escape::Cut(tail) => return Walk::Open(format!("{tail}{}\"", dashes(n))),
+                        Escape::Bad => return Walk::Dead,
+                    }
+                }
             }
-            Walk::Open(format!("{}\"", "-".repeat(min.saturating_sub(n))))
+            Walk::Open(format!("{}\"", dashes(n)))
         }
         Node::Number { integer } => number(s, pos, *integer),
         Node::Object(fields) => {
@@ -483,7 +521,10 @@ mod tests {
         let g = order();
         for bad in [
             r#"{"id": "", "#,
-            r#"{"id": "a\"#,
+            r#"{"id": "a\x"#,
+            r#"{"id": "a\u12g"#,
+            r#"{"id": "a\ud834"#,
+            "{\"id\": \"a\nb",
             r#"{"id": "a", "items": 1.5"#,
             r#"{"id": "a", "items": 01"#,
             r#"{"id": "a", "items": 1, "paid": maybe"#,
@@ -494,6 +535,23 @@ mod tests {
         ] {
             assert_eq!(g.fit(bad), Fit::Dead, "{bad}");
         }
+    }
+
+    /// Escapes in a string: every prefix open (a cut escape too), the reply complete and decoded
+    /// by a JSON parser to the text; a cut escape closes into valid JSON.
+    #[test]
+    fn strings_hold_json_escapes() {
+        let g = order();
+        let reply =
+            r#"{"id": "say \"hi\" \\ \/ \n caf\u00e9", "items": 1, "paid": true, "status": "Delivered", "tags": []}"#;
+        for i in 1..reply.len() {
+            assert_eq!(g.fit(&reply[..i]), Fit::Open, "{}", &reply[..i]);
+            let closed = g.close(&reply[..i]).unwrap_or_else(|| panic!("{}", &reply[..i]));
+            serde_json::from_str::<Value>(&closed).unwrap_or_else(|e| panic!("{closed}: {e}"));
+        }
+        assert_eq!(g.fit(reply), Fit::Complete);
+        let v: Value = serde_json::from_str(reply).expect("JSON");
+        assert_eq!(v["id"], "say \"hi\" \\ / \n café");
     }
 
     /// A reply cut anywhere closes into a complete one that parses.

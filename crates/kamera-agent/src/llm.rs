@@ -237,7 +237,13 @@ impl Llm {
     /// Picks the continuation of the reply started by `lead` after `instruction` that the model
     /// finds most likely (mean token log-likelihood); the output is `lead` + that continuation.
     /// This is how the model policy stays inside the action grammar.
-    pub fn rank<'c>(&self, ctx: impl Into<Live<'c>>, instruction: &str, lead: &str, candidates: &[String]) -> Result<ModelCall> {
+    pub fn rank<'c>(
+        &self,
+        ctx: impl Into<Live<'c>>,
+        instruction: &str,
+        lead: &str,
+        candidates: &[String],
+    ) -> Result<ModelCall> {
         let prompt = format!("{}{lead}", self.close_turn(instruction));
         let mut call = self.rank_after(ctx, prompt, candidates)?;
         call.output = format!("{lead}{}", call.output);
@@ -306,7 +312,13 @@ impl Llm {
     }
 
     /// Greedy generation (or seeded sampling when `seed > 0`) after `instruction`.
-    pub fn generate<'c>(&self, ctx: impl Into<Live<'c>>, instruction: &str, max_new: usize, seed: u64) -> Result<ModelCall> {
+    pub fn generate<'c>(
+        &self,
+        ctx: impl Into<Live<'c>>,
+        instruction: &str,
+        max_new: usize,
+        seed: u64,
+    ) -> Result<ModelCall> {
         self.generate_after(ctx, instruction, "", max_new, seed)
     }
 

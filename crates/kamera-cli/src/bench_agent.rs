@@ -11,8 +11,8 @@ use std::time::Instant;
 use anyhow::{Context as _, Result, bail};
 use clap::Args;
 use kamera_agent::{
-    Budget, Decoding, Env, MiniWobSpec, ModelPolicy, Parts, PolicyKind, RunOptions, RunSummary, Scenario, SiteSpec,
-    Success, run_episode,
+    ActionCache, Budget, Decoding, Env, MiniWobSpec, ModelPolicy, Parts, PolicyKind, RunOptions, RunSummary, Scenario,
+    SiteSpec, Success, run_episode,
 };
 use kamera_browser::{Browser, ChromiumBrowser, ChromiumConfig, Content, Origins, Server};
 use kamera_harness::{miniwob, session_for};
@@ -89,6 +89,15 @@ pub struct AgentArgs {
     /// Also write every episode and the table's rows as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// An action cache directory every model episode shares (`kamera run --action-cache`): a
+    /// step seen before replays its recorded action with no model call, healed where the page
+    /// changed.
+    #[arg(long)]
+    pub action_cache: Option<PathBuf>,
+    /// Passes over the model episodes with the same `--action-cache` (rows labelled `pass N`):
+    /// the second pass shows what the cache saves (model calls, wall time) at what success.
+    #[arg(long, default_value_t = 1)]
+    pub passes: usize,
 }
 
 /// Who acts in a group of episodes: the model policy with a decoding, or a baseline.
@@ -104,23 +113,42 @@ pub struct Group {
     pub model: String,
     pub decoding: String,
     pub actor: Actor,
+    /// The pass over the grid (1 unless `--passes`).
+    pub pass: usize,
 }
 
 /// The groups `a` asks for, in run order: every model x decoding (unless --baselines-only),
-/// then each baseline (labelled model `baseline`, decoding its name).
+/// then each baseline (labelled model `baseline`, decoding its name). With `--passes`, each
+/// model's decodings are run once per pass (decoding labelled `<decoding> pass <n>`).
 pub fn groups(a: &AgentArgs) -> Result<Vec<Group>> {
+    if a.passes == 0 {
+        bail!("--passes must be at least 1");
+    }
+    if a.passes > 1 && a.action_cache.is_none() {
+        bail!(
+            "--passes {} repeats the model episodes over one action cache: give --action-cache DIR",
+            a.passes
+        );
+    }
     let mut g = Vec::new();
     if !a.baselines_only {
         for m in &a.models {
-            for d in &a.decodings {
-                g.push(Group {
-                    model: m.clone(),
-                    decoding: d.clone(),
-                    actor: Actor::Model {
-                        name: m.clone(),
-                        decoding: decoding(d)?,
-                    },
-                });
+            for pass in 1..=a.passes {
+                for d in &a.decodings {
+                    g.push(Group {
+                        model: m.clone(),
+                        decoding: if a.passes > 1 {
+                            format!("{d} pass {pass}")
+                        } else {
+                            d.clone()
+                        },
+                        actor: Actor::Model {
+                            name: m.clone(),
+                            decoding: decoding(d)?,
+                        },
+                        pass,
+                    });
+                }
             }
         }
     }
@@ -129,6 +157,7 @@ pub fn groups(a: &AgentArgs) -> Result<Vec<Group>> {
             model: crate::bench_agent_baseline::LABEL.into(),
             decoding: b.clone(),
             actor: Actor::Baseline(b),
+            pass: 1,
         });
     }
     Ok(g)
@@ -153,6 +182,18 @@ pub struct Episode {
     pub answer: Option<String>,
     /// What ended the episode early (a fatal error), if anything.
     pub error: Option<String>,
+    /// The pass over the grid (`--passes`).
+    #[serde(default = "first_pass")]
+    pub pass: usize,
+    /// Steps decided by the model, and steps replayed from the action cache.
+    #[serde(default)]
+    pub model_calls: usize,
+    #[serde(default)]
+    pub cache_hits: usize,
+}
+
+fn first_pass() -> usize {
+    1
 }
 
 fn decoding(s: &str) -> Result<Decoding> {
@@ -278,6 +319,7 @@ pub async fn episode(
     model: &Arc<Model>,
     sc: &mut Scenario,
     policy: &mut dyn kamera_agent::Policy,
+    cache: Option<&std::path::Path>,
 ) -> Result<RunSummary> {
     let env = servers.prepare(browser, sc).await?;
     let mut session = session_for(sc, model.clone())?;
@@ -286,12 +328,15 @@ pub async fn episode(
         policy,
         session: &mut session,
     };
-    Ok(run_episode(parts, sc, &env, RunOptions::default()).await?)
+    let opts = RunOptions {
+        action_cache: cache.map(ActionCache::open).transpose()?,
+        ..RunOptions::default()
+    };
+    Ok(run_episode(parts, sc, &env, opts).await?)
 }
 
 fn outcome(
-    model: &str,
-    dec: &str,
+    (model, dec, pass): (&str, &str, usize),
     task: &str,
     seed: u64,
     goal: String,
@@ -319,6 +364,9 @@ fn outcome(
                 actions: s.actions().iter().map(|a| a.label()).collect(),
                 answer: s.end.answer.clone(),
                 error: s.end.error.clone(),
+                pass,
+                model_calls: s.model_calls,
+                cache_hits: s.cache_hits,
             }
         }
         Err(e) => Episode {
@@ -334,6 +382,9 @@ fn outcome(
             actions: Vec::new(),
             answer: None,
             error: Some(format!("{e:#}")),
+            pass,
+            model_calls: 0,
+            cache_hits: 0,
         },
     }
 }
@@ -412,11 +463,16 @@ pub async fn bench(a: &AgentArgs) -> Result<Report> {
                     Actor::Model { decoding, .. } => Box::new(ModelPolicy::new(*decoding)),
                     Actor::Baseline(b) => crate::bench_agent_baseline::policy(b, task, seed),
                 };
+                let cache = match g.actor {
+                    Actor::Model { .. } => a.action_cache.as_deref(),
+                    Actor::Baseline(_) => None,
+                };
                 let t = Instant::now();
-                let r = episode(&servers, &mut browser, &model, &mut sc, policy.as_mut()).await;
+                let r = episode(&servers, &mut browser, &model, &mut sc, policy.as_mut(), cache).await;
                 let fatal = r.is_err();
                 let wall = t.elapsed().as_secs_f64() * 1e3;
-                episodes.push(outcome(name, dname, task, seed, sc.goal.clone(), r, wall));
+                let labels = (name.as_str(), dname.as_str(), g.pass);
+                episodes.push(outcome(labels, task, seed, sc.goal.clone(), r, wall));
                 if fatal {
                     // The browser may be gone: start a fresh one for the next episode.
                     let _ = browser.close().await;
@@ -503,8 +559,15 @@ mod tests {
         let mut run = async |task: &str, click: &str| -> Result<Episode> {
             let mut sc = scenario(task, 1, Decoding::Constrained, 2, 60_000);
             let mut policy = ScriptedPolicy::new(vec![Step::Click { target: click.into() }], "");
-            let r = episode(&servers, &mut browser, &model, &mut sc, &mut policy).await;
-            Ok(outcome("smollm2-135m", "scripted", task, 1, sc.goal.clone(), r, 0.0))
+            let r = episode(&servers, &mut browser, &model, &mut sc, &mut policy, None).await;
+            Ok(outcome(
+                ("smollm2-135m", "scripted", 1),
+                task,
+                1,
+                sc.goal.clone(),
+                r,
+                0.0,
+            ))
         };
         let good = run("click-test", "#subbtn").await?;
         assert_eq!(good.goal, "Click the button.");

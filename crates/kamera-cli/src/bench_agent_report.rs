@@ -77,6 +77,14 @@ pub struct Report {
     pub totals: Vec<Row>,
     /// Per model x decoding x task.
     pub rows: Vec<Row>,
+    /// The action cache the model episodes shared, and what each pass over it did.
+    #[serde(default)]
+    pub action_cache: Option<String>,
+    /// Passes over the model episodes (`--passes`).
+    #[serde(default = "one")]
+    pub passes: usize,
+    #[serde(default)]
+    pub cache_passes: Vec<crate::bench_agent_cache::CachePass>,
     pub episodes: Vec<Episode>,
 }
 
@@ -135,9 +143,20 @@ impl Report {
             episode_ms: a.episode_ms,
             totals,
             rows,
+            action_cache: a.action_cache.as_ref().map(|p| p.display().to_string()),
+            passes: a.passes,
+            cache_passes: if a.action_cache.is_some() {
+                crate::bench_agent_cache::passes(&episodes)
+            } else {
+                Vec::new()
+            },
             episodes,
         }
     }
+}
+
+fn one() -> usize {
+    1
 }
 
 /// The time now in UTC as `YYYY-MM-DD HH:MM` (days to civil date: H. Hinnant's algorithm).
@@ -166,7 +185,7 @@ fn load(x: Option<f64>) -> String {
 /// model x decoding and the task's mean steps and wall time over all of them.
 pub fn markdown(r: &Report) -> String {
     let mut s = format!(
-        "`{}` ({} UTC, {} cores, load {} -> {}, {:.0} s): {} episodes = {} tasks x {} seeds x ({} models x {} decodings + {} baselines), at most {} steps ({} for order-status), MiniWoB++ episodes of {} s\n\n",
+        "`{}` ({} UTC, {} cores, load {} -> {}, {:.0} s): {} episodes = {} tasks x {} seeds x ({} models x {} decodings x {} passes + {} baselines), at most {} steps ({} for order-status), MiniWoB++ episodes of {} s\n\n",
         r.command,
         r.date,
         r.cores,
@@ -178,6 +197,7 @@ pub fn markdown(r: &Report) -> String {
         r.seeds,
         r.models.len(),
         r.decodings.len(),
+        r.passes,
         r.baselines.len(),
         r.max_steps,
         r.flow_steps,
@@ -233,5 +253,6 @@ pub fn markdown(r: &Report) -> String {
             "\nRows `baseline`: policies that read nothing, on the same tasks and seeds (over a session of {m}): `first-element` clicks element [1] every step; `random-valid` picks one of the page's valid actions uniformly (seeded by task and seed).\n"
         );
     }
+    s += &crate::bench_agent_cache::markdown(&r.cache_passes, r.action_cache.as_deref());
     s
 }

@@ -29,7 +29,6 @@ use kamera_store::{ChunkStore, MemStore};
 use serde::Serialize;
 
 use crate::bench_session_report as report;
-pub use walk::WalkStep;
 
 /// The methods, in the report's order.
 pub const METHODS: [&str; 5] = [
@@ -278,10 +277,21 @@ pub fn run(a: SessionArgs) -> Result<()> {
         .radix_bytes
         .unwrap_or(kv_per_token * (a.window + pinned.len() + page_tokens));
     let mut radix = prefix::RadixCache::new(budget);
+    // The longest sequence either layout sends: the pinned prefix, a full window and a prompt.
+    let n_ctx = pinned.len() + a.window + 256;
     let mut transcript = prefix::AppendLayout::new(pinned, a.window);
     let mut rows = Vec::new();
-    let mut seqs = Vec::new();
-    let mut refs = Vec::new();
+    let mut llama_status: std::result::Result<(), String> = Err("not run: --against-llamacpp not given".into());
+    let mut llama_server = None;
+    if a.against_llamacpp {
+        match start_llamacpp(&a, &model, threads, budget, n_ctx) {
+            Ok(s) => {
+                llama_server = Some(s);
+                llama_status = Ok(());
+            }
+            Err(e) => llama_status = Err(format!("not run: {e:#}")),
+        }
+    }
     for (i, (w, text)) in walk.iter().zip(&pages).enumerate() {
         let prompt = match &w.question {
             Some(q) => llm.question_prompt(q, &choices),
@@ -366,12 +376,17 @@ pub fn run(a: SessionArgs) -> Result<()> {
             kl_k,
             methods[METHODS[1]].kl,
         );
-        seqs.push(llama::SeqStep {
-            window: seq,
-            radix: rseq,
-            drop: (change.dropped > 0).then_some([transcript.prefix_len(), change.dropped]),
-        });
-        refs.push((f_logits, rf_logits));
+        if let Some(server) = &mut llama_server {
+            let step = llama::SeqStep {
+                window: seq,
+                radix: rseq,
+                drop: (change.dropped > 0).then_some([transcript.prefix_len(), change.dropped]),
+            };
+            let (pc, cs) = server.step(&step)?;
+            for (name, s, reference) in [(METHODS[3], pc, &f_logits), (METHODS[4], cs, &rf_logits)] {
+                methods.insert(name, llama_judged(&llm, &s, reference, asks)?);
+            }
+        }
         rows.push(StepRow {
             step: i,
             path: w.path.clone(),
@@ -385,13 +400,9 @@ pub fn run(a: SessionArgs) -> Result<()> {
             methods,
         });
     }
-    let llama_status = if a.against_llamacpp {
-        match run_llamacpp(&a, &llm, &choices, &walk, &seqs, &refs, threads, budget, &mut rows) {
-            Ok(meta) => Ok(meta),
-            Err(e) => Err(format!("not run: {e:#}")),
-        }
-    } else {
-        Err("not run: --against-llamacpp not given".to_string())
+    let llama_status = match llama_server {
+        Some(server) => server.finish().map_err(|e| format!("failed: {e:#}")),
+        None => Err(llama_status.err().unwrap_or_default()),
     };
     if let Err(e) = &llama_status {
         eprintln!("llama.cpp: {e}");
@@ -450,52 +461,36 @@ pub fn run(a: SessionArgs) -> Result<()> {
     Ok(())
 }
 
-/// Runs llama.cpp's two methods and adds their figures to `rows`; returns the script's report.
-#[allow(clippy::too_many_arguments)]
-fn run_llamacpp(
+/// Starts llama.cpp's step server on the model's GGUF.
+fn start_llamacpp(
     a: &SessionArgs,
-    llm: &Llm,
-    choices: &[String],
-    walk: &[WalkStep],
-    seqs: &[llama::SeqStep],
-    refs: &[(Vec<f32>, Vec<f32>)],
+    model: &kamera_model::Model,
     threads: usize,
     budget: usize,
-    rows: &mut [StepRow],
-) -> Result<serde_json::Value> {
+    n_ctx: usize,
+) -> Result<llama::LlamaServer> {
     let gguf = crate::models::resolve(&a.model)?;
     anyhow::ensure!(
         gguf.extension().is_some_and(|e| e == "gguf"),
         "llama.cpp needs a GGUF model; {} is not one",
         gguf.display()
     );
-    let vocab = refs.first().map_or(0, |r| r.0.len());
-    let run = llama::run(&gguf, seqs, threads, budget, vocab)?;
-    for (i, row) in rows.iter_mut().enumerate() {
-        let asks = walk[i].question.as_ref().map(|_| choices);
-        for (name, steps, reference) in [
-            (METHODS[3], &run.prompt_cache, &refs[i].0),
-            (METHODS[4], &run.context_shift, &refs[i].1),
-        ] {
-            let s = &steps[i];
-            let (kl, agree, answer) = judge(llm, &s.logits, reference, asks)?;
-            let own = s.reference.as_ref().map(|r| kamera_eval::kl(r, &s.logits));
-            row.methods.insert(
-                name,
-                MethodStep {
-                    ttft_ms: s.ttft_ms,
-                    work_ms: s.work_ms,
-                    prefill_tokens: s.prefilled,
-                    kl,
-                    kl_own_engine: own,
-                    agree,
-                    answer,
-                    setup_ms: None,
-                },
-            );
-        }
-    }
-    Ok(run.meta)
+    llama::LlamaServer::start(&gguf, threads, budget, n_ctx, model.config().vocab)
+}
+
+/// A llama.cpp method's step judged against our full re-prefill of its sequence (and its own).
+fn llama_judged(llm: &Llm, s: &llama::LlamaStep, reference: &[f32], asks: Option<&[String]>) -> Result<MethodStep> {
+    let (kl, agree, answer) = judge(llm, &s.logits, reference, asks)?;
+    Ok(MethodStep {
+        ttft_ms: s.ttft_ms,
+        work_ms: s.work_ms,
+        prefill_tokens: s.prefilled,
+        kl,
+        kl_own_engine: Some(kamera_eval::kl(&s.reference, &s.logits)),
+        agree,
+        answer,
+        setup_ms: None,
+    })
 }
 
 /// Threads both engines use: rayon's pool size (`RAYON_NUM_THREADS`, else the CPUs this process

@@ -1,9 +1,12 @@
 //! llama.cpp's two methods in `kamera bench session --against-llamacpp`: the prompt cache and the
 //! context shift, run by scripts/bench_session_llamacpp.py (llama-cpp-python built from source by
 //! scripts/llamacpp-venv.sh) as a child process on the same GGUF, token sequences and threads.
+//! The child is a step server: each step is sent to it right after Kamera's and the radix
+//! cache's, so every method of a step runs back to back under the same machine load.
 
-use std::path::Path;
-use std::process::Command;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
 use anyhow::{Context as _, Result, bail};
 use serde::Serialize;
@@ -27,22 +30,24 @@ pub struct LlamaStep {
     /// Tokens evaluated (context shift only; the prompt cache does not say).
     pub prefilled: Option<usize>,
     pub logits: Vec<f32>,
-    /// llama.cpp's own full re-prefill of the same sequence, with `--reference`.
-    pub reference: Option<Vec<f32>>,
+    /// llama.cpp's own full re-prefill of the same sequence.
+    pub reference: Vec<f32>,
 }
 
-pub struct LlamaRun {
-    pub prompt_cache: Vec<LlamaStep>,
-    pub context_shift: Vec<LlamaStep>,
-    /// The script's report less the per-step rows (version, system info, cache size).
-    pub meta: serde_json::Value,
+/// The running script.
+pub struct LlamaServer {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+    dir: tempfile::TempDir,
+    vocab: usize,
 }
 
 fn read_f32(path: &Path, rows: usize, vocab: usize) -> Result<Vec<Vec<f32>>> {
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     if bytes.len() != rows * vocab * 4 {
         bail!(
-            "{}: {} bytes, expected {rows} steps x {vocab} logits x 4",
+            "{}: {} bytes, expected {rows} rows x {vocab} logits x 4",
             path.display(),
             bytes.len()
         );
@@ -57,71 +62,92 @@ fn read_f32(path: &Path, rows: usize, vocab: usize) -> Result<Vec<Vec<f32>>> {
         .collect())
 }
 
-/// Runs both methods on `steps` and reads back their timings and logits.
-pub fn run(gguf: &Path, steps: &[SeqStep], threads: usize, cache_bytes: usize, vocab: usize) -> Result<LlamaRun> {
-    let scripts = crate::bench_llamacpp::scripts_dir();
-    let python = crate::bench_llamacpp::llamacpp_python(&scripts)?;
-    let dir = tempfile::tempdir()?;
-    let input = dir.path().join("steps.json");
-    std::fs::write(&input, serde_json::to_vec(&serde_json::json!({ "steps": steps }))?)?;
-    let out = Command::new(&python)
-        .arg(scripts.join("bench_session_llamacpp.py"))
-        .args([
-            "--gguf",
-            &gguf.display().to_string(),
-            "--steps",
-            &input.display().to_string(),
-        ])
-        .args([
-            "--out",
-            &dir.path().display().to_string(),
-            "--threads",
-            &threads.to_string(),
-        ])
-        .args(["--cache-bytes", &cache_bytes.to_string(), "--reference"])
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .context("running scripts/bench_session_llamacpp.py")?;
-    if !out.status.success() {
-        bail!("bench_session_llamacpp.py failed ({})", out.status);
+impl LlamaServer {
+    /// Starts the script on `gguf` with a context of `n_ctx` tokens and waits until it has
+    /// loaded the model; its vocabulary must be ours (`vocab`).
+    pub fn start(gguf: &Path, threads: usize, cache_bytes: usize, n_ctx: usize, vocab: usize) -> Result<LlamaServer> {
+        let scripts = crate::bench_llamacpp::scripts_dir();
+        let python = crate::bench_llamacpp::llamacpp_python(&scripts)?;
+        let dir = tempfile::tempdir()?;
+        let mut child = Command::new(&python)
+            .arg(scripts.join("bench_session_llamacpp.py"))
+            .args(["--gguf", &gguf.display().to_string()])
+            .args(["--out", &dir.path().display().to_string()])
+            .args(["--n-ctx", &n_ctx.to_string(), "--threads", &threads.to_string()])
+            .args(["--cache-bytes", &cache_bytes.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .context("starting scripts/bench_session_llamacpp.py")?;
+        let stdin = child.stdin.take();
+        let stdout = BufReader::new(child.stdout.take().context("the script's stdout")?);
+        let mut s = LlamaServer {
+            child,
+            stdin,
+            stdout,
+            dir,
+            vocab,
+        };
+        let ready = s.line("loading the model")?;
+        let theirs = ready["n_vocab"].as_u64().unwrap_or(0) as usize;
+        if theirs != vocab {
+            bail!("llama.cpp's vocabulary has {theirs} tokens, ours {vocab}");
+        }
+        Ok(s)
     }
-    let text = String::from_utf8_lossy(&out.stdout);
-    let mut meta: serde_json::Value = serde_json::from_str(text.lines().last().unwrap_or(""))
-        .with_context(|| format!("bench_session_llamacpp.py printed {text:?}"))?;
-    let their_vocab = meta["n_vocab"].as_u64().unwrap_or(0) as usize;
-    if their_vocab != vocab {
-        bail!("llama.cpp's vocabulary has {their_vocab} tokens, ours {vocab}");
+
+    fn line(&mut self, what: &str) -> Result<serde_json::Value> {
+        let mut l = String::new();
+        let n = self.stdout.read_line(&mut l)?;
+        if n == 0 {
+            let status = self.child.wait()?;
+            bail!("bench_session_llamacpp.py ended while {what} ({status})");
+        }
+        serde_json::from_str(l.trim()).with_context(|| format!("bench_session_llamacpp.py printed {l:?} while {what}"))
     }
-    let n = steps.len();
-    let read = |name: &str| read_f32(&dir.path().join(name), n, vocab);
-    let (pc, cs) = (read("prompt_cache.f32")?, read("context_shift.f32")?);
-    let (rw, rr) = (read("full_window.f32")?, read("full_radix.f32")?);
-    let rows = |key: &str, logits: Vec<Vec<f32>>, refs: Vec<Vec<f32>>| -> Result<Vec<LlamaStep>> {
-        let r = meta[key]
-            .as_array()
-            .filter(|a| a.len() == n)
-            .with_context(|| format!("bench_session_llamacpp.py: no {n} rows of {key}"))?;
-        Ok(r.iter()
-            .zip(logits)
-            .zip(refs)
-            .map(|((j, logits), reference)| LlamaStep {
-                ttft_ms: j["ttft_ms"].as_f64().unwrap_or(f64::NAN),
-                work_ms: j["work_ms"].as_f64().unwrap_or(f64::NAN),
-                prefilled: j["prefilled"].as_u64().map(|x| x as usize),
-                logits,
-                reference: Some(reference),
-            })
-            .collect())
-    };
-    let prompt_cache = rows("prompt_cache", pc, rw)?;
-    let context_shift = rows("context_shift", cs, rr)?;
-    if let Some(m) = meta.as_object_mut() {
-        m.remove("prompt_cache");
-        m.remove("context_shift");
+
+    /// Runs one step: (prompt cache, context shift).
+    pub fn step(&mut self, s: &SeqStep) -> Result<(LlamaStep, LlamaStep)> {
+        let stdin = self.stdin.as_mut().context("the script's stdin is closed")?;
+        writeln!(stdin, "{}", serde_json::to_string(s)?)?;
+        stdin.flush()?;
+        let j = self.line("running a step")?;
+        let path: PathBuf = self.dir.path().join("step.f32");
+        let mut l = read_f32(&path, 4, self.vocab)?.into_iter();
+        let mut next = || l.next().unwrap_or_default();
+        let (pc, cs, full_window, full_radix) = (next(), next(), next(), next());
+        let of = |row: &serde_json::Value, logits, reference| LlamaStep {
+            ttft_ms: row["ttft_ms"].as_f64().unwrap_or(f64::NAN),
+            work_ms: row["work_ms"].as_f64().unwrap_or(f64::NAN),
+            prefilled: row["prefilled"].as_u64().map(|x| x as usize),
+            logits,
+            reference,
+        };
+        Ok((
+            of(&j["prompt_cache"], pc, full_window),
+            of(&j["context_shift"], cs, full_radix),
+        ))
     }
-    Ok(LlamaRun {
-        prompt_cache,
-        context_shift,
-        meta,
-    })
+
+    /// Ends the script and returns its report (version, system info, cache size).
+    pub fn finish(mut self) -> Result<serde_json::Value> {
+        drop(self.stdin.take());
+        let meta = self.line("finishing")?;
+        let status = self.child.wait()?;
+        if !status.success() {
+            bail!("bench_session_llamacpp.py failed ({status})");
+        }
+        Ok(meta)
+    }
+}
+
+impl Drop for LlamaServer {
+    fn drop(&mut self) {
+        // A run cut short by an error: the script must not outlive the bench.
+        if self.stdin.is_some() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
 }

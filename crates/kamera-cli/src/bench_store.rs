@@ -9,7 +9,7 @@ use std::time::Instant;
 use anyhow::{Context as _, Result, ensure};
 use clap::{Args, ValueEnum};
 use kamera_model::Model;
-use kamera_ops::DType;
+use kamera_ops::{Bases, DType};
 use kamera_store::{ChunkId, ChunkStore, Key, ModelFp, Record, RedisConfig, RedisStore, SledStore, StoreConfig, codec};
 use serde::Serialize;
 
@@ -179,7 +179,7 @@ pub fn bench_store(model: &Model, name: &str, cfg: &StoreBenchConfig, redis_url:
     let encoded = codec::encode(&keys[0], &record, dtype)?;
     let record_bytes = encoded.len() as u64;
     // What every store must give back: the record as its encoding holds it.
-    let expected = codec::decode(&keys[0], &encoded)?;
+    let expected = codec::decode(&keys[0], &encoded, &Bases::new())?;
     drop(encoded);
 
     let _server;
@@ -299,7 +299,7 @@ fn file_put(dir: &Path, key: &Key, record: &Record, dtype: Option<DType>) -> Res
 fn file_get(dir: &Path, key: &Key) -> Result<Option<Arc<Record>>> {
     let path = file_path(dir, key);
     let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
-    Ok(Some(Arc::new(codec::decode(key, &bytes)?)))
+    Ok(Some(Arc::new(codec::decode(key, &bytes, &Bases::new())?)))
 }
 
 fn ms(t: Instant) -> f64 {

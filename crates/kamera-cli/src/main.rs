@@ -4,6 +4,7 @@
 mod bench;
 mod bench_agent;
 mod bench_agent_baseline;
+mod bench_agent_cache;
 mod bench_agent_report;
 mod bench_image;
 mod bench_llamacpp;

@@ -156,3 +156,66 @@ fn doctor_names_what_is_missing_and_fails_when_required() {
     );
     assert_eq!(by("chromium")["required"], true);
 }
+
+/// `kamera bench agent --action-cache DIR --passes 2`: the second pass over one cache makes no
+/// model call on any episode the first pass passed, and passes each of them again; the table
+/// reports it.
+#[test]
+fn bench_agent_second_pass_over_one_cache_makes_no_model_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("agent.json");
+    let cache = dir.path().join("cache");
+    let out = kamera(
+        &[],
+        &[
+            "bench",
+            "agent",
+            "--models",
+            "smollm2-135m",
+            "--tasks",
+            "click-test,click-button",
+            "--seeds",
+            "2",
+            "--decodings",
+            "constrained",
+            "--max-steps",
+            "2",
+            "--baselines",
+            "none",
+            "--action-cache",
+            cache.to_str().unwrap(),
+            "--passes",
+            "2",
+            "--json",
+            json.to_str().unwrap(),
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(
+        r["episodes"].as_array().unwrap().len(),
+        8,
+        "2 tasks x 2 seeds x 2 passes"
+    );
+    let passes = r["cache_passes"].as_array().unwrap();
+    assert_eq!(passes.len(), 2, "{passes:?}");
+    let (one, two) = (&passes[0], &passes[1]);
+    let n = |p: &serde_json::Value, k: &str| p[k].as_u64().unwrap_or_else(|| panic!("no {k} in {p}"));
+    assert!(n(one, "model_calls") >= n(one, "first_passed"), "{one}");
+    let passed = n(one, "first_passed");
+    assert!(passed >= 1, "click-test's only element is its button: {one}");
+    assert_eq!(n(two, "first_passed"), passed, "{two}");
+    assert_eq!(
+        n(two, "first_passed_no_calls"),
+        passed,
+        "replayed from the cache: {two}"
+    );
+    assert_eq!(n(two, "first_passed_again"), passed, "and passed again: {two}");
+    assert!(n(two, "cache_hits") >= passed, "{two}");
+    let md = String::from_utf8_lossy(&out.stdout);
+    let row = "| smollm2-135m | constrained | 2 | 4 |";
+    assert!(
+        md.contains(row) && md.contains(&format!("| {passed}/{passed} | {passed}/{passed} |")),
+        "{md}"
+    );
+}

@@ -37,7 +37,7 @@ pub struct BasisHeader {
 
 /// Per layer, the K and V second moments ΔᵀΔ summed over the calibration chunks (`features x
 /// features`, what the file holds) and their bases (row j the j-th eigenvector, by descending
-/// eigenvalue), registered with kamera-ops so records coded in it decode.
+/// eigenvalue): the basis a store is given (`kamera_ops::Bases`) to decode records coded in it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DeficitBasis {
     pub header: BasisHeader,
@@ -71,7 +71,7 @@ impl DeficitBasis {
         Ok(DeficitBasis {
             header,
             grams,
-            basis: basis.register(),
+            basis: Arc::new(basis),
         })
     }
 

@@ -1,11 +1,13 @@
 //! A per-model patch basis: per layer, for K and for V, an orthonormal basis of the feature space
 //! (rows by descending deficit energy on calibration chunks, a Karhunen-Loève transform). A
 //! transform-coded patch stores only coefficients and the basis' fingerprint; bases are per-model
-//! constants, loaded with the model and registered so a decoded record finds its basis.
+//! constants, loaded with the model. A decoder resolves a record's fingerprint against the
+//! [`Bases`] it is given (the runtime passes the model's basis to the store it opens): there is
+//! no process-wide registry.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 
 use crate::error::{Result, invalid, shape};
 use crate::layout::KvLayout;
@@ -121,23 +123,6 @@ impl PatchBasis {
         }
         Ok(())
     }
-
-    /// Makes the basis findable by its fingerprint ([`PatchBasis::registered`]), returning the
-    /// registered one (the first registered of equal fingerprints).
-    pub fn register(self) -> Arc<PatchBasis> {
-        let mut reg = registry().lock().unwrap_or_else(|e| e.into_inner());
-        reg.entry(self.fp).or_insert_with(|| Arc::new(self)).clone()
-    }
-
-    /// The registered basis with fingerprint `fp`.
-    pub fn registered(fp: BasisFp) -> Option<Arc<PatchBasis>> {
-        registry().lock().unwrap_or_else(|e| e.into_inner()).get(&fp).cloned()
-    }
-}
-
-fn registry() -> &'static Mutex<HashMap<BasisFp, Arc<PatchBasis>>> {
-    static REG: OnceLock<Mutex<HashMap<BasisFp, Arc<PatchBasis>>>> = OnceLock::new();
-    REG.get_or_init(Default::default)
 }
 
 impl PartialEq for PatchBasis {
@@ -161,5 +146,110 @@ impl fmt::Debug for PatchBasis {
                 ""
             }
         )
+    }
+}
+
+/// The patch bases a decoder may resolve a transform-coded record against, by fingerprint: a
+/// small value passed to whoever decodes (kamera-store's codec and the stores it serves), cheap
+/// to clone (the bases are shared). A record naming a basis not in the set is refused by name.
+///
+/// ```
+/// use std::sync::Arc;
+/// use kamera_ops::{Bases, PatchBasis};
+/// let eye = vec![1.0, 0.0, 0.0, 1.0];
+/// let basis = Arc::new(PatchBasis::new(2, 2, vec![(eye.clone(), eye)], None).unwrap());
+/// let bases = Bases::from(basis.clone());
+/// assert!(Arc::ptr_eq(bases.get(basis.fp()).unwrap(), &basis));
+/// assert!(Bases::new().get(basis.fp()).is_none());
+/// ```
+#[derive(Clone, Default, PartialEq)]
+pub struct Bases(BTreeMap<BasisFp, Arc<PatchBasis>>);
+
+impl Bases {
+    /// No bases: every transform-coded record is refused.
+    pub fn new() -> Bases {
+        Bases(BTreeMap::new())
+    }
+
+    /// Adds `basis`, returning the one the set keeps under its fingerprint (the first added of
+    /// equal fingerprints: their matrices are equal).
+    pub fn insert(&mut self, basis: Arc<PatchBasis>) -> Arc<PatchBasis> {
+        self.0.entry(basis.fp()).or_insert(basis).clone()
+    }
+
+    /// The set with `basis` added ([`Bases::insert`]).
+    pub fn with(mut self, basis: Arc<PatchBasis>) -> Bases {
+        self.insert(basis);
+        self
+    }
+
+    /// The basis with fingerprint `fp`, when the set holds it.
+    pub fn get(&self, fp: BasisFp) -> Option<&Arc<PatchBasis>> {
+        self.0.get(&fp)
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+    /// The bases, by fingerprint.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<PatchBasis>> {
+        self.0.values()
+    }
+}
+
+impl From<Arc<PatchBasis>> for Bases {
+    fn from(basis: Arc<PatchBasis>) -> Bases {
+        Bases::new().with(basis)
+    }
+}
+
+impl FromIterator<Arc<PatchBasis>> for Bases {
+    fn from_iter<I: IntoIterator<Item = Arc<PatchBasis>>>(it: I) -> Bases {
+        let mut b = Bases::new();
+        it.into_iter().for_each(|x| {
+            b.insert(x);
+        });
+        b
+    }
+}
+
+impl fmt::Debug for Bases {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.0.keys()).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn basis(scale: f32) -> Arc<PatchBasis> {
+        let m = vec![scale, 0.0, 0.0, scale];
+        Arc::new(PatchBasis::new(2, 2, vec![(m.clone(), m)], None).unwrap())
+    }
+
+    #[test]
+    fn bases_resolve_by_fingerprint_and_keep_the_first_of_equal_ones() {
+        let (a, b) = (basis(1.0), basis(-1.0));
+        assert_ne!(a.fp(), b.fp());
+        let mut set = Bases::from(a.clone());
+        assert!(
+            Arc::ptr_eq(&set.insert(basis(1.0)), &a),
+            "an equal basis keeps the first"
+        );
+        assert_eq!(set.len(), 1);
+        assert!(set.get(b.fp()).is_none());
+        let set = set.with(b.clone());
+        assert!(Arc::ptr_eq(set.get(b.fp()).unwrap(), &b));
+        assert_eq!(set, [b.clone(), a.clone()].into_iter().collect::<Bases>());
+        assert!(Bases::new().is_empty());
+        let shown = format!("{set:?}");
+        assert!(
+            shown.contains(&a.fp().to_string()) && shown.contains(&b.fp().to_string()),
+            "{shown}"
+        );
     }
 }

@@ -38,7 +38,7 @@ pub mod testkit;
 mod transform;
 mod weights;
 
-pub use basis::{BasisFp, PatchBasis};
+pub use basis::{Bases, BasisFp, PatchBasis};
 pub use chunk::{ChunkKv, LayerKv};
 pub use coding::{CodedColumn, WIDTHS};
 pub use deficit::{Deficit, deficit};

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 use kamera_model::{Model, ModelName, default_home, fetch};
-use kamera_ops::{Buf, ChunkKv, DType, KvLayout, LayerKv, Mat, PatchConfig};
+use kamera_ops::{Bases, Buf, ChunkKv, DType, KvLayout, LayerKv, Mat, PatchConfig};
 use kamera_store::{ChunkId, ChunkStore, Key, ModelFp, Record, SledStore, StoreConfig, codec};
 
 fn synthetic(layout: KvLayout, n: usize, seed: u64) -> ChunkKv {
@@ -90,7 +90,7 @@ fn throughput() -> Result<()> {
         for (i, k) in keys.iter().enumerate() {
             let bytes = std::fs::read(dir.join(format!("plain-{i}.bin")))?;
             if decode {
-                std::hint::black_box(codec::decode(k, &bytes)?);
+                std::hint::black_box(codec::decode(k, &bytes, &Bases::new())?);
             }
             b += bytes.len() as u64;
         }

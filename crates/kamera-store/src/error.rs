@@ -63,9 +63,10 @@ pub enum Error {
         key: String,
         detail: String,
     },
-    /// A transform-coded patch whose basis (a per-model constant, like the weights) is not loaded.
+    /// A transform-coded patch whose basis (a per-model constant, like the weights) is not among
+    /// the bases the decoder was given.
     #[error(
-        "{op}: record {key} is coded in patch basis {basis}, which is not loaded (load the model's basis first: kamera run --patch-basis FILE)"
+        "{op}: record {key} is coded in patch basis {basis}, which is not among the bases given (open the store with the model's basis: kamera run --patch-basis FILE)"
     )]
     MissingBasis {
         op: &'static str,

@@ -69,9 +69,10 @@ impl RedisStore {
     pub fn verify(&self) -> Result<VerifyReport> {
         let mut rep = VerifyReport::default();
         for (_, key) in self.manifests(None)? {
-            let read = self
-                .fetch(&key)
-                .and_then(|b| b.map(|b| codec::check(&key, &b).map(|n| (b.len(), n))).transpose());
+            let read = self.fetch(&key).and_then(|b| {
+                b.map(|b| codec::check(&key, &b, &self.cfg.bases).map(|n| (b.len(), n)))
+                    .transpose()
+            });
             match read {
                 Ok(None) => {} // removed or evicted since the scan
                 Ok(Some((len, n))) => rep.healthy(key.kind, len as u64, n as u64),

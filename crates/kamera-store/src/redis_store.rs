@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kamera_ops::DType;
+use kamera_ops::{Bases, DType};
 
 use crate::codec;
 use crate::error::{Error, Result};
@@ -41,6 +41,9 @@ pub struct RedisConfig {
     pub timeout: Duration,
     /// Storage dtype of payloads (`None` keeps each record's own). Default bf16, as on disk.
     pub dtype: Option<DType>,
+    /// The patch bases transform-coded records are decoded in, as
+    /// [`StoreConfig::bases`](crate::StoreConfig::bases). Default none.
+    pub bases: Bases,
 }
 
 impl Default for RedisConfig {
@@ -53,6 +56,7 @@ impl Default for RedisConfig {
             piece_bytes: 4 << 20,
             timeout: Duration::from_secs(5),
             dtype: Some(DType::Bf16),
+            bases: Bases::new(),
         }
     }
 }
@@ -77,6 +81,7 @@ impl fmt::Debug for RedisConfig {
             .field("piece_bytes", &self.piece_bytes)
             .field("timeout", &self.timeout)
             .field("dtype", &self.dtype)
+            .field("bases", &self.bases)
             .finish()
     }
 }
@@ -375,7 +380,7 @@ impl ChunkStore for RedisStore {
             Counters::add(&self.counters.misses, 1);
             return Ok(None);
         };
-        match codec::decode(key, &bytes) {
+        match codec::decode(key, &bytes, &self.cfg.bases) {
             Ok(r) => {
                 Counters::add(&self.counters.remote_hits, 1);
                 Ok(Some(Arc::new(r)))

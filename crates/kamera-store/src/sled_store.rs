@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use kamera_ops::DType;
+use kamera_ops::{Bases, DType};
 use sled::Transactional;
 
 use crate::codec;
@@ -29,6 +29,9 @@ pub struct StoreConfig {
     pub policy: EvictionPolicy,
     /// sled's page cache in bytes.
     pub cache_bytes: u64,
+    /// The patch bases transform-coded records are decoded in (the model's, passed in by whoever
+    /// opens the store); a record coded in another is [`Error::MissingBasis`]. Default none.
+    pub bases: Bases,
 }
 
 impl Default for StoreConfig {
@@ -39,6 +42,7 @@ impl Default for StoreConfig {
             budget_bytes: None,
             policy: EvictionPolicy::default(),
             cache_bytes: 256 << 20,
+            bases: Bases::new(),
         }
     }
 }
@@ -286,7 +290,7 @@ impl SledStore {
                     continue;
                 }
             };
-            match codec::check(&key, &v) {
+            match codec::check(&key, &v, &self.cfg.bases) {
                 Ok(n) => rep.healthy(key.kind, v.len() as u64, n as u64),
                 Err(e) => rep.bad.push((key.to_string(), e.to_string())),
             }
@@ -342,7 +346,7 @@ impl ChunkStore for SledStore {
             return Ok(None);
         };
         Counters::add(&self.counters.bytes_read, v.len() as u64);
-        match codec::decode(key, &v) {
+        match codec::decode(key, &v, &self.cfg.bases) {
             Ok(r) => {
                 Counters::add(&self.counters.disk_hits, 1);
                 let meta = Meta {

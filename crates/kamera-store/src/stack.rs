@@ -4,6 +4,8 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use kamera_ops::Bases;
+
 use crate::error::Result;
 use crate::{ChunkStore, EvictionPolicy, Layered, RedisConfig, RedisStore, SledStore, StoreConfig, Tiered};
 
@@ -17,10 +19,13 @@ pub struct StackOptions {
     pub write_behind: Option<usize>,
     /// A PEM file of the CA (or self-signed certificate) a `rediss://` server is checked against.
     pub tls_ca: Option<std::path::PathBuf>,
+    /// The patch bases the disk and Redis stores decode transform-coded records in (the
+    /// model's); a record coded in another is a counted miss.
+    pub bases: Bases,
 }
 
 /// Opens the runtime's store stack at `path`, with `memory_bytes` of decoded records in memory
-/// (write-through to Redis, the system's TLS roots).
+/// (write-through to Redis, the system's TLS roots, no patch bases).
 pub fn open_stack(path: &Path, redis_url: Option<&str>, memory_bytes: u64) -> Result<Arc<dyn ChunkStore>> {
     open_stack_with(
         path,
@@ -37,6 +42,7 @@ pub fn open_stack_with(path: &Path, redis_url: Option<&str>, opts: &StackOptions
     let memory_bytes = opts.memory_bytes;
     let mut cfg = StoreConfig::at(path);
     cfg.dtype = None;
+    cfg.bases = opts.bases.clone();
     let sled = SledStore::open(cfg)?;
     let tier = |s: Box<dyn ChunkStore>| -> Arc<dyn ChunkStore> {
         Arc::new(Tiered::new(s, memory_bytes, EvictionPolicy::default()))
@@ -47,6 +53,7 @@ pub fn open_stack_with(path: &Path, redis_url: Option<&str>, opts: &StackOptions
             let mut rc = RedisConfig::at(url);
             rc.dtype = None;
             rc.tls_ca = opts.tls_ca.clone();
+            rc.bases = opts.bases.clone();
             let layered = Layered::new(sled, RedisStore::open(rc)?);
             match opts.write_behind {
                 Some(queue) => tier(Box::new(layered.write_behind(queue))),

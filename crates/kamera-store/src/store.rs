@@ -96,7 +96,7 @@ pub struct Stats {
     pub misses: u64,
     /// Records that failed their checksum or did not parse.
     pub corrupt: u64,
-    /// Records of an unknown format version, or coded in a patch basis that is not loaded.
+    /// Records of an unknown format version, or coded in a patch basis the store was not given.
     pub version: u64,
     /// Records of another model.
     pub foreign: u64,

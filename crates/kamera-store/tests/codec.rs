@@ -3,7 +3,7 @@
 mod common;
 
 use anyhow::Result;
-use kamera_ops::{DType, Grain, Patch, Quant};
+use kamera_ops::{Bases, DType, Grain, Patch, Quant};
 use kamera_store::codec::{self, FORMAT_VERSION, HEADER_LEN};
 use kamera_store::{ChunkId, Error, Key, ModelFp, Record};
 
@@ -17,12 +17,12 @@ fn round_trips_kv_and_patches_in_every_dtype_and_layout() -> Result<()> {
             let key = Key::canonical(m, id);
             let rec = Record::kv(m, 42, kv);
             let bytes = codec::encode(&key, &rec, None)?;
-            assert_eq!(codec::decode(&key, &bytes)?, rec);
+            assert_eq!(codec::decode(&key, &bytes, &Bases::new())?, rec);
             let p = common::patch(layout, 5, 3, li as u64, dtype);
             let key = Key::patch(m, id, &[(ChunkId::of(b"x", "enc", m), 0)], 9);
             let rec = Record::patch(m, 7, p);
             let bytes = codec::encode(&key, &rec, None)?;
-            assert_eq!(codec::decode(&key, &bytes)?, rec);
+            assert_eq!(codec::decode(&key, &bytes, &Bases::new())?, rec);
         }
     }
     Ok(())
@@ -36,7 +36,7 @@ fn f32_is_stored_as_bf16_when_asked_and_sizes_are_exact() -> Result<()> {
     let key = Key::canonical(m, ChunkId::of(b"c", "enc", m));
     let bytes = codec::encode(&key, &Record::kv(m, 0, kv.clone()), Some(DType::Bf16))?;
     assert_eq!(bytes.len(), HEADER_LEN + kv.kv_bytes() / 2 + codec::CHECKSUM_LEN);
-    let back = codec::decode(&key, &bytes)?;
+    let back = codec::decode(&key, &bytes, &Bases::new())?;
     assert_eq!(back.as_kv(), Some(&kv.to_dtype(DType::Bf16)));
     Ok(())
 }
@@ -55,7 +55,7 @@ fn every_single_byte_flip_is_detected() -> Result<()> {
             for bit in [0x01u8, 0x80, 0xff] {
                 let mut bad = bytes.clone();
                 bad[pos] ^= bit;
-                match codec::decode(&key, &bad) {
+                match codec::decode(&key, &bad, &Bases::new()) {
                     Ok(r) => panic!(
                         "flip {bit:#x} at byte {pos} of {} served a record: {:?}",
                         bytes.len(),
@@ -66,7 +66,7 @@ fn every_single_byte_flip_is_detected() -> Result<()> {
             }
         }
         for cut in [0, 10, HEADER_LEN, bytes.len() - 1] {
-            assert!(codec::decode(&key, &bytes[..cut]).is_err_and(|e| e.is_miss()));
+            assert!(codec::decode(&key, &bytes[..cut], &Bases::new()).is_err_and(|e| e.is_miss()));
         }
         // The same bytes under another key (another chunk) are not served either.
         let other = Key::canonical(m, ChunkId::of(b"other", "enc", m));
@@ -76,7 +76,8 @@ fn every_single_byte_flip_is_detected() -> Result<()> {
                     kind: key.kind,
                     ..other
                 },
-                &bytes
+                &bytes,
+                &Bases::new()
             )
             .is_err()
         );
@@ -89,11 +90,16 @@ fn version_and_model_mismatches_are_typed() -> Result<()> {
     let (key, rec) = common::nth(0);
     let mut bytes = codec::encode(&key, &rec, None)?;
     bytes[4..6].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
-    assert!(matches!(codec::decode(&key, &bytes), Err(Error::Version { found, .. }) if found == FORMAT_VERSION + 1));
+    assert!(
+        matches!(codec::decode(&key, &bytes, &Bases::new()), Err(Error::Version { found, .. }) if found == FORMAT_VERSION + 1)
+    );
     let mut foreign = rec.clone();
     foreign.model = ModelFp::of("another-model");
     let bytes = codec::encode(&key, &foreign, None)?;
-    assert!(matches!(codec::decode(&key, &bytes), Err(Error::ForeignModel { .. })));
+    assert!(matches!(
+        codec::decode(&key, &bytes, &Bases::new()),
+        Err(Error::ForeignModel { .. })
+    ));
     Ok(())
 }
 
@@ -126,7 +132,7 @@ fn golden_record_v1() -> Result<()> {
         }
         let golden = std::fs::read(&path)?;
         assert_eq!(golden, bytes, "{file}: the v1 encoding changed");
-        assert_eq!(codec::decode(&key, &golden)?, rec);
+        assert_eq!(codec::decode(&key, &golden, &Bases::new())?, rec);
         let h = codec::verify(&key, &golden)?;
         assert_eq!((h.version, h.n_tokens, h.layout), (1, 3, layout));
     }
@@ -172,7 +178,7 @@ fn golden_record_v2_quantised() -> Result<()> {
         }
         let golden = std::fs::read(&path)?;
         assert_eq!(golden, bytes, "{file}: the v2 encoding changed");
-        assert_eq!(codec::decode(&key, &golden)?, rec);
+        assert_eq!(codec::decode(&key, &golden, &Bases::new())?, rec);
         let h = codec::verify(&key, &golden)?;
         assert_eq!((h.version, h.quant, golden[7]), (2, quant, code));
     }
@@ -200,7 +206,7 @@ fn quantised_patches_round_trip_and_their_size_is_what_patch_bytes_says() -> Res
                 let rec = Record::patch(m, 7, p.clone());
                 // The store's float dtype does not touch quantised factors.
                 let bytes = codec::encode(&key, &rec, Some(DType::Bf16))?;
-                assert_eq!(codec::decode(&key, &bytes)?, rec);
+                assert_eq!(codec::decode(&key, &bytes, &Bases::new())?, rec);
                 let spectra: usize = p.layers().iter().map(|l| l.k.spectrum.len() + l.v.spectrum.len()).sum();
                 let header = HEADER_LEN + codec::CHECKSUM_LEN + 16 * layout.n_layers + 4 * spectra;
                 assert_eq!(bytes.len(), header + p.bytes(), "{quant:?} n {n}");
@@ -223,7 +229,7 @@ fn every_byte_flip_of_a_quantised_record_is_detected() -> Result<()> {
             let mut bad = bytes.clone();
             bad[pos] ^= 0x10;
             assert!(
-                codec::decode(&key, &bad).is_err_and(|e| e.is_miss()),
+                codec::decode(&key, &bad, &Bases::new()).is_err_and(|e| e.is_miss()),
                 "{quant:?} flip at {pos}"
             );
         }
@@ -232,15 +238,16 @@ fn every_byte_flip_of_a_quantised_record_is_detected() -> Result<()> {
 }
 
 /// Version 3 adds transform-coded patches (coefficient codes in a per-model basis): they round
-/// trip once the basis is registered, their size is what `Patch::bytes` says, a record whose basis
-/// is not loaded is refused by name, and these golden files pin the encoding byte for byte.
+/// trip when the decoder is given the basis, their size is what `Patch::bytes` says, a record whose
+/// basis is not among those given is refused by name, and these golden files pin the encoding byte for byte.
 #[test]
 fn transform_coded_patches_round_trip_and_golden_record_v3() -> Result<()> {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
     let m = ModelFp::of("golden-model");
     let id = ChunkId::of(b"golden observation", "golden-encoder", m);
     let layout = kamera_ops::KvLayout::gqa(2, 4, 2, 4);
-    let basis = common::basis(layout, 1).register();
+    let basis = std::sync::Arc::new(common::basis(layout, 1));
+    let mut known = Bases::from(basis.clone());
     for (file, entropy, code) in [
         ("patch_basis_v3.kmr", false, codec::DTYPE_BASIS),
         ("patch_basis_entropy_v3.kmr", true, codec::DTYPE_BASIS_ENTROPY),
@@ -260,29 +267,33 @@ fn transform_coded_patches_round_trip_and_golden_record_v3() -> Result<()> {
         }
         let golden = std::fs::read(&path)?;
         assert_eq!(golden, bytes, "{file}: the v3 encoding changed");
-        assert_eq!(codec::decode(&key, &golden)?, rec);
+        assert_eq!(codec::decode(&key, &golden, &known)?, rec);
         let h = codec::verify(&key, &golden)?;
         assert_eq!((h.version, h.coded, golden[7]), (3, Some(entropy), code));
         // Every damaged byte is detected.
         for pos in (0..bytes.len()).step_by(7) {
             let mut bad = bytes.clone();
             bad[pos] ^= 0x10;
-            assert!(codec::decode(&key, &bad).is_err_and(|e| e.is_miss()), "flip at {pos}");
+            assert!(
+                codec::decode(&key, &bad, &known).is_err_and(|e| e.is_miss()),
+                "flip at {pos}"
+            );
         }
     }
     for layout in common::layouts() {
-        let basis = common::basis(layout, 3).register();
+        let basis = known.insert(std::sync::Arc::new(common::basis(layout, 3)));
         for (n, entropy) in [(1, false), (7, true), (70, true)] {
             let key = Key::orbit(m, id, &[id]);
             let rec = Record::patch(m, 1, common::coded_patch(layout, n, 9, basis.clone(), entropy, 0.2));
-            assert_eq!(codec::decode(&key, &codec::encode(&key, &rec, None)?)?, rec);
+            assert_eq!(codec::decode(&key, &codec::encode(&key, &rec, None)?, &known)?, rec);
         }
     }
-    // A basis never registered: the record names it instead of decoding garbage.
+    // A basis the decoder is not given (it holds every other one): the record names it instead
+    // of decoding garbage.
     let unknown = std::sync::Arc::new(common::basis(layout, 1000));
     let rec = Record::patch(m, 1, common::coded_patch(layout, 9, 2, unknown.clone(), true, 0.4));
     let bytes = codec::encode(&key_of(m, id), &rec, None)?;
-    let e = codec::decode(&key_of(m, id), &bytes).unwrap_err();
+    let e = codec::decode(&key_of(m, id), &bytes, &known).unwrap_err();
     assert!(
         matches!(&e, Error::MissingBasis { basis, .. } if *basis == unknown.fp().to_string()),
         "{e}"

@@ -4,7 +4,7 @@
 mod common;
 
 use anyhow::Result;
-use kamera_ops::DType;
+use kamera_ops::{Bases, DType};
 use kamera_store::codec::{self, CHECKSUM_LEN, MAX_LAYERS};
 use kamera_store::{ChunkId, Error, Key, Record};
 
@@ -21,7 +21,7 @@ fn patched(key: &Key, bytes: &[u8], at: usize, with: &[u8]) -> Vec<u8> {
 }
 
 fn corrupt(key: &Key, bytes: &[u8]) -> String {
-    match codec::decode(key, bytes) {
+    match codec::decode(key, bytes, &Bases::new()) {
         Err(e @ Error::Corrupt { .. }) => {
             assert!(e.to_string().contains(&key.to_string()), "names the key: {e}");
             e.to_string()

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use kamera_ops::DType;
-use kamera_store::{ChunkId, ChunkStore, Error, Key, ModelFp, RedisConfig, RedisStore, codec};
+use kamera_ops::{Bases, DType};
+use kamera_store::{ChunkId, ChunkStore, Error, Key, ModelFp, Record, RedisConfig, RedisStore, codec};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use redis::Commands;
@@ -275,6 +275,39 @@ fn damaged_and_incomplete_records_are_refused_and_counted() -> Result<()> {
         s.contains(&k)?,
         "the manifest is still there (possibly damaged, as for sled)"
     );
+    Ok(())
+}
+
+/// A transform-coded patch decodes in the bases the Redis store is opened with: served by a
+/// client given the model's basis, refused by name and counted by one without it, and healthy to
+/// that client's `verify` (checked short of the basis).
+#[test]
+fn coded_patches_decode_in_the_bases_the_store_is_given() -> Result<()> {
+    let srv = RedisServer::start(&[])?;
+    let m = common::model();
+    let layout = common::layouts()[1];
+    let basis = Arc::new(common::basis(layout, 1));
+    let key = Key::orbit(m, ChunkId::of(b"coded", "enc", m), &[ChunkId::of(b"a", "enc", m)]);
+    let rec = Record::patch(m, 5, common::coded_patch(layout, 12, 3, basis.clone(), true, 0.3));
+    let open_with = |bases: Bases| {
+        RedisStore::open(RedisConfig {
+            prefix: "coded".into(),
+            bases,
+            ..RedisConfig::at(srv.url())
+        })
+    };
+    let s = open_with(Bases::from(basis.clone()))?;
+    s.put(&key, rec.clone())?;
+    assert_eq!(*s.get(&key)?.context("present")?, rec);
+    let blind = open_with(Bases::new())?;
+    let e = blind.get(&key).unwrap_err();
+    assert!(
+        matches!(&e, Error::MissingBasis { basis: b, .. } if *b == basis.fp().to_string()),
+        "{e}"
+    );
+    assert_eq!(blind.stats().version, 1);
+    let v = blind.verify()?;
+    assert_eq!((v.ok, v.bad.len()), (1, 0));
     Ok(())
 }
 

@@ -7,9 +7,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use anyhow::Result;
-use kamera_ops::DType;
+use kamera_ops::{Bases, DType};
 use kamera_store::{
-    ChunkId, ChunkStore, EvictionPolicy, Key, MemStore, ModelFp, Record, SledStore, StoreConfig, Tiered, codec,
+    ChunkId, ChunkStore, Error, EvictionPolicy, Key, MemStore, ModelFp, Record, SledStore, StackOptions, StoreConfig,
+    Tiered, codec,
 };
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng, rngs::StdRng};
@@ -67,6 +68,55 @@ fn put_get_survives_reopen_and_other_models_are_not_served() -> Result<()> {
     let gc = s.gc(None)?;
     assert_eq!(gc.removed_bad, 2);
     assert_eq!(s.verify()?.bad.len(), 0);
+    Ok(())
+}
+
+/// A transform-coded patch decodes in the bases the store is opened with: a store given the
+/// model's basis serves it (the stack too), one given only another basis refuses it by name and
+/// counts it, and `verify` calls it healthy either way (checked short of the basis).
+#[test]
+fn coded_patches_decode_in_the_bases_the_store_is_given() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let m = common::model();
+    let layout = common::layouts()[0];
+    let (basis, other) = (Arc::new(common::basis(layout, 1)), Arc::new(common::basis(layout, 2)));
+    let key = Key::orbit(m, ChunkId::of(b"coded", "enc", m), &[ChunkId::of(b"a", "enc", m)]);
+    let rec = Record::patch(m, 5, common::coded_patch(layout, 12, 3, basis.clone(), true, 0.3));
+    let open_with = |bases: Bases| {
+        SledStore::open(StoreConfig {
+            bases,
+            ..StoreConfig::at(dir.path())
+        })
+    };
+    {
+        let s = open_with(Bases::from(basis.clone()))?;
+        s.put(&key, rec.clone())?;
+        assert_eq!(*s.get(&key)?.expect("stored"), rec);
+        s.flush()?;
+    }
+    {
+        let s = open_with(Bases::from(other.clone()))?;
+        let e = s.get(&key).unwrap_err();
+        assert!(
+            matches!(&e, Error::MissingBasis { basis: b, .. } if *b == basis.fp().to_string()),
+            "{e}"
+        );
+        assert!(s.lookup(&key)?.is_none());
+        assert_eq!(s.stats().version, 2);
+        let v = s.verify()?;
+        assert_eq!((v.ok, v.bad.len()), (1, 0));
+    }
+    {
+        let s = open_with(Bases::new().with(other).with(basis.clone()))?;
+        assert_eq!(*s.get(&key)?.expect("stored"), rec);
+    }
+    let opts = StackOptions {
+        memory_bytes: 1 << 20,
+        bases: Bases::from(basis),
+        ..StackOptions::default()
+    };
+    let stack = kamera_store::open_stack_with(dir.path(), None, &opts)?;
+    assert_eq!(*stack.get(&key)?.expect("stored"), rec);
     Ok(())
 }
 

@@ -3,7 +3,7 @@
 //! length) as the README specifies, so that they reach the parser behind the checksum. An
 //! accepted record must encode back to exactly the input bytes.
 
-use kamera_ops::{Buf, ChunkKv, DType, KvLayout, LayerPatch, LowRank, Mat, Patch};
+use kamera_ops::{Bases, Buf, ChunkKv, DType, KvLayout, LayerPatch, LowRank, Mat, Patch};
 use kamera_store::codec::{self, CHECKSUM_LEN, HEADER_LEN};
 use kamera_store::{ChunkId, KEY_LEN, Key, ModelFp, Record};
 
@@ -145,7 +145,7 @@ fn decode(b: &[u8]) -> std::result::Result<Outcome, String> {
         Err(e) => return Ok(Outcome::Rejected(e.to_string())),
     };
     let bytes = &b[KEY_LEN..];
-    match codec::decode(&key, bytes) {
+    match codec::decode(&key, bytes, &Bases::new()) {
         Ok(rec) => {
             let dtype = codec::verify(&key, bytes)
                 .map_err(|e| format!("decoded but verify fails: {e}"))?
