@@ -82,6 +82,7 @@ fn swayed(page: &str, obs: &Observation, action: &Action) -> bool {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// Long: one browser and one served site for both arms (injected, control), whose counts it compares.
 async fn injected_pages_cannot_break_the_runtimes_guarantees() -> Result<()> {
     require_chromium();
     let (evil_origin, evil_log) = evil().await?;

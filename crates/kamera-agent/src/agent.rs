@@ -214,6 +214,7 @@ impl Run<'_, '_> {
 
     /// One step: observe, plan + execute, decide, act. `Err` before a record exists; a record
     /// and the fatal error it ended with otherwise.
+    // Long: one agent step in order (observe, place, decide, act, record), sharing its timings and trace.
     async fn step(&mut self, step: usize) -> Result<(StepRecord, Option<Error>)> {
         let t_step = Instant::now();
         let before = self.agent.session.stats().clone();

@@ -324,6 +324,7 @@ struct RawStep {
 
 impl TryFrom<RawStep> for Step {
     type Error = String;
+    // Long: one arm per step kind of the scenario format, after the checks between its keys.
     fn try_from(r: RawStep) -> std::result::Result<Step, String> {
         let keys = [
             ("click", r.click.is_some()),

@@ -48,6 +48,7 @@ fn catalogue(i: usize) -> String {
 const FACT: &str = "# Vault\nThe vault code is 4417. Mira Solberg keeps the only key to the vault.";
 
 #[test]
+// Long: one long page followed through its chunks, eviction and recall.
 fn a_20k_token_page_runs_in_a_2k_window_and_its_last_section_comes_back() -> Result<()> {
     let model = default_model(&kamera_model::default_home())?;
     let llm = Llm::new(model.clone());

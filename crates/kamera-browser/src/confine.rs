@@ -52,6 +52,7 @@ pub(crate) struct Confinement {
 
 impl Confinement {
     /// Enables request interception on `page` for every URL, before anything is loaded.
+    // Long: one interception task decides every request kind.
     pub(crate) async fn start(page: &Page, origins: Origins) -> Result<Confinement> {
         let mut paused = page
             .event_listener::<EventRequestPaused>()

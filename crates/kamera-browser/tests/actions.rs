@@ -44,6 +44,7 @@ async fn log(b: &mut ChromiumBrowser) -> anyhow::Result<Vec<String>> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// Long: one Chromium session walks every action kind in turn (a test per action would launch a browser each).
 async fn every_action_on_real_chromium() -> anyhow::Result<()> {
     assert!(
         std::path::Path::new("/usr/bin/chromium").exists(),

@@ -60,6 +60,7 @@ const PAGES: [&str; 9] = [
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// Long: one browser over every hostile page, each page's escape asserted blocked.
 async fn hostile_pages_cannot_reach_another_origin() -> anyhow::Result<()> {
     assert!(
         Path::new("/usr/bin/chromium").exists(),

@@ -410,6 +410,7 @@ fn fmt_secs(s: f64) -> String {
 }
 
 /// Runs the whole grid; progress lines on stderr.
+// Long: runs the grid (models x decodings x tasks x seeds) with its progress and baselines.
 pub async fn bench(a: &AgentArgs) -> Result<Report> {
     let tasks: Vec<String> = if a.tasks.is_empty() {
         TASKS

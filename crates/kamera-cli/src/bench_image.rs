@@ -5,6 +5,7 @@
 use std::time::Instant;
 
 use anyhow::{Context as _, Result};
+use kamera_gpu::median;
 use kamera_model::vision::RgbImage;
 use kamera_model::{ChunkKv, Context, Input, Model, PrefillOptions};
 use kamera_ops::{DType, PatchConfig, form_patch, reuse};
@@ -29,11 +30,6 @@ pub struct ImageBench {
     pub revisit_ms: f64,
     pub full_ms: f64,
     pub revisit_speedup: f64,
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 fn timed<T>(reps: usize, mut f: impl FnMut() -> Result<T>) -> Result<(f64, T)> {

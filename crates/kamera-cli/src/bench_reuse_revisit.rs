@@ -111,6 +111,7 @@ pub struct RevisitConfig<'a> {
     pub pairs: usize,
 }
 
+// Long: the bench's phases (first visit, revisits, timed pairs, scores) share one session and its chunk ids.
 pub fn revisit(model: &Arc<Model>, c: &RevisitConfig<'_>) -> Result<Revisit> {
     let llm = Llm::new(model.clone());
     let mut cost = kamera_agent::cost_model(

@@ -4,6 +4,8 @@
 use anyhow::Result;
 use serde::Serialize;
 
+use kamera_gpu::median;
+
 use crate::bench_session_report::percentile;
 
 /// The median of a set of measurements with its interquartile range and extremes.
@@ -22,7 +24,7 @@ impl Spread {
     pub fn of(xs: &[f64]) -> Spread {
         let v = xs.to_vec();
         Spread {
-            median: percentile(v.clone(), 0.5),
+            median: median(v.clone()),
             q1: percentile(v.clone(), 0.25),
             q3: percentile(v.clone(), 0.75),
             min: v.iter().copied().reduce(f64::min).unwrap_or(f64::NAN),

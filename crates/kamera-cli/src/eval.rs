@@ -154,6 +154,7 @@ fn select_tasks(a: &EvalArgs) -> Result<(Vec<kamera_eval::Task>, TaskSelection)>
     Ok((tasks, sel))
 }
 
+// Long: reads every option of `kamera eval` into the evaluator's config, then runs and writes the report.
 pub fn run(a: EvalArgs) -> Result<()> {
     let uses_runtime = a.methods.split(',').any(|m| m.trim().ends_with("runtime"));
     if !uses_runtime {

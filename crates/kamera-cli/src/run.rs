@@ -289,6 +289,7 @@ fn execute(scenario_arg: &str, setup: Setup<'_>) -> Result<RunSummary> {
 
 /// The run's table (what `kamera run` prints, and the MCP server's `run_scenario` returns); `reuse: false` (`--no-reuse`): the window column says so instead of the plan,
 /// which the window made but the session did not execute.
+// Long: the run's table, one line per statement in print order.
 pub(crate) fn summary_text(s: &RunSummary, reuse: bool) -> String {
     use std::fmt::Write;
     let mut o = String::new();

@@ -239,6 +239,7 @@ fn page(rng: &mut Rng, cfg: &GenConfig, site: &str, path: &str, title: &str, bod
 
 /// One task of template `kind` (0: product -> seller -> city, 1: person -> employer ->
 /// headquarters, 2: event -> venue -> city).
+// Long: one arm per two-hop template, each writing its pages and question.
 fn task(rng: &mut Rng, cfg: &GenConfig, index: usize, kind: usize) -> Task {
     let n_facts = cfg.pages.max(2) - 1;
     let cities = rng.distinct(CITIES, n_facts);

@@ -146,6 +146,7 @@ fn mean(xs: impl Iterator<Item = f64>) -> f64 {
 }
 
 /// Aggregates per-task results.
+// Long: one aggregate per field of the summary.
 pub fn summarize(model: &str, order: &[String], settings: &EvalConfig, per_task: Vec<TaskResult>) -> Report {
     let blind_kl = mean(per_task.iter().map(|t| t.blind_kl));
     let full_ms = mean(per_task.iter().map(|t| t.full_ms));
@@ -265,6 +266,7 @@ pub fn summarize(model: &str, order: &[String], settings: &EvalConfig, per_task:
 
 impl Report {
     /// The method table and the diagnostics as Markdown.
+    // Long: the tables' columns and the diagnostics, in print order.
     pub fn markdown(&self) -> String {
         let mut s = String::new();
         let _ = writeln!(

@@ -1,4 +1,15 @@
-//! What the device bandwidth bench reports (`CudaBackend::bench_reuse`, kamera-gpu-bench).
+//! What the device bandwidth bench reports (`CudaBackend::bench_reuse`, kamera-gpu-bench), and the
+//! median every bench of the workspace reports its timings by.
+
+/// The median of `xs` (the upper one of an even count: the value at rank `len / 2` once sorted,
+/// which is also what nearest-rank percentile 0.5 gives); NaN when `xs` is empty.
+pub fn median(mut xs: Vec<f64>) -> f64 {
+    if xs.is_empty() {
+        return f64::NAN;
+    }
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
 
 /// What one bench configuration measured.
 #[derive(Debug, Clone)]

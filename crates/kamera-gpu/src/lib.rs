@@ -30,7 +30,7 @@ pub use cuda::model::{DeviceKv, DeviceModel};
 #[cfg(feature = "cuda")]
 pub use cuda::pool::ResidentChunk;
 pub use error::{Error, Result};
-pub use figures::{BenchFigures, ModelBenchConfig, ModelFigures};
+pub use figures::{BenchFigures, ModelBenchConfig, ModelFigures, median};
 pub use model::{HostLayer, HostWeights, ModelSpec};
 pub use pool::{DevicePool, PoolStats, Slots};
 pub use reference::{LayerRows, reference_prefill};

@@ -18,6 +18,7 @@ fn esc(s: &str) -> String {
 }
 
 /// Writes the report to `out`; screenshots come from `resources` (a trace's resources/ folder).
+// Long: writes the report's HTML in page order.
 pub fn write_html(summary: &RunSummary, resources: Option<&Path>, out: &Path) -> Result<()> {
     let mut h = String::new();
     let _ = write!(

@@ -91,6 +91,8 @@ pub(crate) fn project_qkv(
 /// The rest of the layer: attention of `q` (at `positions`) over `k_all`/`v_all` (head-first
 /// `[kv_heads, t, hd]`, at `k_pos`; `window` limiting q − k), output projection, residuals, MLP.
 /// Returns the new hidden states.
+// Many arguments: the layer's second half takes the first half's outputs and their positions.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn attend_and_mlp(
     cfg: &Config,
     w: &LayerWeights,
@@ -131,6 +133,8 @@ pub(crate) fn attend_and_mlp(
 /// One layer over `x: [n, hidden]` at `positions`, attending to `past` (head-first
 /// `[kv_heads, t, hd]` each) followed by the new tokens; keys sit at `k_pos` (past then new),
 /// `window` limits q - k; `mrope` (M-RoPE models) rotates to 3-D ids instead of `positions`.
+// Many arguments: one layer's inputs: config, weights, RoPE, hidden states, positions, past KV, key positions, window, M-RoPE ids.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn layer_forward(
     cfg: &Config,
     w: &LayerWeights,

@@ -59,6 +59,7 @@ pub struct Config {
 
 impl Config {
     /// Read the configuration of a supported GGUF.
+    // Long: reads and checks every configuration key of the supported architectures.
     pub fn from_gguf(g: &Gguf) -> Result<Config> {
         let arch = g.str("general.architecture")?.to_string();
         let family = match arch.as_str() {

@@ -263,6 +263,7 @@ impl Step<'_> {
     /// Never returns early (the others would wait at the barrier): a failure is recorded and the
     /// step runs on. Worker 0 returns the logits and each layer's new K/V row.
     #[allow(clippy::too_many_arguments)]
+    // Long: a worker's whole decode between barriers; its phases share the per-thread buffers and the barrier schedule.
     fn worker(
         &self,
         f: &Frame<'_>,

@@ -46,6 +46,7 @@ pub struct Selective {
 impl Model {
     /// Recomputes part of a reused region: `tokens` sit at `prefix.end()..`, `cached` holds their
     /// reused K/V at the same positions (e.g. relocated canonical chunks).
+    // Long: one forward pass (full layers, then the selected tokens) over shared positions and KV state.
     pub fn selective_recompute(
         &self,
         tokens: &[u32],
@@ -203,6 +204,8 @@ struct MixedKeys<'a> {
 
 /// One layer for the selected tokens only (the block of `block::layer_forward`, with the new
 /// K/V written into the region at their own positions instead of appended).
+// Many arguments: `layer_forward`'s inputs, with the mixed region's keys in place of the past KV.
+#[allow(clippy::too_many_arguments)]
 fn layer_mixed(
     cfg: &Config,
     w: &LayerWeights,

@@ -1,7 +1,7 @@
 //! The fused reuse pass in one sweep (KAMERA.md, "The operator": R(δ)·(KV + P Wᵀ)): each tile of
 //! 4 rows × up to 64 columns is loaded once, patched and rotated in registers and stored once (no
 //! second and third pass over a cached block; measured 0-9% faster, the product still not
-//! overlapping the stream of bytes: kamera-eval README, "Reuse bench").
+//! overlapping the stream of bytes: bench/eval/README.md, "Reuse bench").
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;

@@ -348,6 +348,7 @@ impl<E: Encoder, S: ChunkStore> Executor<E, S> {
         Ok(())
     }
 
+    // Long: one match arm per plan step (the executor's whole instruction set).
     fn step(&mut self, step: &Step, t: &mut Timings) -> Result<()> {
         let model = self.cfg.model;
         let t0 = Instant::now();

@@ -69,6 +69,7 @@ const NOTES: [&str; 5] = [
 const QUESTION: &str = "Question: who borrowed Alice's bicycle? Answer:";
 
 #[test]
+// Long: one scenario followed through evictions and recall, each plan asserted in turn.
 fn evict_three_and_recall_them_in_a_new_order() -> Result<()> {
     let path = fetch(ModelName::Smollm2_135m, &default_home()).context("fetching smollm2-135m (needs pip)")?;
     let model = Model::load(&path)?;

@@ -129,6 +129,7 @@ pub fn generate_with(seed: u64, perturb: Option<u64>) -> BTreeMap<String, Vec<u8
     m
 }
 
+// Long: builds every page of the plain site into one map, section by section.
 fn generate_plain(seed: u64) -> BTreeMap<String, Vec<u8>> {
     let d = data(seed);
     let mut r = Rng(seed ^ 0x7369_7465);

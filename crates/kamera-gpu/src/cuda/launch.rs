@@ -164,6 +164,7 @@ impl CudaBackend {
     /// One launch over every layer of a channel: `dst[l, dst_row + t] = R(src[l, t] + P Wᵀ)`
     /// (R only when `rot.1`).
     #[allow(clippy::too_many_arguments)]
+    // Long: the kernel's arguments are pushed in its signature's order into one launch builder.
     pub(super) fn launch(
         &self,
         kernel: Kernel,

@@ -321,6 +321,7 @@ impl DeviceModel {
 
     /// Prefills `tokens` at the context's next positions, writing their K/V into it; returns the
     /// logits of the last token, or of every token with `all_logits` (`n · vocab`, row-major).
+    // Long: one pass over the layers; its device buffers, RoPE tables and launch closures are shared by every layer.
     pub fn prefill(&self, kv: &mut DeviceKv, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>> {
         const OP: &str = "DeviceModel::prefill";
         let sp = &self.spec;

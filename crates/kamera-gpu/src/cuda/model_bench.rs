@@ -5,14 +5,9 @@
 use super::model::DeviceModel;
 use crate::DevicePool;
 use crate::error::{Error, Result};
-use crate::{ModelBenchConfig, ModelFigures};
+use crate::{ModelBenchConfig, ModelFigures, median};
 use kamera_ops::{DType, LayerPatch, Patch};
 use std::time::Instant;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
 
 /// Deterministic token ids below `vocab` (the timings do not depend on which).
 fn tokens(seed: usize, n: usize, vocab: usize) -> Vec<u32> {
@@ -23,6 +18,7 @@ fn tokens(seed: usize, n: usize, vocab: usize) -> Vec<u32> {
 
 impl DeviceModel {
     /// Measures `cfg` on this model (see [`ModelFigures`]).
+    // Long: the device bench's phases share the uploaded model and buffers.
     pub fn bench_reuse(&self, cfg: &ModelBenchConfig) -> Result<ModelFigures> {
         const OP: &str = "DeviceModel::bench_reuse";
         if cfg.chunks == 0 || cfg.chunk_tokens == 0 || cfg.question_tokens == 0 || cfg.reps == 0 {

@@ -24,6 +24,7 @@ fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
 
 /// Repacks `rows x cols` weights stored as `dtype` blocks in `raw`; `None` for a block type
 /// without a repacking here (the caller keeps it dense). `raw` must hold exactly the tensor.
+// Long: one match arm per GGUF block format.
 pub(crate) fn repack(dtype: GgmlDType, raw: &[u8], rows: usize, cols: usize) -> Option<QMatrix> {
     let n = rows * cols;
     let bs = dtype.block_size();

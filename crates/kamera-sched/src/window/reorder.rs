@@ -42,6 +42,7 @@ impl Window {
         self.lay_out(new_order.to_vec(), old_order, first_placed)
     }
 
+    // Long: one reorder plan: the moved slots, their canonical records and orbit patches, and the tail, in plan order.
     fn lay_out(&mut self, new_order: Vec<ChunkId>, old_order: Vec<ChunkId>, first_placed: usize) -> Result<Plan> {
         const OP: &str = "reorder";
         let mut plan = Plan::default();
