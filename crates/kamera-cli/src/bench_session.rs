@@ -211,6 +211,8 @@ fn judge(
     Ok((kamera_eval::kl(reference, logits), mine == theirs, answer))
 }
 
+// Long: one step of every method side by side, in one loop, is the bench's pairing; split, the
+// order and timing of the methods would be spread over several functions.
 pub fn run(a: SessionArgs) -> Result<()> {
     let env = report::Machine::now();
     let model = Arc::new(crate::models::load(&a.model)?);

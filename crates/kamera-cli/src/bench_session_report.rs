@@ -206,6 +206,8 @@ fn method(name: &'static str, rows: &[StepRow], not_run: Option<&str>) -> Method
     }
 }
 
+// Each argument is one section of the report, filled by a different part of the bench.
+#[allow(clippy::too_many_arguments)]
 pub fn summarize(
     extra: &[&'static str],
     params: Params,

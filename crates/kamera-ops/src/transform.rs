@@ -276,7 +276,7 @@ pub fn transform_patch(
 
 /// Cᵀ = B Δᵀ for Δ (`n x f`, row-major) and basis rows B: C column-major, column j = Δ b_j, each
 /// entry one sequential f32 dot product (the coder's discrete choices are sensitive to rounding:
-/// a blocked GEMM's summation order moved Gemma's measured gap by 0.002, kamera-eval README).
+/// a blocked GEMM's summation order moved Gemma's measured gap by 0.002, bench/eval/README.md).
 pub fn coefficients(d: &[f32], n: usize, f: usize, b: &[f32]) -> Vec<f32> {
     let mut c = vec![0f32; f * n];
     c.par_chunks_mut(n.max(1))

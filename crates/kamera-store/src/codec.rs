@@ -155,6 +155,7 @@ pub struct Header {
 }
 
 /// Checks magic, version, checksum and model, and parses the header.
+// Long: one check per header field, in the order the bytes are laid out, each with its own error.
 pub fn verify(key: &Key, bytes: &[u8]) -> Result<Header> {
     const OP: &str = "verify";
     if bytes.len() < HEADER_LEN + CHECKSUM_LEN {
