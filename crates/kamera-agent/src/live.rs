@@ -45,10 +45,11 @@ impl<'a> From<&'a mut Context> for Live<'a> {
 impl<'a> Live<'a> {
     /// The session's context whose last `tail.len()` rows are the prompt `tail` of the last call.
     pub(crate) fn kept(ctx: &'a mut Context, tail: &'a mut Vec<u32>) -> Live<'a> {
-        let base = ctx.len().saturating_sub(tail.len());
-        if base + tail.len() != ctx.len() {
+        // A context shorter than the tail holds no kept prompt: the window is all of it.
+        if tail.len() > ctx.len() {
             tail.clear();
         }
+        let base = ctx.len() - tail.len();
         Live {
             base,
             ctx,

@@ -55,6 +55,9 @@ impl ByteBpe {
     /// The GPT-2 pre-tokenizer split (what `ByteLevel` with `use_regex` applies).
     pub const GPT2_SPLIT: &'static str = GPT2;
 
+    /// llama.cpp's `qwen2` pre-tokenizer split (Qwen2's tokenizer.json `Split` regex).
+    pub const QWEN2_SPLIT: &'static str = QWEN2;
+
     /// With explicit pre-tokenizer split patterns, applied in order (a tokenizer.json's `Split`s).
     pub fn with_patterns(tokens: &[String], merges: &[String], pats: &[&str]) -> Result<ByteBpe> {
         let vocab = tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();

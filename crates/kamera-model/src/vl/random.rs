@@ -350,7 +350,7 @@ fn tokenizer(gguf: &Path, dir: &Path) -> Result<()> {
             }
         }
     }
-    let split = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+    let split = crate::bpe::ByteBpe::QWEN2_SPLIT;
     write_json(
         &dir.join("tokenizer.json"),
         &json!({
