@@ -59,6 +59,15 @@ struct Channel {
     cols: usize,
 }
 
+/// How a chunk moves on its way into a context: relocated by δ under `rope` (KAMERA.md, "The operator"),
+/// then its low-rank patch (if any) added.
+#[derive(Clone, Copy)]
+struct Shift<'a> {
+    patch: Option<&'a Patch>,
+    rope: &'a RopeSpec,
+    delta: i64,
+}
+
 /// One channel's patch factors for every layer, back to back, and per layer (P offset, Wᵀ
 /// offset, rank) for the kernel.
 struct Factors {
@@ -353,14 +362,12 @@ impl CudaBackend {
         })
     }
 
-    /// Uploads `canonical` (and its patch) and writes it relocated to δ into rows `dst_row..` of
-    /// the device context `dst` (K and V), one launch per channel.
+    /// Uploads `canonical` (and its patch) and writes it moved by `shift` into rows `dst_row..`
+    /// of the device context `dst` (K and V), one launch per channel.
     fn reuse_on_device(
         &self,
         canonical: &ChunkKv,
-        patch: Option<&Patch>,
-        rope: &RopeSpec,
-        delta: i64,
+        shift: Shift<'_>,
         dst: &mut (Channel, Channel),
         dst_row: usize,
         bad: &mut CudaSlice<i32>,
@@ -369,32 +376,21 @@ impl CudaBackend {
             self.upload_channel(canonical, false)?,
             self.upload_channel(canonical, true)?,
         );
-        self.reuse_resident(
-            &src,
-            canonical.layout(),
-            patch,
-            rope,
-            delta,
-            (&mut dst.0, &mut dst.1),
-            dst_row,
-            bad,
-        )
+        self.reuse_resident(&src, canonical.layout(), shift, (&mut dst.0, &mut dst.1, dst_row), bad)
     }
 
-    /// Writes K/V already on the device (`src`), relocated to δ and patched, into rows
-    /// `dst_row..` of `dst`, one launch per channel.
-    #[allow(clippy::too_many_arguments)]
+    /// Writes K/V already on the device (`src`), moved by `shift`, into rows `row..` of the
+    /// target `(k, v, row)`, one launch per channel.
     fn reuse_resident(
         &self,
         src: &(Channel, Channel),
         layout: &kamera_ops::KvLayout,
-        patch: Option<&Patch>,
-        rope: &RopeSpec,
-        delta: i64,
-        dst: (&mut Channel, &mut Channel),
-        dst_row: usize,
+        shift: Shift<'_>,
+        dst: (&mut Channel, &mut Channel, usize),
         bad: &mut CudaSlice<i32>,
     ) -> Result<()> {
+        let Shift { patch, rope, delta } = shift;
+        let dst_row = dst.2;
         let layers = layout.n_layers;
         let rot = self.rotation(rope, layout, delta)?;
         for (v_channel, src, out) in [(false, &src.0, dst.0), (true, &src.1, dst.1)] {
@@ -456,7 +452,7 @@ impl Backend for CudaBackend {
         let delta = kamera_ops::check_reuse(OP, canonical, patch, rope, dst, dst_row)?;
         let mut bad = self.stream.alloc_zeros::<i32>(1).map_err(driver(OP))?;
         let mut out = self.device_context(dst, canonical.n_tokens())?;
-        self.reuse_on_device(canonical, patch, rope, delta, &mut out, 0, &mut bad)?;
+        self.reuse_on_device(canonical, Shift { patch, rope, delta }, &mut out, 0, &mut bad)?;
         self.finish(OP, &bad)?;
         self.download_channel(&out.0, false, dst, dst_row)?;
         self.download_channel(&out.1, true, dst, dst_row)
@@ -482,7 +478,12 @@ impl Backend for CudaBackend {
         let mut row = 0;
         for p in parts {
             let delta = kamera_ops::check_reuse(OP, p.chunk, p.patch, rope, &host, row)?;
-            self.reuse_on_device(p.chunk, p.patch, rope, delta, &mut out, row, &mut bad)?;
+            let shift = Shift {
+                patch: p.patch,
+                rope,
+                delta,
+            };
+            self.reuse_on_device(p.chunk, shift, &mut out, row, &mut bad)?;
             row += p.chunk.n_tokens();
         }
         self.finish(OP, &bad)?;

@@ -283,8 +283,9 @@ impl DeviceModel {
     }
 
     /// `y[n, out] (+)= x[n, in] · w[out, in]ᵀ`: bf16 inputs, f32 output, f32 accumulate; with
-    /// `accumulate` the product is added to `y` (the residual stream).
-    fn linear(&self, x: u64, w: u64, y: u64, n: usize, inp: usize, out: usize, accumulate: bool) -> Result<()> {
+    /// `accumulate` the product is added to `y` (the residual stream). `shape` is `(n, in, out)`.
+    fn linear(&self, x: u64, w: u64, y: u64, shape: (usize, usize, usize), accumulate: bool) -> Result<()> {
+        let (n, inp, out) = shape;
         let (alpha, beta) = (1f32, if accumulate { 1f32 } else { 0f32 });
         let (m, nn, k) = (out as i32, n as i32, inp as i32);
         // Row-major y = x·wᵀ is column-major yᵀ = w·xᵀ: A = w read transposed (lda = in),
@@ -416,7 +417,7 @@ impl DeviceModel {
         for (li, w) in self.layers.iter().enumerate() {
             // Attention.
             norm_bf16(xp, &w.attn_norm, hp, n, h)?;
-            self.linear(hp, addr(&w.wqkv, b), yp, n, h, width, false)?;
+            self.linear(hp, addr(&w.wqkv, b), yp, (n, h, width), false)?;
             let (cosp, sinp) = {
                 let t = &tables[&sp.rope.base(li)?.to_bits()];
                 (addr(&t.0, b), addr(&t.1, b))
@@ -485,16 +486,16 @@ impl DeviceModel {
                 unsafe { l.launch(cfg) }.map_err(driver(OP))?;
             }
             match &w.post_attn_norm {
-                None => self.linear(hp, addr(&w.wo, b), xp, n, qd, h, true)?,
+                None => self.linear(hp, addr(&w.wo, b), xp, (n, qd, h), true)?,
                 Some(pn) => {
-                    self.linear(hp, addr(&w.wo, b), yp, n, qd, h, false)?;
+                    self.linear(hp, addr(&w.wo, b), yp, (n, qd, h), false)?;
                     norm_f32(yp, pn, n, h)?;
                     add(xp, yp, n * h)?;
                 }
             }
             // MLP.
             norm_bf16(xp, &w.ffn_norm, hp, n, h)?;
-            self.linear(hp, addr(&w.w_gate_up, b), yp, n, h, 2 * f, false)?;
+            self.linear(hp, addr(&w.w_gate_up, b), yp, (n, h, 2 * f), false)?;
             {
                 let (nn, fi, gelu) = (n as i64, f as i32, sp.gelu as i32);
                 let mut l = s.launch_builder(&self.k.gate_mul);
@@ -503,9 +504,9 @@ impl DeviceModel {
                 unsafe { l.launch(flat(n * f)) }.map_err(driver(OP))?;
             }
             match &w.post_ffn_norm {
-                None => self.linear(hp, addr(&w.w_down, b), xp, n, f, h, true)?,
+                None => self.linear(hp, addr(&w.w_down, b), xp, (n, f, h), true)?,
                 Some(pn) => {
-                    self.linear(hp, addr(&w.w_down, b), yp, n, f, h, false)?;
+                    self.linear(hp, addr(&w.w_down, b), yp, (n, f, h), false)?;
                     norm_f32(yp, pn, n, h)?;
                     add(xp, yp, n * h)?;
                 }
@@ -518,7 +519,7 @@ impl DeviceModel {
         norm_bf16(xp + (first * h * 4) as u64, &self.out_norm, hp, count, h)?;
         let logits = alloc32(count * sp.vocab)?;
         let lm = addr(self.lm_head.as_ref().unwrap_or(&self.embed), b);
-        self.linear(hp, lm, addr(&logits, b), count, h, sp.vocab, false)?;
+        self.linear(hp, lm, addr(&logits, b), (count, h, sp.vocab), false)?;
         s.clone_dtoh(&logits).map_err(driver(OP))
     }
 

@@ -3,7 +3,7 @@
 //! trip (`DeviceModel::place`).
 
 use super::model::{DeviceKv, DeviceModel};
-use super::{Channel, CudaBackend, driver};
+use super::{Channel, CudaBackend, Shift, driver};
 use crate::error::{Error, Result};
 use kamera_ops::{ChunkKv, KvLayout, Patch};
 
@@ -89,16 +89,12 @@ impl DeviceModel {
         let b = self.backend();
         let mut bad = b.stream.alloc_zeros::<i32>(1).map_err(driver(OP))?;
         let row = kv.len;
-        b.reuse_resident(
-            &chunk.kv,
-            &chunk.layout,
+        let shift = Shift {
             patch,
-            &spec.rope,
+            rope: &spec.rope,
             delta,
-            (&mut kv.k, &mut kv.v),
-            row,
-            &mut bad,
-        )?;
+        };
+        b.reuse_resident(&chunk.kv, &chunk.layout, shift, (&mut kv.k, &mut kv.v, row), &mut bad)?;
         b.finish(OP, &bad)?;
         kv.len += chunk.tokens;
         Ok(())
