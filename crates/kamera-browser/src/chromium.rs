@@ -1,86 +1,27 @@
 //! [`ChromiumBrowser`]: Debian's chromium, headless, driven over the DevTools protocol.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use chromiumoxide::cdp::browser_protocol::page::CaptureScreenshotFormat;
 use chromiumoxide::cdp::browser_protocol::target::TargetId;
-use chromiumoxide::handler::viewport::Viewport;
 use chromiumoxide::page::ScreenshotParams;
-use chromiumoxide::{Browser as CdpBrowser, BrowserConfig, Page};
-use futures::StreamExt;
+use chromiumoxide::{Browser as CdpBrowser, Page};
 use serde::Deserialize;
 
 use crate::Browser;
 use crate::confine::{Blocked, Confinement};
 use crate::dialogs::Dialogs;
 use crate::error::{Error, Result, cdp};
-use crate::origin::Origins;
 use crate::types::{Action, Element, Observation};
 
 mod actions;
+mod launch;
+
+pub use launch::ChromiumConfig;
 
 const OBSERVE_JS: &str = include_str!("observe.js");
-
-/// chromiumoxide 0.9's DEFAULT_ARGS without `disable-popup-blocking`.
-const CHROMIUMOXIDE_DEFAULTS: [&str; 23] = [
-    "disable-background-networking",
-    "enable-features=NetworkService,NetworkServiceInProcess",
-    "disable-background-timer-throttling",
-    "disable-backgrounding-occluded-windows",
-    "disable-breakpad",
-    "disable-client-side-phishing-detection",
-    "disable-component-extensions-with-background-pages",
-    "disable-default-apps",
-    "disable-dev-shm-usage",
-    "disable-features=TranslateUI",
-    "disable-hang-monitor",
-    "disable-ipc-flooding-protection",
-    "disable-prompt-on-repost",
-    "disable-renderer-backgrounding",
-    "disable-sync",
-    "force-color-profile=srgb",
-    "metrics-recording-only",
-    "no-first-run",
-    "enable-automation",
-    "password-store=basic",
-    "use-mock-keychain",
-    "enable-blink-features=IdleDetection",
-    "lang=en_US",
-];
-
-/// How to launch Chromium.
-#[derive(Debug, Clone)]
-pub struct ChromiumConfig {
-    /// The executable; `KAMERA_CHROMIUM` or `/usr/bin/chromium` by default.
-    pub executable: PathBuf,
-    pub width: u32,
-    pub height: u32,
-    /// Limit for one browser call (navigation, script, screenshot).
-    pub timeout: Duration,
-    /// Where navigations may go.
-    pub origins: Origins,
-    /// Extra Chromium switches (without `--`), e.g. `host-resolver-rules=MAP a.test 127.0.0.1`.
-    pub args: Vec<String>,
-}
-
-impl ChromiumConfig {
-    /// Defaults (800x600 viewport, 20 s per call) for `origins`.
-    pub fn new(origins: Origins) -> ChromiumConfig {
-        let executable = std::env::var_os("KAMERA_CHROMIUM")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from("/usr/bin/chromium"));
-        ChromiumConfig {
-            executable,
-            width: 800,
-            height: 600,
-            timeout: Duration::from_secs(20),
-            origins,
-            args: Vec::new(),
-        }
-    }
-}
 
 /// A headless Chromium with one page, its own temporary user-data-dir, background networking off.
 pub struct ChromiumBrowser {
@@ -107,103 +48,6 @@ struct RawObservation {
 }
 
 impl ChromiumBrowser {
-    /// Launches Chromium; fails with [`Error::ChromiumMissing`] (which names
-    /// scripts/install-chromium.sh) when the executable is not there.
-    pub async fn launch(cfg: ChromiumConfig) -> Result<ChromiumBrowser> {
-        if !cfg.executable.exists() {
-            return Err(Error::ChromiumMissing {
-                path: cfg.executable.display().to_string(),
-            });
-        }
-        let profile = tempfile::Builder::new()
-            .prefix("kamera-chromium-")
-            .tempdir()
-            .map_err(|source| Error::Io {
-                op: "ChromiumBrowser::launch",
-                source,
-            })?;
-        let mut builder = BrowserConfig::builder()
-            .chrome_executable(&cfg.executable)
-            .user_data_dir(profile.path())
-            .window_size(cfg.width, cfg.height)
-            .viewport(Viewport {
-                width: cfg.width,
-                height: cfg.height,
-                device_scale_factor: Some(1.0),
-                emulating_mobile: false,
-                is_landscape: true,
-                has_touch: false,
-            })
-            // Newer Chromium sends events chromiumoxide does not know: hand them to our handler loop
-            // (logged at trace) instead of warning about each.
-            .surface_invalid_messages()
-            .launch_timeout(cfg.timeout)
-            .request_timeout(cfg.timeout)
-            // chromiumoxide's default switches, less `disable-popup-blocking`: a page's script
-            // may not open tabs (they would escape request interception).
-            .disable_default_args()
-            .args(CHROMIUMOXIDE_DEFAULTS)
-            .args([
-                "disable-background-networking",
-                "disable-component-update",
-                "disable-sync",
-                "no-first-run",
-                "disable-gpu",
-                "disable-quic",
-                "disable-dev-shm-usage",
-                "no-default-browser-check",
-                "disable-features=Translate,MediaRouter,OptimizationHints",
-                "font-render-hinting=none",
-            ]);
-        if !cfg.args.is_empty() {
-            builder = builder.args(cfg.args.iter().map(String::as_str));
-        }
-        if is_root() {
-            builder = builder.no_sandbox();
-        }
-        let config = builder
-            .build()
-            .map_err(|detail| Error::Chromium { op: "config", detail })?;
-        let (mut browser, mut handler) = with_timeout("launch", cfg.timeout, async {
-            CdpBrowser::launch(config).await.map_err(cdp("launch"))
-        })
-        .await?;
-        // The handler loop must run before anything else is awaited.
-        let handler = tokio::spawn(async move {
-            while let Some(ev) = handler.next().await {
-                if let Err(e) = ev {
-                    tracing::trace!(error = %e, "chromium handler");
-                }
-            }
-        });
-        let page = with_timeout("new_page", cfg.timeout, async {
-            browser.new_page("about:blank").await.map_err(cdp("new_page"))
-        })
-        .await?;
-        with_timeout("new_page", cfg.timeout, async {
-            page.evaluate_on_new_document(actions::HOOK_JS)
-                .await
-                .map_err(cdp("new_page"))
-        })
-        .await?;
-        let tabs = vec![page.target_id().clone()];
-        let confinement = Confinement::start(&page, cfg.origins.clone()).await?;
-        let dialogs = Dialogs::start(&page).await?;
-        let pid = browser.get_mut_child().and_then(|c| c.as_mut_inner().id());
-        Ok(ChromiumBrowser {
-            cfg,
-            browser,
-            page,
-            handler,
-            profile,
-            pid,
-            confinement,
-            dialogs,
-            last: None,
-            tabs,
-        })
-    }
-
     /// JavaScript dialogs that opened (a `beforeunload`, or one the page's hook did not catch),
     /// each answered at once; the hook's are counted in the page's `window.__kameraDialogs`.
     pub fn dialogs(&self) -> usize {
@@ -415,16 +259,6 @@ impl ChromiumBrowser {
         }
         Ok(())
     }
-}
-
-fn is_root() -> bool {
-    // Chromium refuses to start sandboxed as root; the effective uid decides.
-    std::fs::read_to_string("/proc/self/status")
-        .map(|s| {
-            s.lines()
-                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"))
-        })
-        .unwrap_or(false)
 }
 
 async fn with_timeout<T>(op: &'static str, limit: Duration, f: impl Future<Output = Result<T>>) -> Result<T> {
