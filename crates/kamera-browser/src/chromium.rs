@@ -18,8 +18,9 @@ use crate::types::{Action, Element, Observation};
 
 mod actions;
 mod launch;
+mod state;
 
-pub use launch::ChromiumConfig;
+pub use launch::{BrowserOptions, ChromiumConfig};
 
 const OBSERVE_JS: &str = include_str!("observe.js");
 
@@ -29,7 +30,9 @@ pub struct ChromiumBrowser {
     browser: CdpBrowser,
     page: Page,
     handler: tokio::task::JoinHandle<()>,
-    profile: tempfile::TempDir,
+    profile: launch::ProfileDir,
+    /// Origins whose localStorage was imported (exported again with the allowed ones).
+    imported: Vec<String>,
     /// The browser process (its helpers are its children and exit with it).
     pid: Option<u32>,
     confinement: Confinement,
@@ -80,7 +83,8 @@ impl ChromiumBrowser {
         self.pid
     }
 
-    /// The temporary profile (user-data-dir); removed when this is dropped.
+    /// The profile (user-data-dir): the kept one of [`BrowserOptions::profile`], else a
+    /// temporary one, removed when this is dropped.
     pub fn profile_dir(&self) -> &Path {
         self.profile.path()
     }
@@ -302,13 +306,21 @@ impl Browser for ChromiumBrowser {
     }
 
     async fn close(&mut self) -> Result<()> {
+        // The storage state is written while the browser still answers; a failure to write it
+        // is reported once the browser is shut down.
+        let mut saved = Ok(());
+        if let Some(path) = self.cfg.options.storage_state.clone()
+            && self.exited().is_none()
+        {
+            saved = self.export_state_file(&path).await;
+        }
         if self.exited().is_none() {
             let _ = tokio::time::timeout(Duration::from_secs(5), self.browser.close()).await;
             let _ = tokio::time::timeout(Duration::from_secs(5), self.browser.wait()).await;
         }
         let _ = self.browser.kill().await;
         self.handler.abort();
-        Ok(())
+        saved
     }
 }
 

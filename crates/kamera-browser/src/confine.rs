@@ -51,9 +51,13 @@ const REPORT_JS: &str = "(() => { if (window.__kameraReports) return; window.__k
 
 type Log = Arc<Mutex<Vec<Blocked>>>;
 
+/// URLs answered by the confinement itself with an empty page, never sent.
+type Stubs = Arc<Mutex<Vec<String>>>;
+
 /// Intercepts every tab's requests until dropped.
 pub(crate) struct Confinement {
     blocked: Log,
+    stubs: Stubs,
     task: tokio::task::JoinHandle<()>,
     reports: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -101,9 +105,11 @@ impl Confinement {
             }
         }
         let blocked: Log = Arc::new(Mutex::new(Vec::new()));
-        let task = tokio::spawn(intercept(conn, origins, blocked.clone()));
+        let stubs: Stubs = Arc::new(Mutex::new(Vec::new()));
+        let task = tokio::spawn(intercept(conn, origins, blocked.clone(), stubs.clone()));
         Ok(Confinement {
             blocked,
+            stubs,
             task,
             reports: Vec::new(),
         })
@@ -141,6 +147,20 @@ impl Confinement {
         Ok(())
     }
 
+    /// Answers `url` (on an allowed origin) with an empty page, without sending it, until
+    /// [`Confinement::unstub`]: a document of that origin where its storage can be reached.
+    pub(crate) fn stub(&self, url: &str) {
+        if let Ok(mut s) = self.stubs.lock() {
+            s.push(url.to_string());
+        }
+    }
+
+    pub(crate) fn unstub(&self, url: &str) {
+        if let Ok(mut s) = self.stubs.lock() {
+            s.retain(|u| u != url);
+        }
+    }
+
     /// The requests blocked so far.
     pub(crate) fn blocked(&self) -> Vec<Blocked> {
         self.blocked.lock().map(|v| v.clone()).unwrap_or_default()
@@ -165,7 +185,7 @@ impl Drop for Confinement {
 
 /// The interception loop: decides each paused request; a document's response is fetched
 /// (`GetResponseBody`, answered later on the same connection) and served again with the policy.
-async fn intercept(mut conn: Conn, origins: Origins, log: Log) {
+async fn intercept(mut conn: Conn, origins: Origins, log: Log, stubs: Stubs) {
     let csp = connect_policy(&origins);
     // Documents whose bodies were asked for, by the call that asked.
     let mut bodies: HashMap<CallId, EventRequestPaused> = HashMap::new();
@@ -185,6 +205,11 @@ async fn intercept(mut conn: Conn, origins: Origins, log: Log) {
                     if let Some(id) = conn.send(GetResponseBodyParams::new(ev.request_id.clone())) {
                         bodies.insert(id, ev);
                     }
+                } else if stubs.lock().is_ok_and(|s| s.contains(&ev.request.url)) {
+                    let mut p = FulfillRequestParams::new(ev.request_id, 200);
+                    p.response_headers = Some(vec![HeaderEntry::new("Content-Type", "text/html")]);
+                    p.body = Some(base64::engine::general_purpose::STANDARD.encode("<html></html>").into());
+                    conn.send(p);
                 } else {
                     decide(&mut conn, &origins, &log, ev);
                 }

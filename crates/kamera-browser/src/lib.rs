@@ -31,17 +31,19 @@ mod origin;
 mod procs;
 mod replay;
 mod serve;
+mod storage;
 mod types;
 
 use async_trait::async_trait;
 
-pub use chromium::{ChromiumBrowser, ChromiumConfig};
+pub use chromium::{BrowserOptions, ChromiumBrowser, ChromiumConfig};
 pub use confine::Blocked;
 pub use error::{Error, Result};
 pub use origin::Origins;
 pub use procs::processes_of;
 pub use replay::ReplayBrowser;
 pub use serve::{Content, Server};
+pub use storage::{NameValue, OriginStorage, StorageState, StoredCookie};
 pub use types::{Action, Element, Observation};
 
 /// A browser the agent loop can drive. Implementations check navigations against their allowed

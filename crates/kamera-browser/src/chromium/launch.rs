@@ -54,6 +54,21 @@ pub struct ChromiumConfig {
     pub origins: Origins,
     /// Extra Chromium switches (without `--`), e.g. `host-resolver-rules=MAP a.test 127.0.0.1`.
     pub args: Vec<String>,
+    /// Where the browser keeps its state and where it runs.
+    pub options: BrowserOptions,
+}
+
+/// Where a browser keeps its state between runs and where it runs: what `kamera run`'s
+/// `--profile`, `--storage-state` and `--browser-url` set. The default is an isolated run: a
+/// fresh temporary profile, removed at the end.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BrowserOptions {
+    /// A profile folder (Chromium's user-data-dir) kept between launches: cookies and
+    /// localStorage persist in it. Created when missing; one browser at a time may use it.
+    pub profile: Option<PathBuf>,
+    /// A Playwright storageState file ([`crate::StorageState`]): imported at launch when it
+    /// exists, written at [`crate::Browser::close`].
+    pub storage_state: Option<PathBuf>,
 }
 
 impl ChromiumConfig {
@@ -69,6 +84,7 @@ impl ChromiumConfig {
             timeout: Duration::from_secs(20),
             origins,
             args: Vec::new(),
+            options: BrowserOptions::default(),
         }
     }
 }
@@ -82,13 +98,7 @@ impl ChromiumBrowser {
                 path: cfg.executable.display().to_string(),
             });
         }
-        let profile = tempfile::Builder::new()
-            .prefix("kamera-chromium-")
-            .tempdir()
-            .map_err(|source| Error::Io {
-                op: "ChromiumBrowser::launch",
-                source,
-            })?;
+        let profile = ProfileDir::open(cfg.options.profile.as_deref())?;
         no_prediction(profile.path())?;
         let mut builder = BrowserConfig::builder()
             .chrome_executable(&cfg.executable)
@@ -160,18 +170,64 @@ impl ChromiumBrowser {
         confinement.watch(&page).await?;
         let dialogs = Dialogs::start(&page).await?;
         let pid = browser.get_mut_child().and_then(|c| c.as_mut_inner().id());
-        Ok(ChromiumBrowser {
+        let state = cfg.options.storage_state.clone();
+        let mut b = ChromiumBrowser {
             cfg,
             browser,
             page,
             handler,
             profile,
+            imported: Vec::new(),
             pid,
             confinement,
             dialogs,
             last: None,
             tabs,
-        })
+        };
+        if let Some(path) = state.filter(|p| p.exists()) {
+            let r = b.import_state_file(&path).await;
+            if let Err(e) = b.diagnose(r) {
+                let _ = crate::Browser::close(&mut b).await;
+                return Err(e);
+            }
+        }
+        Ok(b)
+    }
+}
+
+/// The profile a launched browser runs in.
+pub(super) enum ProfileDir {
+    /// A fresh one, removed when the browser is dropped.
+    Temp(tempfile::TempDir),
+    /// One kept between launches.
+    Kept(PathBuf),
+}
+
+impl ProfileDir {
+    fn open(kept: Option<&Path>) -> Result<ProfileDir> {
+        let io = |source| Error::Io {
+            op: "ChromiumBrowser::launch",
+            source,
+        };
+        match kept {
+            Some(dir) => {
+                std::fs::create_dir_all(dir).map_err(io)?;
+                Ok(ProfileDir::Kept(dir.to_path_buf()))
+            }
+            None => Ok(ProfileDir::Temp(
+                tempfile::Builder::new()
+                    .prefix("kamera-chromium-")
+                    .tempdir()
+                    .map_err(io)?,
+            )),
+        }
+    }
+
+    pub(super) fn path(&self) -> &Path {
+        match self {
+            ProfileDir::Temp(t) => t.path(),
+            ProfileDir::Kept(p) => p,
+        }
     }
 }
 
