@@ -282,16 +282,25 @@ impl ChromiumBrowser {
     }
 }
 
+/// Whether a visible element matches `target`, in the document, its open shadow roots and its
+/// same-origin frames.
 const FIND_JS: &str = "(target) => { \
-  const visible = (e) => { if (!e) return false; const st = getComputedStyle(e); \
+  const roots = []; \
+  const collect = (r) => { roots.push(r); for (const e of r.querySelectorAll('*')) { \
+    if (e.shadowRoot) collect(e.shadowRoot); \
+    if (e.tagName === 'IFRAME' || e.tagName === 'FRAME') { let d = null; try { d = e.contentDocument; } catch (_) {} \
+      if (d && d.body) collect(d); } } }; \
+  collect(document); \
+  const visible = (e) => { if (!e) return false; const st = e.ownerDocument.defaultView.getComputedStyle(e); \
     if (st.display === 'none' || st.visibility === 'hidden' || Number(st.opacity) === 0) return false; \
     const r = e.getBoundingClientRect(); return r.width > 0 && r.height > 0; }; \
   const t = target.trim(); \
-  if (t.startsWith('#')) return visible(document.getElementById(t.slice(1))); \
+  if (t.startsWith('#')) return roots.some((r) => visible(r.getElementById(t.slice(1)))); \
   const m = /^\\[(\\d+)\\]$/.exec(t); \
-  if (m) return visible(document.querySelector(`[data-kid=\"${m[1]}\"]`)); \
+  if (m) return roots.some((r) => visible(r.querySelector(`[data-kid=\"${m[1]}\"]`))); \
   const want = (t.startsWith('text:') ? t.slice(5) : t).trim().toLowerCase(); \
-  return want.length > 0 && !!document.body && document.body.innerText.toLowerCase().includes(want); }";
+  return want.length > 0 && roots.some((r) => { const b = r.body !== undefined ? r.body : r; \
+    return !!b && (b.innerText !== undefined ? b.innerText : b.textContent).toLowerCase().includes(want); }); }";
 
 /// act.js's name for an operation.
 fn op_name(op: &'static str) -> &'static str {
