@@ -4,6 +4,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use chromiumoxide::cdp::browser_protocol::browser::BrowserContextId;
 use chromiumoxide::cdp::browser_protocol::page::CaptureScreenshotFormat;
 use chromiumoxide::cdp::browser_protocol::target::TargetId;
 use chromiumoxide::page::ScreenshotParams;
@@ -18,6 +19,7 @@ use crate::types::{Action, Element, Observation};
 
 mod actions;
 mod launch;
+mod remote;
 mod state;
 
 pub use launch::{BrowserOptions, ChromiumConfig};
@@ -31,6 +33,8 @@ pub struct ChromiumBrowser {
     page: Page,
     handler: tokio::task::JoinHandle<()>,
     profile: launch::ProfileDir,
+    /// The browser context of the run's tabs (an attached browser's, made for this run).
+    context: Option<BrowserContextId>,
     /// Origins whose localStorage was imported (exported again with the allowed ones).
     imported: Vec<String>,
     /// The browser process (its helpers are its children and exit with it).
@@ -314,6 +318,11 @@ impl Browser for ChromiumBrowser {
         {
             saved = self.export_state_file(&path).await;
         }
+        if self.is_attached() {
+            // Not ours to shut down: the run's context goes, the browser stays.
+            self.detach().await;
+            return saved;
+        }
         if self.exited().is_none() {
             let _ = tokio::time::timeout(Duration::from_secs(5), self.browser.close()).await;
             let _ = tokio::time::timeout(Duration::from_secs(5), self.browser.wait()).await;
@@ -337,6 +346,19 @@ impl ChromiumBrowser {
             Action::Back | Action::ClickXy { .. } => true,
             _ => false,
         };
+        if !matches!(
+            action,
+            Action::Wait { .. } | Action::Done { .. } | Action::SwitchTab { .. }
+        ) {
+            // A tab the page opened comes to the front; the driven tab goes back there (input
+            // to a tab behind another waits seconds for a frame that is not drawn).
+            let page = &self.page;
+            with_timeout("act", self.cfg.timeout, async {
+                page.bring_to_front().await.map_err(cdp("act"))?;
+                Ok(())
+            })
+            .await?;
+        }
         self.perform(action).await?;
         let limit = if may_navigate { 1500 } else { 60 };
         self.await_navigation(Duration::from_millis(limit)).await;

@@ -18,6 +18,13 @@ pub struct BrowserArgs {
     /// when the browser starts, if the file exists, and written back when the run ends.
     #[arg(long, value_name = "FILE")]
     storage_state: Option<PathBuf>,
+    /// Attach to a running Chromium instead of launching one: its DevTools endpoint,
+    /// ws://HOST:PORT/devtools/browser/ID or http://HOST:PORT (a Chromium started with
+    /// --remote-debugging-port). The run works in a browser context of its own, closed at the
+    /// end; the browser keeps running. While attached, every tab of that browser is held to the
+    /// run's allowed origins: give each run its own browser. Not with --profile.
+    #[arg(long, value_name = "URL", conflicts_with = "profile")]
+    browser_url: Option<String>,
 }
 
 impl BrowserArgs {
@@ -37,9 +44,19 @@ impl BrowserArgs {
             }
             None => None,
         };
+        if let Some(url) = &self.browser_url
+            && !["ws://", "wss://", "http://", "https://"]
+                .iter()
+                .any(|s| url.starts_with(s))
+        {
+            bail!(
+                "--browser-url {url:?}: a DevTools endpoint is ws://HOST:PORT/devtools/browser/ID or http://HOST:PORT"
+            );
+        }
         Ok(BrowserOptions {
             profile,
             storage_state: self.storage_state.clone(),
+            browser_url: self.browser_url.clone(),
         })
     }
 }
@@ -54,6 +71,7 @@ mod tests {
         let a = BrowserArgs {
             profile: Some("alice".into()),
             storage_state: None,
+            browser_url: None,
         };
         assert_eq!(
             a.options(home).unwrap().profile,
@@ -63,6 +81,7 @@ mod tests {
             let a = BrowserArgs {
                 profile: Some(bad.into()),
                 storage_state: None,
+                browser_url: None,
             };
             assert!(a.options(home).is_err(), "{bad:?}");
         }

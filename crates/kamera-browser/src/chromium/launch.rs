@@ -4,6 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use chromiumoxide::cdp::browser_protocol::browser::BrowserContextId;
+use chromiumoxide::cdp::browser_protocol::target::CreateTargetParams;
 use chromiumoxide::handler::viewport::Viewport;
 use chromiumoxide::{Browser as CdpBrowser, BrowserConfig};
 use futures::StreamExt;
@@ -69,6 +71,11 @@ pub struct BrowserOptions {
     /// A Playwright storageState file ([`crate::StorageState`]): imported at launch when it
     /// exists, written at [`crate::Browser::close`].
     pub storage_state: Option<PathBuf>,
+    /// Attach to a running Chromium instead of launching one: its DevTools endpoint,
+    /// `ws://HOST:PORT/devtools/browser/ID` or `http://HOST:PORT`. The run opens its tabs in a
+    /// browser context of its own (its cookies apart, disposed at close) and leaves the browser
+    /// running; `profile` does not apply.
+    pub browser_url: Option<String>,
 }
 
 impl ChromiumConfig {
@@ -89,75 +96,47 @@ impl ChromiumConfig {
     }
 }
 
-impl ChromiumBrowser {
-    /// Launches Chromium; fails with [`Error::ChromiumMissing`] (which names
-    /// scripts/install-chromium.sh) when the executable is not there.
-    pub async fn launch(cfg: ChromiumConfig) -> Result<ChromiumBrowser> {
-        if !cfg.executable.exists() {
-            return Err(Error::ChromiumMissing {
-                path: cfg.executable.display().to_string(),
-            });
-        }
-        let profile = ProfileDir::open(cfg.options.profile.as_deref())?;
-        no_prediction(profile.path())?;
-        let mut builder = BrowserConfig::builder()
-            .chrome_executable(&cfg.executable)
-            .user_data_dir(profile.path())
-            .window_size(cfg.width, cfg.height)
-            .viewport(Viewport {
-                width: cfg.width,
-                height: cfg.height,
-                device_scale_factor: Some(1.0),
-                emulating_mobile: false,
-                is_landscape: true,
-                has_touch: false,
-            })
-            // Newer Chromium sends events chromiumoxide does not know: hand them to our handler loop
-            // (logged at trace) instead of warning about each.
-            .surface_invalid_messages()
-            .launch_timeout(cfg.timeout)
-            .request_timeout(cfg.timeout)
-            // chromiumoxide's default switches, less `disable-popup-blocking`: a page's script
-            // may not open tabs (they would escape request interception).
-            .disable_default_args()
-            .args(CHROMIUMOXIDE_DEFAULTS)
-            .args([
-                "disable-background-networking",
-                "disable-component-update",
-                "disable-sync",
-                "no-first-run",
-                "disable-gpu",
-                "disable-quic",
-                "disable-dev-shm-usage",
-                "no-default-browser-check",
-                "disable-features=Translate,MediaRouter,OptimizationHints",
-                "font-render-hinting=none",
-            ]);
-        if !cfg.args.is_empty() {
-            builder = builder.args(cfg.args.iter().map(String::as_str));
-        }
-        if is_root() {
-            builder = builder.no_sandbox();
-        }
-        let config = builder
-            .build()
-            .map_err(|detail| Error::Chromium { op: "config", detail })?;
-        let (mut browser, mut handler) = with_timeout("launch", cfg.timeout, async {
-            CdpBrowser::launch(config).await.map_err(cdp("launch"))
-        })
-        .await?;
-        // The handler loop must run before anything else is awaited.
-        let handler = tokio::spawn(async move {
-            while let Some(ev) = handler.next().await {
-                if let Err(e) = ev {
-                    tracing::trace!(error = %e, "chromium handler");
-                }
+/// A browser process under a running handler loop, not set up yet.
+pub(super) struct Started {
+    pub(super) browser: CdpBrowser,
+    pub(super) handler: tokio::task::JoinHandle<()>,
+    pub(super) profile: ProfileDir,
+    /// The browser context the run's tabs open in (an attached browser's own, for this run).
+    pub(super) context: Option<BrowserContextId>,
+}
+
+/// Drives chromiumoxide's handler (it must run before anything else is awaited).
+pub(super) fn spawn_handler(mut handler: chromiumoxide::Handler) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        while let Some(ev) = handler.next().await {
+            if let Err(e) = ev {
+                tracing::trace!(error = %e, "chromium handler");
             }
-        });
+        }
+    })
+}
+
+impl ChromiumBrowser {
+    /// Launches Chromium (or, with [`BrowserOptions::browser_url`], attaches to a running one);
+    /// fails with [`Error::ChromiumMissing`] (which names scripts/install-chromium.sh) when the
+    /// executable is not there.
+    pub async fn launch(cfg: ChromiumConfig) -> Result<ChromiumBrowser> {
+        let started = match cfg.options.browser_url.clone() {
+            Some(url) => super::remote::attach(&cfg, &url).await?,
+            None => start(&cfg).await?,
+        };
+        let Started {
+            mut browser,
+            handler,
+            profile,
+            context,
+        } = started;
         // Every tab's requests are intercepted from here on, before any page loads.
         let mut confinement = Confinement::start(browser.websocket_address(), cfg.origins.clone()).await?;
+        let mut target = CreateTargetParams::new("about:blank");
+        target.browser_context_id = context.clone();
         let page = with_timeout("new_page", cfg.timeout, async {
-            browser.new_page("about:blank").await.map_err(cdp("new_page"))
+            browser.new_page(target).await.map_err(cdp("new_page"))
         })
         .await?;
         with_timeout("new_page", cfg.timeout, async {
@@ -177,6 +156,7 @@ impl ChromiumBrowser {
             page,
             handler,
             profile,
+            context,
             imported: Vec::new(),
             pid,
             confinement,
@@ -195,12 +175,77 @@ impl ChromiumBrowser {
     }
 }
 
+/// Starts a local Chromium process in its profile.
+async fn start(cfg: &ChromiumConfig) -> Result<Started> {
+    if !cfg.executable.exists() {
+        return Err(Error::ChromiumMissing {
+            path: cfg.executable.display().to_string(),
+        });
+    }
+    let profile = ProfileDir::open(cfg.options.profile.as_deref())?;
+    no_prediction(profile.path())?;
+    let mut builder = BrowserConfig::builder()
+        .chrome_executable(&cfg.executable)
+        .user_data_dir(profile.path())
+        .window_size(cfg.width, cfg.height)
+        .viewport(Viewport {
+            width: cfg.width,
+            height: cfg.height,
+            device_scale_factor: Some(1.0),
+            emulating_mobile: false,
+            is_landscape: true,
+            has_touch: false,
+        })
+        // Newer Chromium sends events chromiumoxide does not know: hand them to our handler loop
+        // (logged at trace) instead of warning about each.
+        .surface_invalid_messages()
+        .launch_timeout(cfg.timeout)
+        .request_timeout(cfg.timeout)
+        // chromiumoxide's default switches, less `disable-popup-blocking`: a page's script
+        // may not open tabs (they would escape request interception).
+        .disable_default_args()
+        .args(CHROMIUMOXIDE_DEFAULTS)
+        .args([
+            "disable-background-networking",
+            "disable-component-update",
+            "disable-sync",
+            "no-first-run",
+            "disable-gpu",
+            "disable-quic",
+            "disable-dev-shm-usage",
+            "no-default-browser-check",
+            "disable-features=Translate,MediaRouter,OptimizationHints",
+            "font-render-hinting=none",
+        ]);
+    if !cfg.args.is_empty() {
+        builder = builder.args(cfg.args.iter().map(String::as_str));
+    }
+    if is_root() {
+        builder = builder.no_sandbox();
+    }
+    let config = builder
+        .build()
+        .map_err(|detail| Error::Chromium { op: "config", detail })?;
+    let (browser, handler) = with_timeout("launch", cfg.timeout, async {
+        CdpBrowser::launch(config).await.map_err(cdp("launch"))
+    })
+    .await?;
+    Ok(Started {
+        browser,
+        handler: spawn_handler(handler),
+        profile,
+        context: None,
+    })
+}
+
 /// The profile a launched browser runs in.
 pub(super) enum ProfileDir {
     /// A fresh one, removed when the browser is dropped.
     Temp(tempfile::TempDir),
     /// One kept between launches.
     Kept(PathBuf),
+    /// None of ours: the browser runs elsewhere.
+    Remote,
 }
 
 impl ProfileDir {
@@ -227,6 +272,7 @@ impl ProfileDir {
         match self {
             ProfileDir::Temp(t) => t.path(),
             ProfileDir::Kept(p) => p,
+            ProfileDir::Remote => Path::new(""),
         }
     }
 }

@@ -9,6 +9,7 @@ use chromiumoxide::cdp::browser_protocol::dom_storage::{
 };
 use chromiumoxide::cdp::browser_protocol::network::{CookieParam, CookieSameSite, TimeSinceEpoch};
 use chromiumoxide::cdp::browser_protocol::storage::{GetCookiesParams, SetCookiesParams};
+use chromiumoxide::cdp::browser_protocol::target::CreateTargetParams;
 
 use chromiumoxide::Page;
 
@@ -22,10 +23,10 @@ impl ChromiumBrowser {
     pub async fn storage_state(&self) -> Result<StorageState> {
         let browser = &self.browser;
         let cookies = with_timeout("storage_state", self.cfg.timeout, async {
-            let r = browser
-                .execute(GetCookiesParams::default())
-                .await
-                .map_err(cdp("storage_state"))?;
+            let get = GetCookiesParams {
+                browser_context_id: self.context.clone(),
+            };
+            let r = browser.execute(get).await.map_err(cdp("storage_state"))?;
             Ok(r.result.cookies)
         })
         .await?;
@@ -105,10 +106,9 @@ impl ChromiumBrowser {
         if !cookies.is_empty() {
             let browser = &self.browser;
             with_timeout("set_storage_state", self.cfg.timeout, async {
-                browser
-                    .execute(SetCookiesParams::new(cookies))
-                    .await
-                    .map_err(cdp("set_storage_state"))?;
+                let mut set = SetCookiesParams::new(cookies);
+                set.browser_context_id = self.context.clone();
+                browser.execute(set).await.map_err(cdp("set_storage_state"))?;
                 Ok(())
             })
             .await?;
@@ -150,8 +150,10 @@ impl ChromiumBrowser {
         let url = format!("{origin}/.kamera-storage-{}", std::process::id());
         self.confinement.stub(&url);
         let browser = &self.browser;
+        let mut target = CreateTargetParams::new(url.as_str());
+        target.browser_context_id = self.context.clone();
         let page = with_timeout(op, self.cfg.timeout, async {
-            browser.new_page(url.as_str()).await.map_err(cdp(op))
+            browser.new_page(target).await.map_err(cdp(op))
         })
         .await;
         self.confinement.unstub(&url);
