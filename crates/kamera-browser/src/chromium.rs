@@ -40,10 +40,13 @@ pub struct ChromiumBrowser {
     /// The browser process (its helpers are its children and exit with it).
     pid: Option<u32>,
     confinement: Confinement,
-    dialogs: Dialogs,
+    /// Dialog answering, one per tab set up (the launch tab, then each tab switched to).
+    dialogs: Vec<Dialogs>,
     last: Option<Observation>,
     /// Tabs in order of first sight (the first is the launch page).
     tabs: Vec<TargetId>,
+    /// Tabs whose dialogs, click hook and reports are set up (the launch tab, tabs switched to).
+    set_up: Vec<TargetId>,
 }
 
 #[derive(Deserialize)]
@@ -58,7 +61,7 @@ impl ChromiumBrowser {
     /// JavaScript dialogs that opened (a `beforeunload`, or one the page's hook did not catch),
     /// each answered at once; the hook's are counted in the page's `window.__kameraDialogs`.
     pub fn dialogs(&self) -> usize {
-        self.dialogs.count()
+        self.dialogs.iter().map(Dialogs::count).sum()
     }
 
     /// Tabs open now (Chromium's own helper pages aside).

@@ -125,6 +125,8 @@ impl Confinement {
             .await
             .map_err(cdp("confine"))?;
         page.evaluate_on_new_document(REPORT_JS).await.map_err(cdp("confine"))?;
+        // The document already there reports too.
+        let _ = page.evaluate(REPORT_JS).await;
         let log = self.blocked.clone();
         self.reports.push(tokio::spawn(async move {
             while let Some(ev) = refused.next().await {

@@ -9,7 +9,10 @@ use chromiumoxide::cdp::browser_protocol::input::{
 use chromiumoxide::layout::Point;
 use serde::Deserialize;
 
+use chromiumoxide::Page;
+
 use super::{ChromiumBrowser, with_timeout};
+use crate::dialogs::Dialogs;
 use crate::error::{Error, Result, cdp};
 use crate::types::Action;
 
@@ -276,6 +279,9 @@ impl ChromiumBrowser {
             Ok(())
         })
         .await?;
+        if !self.set_up.contains(page.target_id()) {
+            self.set_up_tab(&page).await?;
+        }
         self.page = page;
         self.last = None;
         Ok(())
@@ -284,6 +290,27 @@ impl ChromiumBrowser {
 
 /// Whether a visible element matches `target`, in the document, its open shadow roots and its
 /// same-origin frames.
+impl ChromiumBrowser {
+    /// Sets a tab the page opened up as the launch tab is: its dialogs answered, the click hook
+    /// and the policy's reports in every document (the one there now included).
+    async fn set_up_tab(&mut self, page: &Page) -> Result<()> {
+        self.dialogs.push(Dialogs::start(page).await?);
+        self.confinement.watch(page).await?;
+        with_timeout("switch_tab", self.cfg.timeout, async {
+            page.evaluate_on_new_document(HOOK_JS)
+                .await
+                .map_err(cdp("switch_tab"))?;
+            for js in [crate::dialogs::HOOK_JS, HOOK_JS] {
+                page.evaluate(js).await.map_err(cdp("switch_tab"))?;
+            }
+            Ok(())
+        })
+        .await?;
+        self.set_up.push(page.target_id().clone());
+        Ok(())
+    }
+}
+
 const FIND_JS: &str = "(target) => { \
   const roots = []; \
   const collect = (r) => { roots.push(r); for (const e of r.querySelectorAll('*')) { \

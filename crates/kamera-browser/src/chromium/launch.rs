@@ -146,6 +146,7 @@ impl ChromiumBrowser {
         })
         .await?;
         let tabs = vec![page.target_id().clone()];
+        let set_up = tabs.clone();
         confinement.watch(&page).await?;
         let dialogs = Dialogs::start(&page).await?;
         let pid = browser.get_mut_child().and_then(|c| c.as_mut_inner().id());
@@ -160,9 +161,10 @@ impl ChromiumBrowser {
             imported: Vec::new(),
             pid,
             confinement,
-            dialogs,
+            dialogs: vec![dialogs],
             last: None,
             tabs,
+            set_up,
         };
         if let Some(path) = state.filter(|p| p.exists()) {
             let r = b.import_state_file(&path).await;
