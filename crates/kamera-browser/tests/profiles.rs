@@ -49,6 +49,11 @@ async fn a_login_survives_a_second_launch_with_the_same_profile() -> anyhow::Res
     };
     let mut b = launch(&server, kept.clone()).await?;
     assert_eq!(b.profile_dir(), dir.path().join("profiles/alice"));
+    let second = launch(&server, kept.clone())
+        .await
+        .err()
+        .expect("the profile is in use");
+    assert!(second.to_string().contains("in use by another browser"), "{second}");
     b.navigate(&server.url("/login")).await?;
     b.close().await?;
     assert!(dir.path().join("profiles/alice/Default").is_dir());

@@ -259,6 +259,15 @@ impl ProfileDir {
         match kept {
             Some(dir) => {
                 std::fs::create_dir_all(dir).map_err(io)?;
+                if let Some(pid) = holder(dir) {
+                    return Err(Error::Invalid {
+                        op: "ChromiumBrowser::launch",
+                        detail: format!(
+                            "the profile {} is in use by another browser (process {pid}): one run at a time may use a profile",
+                            dir.display()
+                        ),
+                    });
+                }
                 Ok(ProfileDir::Kept(dir.to_path_buf()))
             }
             None => Ok(ProfileDir::Temp(
@@ -277,6 +286,14 @@ impl ProfileDir {
             ProfileDir::Remote => Path::new(""),
         }
     }
+}
+
+/// The live process holding the profile at `dir`, if any: Chromium's `SingletonLock` is a
+/// symbolic link to `HOST-PID` (a stale one, its process gone, is taken over by Chromium).
+fn holder(dir: &Path) -> Option<u32> {
+    let target = std::fs::read_link(dir.join("SingletonLock")).ok()?;
+    let pid: u32 = target.to_str()?.rsplit('-').next()?.parse().ok()?;
+    Path::new(&format!("/proc/{pid}")).exists().then_some(pid)
 }
 
 /// Turns off Chromium's network prediction in the profile at `dir` (its preference, kept in
