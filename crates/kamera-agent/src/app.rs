@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kamera_browser::{Action, Browser, ChromiumBrowser, ChromiumConfig, Origins};
+use kamera_browser::{Action, Browser, BrowserOptions, ChromiumBrowser, ChromiumConfig, Origins};
 use kamera_model::Model;
 use kamera_store::ChunkStore;
 use tokio_util::sync::CancellationToken;
@@ -51,9 +51,17 @@ pub struct AgentBuilder {
     cancel: Option<CancellationToken>,
     on_step: Option<OnStep>,
     action_cache: Option<PathBuf>,
+    browser_options: BrowserOptions,
 }
 
 impl AgentBuilder {
+    /// Where the Chromium the agent launches keeps its state ([`BrowserOptions`]: a profile kept
+    /// between runs, a storageState file); ignored with [`AgentBuilder::browser`].
+    pub fn browser_options(mut self, options: BrowserOptions) -> Self {
+        self.browser_options = options;
+        self
+    }
+
     /// Keeps an action cache in `dir` ([`crate::ActionCache`]): a step taken before on the same
     /// page is replayed with no model call, and healed (re-found by its target's features, or
     /// re-inferred by one model call) where the page changed. Opened, and every entry checked, at
@@ -233,6 +241,7 @@ impl AgentBuilder {
             cancel: self.cancel.unwrap_or_default(),
             on_step: self.on_step.map(|f| Arc::new(Mutex::new(f))),
             action_cache: self.action_cache,
+            browser_options: self.browser_options,
         };
         Ok(agent)
     }
@@ -283,6 +292,7 @@ pub struct Agent {
     cancel: CancellationToken,
     on_step: Option<SharedOnStep>,
     action_cache: Option<PathBuf>,
+    browser_options: BrowserOptions,
 }
 
 impl Agent {
@@ -298,7 +308,9 @@ impl Agent {
 
     pub(crate) async fn browser(&mut self) -> Result<&mut Box<dyn Browser>> {
         if self.browser.is_none() {
-            let b = ChromiumBrowser::launch(ChromiumConfig::new(self.origins.clone())).await?;
+            let mut cfg = ChromiumConfig::new(self.origins.clone());
+            cfg.options = self.browser_options.clone();
+            let b = ChromiumBrowser::launch(cfg).await?;
             self.browser = Some(Box::new(b));
         }
         self.browser.as_mut().ok_or(Error::Runtime {

@@ -1,86 +1,30 @@
 //! [`ChromiumBrowser`]: Debian's chromium, headless, driven over the DevTools protocol.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use chromiumoxide::cdp::browser_protocol::browser::BrowserContextId;
 use chromiumoxide::cdp::browser_protocol::page::CaptureScreenshotFormat;
 use chromiumoxide::cdp::browser_protocol::target::TargetId;
-use chromiumoxide::handler::viewport::Viewport;
 use chromiumoxide::page::ScreenshotParams;
-use chromiumoxide::{Browser as CdpBrowser, BrowserConfig, Page};
-use futures::StreamExt;
+use chromiumoxide::{Browser as CdpBrowser, Page};
 use serde::Deserialize;
 
 use crate::Browser;
 use crate::confine::{Blocked, Confinement};
 use crate::dialogs::Dialogs;
 use crate::error::{Error, Result, cdp};
-use crate::origin::Origins;
 use crate::types::{Action, Element, Observation};
 
 mod actions;
+mod launch;
+mod remote;
+mod state;
+
+pub use launch::{BrowserOptions, ChromiumConfig};
 
 const OBSERVE_JS: &str = include_str!("observe.js");
-
-/// chromiumoxide 0.9's DEFAULT_ARGS without `disable-popup-blocking`.
-const CHROMIUMOXIDE_DEFAULTS: [&str; 23] = [
-    "disable-background-networking",
-    "enable-features=NetworkService,NetworkServiceInProcess",
-    "disable-background-timer-throttling",
-    "disable-backgrounding-occluded-windows",
-    "disable-breakpad",
-    "disable-client-side-phishing-detection",
-    "disable-component-extensions-with-background-pages",
-    "disable-default-apps",
-    "disable-dev-shm-usage",
-    "disable-features=TranslateUI",
-    "disable-hang-monitor",
-    "disable-ipc-flooding-protection",
-    "disable-prompt-on-repost",
-    "disable-renderer-backgrounding",
-    "disable-sync",
-    "force-color-profile=srgb",
-    "metrics-recording-only",
-    "no-first-run",
-    "enable-automation",
-    "password-store=basic",
-    "use-mock-keychain",
-    "enable-blink-features=IdleDetection",
-    "lang=en_US",
-];
-
-/// How to launch Chromium.
-#[derive(Debug, Clone)]
-pub struct ChromiumConfig {
-    /// The executable; `KAMERA_CHROMIUM` or `/usr/bin/chromium` by default.
-    pub executable: PathBuf,
-    pub width: u32,
-    pub height: u32,
-    /// Limit for one browser call (navigation, script, screenshot).
-    pub timeout: Duration,
-    /// Where navigations may go.
-    pub origins: Origins,
-    /// Extra Chromium switches (without `--`), e.g. `host-resolver-rules=MAP a.test 127.0.0.1`.
-    pub args: Vec<String>,
-}
-
-impl ChromiumConfig {
-    /// Defaults (800x600 viewport, 20 s per call) for `origins`.
-    pub fn new(origins: Origins) -> ChromiumConfig {
-        let executable = std::env::var_os("KAMERA_CHROMIUM")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from("/usr/bin/chromium"));
-        ChromiumConfig {
-            executable,
-            width: 800,
-            height: 600,
-            timeout: Duration::from_secs(20),
-            origins,
-            args: Vec::new(),
-        }
-    }
-}
 
 /// A headless Chromium with one page, its own temporary user-data-dir, background networking off.
 pub struct ChromiumBrowser {
@@ -88,14 +32,21 @@ pub struct ChromiumBrowser {
     browser: CdpBrowser,
     page: Page,
     handler: tokio::task::JoinHandle<()>,
-    profile: tempfile::TempDir,
+    profile: launch::ProfileDir,
+    /// The browser context of the run's tabs (an attached browser's, made for this run).
+    context: Option<BrowserContextId>,
+    /// Origins whose localStorage was imported (exported again with the allowed ones).
+    imported: Vec<String>,
     /// The browser process (its helpers are its children and exit with it).
     pid: Option<u32>,
     confinement: Confinement,
-    dialogs: Dialogs,
+    /// Dialog answering, one per tab set up (the launch tab, then each tab switched to).
+    dialogs: Vec<Dialogs>,
     last: Option<Observation>,
     /// Tabs in order of first sight (the first is the launch page).
     tabs: Vec<TargetId>,
+    /// Tabs whose dialogs, click hook and reports are set up (the launch tab, tabs switched to).
+    set_up: Vec<TargetId>,
 }
 
 #[derive(Deserialize)]
@@ -107,107 +58,10 @@ struct RawObservation {
 }
 
 impl ChromiumBrowser {
-    /// Launches Chromium; fails with [`Error::ChromiumMissing`] (which names
-    /// scripts/install-chromium.sh) when the executable is not there.
-    pub async fn launch(cfg: ChromiumConfig) -> Result<ChromiumBrowser> {
-        if !cfg.executable.exists() {
-            return Err(Error::ChromiumMissing {
-                path: cfg.executable.display().to_string(),
-            });
-        }
-        let profile = tempfile::Builder::new()
-            .prefix("kamera-chromium-")
-            .tempdir()
-            .map_err(|source| Error::Io {
-                op: "ChromiumBrowser::launch",
-                source,
-            })?;
-        let mut builder = BrowserConfig::builder()
-            .chrome_executable(&cfg.executable)
-            .user_data_dir(profile.path())
-            .window_size(cfg.width, cfg.height)
-            .viewport(Viewport {
-                width: cfg.width,
-                height: cfg.height,
-                device_scale_factor: Some(1.0),
-                emulating_mobile: false,
-                is_landscape: true,
-                has_touch: false,
-            })
-            // Newer Chromium sends events chromiumoxide does not know: hand them to our handler loop
-            // (logged at trace) instead of warning about each.
-            .surface_invalid_messages()
-            .launch_timeout(cfg.timeout)
-            .request_timeout(cfg.timeout)
-            // chromiumoxide's default switches, less `disable-popup-blocking`: a page's script
-            // may not open tabs (they would escape request interception).
-            .disable_default_args()
-            .args(CHROMIUMOXIDE_DEFAULTS)
-            .args([
-                "disable-background-networking",
-                "disable-component-update",
-                "disable-sync",
-                "no-first-run",
-                "disable-gpu",
-                "disable-quic",
-                "disable-dev-shm-usage",
-                "no-default-browser-check",
-                "disable-features=Translate,MediaRouter,OptimizationHints",
-                "font-render-hinting=none",
-            ]);
-        if !cfg.args.is_empty() {
-            builder = builder.args(cfg.args.iter().map(String::as_str));
-        }
-        if is_root() {
-            builder = builder.no_sandbox();
-        }
-        let config = builder
-            .build()
-            .map_err(|detail| Error::Chromium { op: "config", detail })?;
-        let (mut browser, mut handler) = with_timeout("launch", cfg.timeout, async {
-            CdpBrowser::launch(config).await.map_err(cdp("launch"))
-        })
-        .await?;
-        // The handler loop must run before anything else is awaited.
-        let handler = tokio::spawn(async move {
-            while let Some(ev) = handler.next().await {
-                if let Err(e) = ev {
-                    tracing::trace!(error = %e, "chromium handler");
-                }
-            }
-        });
-        let page = with_timeout("new_page", cfg.timeout, async {
-            browser.new_page("about:blank").await.map_err(cdp("new_page"))
-        })
-        .await?;
-        with_timeout("new_page", cfg.timeout, async {
-            page.evaluate_on_new_document(actions::HOOK_JS)
-                .await
-                .map_err(cdp("new_page"))
-        })
-        .await?;
-        let tabs = vec![page.target_id().clone()];
-        let confinement = Confinement::start(&page, cfg.origins.clone()).await?;
-        let dialogs = Dialogs::start(&page).await?;
-        let pid = browser.get_mut_child().and_then(|c| c.as_mut_inner().id());
-        Ok(ChromiumBrowser {
-            cfg,
-            browser,
-            page,
-            handler,
-            profile,
-            pid,
-            confinement,
-            dialogs,
-            last: None,
-            tabs,
-        })
-    }
-
     /// JavaScript dialogs that opened (a `beforeunload`, or one the page's hook did not catch),
     /// each answered at once; the hook's are counted in the page's `window.__kameraDialogs`.
     pub fn dialogs(&self) -> usize {
-        self.dialogs.count()
+        self.dialogs.iter().map(Dialogs::count).sum()
     }
 
     /// Tabs open now (Chromium's own helper pages aside).
@@ -236,7 +90,8 @@ impl ChromiumBrowser {
         self.pid
     }
 
-    /// The temporary profile (user-data-dir); removed when this is dropped.
+    /// The profile (user-data-dir): the kept one of [`BrowserOptions::profile`], else a
+    /// temporary one, removed when this is dropped.
     pub fn profile_dir(&self) -> &Path {
         self.profile.path()
     }
@@ -417,16 +272,6 @@ impl ChromiumBrowser {
     }
 }
 
-fn is_root() -> bool {
-    // Chromium refuses to start sandboxed as root; the effective uid decides.
-    std::fs::read_to_string("/proc/self/status")
-        .map(|s| {
-            s.lines()
-                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"))
-        })
-        .unwrap_or(false)
-}
-
 async fn with_timeout<T>(op: &'static str, limit: Duration, f: impl Future<Output = Result<T>>) -> Result<T> {
     match tokio::time::timeout(limit, f).await {
         Ok(r) => r,
@@ -468,13 +313,26 @@ impl Browser for ChromiumBrowser {
     }
 
     async fn close(&mut self) -> Result<()> {
+        // The storage state is written while the browser still answers; a failure to write it
+        // is reported once the browser is shut down.
+        let mut saved = Ok(());
+        if let Some(path) = self.cfg.options.storage_state.clone()
+            && self.exited().is_none()
+        {
+            saved = self.export_state_file(&path).await;
+        }
+        if self.is_attached() {
+            // Not ours to shut down: the run's context goes, the browser stays.
+            self.detach().await;
+            return saved;
+        }
         if self.exited().is_none() {
             let _ = tokio::time::timeout(Duration::from_secs(5), self.browser.close()).await;
             let _ = tokio::time::timeout(Duration::from_secs(5), self.browser.wait()).await;
         }
         let _ = self.browser.kill().await;
         self.handler.abort();
-        Ok(())
+        saved
     }
 }
 
@@ -491,6 +349,19 @@ impl ChromiumBrowser {
             Action::Back | Action::ClickXy { .. } => true,
             _ => false,
         };
+        if !matches!(
+            action,
+            Action::Wait { .. } | Action::Done { .. } | Action::SwitchTab { .. }
+        ) {
+            // A tab the page opened comes to the front; the driven tab goes back there (input
+            // to a tab behind another waits seconds for a frame that is not drawn).
+            let page = &self.page;
+            with_timeout("act", self.cfg.timeout, async {
+                page.bring_to_front().await.map_err(cdp("act"))?;
+                Ok(())
+            })
+            .await?;
+        }
         self.perform(action).await?;
         let limit = if may_navigate { 1500 } else { 60 };
         self.await_navigation(Duration::from_millis(limit)).await;

@@ -16,7 +16,7 @@ use futures::StreamExt;
 use crate::error::{Result, cdp};
 
 /// Run before each document's own scripts: the blocking dialog functions answer at once.
-const HOOK_JS: &str = "(() => { if (window.__kameraDialogs !== undefined) return; \
+pub(crate) const HOOK_JS: &str = "(() => { if (window.__kameraDialogs !== undefined) return; \
   window.__kameraDialogs = 0; \
   const answer = (v) => function () { window.__kameraDialogs++; return v; }; \
   window.alert = answer(undefined); window.confirm = answer(false); window.prompt = answer(null); })()";
@@ -34,6 +34,9 @@ impl Dialogs {
             .await
             .map_err(cdp("dialogs"))?;
         page.evaluate_on_new_document(HOOK_JS).await.map_err(cdp("dialogs"))?;
+        // A tab set up after it opened may be held by a dialog already: dismiss it (an error
+        // when none is showing).
+        let _ = page.execute(HandleJavaScriptDialogParams::new(false)).await;
         let count = Arc::new(AtomicUsize::new(0));
         let seen = count.clone();
         let page = page.clone();

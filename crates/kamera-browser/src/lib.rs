@@ -4,7 +4,12 @@
 //! every navigation passes ([`Origins`]), and a loopback static [`Server`] for local test sites.
 //!
 //! An observation is a PNG screenshot plus compact page text in which every interactive element
-//! carries an id (`[3] button "Track"`), the URL and the title.
+//! carries an id (`[3] button "Track"`), the URL and the title; same-origin frames and open
+//! shadow roots are part of the page.
+//!
+//! Every request of every tab is checked at the browser (the tabs the page opens included). A
+//! browser keeps its state in a profile folder or a Playwright storageState file, or runs
+//! elsewhere and is attached to ([`BrowserOptions`]).
 //!
 //! Faults are typed: a call past its limit is [`Error::Timeout`], a browser process that died
 //! under a call is [`Error::Crashed`] (at once, not after a timeout); a page's dialogs are
@@ -31,17 +36,19 @@ mod origin;
 mod procs;
 mod replay;
 mod serve;
+mod storage;
 mod types;
 
 use async_trait::async_trait;
 
-pub use chromium::{ChromiumBrowser, ChromiumConfig};
+pub use chromium::{BrowserOptions, ChromiumBrowser, ChromiumConfig};
 pub use confine::Blocked;
 pub use error::{Error, Result};
 pub use origin::Origins;
 pub use procs::processes_of;
 pub use replay::ReplayBrowser;
 pub use serve::{Content, Server};
+pub use storage::{NameValue, OriginStorage, StorageState, StoredCookie};
 pub use types::{Action, Element, Observation};
 
 /// A browser the agent loop can drive. Implementations check navigations against their allowed

@@ -68,3 +68,54 @@ async fn a_hung_page_is_a_timeout_not_a_hang() -> anyhow::Result<()> {
     b.close().await?;
     Ok(())
 }
+
+/// A tab the page opens and the agent switches to is set up as the launch tab is: its dialogs
+/// are answered by the hook, in the document there and in the next one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tab_switched_to_has_its_dialogs_answered() -> anyhow::Result<()> {
+    let mut pages = std::collections::BTreeMap::new();
+    pages.insert(
+        "/".to_string(),
+        b"<html><head><title>Home</title></head><body>\
+          <button id=\"open\" onclick=\"window.open('/popup')\">Open</button></body></html>"
+            .to_vec(),
+    );
+    pages.insert(
+        "/popup".to_string(),
+        b"<html><head><title>Popup</title></head><body>\
+          <button id=\"ask\" onclick=\"window.answer = confirm('Sure?')\">Ask</button>\
+          <a id=\"next\" href=\"/next\">Next</a></body></html>"
+            .to_vec(),
+    );
+    pages.insert(
+        "/next".to_string(),
+        b"<html><head><title>Next</title></head><body><script>alert('on load')</script><p>Next</p></body></html>"
+            .to_vec(),
+    );
+    let server = Server::start(Content::Memory(pages)).await?;
+    let mut b = ChromiumBrowser::launch(ChromiumConfig::new(Origins::new(&[server.origin()])?)).await?;
+    b.navigate(&server.url("/")).await?;
+    let obs = b.observe().await?;
+    b.act(&Action::Click {
+        id: obs.by_html_id("open").expect("open").id,
+    })
+    .await?;
+    b.act(&Action::Wait { ms: 500 }).await?;
+    b.act(&Action::SwitchTab { index: 1 }).await?;
+    let obs = b.observe().await?;
+    assert_eq!(obs.title, "Popup");
+    b.act(&Action::Click {
+        id: obs.by_html_id("ask").expect("ask").id,
+    })
+    .await?;
+    assert_eq!(b.eval("window.answer").await?, serde_json::json!(false));
+    assert_eq!(
+        b.eval("window.__kameraDialogs").await?,
+        serde_json::json!(1),
+        "the hook answered"
+    );
+    b.act(&Action::SwitchTab { index: 0 }).await?;
+    assert_eq!(b.observe().await?.title, "Home");
+    b.close().await?;
+    Ok(())
+}

@@ -12,6 +12,8 @@ use kamera_agent::{
 };
 use kamera_harness::RunConfig;
 use kamera_model::Model;
+
+use crate::browser_args::BrowserArgs;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Args)]
@@ -41,6 +43,8 @@ pub struct RunArgs {
     /// `model_calls` and `cache_hits`.
     #[arg(long, value_name = "DIR")]
     action_cache: Option<PathBuf>,
+    #[command(flatten)]
+    browser: BrowserArgs,
     #[command(flatten)]
     model: ModelArg,
     #[command(flatten)]
@@ -142,6 +146,8 @@ pub struct RecordArgs {
     #[arg(long)]
     report: Option<PathBuf>,
     #[command(flatten)]
+    browser: BrowserArgs,
+    #[command(flatten)]
     model: ModelArg,
     #[command(flatten)]
     store: StoreArgs,
@@ -240,6 +246,7 @@ struct Setup<'a> {
     baseline: bool,
     reuse: bool,
     action_cache: Option<&'a Path>,
+    browser: &'a BrowserArgs,
 }
 
 fn execute(scenario_arg: &str, setup: Setup<'_>) -> Result<RunSummary> {
@@ -251,6 +258,7 @@ fn execute(scenario_arg: &str, setup: Setup<'_>) -> Result<RunSummary> {
         baseline,
         reuse,
         action_cache,
+        browser,
     } = setup;
     let path = kamera_agent::resolve(scenario_arg);
     let scenario = Scenario::load(&path)?;
@@ -267,6 +275,7 @@ fn execute(scenario_arg: &str, setup: Setup<'_>) -> Result<RunSummary> {
         tracing::info!(step = s.step, url = %s.observation.url, action = ?s.action, result = %s.result, ms = s.timings.total_ms, "step");
     });
     let home = kamera_model::default_home();
+    let browser = browser.options(&home)?;
     let summary = rt.block_on(kamera_harness::run_scenario(
         &scenario,
         model,
@@ -278,6 +287,7 @@ fn execute(scenario_arg: &str, setup: Setup<'_>) -> Result<RunSummary> {
             runtime: runtime_cfg,
             baseline,
             action_cache: action_cache.map(Path::to_path_buf),
+            browser,
         },
     ))?;
     pb.finish_and_clear();
@@ -466,6 +476,7 @@ pub fn run(a: RunArgs) -> Result<()> {
             baseline: a.baseline,
             reuse: !a.no_reuse,
             action_cache: a.action_cache.as_deref(),
+            browser: &a.browser,
         },
     )?;
     if a.trace.is_none() {
@@ -496,6 +507,7 @@ pub fn record(a: RecordArgs) -> Result<()> {
             baseline: false,
             reuse: true,
             action_cache: None,
+            browser: &a.browser,
         },
     )?;
     let trace = kamera_agent::Trace::read(&a.out)?;

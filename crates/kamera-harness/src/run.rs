@@ -9,7 +9,9 @@ use kamera_agent::{
     Env, Error, ModelPolicy, ModelSource, OnStep, Parts, Policy, PolicyKind, Result, RunOptions, RunSummary,
     RuntimeConfig, Scenario, ScriptedPolicy, Session, Trace, TraceWriter, open_runtime, run_episode,
 };
-use kamera_browser::{Action, ChromiumBrowser, ChromiumConfig, Content, Origins, ReplayBrowser, Server};
+use kamera_browser::{
+    Action, BrowserOptions, ChromiumBrowser, ChromiumConfig, Content, Origins, ReplayBrowser, Server,
+};
 use kamera_model::Model;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
@@ -85,6 +87,8 @@ pub struct RunConfig {
     pub baseline: bool,
     /// The action cache's folder ([`kamera_agent::ActionCache`]), when the run keeps one.
     pub action_cache: Option<std::path::PathBuf>,
+    /// The browser's profile, storage state and place (default: an isolated local Chromium).
+    pub browser: BrowserOptions,
 }
 
 /// Serves, launches Chromium, opens a session over `cfg.store`, runs, closes.
@@ -95,7 +99,9 @@ pub async fn run_scenario(scenario: &Scenario, model: Arc<Model>, home: &Path, c
     };
     let served = serve(scenario, home).await?;
     let mut session = session_with(scenario, model, cfg.runtime)?;
-    let mut browser = ChromiumBrowser::launch(ChromiumConfig::new(served.origins.clone())).await?;
+    let mut chromium = ChromiumConfig::new(served.origins.clone());
+    chromium.options = cfg.browser;
+    let mut browser = ChromiumBrowser::launch(chromium).await?;
     let mut policy = policy_for(scenario, &served.env.origin);
     let trace = match &cfg.trace_dir {
         Some(d) => Some(TraceWriter::create(d)?),

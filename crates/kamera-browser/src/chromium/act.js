@@ -1,9 +1,26 @@
-// What an action needs of its element, found by the data-kid the last observation set. Called as
-// (op, kid, arg); returns {x, y, href, checked, ...} or {err: 'gone' | 'hidden' | ..., detail}.
+// What an action needs of its element, found by the data-kid the last observation set (in the
+// document, an open shadow root or a same-origin frame). Called as (op, kid, arg); returns
+// {x, y, href, checked, ...} (x, y in the top viewport) or {err: 'gone' | 'hidden' | ..., detail}.
 (op, kid, arg) => {
-  const el = document.querySelector(`[data-kid="${kid}"]`);
+  const find = (root) => {
+    const hit = root.querySelector(`[data-kid="${kid}"]`);
+    if (hit) return hit;
+    for (const e of root.querySelectorAll('*')) {
+      let inner = null;
+      if (e.shadowRoot) inner = find(e.shadowRoot);
+      if (!inner && (e.tagName === 'IFRAME' || e.tagName === 'FRAME')) {
+        let d = null;
+        try { d = e.contentDocument; } catch (_) {}
+        if (d) inner = find(d);
+      }
+      if (inner) return inner;
+    }
+    return null;
+  };
+  const el = find(document);
   if (!el) return { err: 'gone' };
   const tag = el.tagName.toLowerCase();
+  const getComputedStyle = (e) => e.ownerDocument.defaultView.getComputedStyle(e);
   const visible = (e) => {
     if (!e || !e.isConnected) return false;
     const st = getComputedStyle(e);
@@ -14,7 +31,14 @@
   const centre = (e) => {
     e.scrollIntoView({ block: 'center', inline: 'center' });
     const r = e.getBoundingClientRect();
-    return { x: r.left + r.width / 2, y: r.top + r.height / 2 };
+    let x = r.left + r.width / 2, y = r.top + r.height / 2;
+    // Up the chain of same-origin frames to the top viewport.
+    for (let w = e.ownerDocument.defaultView; w !== window && w.frameElement; w = w.frameElement.ownerDocument.defaultView) {
+      const f = w.frameElement.getBoundingClientRect();
+      x += f.left + w.frameElement.clientLeft;
+      y += f.top + w.frameElement.clientTop;
+    }
+    return { x, y };
   };
   const hidden = { err: 'hidden', detail: `element [${kid}] (${tag}) is not visible` };
   const disabled = (e) => e.disabled || e.getAttribute('aria-disabled') === 'true';
@@ -40,14 +64,15 @@
       if (disabled(f)) return { err: 'disabled', detail: `element [${kid}] (${tag}) is disabled` };
       f.focus();
       // A page may move the focus away (an onfocus handler) to catch what is typed: refuse.
-      if (document.activeElement !== f) {
-        const to = document.activeElement;
+      const root = f.getRootNode();
+      if (root.activeElement !== f) {
+        const to = root.activeElement;
         return { err: 'focus', detail: `element [${kid}] (${tag}) did not keep the focus: the page moved it to ${to ? to.tagName.toLowerCase() + (to.id ? '#' + to.id : '') : 'nothing'}` };
       }
       if ('value' in f && f.tagName !== 'SELECT' && f.tagName !== 'BUTTON') f.value = '';
       // Typed in this same turn of the page's event loop, so no page script runs between the
       // check above and the text landing in the element.
-      if (arg !== null && !document.execCommand('insertText', false, String(arg))) return { ok: true, inserted: false };
+      if (arg !== null && !f.ownerDocument.execCommand('insertText', false, String(arg))) return { ok: true, inserted: false };
       return { ok: true, inserted: arg !== null };
     }
     case 'select': {

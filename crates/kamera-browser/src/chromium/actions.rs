@@ -9,7 +9,10 @@ use chromiumoxide::cdp::browser_protocol::input::{
 use chromiumoxide::layout::Point;
 use serde::Deserialize;
 
+use chromiumoxide::Page;
+
 use super::{ChromiumBrowser, with_timeout};
+use crate::dialogs::Dialogs;
 use crate::error::{Error, Result, cdp};
 use crate::types::Action;
 
@@ -276,22 +279,55 @@ impl ChromiumBrowser {
             Ok(())
         })
         .await?;
+        if !self.set_up.contains(page.target_id()) {
+            self.set_up_tab(&page).await?;
+        }
         self.page = page;
         self.last = None;
         Ok(())
     }
 }
 
+/// Whether a visible element matches `target`, in the document, its open shadow roots and its
+/// same-origin frames.
+impl ChromiumBrowser {
+    /// Sets a tab the page opened up as the launch tab is: its dialogs answered, the click hook
+    /// and the policy's reports in every document (the one there now included).
+    async fn set_up_tab(&mut self, page: &Page) -> Result<()> {
+        self.dialogs.push(Dialogs::start(page).await?);
+        self.confinement.watch(page).await?;
+        with_timeout("switch_tab", self.cfg.timeout, async {
+            page.evaluate_on_new_document(HOOK_JS)
+                .await
+                .map_err(cdp("switch_tab"))?;
+            for js in [crate::dialogs::HOOK_JS, HOOK_JS] {
+                page.evaluate(js).await.map_err(cdp("switch_tab"))?;
+            }
+            Ok(())
+        })
+        .await?;
+        self.set_up.push(page.target_id().clone());
+        Ok(())
+    }
+}
+
 const FIND_JS: &str = "(target) => { \
-  const visible = (e) => { if (!e) return false; const st = getComputedStyle(e); \
+  const roots = []; \
+  const collect = (r) => { roots.push(r); for (const e of r.querySelectorAll('*')) { \
+    if (e.shadowRoot) collect(e.shadowRoot); \
+    if (e.tagName === 'IFRAME' || e.tagName === 'FRAME') { let d = null; try { d = e.contentDocument; } catch (_) {} \
+      if (d && d.body) collect(d); } } }; \
+  collect(document); \
+  const visible = (e) => { if (!e) return false; const st = e.ownerDocument.defaultView.getComputedStyle(e); \
     if (st.display === 'none' || st.visibility === 'hidden' || Number(st.opacity) === 0) return false; \
     const r = e.getBoundingClientRect(); return r.width > 0 && r.height > 0; }; \
   const t = target.trim(); \
-  if (t.startsWith('#')) return visible(document.getElementById(t.slice(1))); \
+  if (t.startsWith('#')) return roots.some((r) => visible(r.getElementById(t.slice(1)))); \
   const m = /^\\[(\\d+)\\]$/.exec(t); \
-  if (m) return visible(document.querySelector(`[data-kid=\"${m[1]}\"]`)); \
+  if (m) return roots.some((r) => visible(r.querySelector(`[data-kid=\"${m[1]}\"]`))); \
   const want = (t.startsWith('text:') ? t.slice(5) : t).trim().toLowerCase(); \
-  return want.length > 0 && !!document.body && document.body.innerText.toLowerCase().includes(want); }";
+  return want.length > 0 && roots.some((r) => { const b = r.body !== undefined ? r.body : r; \
+    return !!b && (b.innerText !== undefined ? b.innerText : b.textContent).toLowerCase().includes(want); }); }";
 
 /// act.js's name for an operation.
 fn op_name(op: &'static str) -> &'static str {

@@ -43,6 +43,7 @@ impl Jobs {
                 runtime,
                 baseline: false,
                 action_cache: None,
+                browser: Default::default(),
             },
         )
         .await?;
