@@ -29,6 +29,7 @@ mod hf;
 mod hf_tokenizer;
 mod lanes;
 mod merge;
+pub mod mla;
 mod model;
 mod probe;
 mod quant;

@@ -1,0 +1,152 @@
+//! DeepSeek-V2 weights from a Hugging Face directory, in f32 whatever they are stored in, under
+//! the released checkpoints' names (`model.layers.{l}.self_attn.kv_a_proj_with_mqa.weight`,
+//! `mlp.experts.{e}.gate_proj.weight`, ...), which transformers 5.x also writes.
+
+use candle_core::Tensor;
+
+use super::config::MlaConfig;
+use crate::error::Result;
+use crate::hf::SafeDir;
+
+/// How queries are projected.
+#[derive(Debug)]
+pub(crate) enum QProj {
+    /// `q_a_proj` (hidden -> q_lora_rank), its RMSNorm, `q_b_proj` (-> heads · qk_head).
+    LowRank {
+        a: Tensor,
+        a_bias: Option<Tensor>,
+        norm: Tensor,
+        b: Tensor,
+    },
+    /// `q_proj` (hidden -> heads · qk_head).
+    Full(Tensor),
+}
+
+/// A SwiGLU MLP: `down(silu(gate x) · up x)`.
+#[derive(Debug)]
+pub(crate) struct Mlp {
+    pub gate: Tensor,
+    pub up: Tensor,
+    pub down: Tensor,
+}
+
+/// A mixture-of-experts MLP: router, routed experts, shared experts (one wide MLP).
+#[derive(Debug)]
+pub(crate) struct Moe {
+    /// `[n_routed, hidden]`.
+    pub router: Tensor,
+    pub experts: Vec<Mlp>,
+    pub shared: Option<Mlp>,
+}
+
+#[derive(Debug)]
+pub(crate) enum Ffn {
+    Dense(Mlp),
+    Moe(Moe),
+}
+
+#[derive(Debug)]
+pub(crate) struct MlaLayer {
+    pub attn_norm: Tensor,
+    pub q: QProj,
+    /// `[kv_lora_rank + qk_rope, hidden]`: the latent and k_pe of each token.
+    pub kv_a: Tensor,
+    pub kv_a_bias: Option<Tensor>,
+    pub kv_a_norm: Tensor,
+    /// `[heads · (qk_nope + v_head), kv_lora_rank]`: per head k_nope then v from the latent.
+    pub kv_b: Tensor,
+    pub o: Tensor,
+    pub o_bias: Option<Tensor>,
+    pub ffn_norm: Tensor,
+    pub ffn: Ffn,
+}
+
+#[derive(Debug)]
+pub(crate) struct MlaWeights {
+    pub embed: Tensor,
+    pub layers: Vec<MlaLayer>,
+    pub out_norm: Tensor,
+    pub lm_head: Tensor,
+}
+
+fn mlp(st: &SafeDir, p: &str, hidden: usize, inter: usize) -> Result<Mlp> {
+    Ok(Mlp {
+        gate: st.f32(&format!("{p}.gate_proj.weight"), &[inter, hidden])?,
+        up: st.f32(&format!("{p}.up_proj.weight"), &[inter, hidden])?,
+        down: st.f32(&format!("{p}.down_proj.weight"), &[hidden, inter])?,
+    })
+}
+
+impl MlaWeights {
+    pub fn load(st: &SafeDir, cfg: &MlaConfig) -> Result<MlaWeights> {
+        let (h, v) = (cfg.hidden, cfg.vocab);
+        let embed = st.f32("model.embed_tokens.weight", &[v, h])?;
+        let lm_head = if cfg.tie_embeddings {
+            embed.clone()
+        } else {
+            st.f32("lm_head.weight", &[v, h])?
+        };
+        let layers = (0..cfg.n_layers).map(|l| layer(st, cfg, l)).collect::<Result<_>>()?;
+        Ok(MlaWeights {
+            embed,
+            layers,
+            out_norm: st.f32("model.norm.weight", &[h])?,
+            lm_head,
+        })
+    }
+}
+
+fn layer(st: &SafeDir, cfg: &MlaConfig, l: usize) -> Result<MlaLayer> {
+    let p = format!("model.layers.{l}");
+    let a = format!("{p}.self_attn");
+    let h = cfg.hidden;
+    let qk = cfg.heads * cfg.qk_head();
+    let bias = |name: &str, n: usize| -> Result<Option<Tensor>> {
+        if cfg.attention_bias {
+            st.f32(&format!("{a}.{name}.bias"), &[n]).map(Some)
+        } else {
+            Ok(None)
+        }
+    };
+    let q = match cfg.q_lora_rank {
+        Some(r) => QProj::LowRank {
+            a: st.f32(&format!("{a}.q_a_proj.weight"), &[r, h])?,
+            a_bias: bias("q_a_proj", r)?,
+            norm: st.f32(&format!("{a}.q_a_layernorm.weight"), &[r])?,
+            b: st.f32(&format!("{a}.q_b_proj.weight"), &[qk, r])?,
+        },
+        None => QProj::Full(st.f32(&format!("{a}.q_proj.weight"), &[qk, h])?),
+    };
+    let (lat, rope) = (cfg.kv_lora_rank, cfg.qk_rope);
+    let ffn = if cfg.is_moe(l) {
+        let m = cfg.moe.as_ref().expect("is_moe implies a MoE config");
+        let experts = (0..m.n_routed)
+            .map(|e| mlp(st, &format!("{p}.mlp.experts.{e}"), h, m.intermediate))
+            .collect::<Result<_>>()?;
+        let shared = (m.n_shared > 0)
+            .then(|| mlp(st, &format!("{p}.mlp.shared_experts"), h, m.intermediate * m.n_shared))
+            .transpose()?;
+        Ffn::Moe(Moe {
+            router: st.f32(&format!("{p}.mlp.gate.weight"), &[m.n_routed, h])?,
+            experts,
+            shared,
+        })
+    } else {
+        Ffn::Dense(mlp(st, &format!("{p}.mlp"), h, cfg.intermediate)?)
+    };
+    Ok(MlaLayer {
+        attn_norm: st.f32(&format!("{p}.input_layernorm.weight"), &[h])?,
+        q,
+        kv_a: st.f32(&format!("{a}.kv_a_proj_with_mqa.weight"), &[lat + rope, h])?,
+        kv_a_bias: bias("kv_a_proj_with_mqa", lat + rope)?,
+        kv_a_norm: st.f32(&format!("{a}.kv_a_layernorm.weight"), &[lat])?,
+        kv_b: st.f32(
+            &format!("{a}.kv_b_proj.weight"),
+            &[cfg.heads * (cfg.qk_nope + cfg.v_head), lat],
+        )?,
+        o: st.f32(&format!("{a}.o_proj.weight"), &[h, cfg.heads * cfg.v_head])?,
+        o_bias: bias("o_proj", h)?,
+        ffn_norm: st.f32(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
+        ffn,
+    })
+}
