@@ -104,6 +104,15 @@ impl MlaModel {
         crate::team::on_pool(|| self.forward(tokens, start_pos, context, opts))
     }
 
+    /// Appends `tokens` to `context` at its next positions (a decode step, a question) and
+    /// returns the logits at the last one and the new tokens' KV. On error the context is left
+    /// as it was.
+    pub fn extend(&self, tokens: &[u32], context: &mut Context) -> Result<Prefill> {
+        let out = self.prefill(tokens, context.end(), context)?;
+        context.push(&out.chunk)?;
+        Ok(out)
+    }
+
     fn forward(&self, tokens: &[u32], start_pos: i64, context: &Context, opts: PrefillOptions) -> Result<Prefill> {
         const OP: &str = "MlaModel::prefill";
         if *context.layout() != self.layout {

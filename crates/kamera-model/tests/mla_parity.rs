@@ -137,3 +137,71 @@ fn chunked_prefill_after_a_context_matches_hf() -> Result<()> {
     }
     Ok(())
 }
+
+/// Decoding token by token into a context (`extend`) gives the one-shot prefill's logits.
+#[test]
+fn extend_token_by_token_matches_hf() -> Result<()> {
+    let variant = VARIANTS[0];
+    let model = MlaModel::load(&dir(variant))?;
+    let g = goldens(variant)?;
+    let ids = ids(&g)?;
+    let vocab = model.config().vocab;
+    let hf = f32s(&g, "logits")?;
+    let mut ctx = model.empty_context();
+    let mut worst = 0f64;
+    for (i, &id) in ids.iter().enumerate() {
+        let out = model.extend(&[id], &mut ctx)?;
+        let want = &hf[i * vocab..(i + 1) * vocab];
+        worst = worst.max(kl(want, &out.logits));
+        assert_eq!(argmax(&out.logits), argmax(want), "position {i}");
+    }
+    assert_eq!(ctx.len(), ids.len());
+    eprintln!("{variant}: extend token by token: worst KL {worst:.2e}");
+    assert!(worst <= MAX_MEAN_KL, "{worst:e}");
+    Ok(())
+}
+
+/// `dir(variant)`'s checkpoint with its config.json passed through `edit`, in a temp directory.
+fn edited(variant: &str, edit: impl FnOnce(&mut serde_json::Value)) -> Result<tempfile::TempDir> {
+    let tmp = tempfile::tempdir()?;
+    let src = dir(variant);
+    std::fs::copy(src.join("model.safetensors"), tmp.path().join("model.safetensors"))?;
+    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(src.join("config.json"))?)?;
+    edit(&mut cfg);
+    std::fs::write(tmp.path().join("config.json"), serde_json::to_string_pretty(&cfg)?)?;
+    Ok(tmp)
+}
+
+/// The released checkpoints' layout (`rope_theta` + `rope_scaling` {type: yarn}, `moe_layer_freq`,
+/// `scoring_func`) loads to the same logits bit for bit; unsupported settings are errors.
+#[test]
+fn released_config_layout_loads_the_same_and_unsupported_settings_fail() -> Result<()> {
+    let variant = VARIANTS[0];
+    let ids = ids(&goldens(variant)?)?;
+    let logits = |m: &MlaModel| -> Result<Vec<f32>> { Ok(m.prefill(&ids, 0, &m.empty_context())?.logits) };
+    let want = logits(&MlaModel::load(&dir(variant))?)?;
+    let released = edited(variant, |c| {
+        let mut rope = c["rope_parameters"].take();
+        c.as_object_mut().map(|o| o.remove("rope_parameters"));
+        c["rope_theta"] = rope["rope_theta"].take();
+        rope.as_object_mut().map(|o| o.remove("rope_theta"));
+        rope.as_object_mut().map(|o| o.remove("rope_type"));
+        rope["type"] = "yarn".into();
+        c["rope_scaling"] = rope;
+        c["moe_layer_freq"] = 1.into();
+        c["scoring_func"] = "softmax".into();
+    })?;
+    let got = logits(&MlaModel::load(released.path())?)?;
+    assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()));
+    let fails = |edit: fn(&mut serde_json::Value), needle: &str| -> Result<()> {
+        let d = edited(variant, edit)?;
+        let err = MlaModel::load(d.path()).expect_err(needle).to_string();
+        assert!(err.contains(needle), "{err}");
+        Ok(())
+    };
+    fails(|c| c["scoring_func"] = "sigmoid".into(), "scoring_func")?;
+    fails(|c| c["topk_method"] = "noaux_tc".into(), "topk_method")?;
+    fails(|c| c["rope_parameters"]["rope_type"] = "longrope".into(), "longrope")?;
+    fails(|c| c["kv_lora_rank"] = 48.into(), "kv_a_proj_with_mqa")?;
+    Ok(())
+}
