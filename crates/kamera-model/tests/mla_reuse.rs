@@ -174,17 +174,15 @@ fn recall_kls(m: &MlaModel, ranks: &[usize]) -> Result<(f64, Vec<f64>)> {
         let e = |x: &kamera_ops::Mat| x.to_f32_vec().iter().map(|v| v * v).sum::<f32>().sqrt();
         eprintln!("  layer {l}: deficit |ΔK_rope| {:.3e}, |Δc_KV| {:.3e}", e(k), e(v));
     }
-    let patched = ranks
-        .iter()
-        .map(|&r| {
-            run(Some(&form_patch(
-                &b_cond,
-                &b_alone,
-                m.rope(),
-                &PatchConfig::fixed(r, DType::F32),
-            )?))
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let mut patched = Vec::with_capacity(ranks.len());
+    for &r in ranks {
+        let patch = form_patch(&b_cond, &b_alone, m.rope(), &PatchConfig::fixed(r, DType::F32))?;
+        eprintln!(
+            "  rank {r}: patch bytes {:.1}% of the chunk's KV",
+            100.0 * patch.bytes_ratio(&b_alone)
+        );
+        patched.push(run(Some(&patch))?);
+    }
     Ok((run(None)?, patched))
 }
 
