@@ -19,6 +19,7 @@ use candle_core::{Device, Tensor};
 use kamera_ops::{ChunkKv, KvLayout, LayerKv, RopeSpec};
 use sha2::{Digest, Sha256};
 
+mod attention;
 mod config;
 mod layer;
 mod weights;

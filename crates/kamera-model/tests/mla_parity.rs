@@ -202,6 +202,6 @@ fn released_config_layout_loads_the_same_and_unsupported_settings_fail() -> Resu
     fails(|c| c["scoring_func"] = "sigmoid".into(), "scoring_func")?;
     fails(|c| c["topk_method"] = "noaux_tc".into(), "topk_method")?;
     fails(|c| c["rope_parameters"]["rope_type"] = "longrope".into(), "longrope")?;
-    fails(|c| c["kv_lora_rank"] = 48.into(), "kv_a_proj_with_mqa")?;
+    fails(|c| c["kv_lora_rank"] = 48.into(), "self_attn.kv_")?;
     Ok(())
 }

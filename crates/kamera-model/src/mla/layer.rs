@@ -80,53 +80,6 @@ fn project(
     Ok((q, latent, k_rope))
 }
 
-/// Causal attention of `q` (`[n, heads, qk_head]` at `q_pos`) over every token's latent and
-/// k_rope (`[t, lat]`, `[t, rope]` at `k_pos`): `[n, heads · v_head]`.
-fn attend(
-    cfg: &MlaConfig,
-    w: &MlaLayer,
-    q: &Tensor,
-    latent: &Tensor,
-    k_rope: &Tensor,
-    q_pos: &[i64],
-    k_pos: &[i64],
-) -> Result<Tensor> {
-    let (n, t) = (q_pos.len(), k_pos.len());
-    let (heads, nope, vh) = (cfg.heads, cfg.qk_nope, cfg.v_head);
-    let kv = dense_linear(latent, &w.kv_b, None)?
-        .reshape((t, heads, nope + vh))
-        .ctx(OP)?
-        .transpose(0, 1)
-        .ctx(OP)?;
-    let k_nope = kv.narrow(2, 0, nope).ctx(OP)?;
-    let v = kv.narrow(2, nope, vh).ctx(OP)?.contiguous().ctx(OP)?;
-    let k_pe = k_rope
-        .unsqueeze(0)
-        .ctx(OP)?
-        .broadcast_as((heads, t, cfg.qk_rope))
-        .ctx(OP)?;
-    let k = Tensor::cat(&[&k_nope, &k_pe], 2).ctx(OP)?.contiguous().ctx(OP)?;
-    let q = q.transpose(0, 1).ctx(OP)?.contiguous().ctx(OP)?;
-    let scores = (q.matmul(&k.t().ctx(OP)?).ctx("mla scores")? * cfg.attn_scale).ctx(OP)?;
-    let mask: Vec<f32> = q_pos
-        .iter()
-        .flat_map(|&qp| {
-            k_pos
-                .iter()
-                .map(move |&kp| if kp <= qp { 0.0 } else { f32::NEG_INFINITY })
-        })
-        .collect();
-    let mask = Tensor::from_vec(mask, (n, t), q.device()).ctx(OP)?;
-    let probs = candle_nn::ops::softmax_last_dim(&scores.broadcast_add(&mask).ctx(OP)?).ctx("mla softmax")?;
-    probs
-        .matmul(&v)
-        .ctx("mla values")?
-        .transpose(0, 1)
-        .ctx(OP)?
-        .reshape((n, heads * vh))
-        .ctx(OP)
-}
-
 fn swiglu(m: &Mlp, h: &Tensor) -> Result<Tensor> {
     let g = dense_linear(h, &m.gate, None)?.silu().ctx(OP)?;
     let u = dense_linear(h, &m.up, None)?;
@@ -212,7 +165,7 @@ pub(crate) fn layer_forward(
         ),
         None => (latent.clone(), k_rope.clone()),
     };
-    let att = attend(cfg, w, &q, &lat_all, &rope_all, positions, k_pos)?;
+    let att = super::attention::attend(cfg, w, &q, &lat_all, &rope_all, positions, k_pos)?;
     let x = (x + dense_linear(&att, &w.o, w.o_bias.as_ref())?).ctx(OP)?;
     let h = norm(&x, &w.ffn_norm, cfg.rms_eps)?;
     let f = match &w.ffn {

@@ -5,7 +5,7 @@
 use candle_core::Tensor;
 
 use super::config::MlaConfig;
-use crate::error::Result;
+use crate::error::{CandleCtx, Result};
 use crate::hf::SafeDir;
 
 /// How queries are projected.
@@ -55,6 +55,10 @@ pub(crate) struct MlaLayer {
     pub kv_a_norm: Tensor,
     /// `[heads · (qk_nope + v_head), kv_lora_rank]`: per head k_nope then v from the latent.
     pub kv_b: Tensor,
+    /// kv_b's k_nope rows per head, `[heads, qk_nope, kv_lora_rank]` (the absorbed form's W_UK).
+    pub w_uk: Tensor,
+    /// kv_b's v rows per head, transposed: `[heads, kv_lora_rank, v_head]` (W_UVᵀ).
+    pub w_uv_t: Tensor,
     pub o: Tensor,
     pub o_bias: Option<Tensor>,
     pub ffn_norm: Tensor,
@@ -134,16 +138,30 @@ fn layer(st: &SafeDir, cfg: &MlaConfig, l: usize) -> Result<MlaLayer> {
     } else {
         Ffn::Dense(mlp(st, &format!("{p}.mlp"), h, cfg.intermediate)?)
     };
+    let kv_b = st.f32(
+        &format!("{a}.kv_b_proj.weight"),
+        &[cfg.heads * (cfg.qk_nope + cfg.v_head), lat],
+    )?;
+    let per_head = kv_b
+        .reshape((cfg.heads, cfg.qk_nope + cfg.v_head, lat))
+        .ctx("load kv_b")?;
+    let w_uk = per_head
+        .narrow(1, 0, cfg.qk_nope)
+        .and_then(|t| t.contiguous())
+        .ctx("load kv_b")?;
+    let w_uv_t = per_head
+        .narrow(1, cfg.qk_nope, cfg.v_head)
+        .and_then(|t| t.transpose(1, 2)?.contiguous())
+        .ctx("load kv_b")?;
     Ok(MlaLayer {
         attn_norm: st.f32(&format!("{p}.input_layernorm.weight"), &[h])?,
         q,
         kv_a: st.f32(&format!("{a}.kv_a_proj_with_mqa.weight"), &[lat + rope, h])?,
         kv_a_bias: bias("kv_a_proj_with_mqa", lat + rope)?,
         kv_a_norm: st.f32(&format!("{a}.kv_a_layernorm.weight"), &[lat])?,
-        kv_b: st.f32(
-            &format!("{a}.kv_b_proj.weight"),
-            &[cfg.heads * (cfg.qk_nope + cfg.v_head), lat],
-        )?,
+        kv_b,
+        w_uk,
+        w_uv_t,
         o: st.f32(&format!("{a}.o_proj.weight"), &[h, cfg.heads * cfg.v_head])?,
         o_bias: bias("o_proj", h)?,
         ffn_norm: st.f32(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
