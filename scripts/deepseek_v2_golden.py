@@ -16,7 +16,8 @@ tokenizer). Two variants:
                            (2 groups, top 1 group)
 
 Each directory holds the checkpoint as HF writes it (config.json, model.safetensors, bf16 weights
-so the files stay small; the goldens are computed from those bf16 values in f32) and golden.safetensors:
+so the files stay small; the goldens are computed from those bf16 values in f32), a byte tokenizer
+(tokenizer.json: id = byte value, no merges) and golden.safetensors:
   input_ids [n] (int64), logits [n, vocab] at every position,
   layer{l}.latent [n, kv_lora_rank]: c_KV after kv_a_layernorm, what HF's cache holds as keys,
   layer{l}.k_rope [n, qk_rope_head_dim]: k_pe after rotation (HF rotates interleaved pairs
@@ -33,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from safetensors.torch import save_file
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
 
 ROOT = Path(__file__).resolve().parent.parent / "crates/kamera-model/tests/golden"
@@ -89,6 +91,30 @@ VARIANTS = {
 }
 
 
+def bytes_to_unicode() -> dict:
+    """GPT-2's byte -> printable character map (what byte-level BPE vocabularies are written in)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+def write_tokenizer(out_dir: Path) -> None:
+    """A byte tokenizer (token id = byte value, no merges) in tokenizer.json's byte-level BPE
+    form, so the tiny checkpoints read text like any model directory."""
+    vocab = {ch: b for b, ch in bytes_to_unicode().items()}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.save(str(out_dir / "tokenizer.json"))
+    assert tok.encode("Hi ü").ids == list("Hi ü".encode())
+
+
 def randomize(model: torch.nn.Module) -> None:
     """Random init draws small weights; scale them so the logits are far from uniform, norms
     away from 1 (so a missing norm weight shows), the LM head x4 (logits far from uniform, argmax
@@ -113,6 +139,7 @@ def build(name: str, extra: dict, ids: torch.Tensor) -> dict:
     shutil.rmtree(out_dir, ignore_errors=True)
     out_dir.mkdir(parents=True)
     model.to(torch.bfloat16).save_pretrained(out_dir, safe_serialization=True)
+    write_tokenizer(out_dir)
     # The goldens come from the checkpoint as saved, reloaded in f32 (what a user's loader sees).
     model = DeepseekV2ForCausalLM.from_pretrained(out_dir, dtype=torch.float32, attn_implementation="eager").eval()
     with torch.no_grad():

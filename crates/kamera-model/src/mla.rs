@@ -30,8 +30,14 @@ use crate::block::{dense_linear, norm};
 use crate::context::{Context, tensor_to_mat};
 use crate::error::{CandleCtx, Error, OpsCtx, Result};
 use crate::hf::SafeDir;
-use crate::model::{Prefill, PrefillOptions};
+use crate::model::{Input, Prefill, PrefillOptions};
 use weights::MlaWeights;
+
+/// Whether `config.json` names a DeepSeek-V2 checkpoint.
+pub(crate) fn is_deepseek_v2(config: &Path) -> Result<bool> {
+    let v = crate::hf::read_json(config)?;
+    Ok(v.get("model_type").and_then(serde_json::Value::as_str) == Some("deepseek_v2"))
+}
 
 /// A loaded DeepSeek-V2-architecture model (f32, CPU).
 #[derive(Debug)]
@@ -102,7 +108,7 @@ impl MlaModel {
         context: &Context,
         opts: PrefillOptions,
     ) -> Result<Prefill> {
-        crate::team::on_pool(|| self.forward(tokens, start_pos, context, opts))
+        crate::team::on_pool(|| self.forward(Input::Tokens(tokens), start_pos, context, opts))
     }
 
     /// Appends `tokens` to `context` at its next positions (a decode step, a question) and
@@ -114,7 +120,15 @@ impl MlaModel {
         Ok(out)
     }
 
-    fn forward(&self, tokens: &[u32], start_pos: i64, context: &Context, opts: PrefillOptions) -> Result<Prefill> {
+    /// The prefill itself, of tokens or ready-made embeddings; its callers run it on a pool
+    /// worker ([`crate::team::on_pool`]).
+    pub(crate) fn forward(
+        &self,
+        input: Input<'_>,
+        start_pos: i64,
+        context: &Context,
+        opts: PrefillOptions,
+    ) -> Result<Prefill> {
         const OP: &str = "MlaModel::prefill";
         if *context.layout() != self.layout {
             return Err(Error::Shape {
@@ -132,19 +146,15 @@ impl MlaModel {
                 detail: format!("start_pos {start_pos} != context end {}", context.end()),
             });
         }
-        if !(0..=i64::MAX / 4).contains(&start_pos) || tokens.is_empty() {
+        let mut x = self.embed(input)?;
+        let n = x.dim(0).ctx(OP)?;
+        if !(0..=i64::MAX / 4).contains(&start_pos) || n == 0 {
             return Err(Error::Invalid {
                 op: OP,
                 detail: format!("start_pos {start_pos} out of range or no tokens"),
             });
         }
-        let vocab = self.cfg.vocab;
-        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= vocab) {
-            return Err(Error::TokenOutOfRange { op: OP, id, vocab });
-        }
-        let ids = Tensor::from_slice(tokens, tokens.len(), &Device::Cpu).ctx(OP)?;
-        let mut x = self.weights.embed.index_select(&ids, 0).ctx(OP)?;
-        let positions: Vec<i64> = (0..tokens.len() as i64).map(|i| start_pos + i).collect();
+        let positions: Vec<i64> = (0..n as i64).map(|i| start_pos + i).collect();
         let k_pos: Vec<i64> = (context.offset()..context.end())
             .chain(positions.iter().copied())
             .collect();
@@ -170,6 +180,46 @@ impl MlaModel {
             all_logits,
             chunk,
         })
+    }
+
+    /// Token rows of the embedding table, or embeddings given as they are (`n x hidden`).
+    fn embed(&self, input: Input<'_>) -> Result<Tensor> {
+        const OP: &str = "MlaModel::embed";
+        let hidden = self.cfg.hidden;
+        match input {
+            Input::Tokens(ids) => {
+                let vocab = self.cfg.vocab;
+                if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab) {
+                    return Err(Error::TokenOutOfRange { op: OP, id, vocab });
+                }
+                let ids = Tensor::from_slice(ids, ids.len(), &Device::Cpu).ctx(OP)?;
+                self.weights.embed.index_select(&ids, 0).ctx(OP)
+            }
+            Input::Embeddings { data, n } if data.len() == n * hidden => {
+                Tensor::from_slice(data, (n, hidden), &Device::Cpu).ctx(OP)
+            }
+            Input::Embeddings { data, n } => Err(Error::Shape {
+                op: OP,
+                detail: format!("embeddings: expected {n} x {hidden} values, got {}", data.len()),
+            }),
+        }
+    }
+
+    /// The weights a `Model` holding this one shares with its own paths (embedding, final norm,
+    /// LM head; no layers: every layer runs here), as views of the same tensors.
+    pub(crate) fn shared_weights(&self) -> crate::weights::Weights {
+        use crate::quant::Linear;
+        crate::weights::Weights {
+            embed: Linear::Dense(self.weights.embed.clone()),
+            layers: Vec::new(),
+            out_norm: self.weights.out_norm.clone(),
+            lm_head: Some(Linear::Dense(self.weights.lm_head.clone())),
+        }
+    }
+
+    /// Bytes of every weight (all f32).
+    pub fn weight_bytes(&self) -> usize {
+        self.weights.elem_count() * 4
     }
 
     /// Logits at the last row of `x` (and at every row with `opts.all_logits`).

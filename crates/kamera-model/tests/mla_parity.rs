@@ -205,3 +205,33 @@ fn released_config_layout_loads_the_same_and_unsupported_settings_fail() -> Resu
     fails(|c| c["kv_lora_rank"] = 48.into(), "self_attn.kv_")?;
     Ok(())
 }
+
+/// `Model::load` on the directory runs the same runner: MLA layout, YaRN rope, the byte
+/// tokenizer, logits bit for bit those of `MlaModel`, `extend` as prefill + push; what needs
+/// per-layer GQA weights is an error.
+#[test]
+fn model_load_runs_the_mla_runner() -> Result<()> {
+    use kamera_model::{Model, Selection};
+    let variant = VARIANTS[0];
+    let model = Model::load(&dir(variant))?;
+    let mla = MlaModel::load(&dir(variant))?;
+    assert_eq!(model.layout(), mla.layout());
+    assert_eq!(model.rope(), mla.rope());
+    assert_eq!(model.config().family, kamera_model::Family::DeepseekV2);
+    let ids = model.tokenizer().encode_raw("Where is the bicycle?")?;
+    assert_eq!(ids, "Where is the bicycle?".bytes().map(u32::from).collect::<Vec<_>>());
+    let a = model.prefill(&ids, 0, &model.empty_context())?;
+    let b = mla.prefill(&ids, 0, &mla.empty_context())?;
+    assert!(a.logits.iter().zip(&b.logits).all(|(x, y)| x.to_bits() == y.to_bits()));
+    assert_eq!(a.chunk, b.chunk);
+    let mut ctx = model.empty_context();
+    model.extend(&ids[..5], &mut ctx)?;
+    let step = model.extend(&ids[5..], &mut ctx)?;
+    assert!(step.logits.iter().zip(&a.logits).all(|(x, y)| (x - y).abs() <= 1e-4));
+    assert_eq!(ctx.len(), ids.len());
+    let sel = Selection::Tokens(vec![0]);
+    let err = model.selective_recompute(&ids, &model.empty_context(), &a.chunk, &sel);
+    assert!(err.is_err_and(|e| e.to_string().contains("DeepSeek-V2")));
+    assert!(model.weight_bytes().total > 0);
+    Ok(())
+}

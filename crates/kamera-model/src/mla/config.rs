@@ -10,6 +10,7 @@ use std::path::Path;
 use kamera_ops::{KvLayout, PairLayout, RopeScaling, RopeSpec};
 use serde_json::Value;
 
+use crate::config::{Activation, Config, Family};
 use crate::error::{Error, Result};
 use crate::hf::{f64_field, read_json, usize_field};
 
@@ -147,6 +148,37 @@ impl MlaConfig {
     /// rotates them (complex multiplication) and keeps them in its cache.
     pub fn rope(&self) -> RopeSpec {
         RopeSpec::new(self.qk_rope, self.rope_theta, PairLayout::Interleaved).with_scaling(self.rope_scaling.clone())
+    }
+}
+
+impl MlaConfig {
+    /// The shared [`Config`] of a `Model` that runs this one: the rotary part as its head
+    /// (`head_dim` = qk_rope, one KV head) and the latent in `mla_latent`, so its KV layout is
+    /// MLA's. What only MLA has (ranks, experts, YaRN) stays here.
+    pub(crate) fn text_config(&self) -> Config {
+        Config {
+            family: Family::DeepseekV2,
+            n_layers: self.n_layers,
+            hidden: self.hidden,
+            ffn: self.intermediate,
+            heads: self.heads,
+            kv_heads: 1,
+            head_dim: self.qk_rope,
+            vocab: self.vocab,
+            rms_eps: self.rms_eps,
+            rope_bases: vec![self.rope_theta; self.n_layers],
+            rope_layout: PairLayout::Interleaved,
+            sliding_window: None,
+            local_layers: vec![false; self.n_layers],
+            qkv_bias: self.attention_bias,
+            qk_norm: false,
+            post_norms: false,
+            embed_scale: None,
+            activation: Activation::Silu,
+            attn_scale: self.attn_scale,
+            mrope_sections: None,
+            mla_latent: Some(self.kv_lora_rank),
+        }
     }
 }
 

@@ -81,7 +81,51 @@ fn mlp(st: &SafeDir, p: &str, hidden: usize, inter: usize) -> Result<Mlp> {
     })
 }
 
+impl Mlp {
+    fn elem_count(&self) -> usize {
+        self.gate.elem_count() + self.up.elem_count() + self.down.elem_count()
+    }
+}
+
 impl MlaWeights {
+    /// Values of every weight as held (kv_b's per-head copies included).
+    pub fn elem_count(&self) -> usize {
+        let opt = |t: &Option<Tensor>| t.as_ref().map_or(0, Tensor::elem_count);
+        let layer = |l: &MlaLayer| {
+            let q = match &l.q {
+                QProj::LowRank { a, a_bias, norm, b } => {
+                    a.elem_count() + opt(a_bias) + norm.elem_count() + b.elem_count()
+                }
+                QProj::Full(q) => q.elem_count(),
+            };
+            let ffn = match &l.ffn {
+                Ffn::Dense(m) => m.elem_count(),
+                Ffn::Moe(m) => {
+                    m.router.elem_count()
+                        + m.experts.iter().map(Mlp::elem_count).sum::<usize>()
+                        + m.shared.as_ref().map_or(0, Mlp::elem_count)
+                }
+            };
+            let t = [
+                &l.attn_norm,
+                &l.kv_a,
+                &l.kv_a_norm,
+                &l.kv_b,
+                &l.w_uk,
+                &l.w_uv_t,
+                &l.o,
+                &l.ffn_norm,
+            ];
+            q + ffn + opt(&l.kv_a_bias) + opt(&l.o_bias) + t.iter().map(|t| t.elem_count()).sum::<usize>()
+        };
+        let head = if self.lm_head.id() == self.embed.id() {
+            0
+        } else {
+            self.lm_head.elem_count()
+        };
+        self.embed.elem_count() + self.out_norm.elem_count() + head + self.layers.iter().map(layer).sum::<usize>()
+    }
+
     pub fn load(st: &SafeDir, cfg: &MlaConfig) -> Result<MlaWeights> {
         let (h, v) = (cfg.hidden, cfg.vocab);
         let embed = st.f32("model.embed_tokens.weight", &[v, h])?;
