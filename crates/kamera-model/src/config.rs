@@ -184,7 +184,8 @@ impl Config {
         }
     }
 
-    /// RoPE of this model (one base per layer).
+    /// RoPE of this model (one base per layer). DeepSeek-V2's YaRN scaling is not in `Config`:
+    /// its rotation is [`crate::Model::rope`].
     pub fn rope(&self) -> RopeSpec {
         let spec = RopeSpec::new(self.head_dim, self.rope_bases[0], self.rope_layout)
             .with_layer_bases(self.rope_bases.clone());

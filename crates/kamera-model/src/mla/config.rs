@@ -39,7 +39,7 @@ pub struct MoeConfig {
     pub routed_scaling_factor: f64,
     /// Layers before this one are dense.
     pub first_k_dense: usize,
-    /// Every `layer_freq`-th layer from `first_k_dense` on is MoE.
+    /// Layers `l >= first_k_dense` with `l % layer_freq == 0` are MoE.
     pub layer_freq: usize,
 }
 
@@ -129,9 +129,11 @@ impl MlaConfig {
 
     /// Whether layer `l` is a mixture of experts.
     pub fn is_moe(&self, l: usize) -> bool {
+        // The original code's rule (transformers 5.25 reads only first_k_dense_replace, the same
+        // for every released config: moe_layer_freq 1).
         self.moe
             .as_ref()
-            .is_some_and(|m| m.n_routed > 0 && l >= m.first_k_dense && (l - m.first_k_dense) % m.layer_freq.max(1) == 0)
+            .is_some_and(|m| m.n_routed > 0 && l >= m.first_k_dense && l % m.layer_freq.max(1) == 0)
     }
 
     /// Width of one head's query and key: the position-free part and the rotary part.
