@@ -79,12 +79,6 @@ impl VlConfig {
     pub fn from_file(file: &Path) -> Result<VlConfig> {
         let v = read_json(file)?;
         let model_type = v.get("model_type").and_then(Value::as_str).unwrap_or("");
-        if model_type == "deepseek_v2" {
-            return Err(invalid(
-                file,
-                "a DeepSeek-V2 (MLA) checkpoint: load it with kamera_model::mla::MlaModel".into(),
-            ));
-        }
         if model_type != "qwen2_5_vl" {
             return Err(invalid(
                 file,
