@@ -13,6 +13,8 @@ pub enum Family {
     Llama,
     Qwen2,
     Gemma3,
+    /// DeepSeek-V2 (MLA, mixture of experts): run by [`crate::mla::MlaModel`] inside `Model`.
+    DeepseekV2,
 }
 
 /// MLP activation.
@@ -55,6 +57,10 @@ pub struct Config {
     /// Not serialised when absent, so text models keep their fingerprints.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mrope_sections: Option<[usize; 3]>,
+    /// MLA (DeepSeek-V2): width of the cached latent c_KV; `head_dim` is then the decoupled
+    /// k_rope's and `kv_heads` 1. Not serialised when absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mla_latent: Option<usize>,
 }
 
 impl Config {
@@ -143,6 +149,7 @@ impl Config {
             activation: Activation::Silu,
             attn_scale: 1.0 / (head_dim as f64).sqrt(),
             mrope_sections: None,
+            mla_latent: None,
         };
         match family {
             // llama.cpp's converter permutes llama Q/K so that rotary pairs are interleaved.
@@ -163,16 +170,22 @@ impl Config {
                     }
                 }
             }
+            // Not a GGUF architecture here (the arch match above never yields it).
+            Family::DeepseekV2 => {}
         }
         Ok(cfg)
     }
 
     /// KV layout of the chunks this model produces.
     pub fn kv_layout(&self) -> KvLayout {
-        KvLayout::gqa(self.n_layers, self.heads, self.kv_heads, self.head_dim)
+        match self.mla_latent {
+            Some(latent) => KvLayout::mla(self.n_layers, self.heads, latent, self.head_dim),
+            None => KvLayout::gqa(self.n_layers, self.heads, self.kv_heads, self.head_dim),
+        }
     }
 
-    /// RoPE of this model (one base per layer).
+    /// RoPE of this model (one base per layer). DeepSeek-V2's YaRN scaling is not in `Config`:
+    /// its rotation is [`crate::Model::rope`].
     pub fn rope(&self) -> RopeSpec {
         let spec = RopeSpec::new(self.head_dim, self.rope_bases[0], self.rope_layout)
             .with_layer_bases(self.rope_bases.clone());

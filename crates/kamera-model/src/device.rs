@@ -47,6 +47,7 @@ impl Model {
 
     /// A host copy of every weight (f32), for the device transformer.
     pub fn host_weights(&self) -> Result<HostWeights> {
+        self.require_gqa("Model::host_weights")?;
         let w = self.weights();
         let layers = w
             .layers

@@ -150,12 +150,14 @@ impl Model {
             Family::Gemma3 => {
                 format!("<start_of_turn>user\n{user}<end_of_turn>\n<start_of_turn>model\n")
             }
+            // DeepSeek-V2-Chat's template (its BOS comes from the tokenizer, not the text).
+            Family::DeepseekV2 => format!("User: {user}\n\nAssistant:"),
         }
     }
 
     /// End-of-turn tokens of the chat template.
     pub fn chat_stop_tokens(&self) -> Vec<u32> {
-        ["<|im_end|>", "<end_of_turn>", "<|endoftext|>"]
+        ["<|im_end|>", "<end_of_turn>", "<|endoftext|>", "<｜end▁of▁sentence｜>"]
             .iter()
             .filter_map(|s| self.tokenizer().token_id(s))
             .collect()

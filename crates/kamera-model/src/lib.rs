@@ -1,4 +1,5 @@
-//! kamera-model: real pretrained transformers (llama, qwen2, gemma3 GGUF) on candle, CPU, with
+//! kamera-model: real pretrained transformers (llama, qwen2, gemma3 GGUF; Qwen2.5-VL and
+//! DeepSeek-V2 (MLA, [`mla`]) from Hugging Face directories) on candle, CPU, with
 //! the per-layer KV of every chunk readable and writable in kamera-ops layout.
 //!
 //! ```no_run
@@ -29,6 +30,7 @@ mod hf;
 mod hf_tokenizer;
 mod lanes;
 mod merge;
+pub mod mla;
 mod model;
 mod probe;
 mod quant;

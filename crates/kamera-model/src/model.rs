@@ -19,6 +19,8 @@ use crate::vision::PreprocessConfig;
 use crate::vl::{Tower, Vision, VlConfig};
 use crate::weights::{WeightBytes, Weights};
 
+mod mla_runner;
+
 /// What to prefill.
 #[derive(Debug, Clone, Copy)]
 pub enum Input<'a> {
@@ -63,6 +65,8 @@ pub struct Model {
     device: Device,
     vision: Option<Vision>,
     precision: crate::PrefillPrecision,
+    /// DeepSeek-V2: every layer runs in this runner (`model/mla_runner.rs`).
+    mla: Option<crate::mla::MlaModel>,
 }
 
 impl Model {
@@ -116,11 +120,15 @@ impl Model {
             device: Device::Cpu,
             vision,
             precision: crate::PrefillPrecision::F32,
+            mla: None,
         })
     }
 
     fn load_dir(dir: &Path) -> Result<Model> {
         let config = dir.join("config.json");
+        if crate::mla::is_deepseek_v2(&config)? {
+            return Model::load_mla(dir);
+        }
         let vl = VlConfig::from_file(&config)?;
         let st = SafeDir::open(dir)?;
         let text_prefix = if st.has("model.language_model.embed_tokens.weight") {
@@ -249,6 +257,9 @@ impl Model {
     ) -> Result<Prefill> {
         const OP: &str = "Model::prefill";
         self.check_layout(OP, context)?;
+        if let Some(mla) = self.mla_for(OP, mrope.is_some())? {
+            return mla.forward(input, start_pos, context, opts);
+        }
         if !context.is_empty() && context.end() != start_pos {
             return Err(Error::Invalid {
                 op: OP,
@@ -335,6 +346,9 @@ impl Model {
     fn extend_with(&self, input: Input<'_>, rotary: Option<&[[i64; 3]]>, context: &mut Context) -> Result<Prefill> {
         const OP: &str = "Model::extend";
         self.check_layout(OP, context)?;
+        if let Some(mla) = self.mla_for(OP, rotary.is_some())? {
+            return mla.extend_input(input, context);
+        }
         if rotary.is_none()
             && let Some(row) = self.single_row(input)?
         {
@@ -491,6 +505,14 @@ impl Model {
     /// Resident bytes of the weights as held (quantized matrices as their codes, scales and
     /// offsets; everything else f32), and the block types kept quantized with their bytes.
     pub fn weight_bytes(&self) -> WeightBytes {
+        if let Some(mla) = &self.mla {
+            let b = mla.weight_bytes();
+            return WeightBytes {
+                total: b,
+                dense: b,
+                ..Default::default()
+            };
+        }
         self.weights.bytes()
     }
 

@@ -53,6 +53,7 @@ impl Model {
         context: &Context,
         from: &[usize],
     ) -> Result<(ChunkKv, Probe)> {
+        self.require_gqa(OP)?;
         let cfg = self.config();
         let n = tokens.len();
         if n == 0 || (!context.is_empty() && context.end() != start_pos) {

@@ -54,6 +54,7 @@ impl Model {
         cached: &ChunkKv,
         selection: &Selection,
     ) -> Result<Selective> {
+        self.require_gqa("Model::selective_recompute")?;
         let cfg = self.config();
         let n = tokens.len();
         let start = prefix.end();

@@ -21,6 +21,18 @@ pub enum RopeScaling {
     Linear {
         factor: f64,
     },
+    /// YaRN (Peng et al. 2023, arXiv:2309.00071; HF `_compute_yarn_parameters`): pairs turning
+    /// fewer than `beta_slow` times over `original_max_position` are interpolated (θ_i / factor),
+    /// those turning more than `beta_fast` times keep θ_i, a linear ramp between. YaRN's magnitude
+    /// scale (mscale) multiplies keys and queries, not an angle: it stays with the runner.
+    Yarn {
+        factor: f64,
+        original_max_position: f64,
+        beta_fast: f64,
+        beta_slow: f64,
+        /// Round the correction range outwards to whole pairs (HF's default).
+        truncate: bool,
+    },
     /// A scaling the model declares that this crate does not implement (e.g. "yarn", "llama3");
     /// every operation on such a spec is an error.
     Other {
@@ -107,11 +119,29 @@ impl RopeSpec {
                     format!("{factor} must be finite and > 0"),
                 ));
             }
+            RopeScaling::Yarn {
+                factor,
+                original_max_position,
+                beta_fast,
+                beta_slow,
+                ..
+            } => {
+                let ok = [*factor, *original_max_position, *beta_fast, *beta_slow]
+                    .iter()
+                    .all(|x| x.is_finite() && *x > 0.0);
+                if !ok {
+                    return Err(invalid(
+                        OP,
+                        "yarn scaling",
+                        format!("{:?}: every parameter must be finite and > 0", self.scaling),
+                    ));
+                }
+            }
             RopeScaling::Other { kind } => {
                 return Err(invalid(
                     OP,
                     "rope scaling",
-                    format!("'{kind}' is not implemented (supported: none, linear)"),
+                    format!("'{kind}' is not implemented (supported: none, linear, yarn)"),
                 ));
             }
         }
@@ -150,9 +180,42 @@ impl RopeSpec {
             _ => 1.0,
         };
         let d = self.rotary_dims as f64;
-        Ok((0..self.pairs())
-            .map(|i| base.powf(-2.0 * i as f64 / d) / factor)
-            .collect())
+        let plain = (0..self.pairs()).map(|i| base.powf(-2.0 * i as f64 / d) / factor);
+        match self.scaling {
+            RopeScaling::Yarn { factor, .. } => Ok(plain
+                .zip(self.yarn_ramp(base))
+                .map(|(t, r)| t * (1.0 - r) + t / factor * r)
+                .collect()),
+            _ => Ok(plain.collect()),
+        }
+    }
+
+    /// Per pair, YaRN's interpolation weight in [0, 1] (0: θ_i kept, 1: θ_i / factor), as HF
+    /// computes it (find_correction_range, linear_ramp_factor).
+    fn yarn_ramp(&self, base: f64) -> Vec<f64> {
+        let RopeScaling::Yarn {
+            original_max_position: max_pos,
+            beta_fast,
+            beta_slow,
+            truncate,
+            ..
+        } = self.scaling
+        else {
+            return vec![0.0; self.pairs()];
+        };
+        let d = self.rotary_dims as f64;
+        let dim = |rot: f64| d * (max_pos / (rot * 2.0 * std::f64::consts::PI)).ln() / (2.0 * base.ln());
+        let (mut lo, mut hi) = (dim(beta_fast), dim(beta_slow));
+        if truncate {
+            (lo, hi) = (lo.floor(), hi.ceil());
+        }
+        let (lo, mut hi) = (lo.max(0.0), hi.min(d - 1.0));
+        if lo == hi {
+            hi += 0.001;
+        }
+        (0..self.pairs())
+            .map(|i| ((i as f64 - lo) / (hi - lo)).clamp(0.0, 1.0))
+            .collect()
     }
 
     /// Which M-RoPE section (0 = t, 1 = h, 2 = w) each rotary pair reads its position from.
@@ -367,6 +430,37 @@ pub(crate) fn rotate_row(
                     *b = x * s + y * c;
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// HF transformers 5.25 `_compute_yarn_parameters` (f32) on DeepSeek-V2-Lite's rope (64 dims,
+    /// base 1e4, factor 40, original 4096) at pairs 0, 8, 16, 24, and on the tiny golden's.
+    #[test]
+    fn yarn_inv_freqs_match_hf() {
+        let yarn = |d: usize, factor: f64, orig: f64| {
+            RopeSpec::new(d, 10_000.0, PairLayout::Interleaved).with_scaling(RopeScaling::Yarn {
+                factor,
+                original_max_position: orig,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+                truncate: true,
+            })
+        };
+        let lite = yarn(64, 40.0, 4096.0).inv_freqs(0).unwrap();
+        let got: Vec<f64> = lite.iter().step_by(8).copied().collect();
+        let hf = [1.0, 0.100_000_001_5, 0.005_500_000_436, 2.499_999_937e-5];
+        for (g, h) in got.iter().zip(hf) {
+            assert!((g - h).abs() <= 1e-6 * h, "{got:?} vs {hf:?}");
+        }
+        let tiny = yarn(8, 4.0, 16.0).inv_freqs(0).unwrap();
+        let hf = [1.0, 0.025, 0.0025, 0.00025];
+        for (g, h) in tiny.iter().zip(hf) {
+            assert!((g - h).abs() <= 1e-6 * h, "{tiny:?} vs {hf:?}");
         }
     }
 }

@@ -179,6 +179,7 @@ fn text_config(t: &Value, top: &Value, file: &Path) -> Result<Config> {
         activation: Activation::Silu,
         attn_scale: 1.0 / (head_dim as f64).sqrt(),
         mrope_sections: Some([st, sh, sw]),
+        mla_latent: None,
     })
 }
 
