@@ -163,3 +163,45 @@ fn the_next_prompt_reuses_the_last_prompts_rows() -> anyhow::Result<()> {
     assert!(third.context_tokens > window);
     Ok(())
 }
+
+/// A window layout that comes back (here: a page observed, then evicted again) gets the rows of
+/// the prompt last run over it back: the next call reuses all but its last token, and its logits
+/// are those of the prompt prefilled over that window.
+#[test]
+fn a_layout_that_comes_back_gets_its_prompts_rows_back() -> anyhow::Result<()> {
+    let model = model();
+    let llm = Llm::new(model.clone());
+    let cfg = SessionConfig {
+        window_tokens: 400,
+        ..SessionConfig::default()
+    };
+    let mut s = Session::new(model.clone(), Arc::new(MemStore::new()), Box::new(CpuBackend), cfg);
+    s.pin(&llm.prefix_text("Find who keeps the vault key."))?;
+    s.observe(PAGES[0])?;
+    let window = s.context()?.len();
+    let choices = ["Mira Solberg".to_string(), "Ada Brandt".to_string()];
+    let first = llm.choose(s.live()?, "Who keeps the vault key?", &choices)?;
+    assert_eq!(first.prompt_reused, 0);
+    s.observe(PAGES[1])?;
+    let other = llm.choose(s.live()?, "Who keeps the vault key?", &choices)?;
+    assert_eq!(other.prompt_reused, 0, "a new window: nothing to reuse");
+    s.evict(&s.chunk_id(PAGES[1]))?;
+    let q = llm.tokens(&first.prompt, false)?;
+    let mut live = s.live()?;
+    assert_eq!(live.window_len(), window, "the first window is back");
+    let (got, reused) = live.prompt(&model, &q)?;
+    assert_eq!(reused, q.len() - 1, "the first prompt's rows came back with its window");
+    drop(live);
+    let ctx = s.context()?;
+    assert_eq!(ctx.len(), window);
+    let fresh = model.extend(&q, ctx)?.logits;
+    ctx.truncate(window);
+    let kl = kamera_eval::kl(&fresh, &got.logits);
+    eprintln!("KL between the prompt's rows brought back and prefilled again: {kl:.3e}");
+    assert!(kl < 1e-4, "rows brought back moved the logits: KL {kl:.3e}");
+    // Another layout (page 1 again, now placed from the store) does not get them.
+    s.observe(PAGES[1])?;
+    let (_, reused) = s.live()?.prompt(&model, &q)?;
+    assert_eq!(reused, 0);
+    Ok(())
+}

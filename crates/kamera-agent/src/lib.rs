@@ -82,8 +82,8 @@ pub use policy::{
     ACTION_GRAMMAR, Decision, Decoding, Mind, ModelPolicy, Policy, ScriptedPolicy, resolve_target, valid,
 };
 pub use runtime::{
-    Applied, ApplyTimings, Block, CHUNK_TOKENS_MAX, ObservedPage, Relevance, Session, SessionConfig, SessionStats,
-    split_page,
+    Applied, ApplyTimings, Block, CHUNK_TOKENS_MAX, ObservedPage, PROMPT_ROWS_TOKENS, Relevance, Session,
+    SessionConfig, SessionStats, split_page,
 };
 pub use scenario::{
     Budget, DEFAULT_WAIT_MS, MiniWobSpec, Observe, PolicyKind, Scenario, SiteSpec, Step, Success, resolve,

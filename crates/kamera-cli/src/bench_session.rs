@@ -74,8 +74,9 @@ pub struct SessionArgs {
     #[arg(long, value_delimiter = ',')]
     front: Vec<f64>,
     /// Bytes of KV the radix cache (and llama.cpp's prompt cache) may hold; default the f32 KV
-    /// of the window's tokens (pinned prefix included) and of every distinct page once, what
-    /// Kamera's window and store hold less its patches.
+    /// of the window's tokens (pinned prefix included), of every distinct page once and of the
+    /// prompt rows Kamera keeps per window layout: what Kamera's window and store hold less its
+    /// patches.
     #[arg(long)]
     radix_bytes: Option<usize>,
     /// Also run llama.cpp (prompt cache, context shift) through scripts/bench_session_llamacpp.py.
@@ -266,8 +267,9 @@ pub fn run(a: SessionArgs) -> Result<()> {
     let pinned = llm.tokens(&prefix_text, true)?;
     let layout = model.layout();
     let kv_per_token = 4 * layout.n_layers * (layout.k_features() + layout.v_features());
-    // Kamera holds its window and a store with every page's canonical KV: the same bytes for the
-    // radix cache by default (the window's tokens + every distinct page's tokens once).
+    // Kamera holds its window, a store with every page's canonical KV and the prompt rows it
+    // keeps per window layout: the same bytes for the radix cache by default (the window's
+    // tokens + every distinct page's tokens once + those prompt rows).
     let mut distinct: Vec<&String> = pages.iter().collect();
     distinct.sort();
     distinct.dedup();
@@ -277,7 +279,7 @@ pub fn run(a: SessionArgs) -> Result<()> {
     }
     let budget = a
         .radix_bytes
-        .unwrap_or(kv_per_token * (a.window + pinned.len() + page_tokens));
+        .unwrap_or(kv_per_token * (a.window + pinned.len() + page_tokens + kamera_agent::PROMPT_ROWS_TOKENS));
     let mut radix = prefix::RadixCache::new(budget);
     // The longest sequence either layout sends: the pinned prefix, a full window and a prompt.
     let n_ctx = pinned.len() + a.window + 256;

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// One resident chunk of the window's KV before a prefill: its id, the version the executor gave
-/// this KV (a new version each time the chunk's KV is rewritten), and the KV itself.
+/// this KV (derived from what it was computed from: equal versions, equal KV), and the KV itself.
 #[derive(Debug, Clone, Copy)]
 pub struct Part<'a> {
     pub chunk: ChunkId,

@@ -15,6 +15,7 @@ use crate::cost::CostModel;
 use crate::encoder::{BoxError, Encoder, Part, Prior, Timings};
 use crate::error::{Error, Result};
 use crate::plan::{OrbitKey, Plan, Step};
+use crate::version::Versions;
 
 /// Executor settings.
 #[derive(Debug, Clone, PartialEq)]
@@ -59,7 +60,8 @@ pub struct ExecStats {
     pub background_ms: f64,
 }
 
-/// A resident chunk's KV at its window position, and its version.
+/// A resident chunk's KV at its window position, and its version (what it was computed from,
+/// hashed: see [`crate::version`]).
 #[derive(Debug, Clone)]
 pub struct Resident {
     pub kv: ChunkKv,
@@ -102,7 +104,7 @@ pub struct Executor<E, S> {
     /// The resident KV a queued `StorePatch` reads, as it was when its plan ran (later plans may
     /// move or evict the chunk before the background step runs).
     snapshots: BTreeMap<Key, ChunkKv>,
-    version: u64,
+    versions: Versions,
     pub stats: ExecStats,
 }
 
@@ -131,7 +133,7 @@ impl<E: Encoder, S: ChunkStore> Executor<E, S> {
             resident: BTreeMap::new(),
             queued: Vec::new(),
             snapshots: BTreeMap::new(),
-            version: 0,
+            versions: Versions::default(),
             stats: ExecStats::default(),
         }
     }
@@ -199,11 +201,6 @@ impl<E: Encoder, S: ChunkStore> Executor<E, S> {
         Ok(dt)
     }
 
-    fn next_version(&mut self) -> u64 {
-        self.version += 1;
-        self.version
-    }
-
     fn set_resident(&mut self, chunk: ChunkId, kv: ChunkKv, version: u64) {
         self.stats.bytes_moved += kv.kv_bytes() as u64;
         self.resident.insert(chunk, Resident { kv, version });
@@ -222,10 +219,10 @@ impl<E: Encoder, S: ChunkStore> Executor<E, S> {
         Ok(kv)
     }
 
-    /// `chunk` prefilled at `at` after the resident KV of `0..at`, under a new version.
+    /// `chunk` prefilled at `at` after the resident KV of `0..at`.
     fn prefill_after(&mut self, op: &'static str, chunk: ChunkId, at: i64) -> Result<Resident> {
-        let version = self.next_version();
         let prior = prior_of(&self.resident, &self.enc, op, at)?;
+        let version = self.versions.prefilled(chunk, at, &prior);
         let kv = self.enc.prefill_after(chunk, at, &prior, version).map_err(runner(op))?;
         self.count_prefill(&kv);
         Ok(Resident { kv, version })
@@ -359,6 +356,7 @@ impl<E: Encoder, S: ChunkStore> Executor<E, S> {
                 self.encode_us.insert(*chunk, t0.elapsed().as_micros() as u64);
                 let rec = Record::kv(self.cfg.model, 0, kv);
                 self.staged.insert(*chunk, Canonical(Arc::new(rec)));
+                self.versions.new_canonical(*chunk);
                 t.prefill_ms += ms(t0);
             }
             Step::Prefill {
@@ -443,7 +441,7 @@ impl<E: Encoder, S: ChunkStore> Executor<E, S> {
                     .map_err(runner("place"))?;
                 self.stats.placed_tokens += placed.n_tokens() as u64;
                 self.stats.patches_applied += u64::from(p.is_some());
-                let v = self.next_version();
+                let v = self.versions.placed(*chunk, *at, patch.as_ref());
                 self.set_resident(*chunk, placed, v);
                 t.place_ms += ms(t0);
             }
@@ -457,7 +455,7 @@ impl<E: Encoder, S: ChunkStore> Executor<E, S> {
                     .reuse(&r.kv, None, r.kv.offset() + delta, r.kv.dtype())
                     .map_err(runner("relocate"))?;
                 self.stats.relocated_tokens += moved.n_tokens() as u64;
-                let v = self.next_version();
+                let v = self.versions.relocated(r.version, moved.offset());
                 self.set_resident(*chunk, moved, v);
                 t.place_ms += ms(t0);
             }
@@ -493,6 +491,7 @@ impl<E: Encoder, S: ChunkStore> Executor<E, S> {
         self.store
             .put(&key, Record::kv(self.cfg.model, cost, at0))
             .map_err(store_err(OP))?;
+        self.versions.new_canonical(chunk);
         if let Some(k) = exact {
             let zero = kamera_ops::Patch::zero(layout, n);
             self.store
@@ -525,8 +524,7 @@ impl<E: Encoder, S: ChunkStore> Executor<E, S> {
             let mut temps: Vec<(ChunkId, Resident)> = Vec::new();
             let mut pos = at;
             for c in ordering {
-                let version = self.next_version();
-                let kv = {
+                let (kv, version) = {
                     let mut prior = prior_of(&self.resident, &self.enc, OP, at)?;
                     prior.parts.extend(temps.iter().map(|(id, r)| Part {
                         chunk: *id,
@@ -534,7 +532,9 @@ impl<E: Encoder, S: ChunkStore> Executor<E, S> {
                         kv: &r.kv,
                     }));
                     prior.end = pos;
-                    self.enc.prefill_after(*c, pos, &prior, version).map_err(runner(OP))?
+                    let version = self.versions.prefilled(*c, pos, &prior);
+                    let kv = self.enc.prefill_after(*c, pos, &prior, version).map_err(runner(OP))?;
+                    (kv, version)
                 };
                 self.count_prefill(&kv);
                 pos += self.enc.span(c, kv.n_tokens());

@@ -32,6 +32,7 @@ mod error;
 mod exec;
 mod plan;
 mod points;
+mod version;
 mod window;
 
 pub use cost::{CanonicalSource, Choice, CostModel, Decision, OrbitVariant, PatchPoint};

@@ -3,7 +3,8 @@
 //! (chunk, version) from position 0 and is only rewritten from the first chunk that changed; a
 //! prefill after the window appends to it in place; image chunks get the vision tower's
 //! embeddings (computed once) and 3-D rotary ids. After the window it keeps the last model
-//! call's prompt rows ([`crate::Live`]) while the window does not change.
+//! call's prompt rows ([`crate::Live`]) while the window does not change, and sets them aside
+//! per window layout when it does ([`PromptRows`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -16,6 +17,7 @@ use kamera_ops::{ChunkKv, DType, KvLayout, Patch, RopeSpec};
 use kamera_sched::{BoxError, Encoder, Prior};
 use kamera_store::ChunkId;
 
+use super::prompt_rows::{PromptRows, layout_key};
 use crate::error::{Error, Result, model};
 
 /// A chunk's content: what a prefill needs.
@@ -52,6 +54,8 @@ pub(crate) struct SessionEncoder {
     ctx_chunks: Vec<(ChunkId, u64)>,
     /// The last model call's prompt tokens, whose rows follow the window's in `ctx`.
     prompt_tail: Vec<u32>,
+    /// Earlier prompts' rows, by the window layout they were computed over.
+    prompt_rows: PromptRows,
     /// Screenshots run through the vision tower.
     pub images_encoded: usize,
     /// KV bytes written into the live context.
@@ -70,6 +74,7 @@ impl SessionEncoder {
             ctx,
             ctx_chunks: Vec::new(),
             prompt_tail: Vec::new(),
+            prompt_rows: PromptRows::default(),
             images_encoded: 0,
             bytes_moved: 0,
         }
@@ -89,11 +94,9 @@ impl SessionEncoder {
         crate::Live::kept(&mut self.ctx, &mut self.prompt_tail)
     }
 
-    /// Cuts the last call's prompt rows: the context holds exactly the window.
-    pub fn cut_prompt(&mut self) {
-        let rows = self.ctx.len().saturating_sub(self.prompt_tail.len());
-        self.ctx.truncate(rows);
-        self.prompt_tail.clear();
+    /// Sets the last call's prompt rows aside: the context holds exactly the window.
+    pub fn cut_prompt(&mut self) -> Result<()> {
+        self.set_prompt_aside()
     }
 
     fn content_of(&self, op: &'static str, chunk: &ChunkId) -> Result<&Content> {
@@ -178,7 +181,8 @@ impl SessionEncoder {
 
     /// Makes the live context hold exactly `prior`'s chunks: rows of the longest unchanged run
     /// of (chunk, version) from position 0 stay; the context is cut there and the rest written.
-    /// With `keep_prompt`, the last call's prompt rows stay when the window is unchanged.
+    /// With `keep_prompt`, the last call's prompt rows stay when the window is unchanged, and
+    /// the rows kept for the new window's layout come back when it changed.
     fn sync_to(&mut self, prior: &Prior<'_>, keep_prompt: bool) -> Result<()> {
         let keep = self
             .ctx_chunks
@@ -189,9 +193,12 @@ impl SessionEncoder {
         let rows: usize = prior.parts[..keep].iter().map(|p| p.kv.n_tokens()).sum();
         let unchanged = keep == self.ctx_chunks.len() && keep == prior.parts.len();
         if unchanged && keep_prompt && self.ctx.len() == rows + self.prompt_tail.len() {
+            if self.prompt_tail.is_empty() {
+                self.bring_prompt_back()?;
+            }
             return Ok(());
         }
-        self.prompt_tail.clear();
+        self.set_prompt_aside()?;
         self.ctx.truncate(rows);
         self.ctx_chunks.truncate(keep);
         for p in &prior.parts[keep..] {
@@ -200,6 +207,40 @@ impl SessionEncoder {
             self.bytes_moved += p.kv.kv_bytes() as u64;
             self.ctx_chunks.push((p.chunk, p.version));
         }
+        if keep_prompt {
+            self.bring_prompt_back()?;
+        }
+        Ok(())
+    }
+
+    /// Moves the last call's prompt rows out of the context into [`PromptRows`], under the
+    /// layout they were computed over.
+    fn set_prompt_aside(&mut self) -> Result<()> {
+        let tail = std::mem::take(&mut self.prompt_tail);
+        let Some(base) = self.ctx.len().checked_sub(tail.len()).filter(|_| !tail.is_empty()) else {
+            return Ok(());
+        };
+        let kv = self
+            .ctx
+            .rows_chunk(base, tail.len())
+            .map_err(model("set prompt aside"))?;
+        self.ctx.truncate(base);
+        self.prompt_rows.keep(layout_key(&self.ctx_chunks), tail, kv);
+        Ok(())
+    }
+
+    /// Puts back the prompt rows kept for the window the context now holds, if any (and if they
+    /// start where it ends: rows kept over a window with images are not put back).
+    fn bring_prompt_back(&mut self) -> Result<()> {
+        let Some((tokens, kv)) = self.prompt_rows.take(layout_key(&self.ctx_chunks)) else {
+            return Ok(());
+        };
+        if kv.offset() != self.ctx.rotary_end() {
+            return Ok(());
+        }
+        self.ctx.push(&kv).map_err(model("prompt rows back"))?;
+        self.bytes_moved += kv.kv_bytes() as u64;
+        self.prompt_tail = tokens;
         Ok(())
     }
 }

@@ -5,9 +5,11 @@ mod encoder;
 mod image;
 mod no_reuse;
 pub(crate) mod pages;
+mod prompt_rows;
 mod relevance;
 mod session;
 
 pub use pages::{Block, CHUNK_TOKENS_MAX, ObservedPage, split_page};
+pub use prompt_rows::PROMPT_ROWS_TOKENS;
 pub use relevance::Relevance;
 pub use session::{Applied, ApplyTimings, Session, SessionConfig, SessionStats};

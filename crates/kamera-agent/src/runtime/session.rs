@@ -390,7 +390,7 @@ impl Session {
         }
         self.bring_up_to_date()?;
         let enc = self.exec.encoder_mut();
-        enc.cut_prompt();
+        enc.cut_prompt()?;
         Ok(&mut enc.ctx)
     }
 
