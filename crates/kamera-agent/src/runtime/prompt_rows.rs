@@ -62,6 +62,7 @@ impl PromptRows {
     }
 
     /// Tokens kept over all layouts.
+    #[cfg(test)]
     pub fn tokens(&self) -> usize {
         self.tokens
     }
