@@ -14,7 +14,7 @@ use kamera_store::ChunkId;
 
 /// Prompt tokens kept over all layouts (a few dozen agent prompts; each token is one row of KV,
 /// so this bounds the memory beside the window and the store).
-pub const PROMPT_ROWS_TOKENS: usize = 4096;
+pub const PROMPT_ROWS_TOKENS: usize = 1024;
 
 /// A window layout: the chunks a live context holds from position 0, with their versions.
 pub(crate) fn layout_key(chunks: &[(ChunkId, u64)]) -> u64 {
