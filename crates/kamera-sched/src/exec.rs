@@ -15,7 +15,7 @@ use crate::cost::CostModel;
 use crate::encoder::{BoxError, Encoder, Part, Prior, Timings};
 use crate::error::{Error, Result};
 use crate::plan::{OrbitKey, Plan, Step};
-use crate::version::Versions;
+use crate::version::{Resident, Versions};
 
 /// Executor settings.
 #[derive(Debug, Clone, PartialEq)]
@@ -58,14 +58,6 @@ pub struct ExecStats {
     pub time: Timings,
     /// Of that, the background steps' own time.
     pub background_ms: f64,
-}
-
-/// A resident chunk's KV at its window position, and its version (what it was computed from,
-/// hashed: see [`crate::version`]).
-#[derive(Debug, Clone)]
-pub struct Resident {
-    pub kv: ChunkKv,
-    pub version: u64,
 }
 
 /// A chunk's canonical KV as staged: the store's record itself (shared, not copied out of it) or
@@ -201,9 +193,9 @@ impl<E: Encoder, S: ChunkStore> Executor<E, S> {
         Ok(dt)
     }
 
-    fn set_resident(&mut self, chunk: ChunkId, kv: ChunkKv, version: u64) {
-        self.stats.bytes_moved += kv.kv_bytes() as u64;
-        self.resident.insert(chunk, Resident { kv, version });
+    fn set_resident(&mut self, chunk: ChunkId, r: Resident) {
+        self.stats.bytes_moved += r.kv.kv_bytes() as u64;
+        self.resident.insert(chunk, r);
     }
 
     fn canonical(&mut self, op: &'static str, chunk: ChunkId) -> Result<Canonical> {
@@ -225,7 +217,7 @@ impl<E: Encoder, S: ChunkStore> Executor<E, S> {
         let version = self.versions.prefilled(chunk, at, &prior);
         let kv = self.enc.prefill_after(chunk, at, &prior, version).map_err(runner(op))?;
         self.count_prefill(&kv);
-        Ok(Resident { kv, version })
+        Ok(Resident::made(kv, version))
     }
 
     fn count_prefill(&mut self, kv: &ChunkKv) {
@@ -365,7 +357,7 @@ impl<E: Encoder, S: ChunkStore> Executor<E, S> {
                 alone: false,
             } => {
                 let r = self.prefill_after("prefill in place", *chunk, *at)?;
-                self.set_resident(*chunk, r.kv, r.version);
+                self.set_resident(*chunk, r);
                 t.prefill_ms += ms(t0);
             }
             Step::StoreCanonical { chunk } => {
@@ -416,7 +408,7 @@ impl<E: Encoder, S: ChunkStore> Executor<E, S> {
             Step::Place { chunk, at, patch } => {
                 if let Some(r) = self.exact.remove(chunk).filter(|r| r.kv.offset() == *at) {
                     self.stats.placed_tokens += r.kv.n_tokens() as u64;
-                    self.set_resident(*chunk, r.kv, r.version);
+                    self.set_resident(*chunk, r);
                     t.place_ms += ms(t0);
                     return Ok(());
                 }
@@ -442,7 +434,7 @@ impl<E: Encoder, S: ChunkStore> Executor<E, S> {
                 self.stats.placed_tokens += placed.n_tokens() as u64;
                 self.stats.patches_applied += u64::from(p.is_some());
                 let v = self.versions.placed(*chunk, *at, patch.as_ref());
-                self.set_resident(*chunk, placed, v);
+                self.set_resident(*chunk, Resident::made(placed, v));
                 t.place_ms += ms(t0);
             }
             Step::Relocate { chunk, delta } => {
@@ -455,8 +447,8 @@ impl<E: Encoder, S: ChunkStore> Executor<E, S> {
                     .reuse(&r.kv, None, r.kv.offset() + delta, r.kv.dtype())
                     .map_err(runner("relocate"))?;
                 self.stats.relocated_tokens += moved.n_tokens() as u64;
-                let v = self.versions.relocated(r.version, moved.offset());
-                self.set_resident(*chunk, moved, v);
+                let moved = r.moved(moved);
+                self.set_resident(*chunk, moved);
                 t.place_ms += ms(t0);
             }
             Step::EvictToStore { chunk } => {
@@ -539,7 +531,7 @@ impl<E: Encoder, S: ChunkStore> Executor<E, S> {
                 self.count_prefill(&kv);
                 pos += self.enc.span(c, kv.n_tokens());
                 cond.entry(*c).or_default().push(kv.clone());
-                temps.push((*c, Resident { kv, version }));
+                temps.push((*c, Resident::made(kv, version)));
             }
         }
         let cost = t0.elapsed().as_micros() as u64 / keys.len().max(1) as u64;

@@ -38,10 +38,11 @@ mod window;
 pub use cost::{CanonicalSource, Choice, CostModel, Decision, OrbitVariant, PatchPoint};
 pub use encoder::{BoxError, Encoder, Part, Prior, Timings};
 pub use error::{Error, Result, short};
-pub use exec::{ExecConfig, ExecStats, Executor, Resident};
+pub use exec::{ExecConfig, ExecStats, Executor};
 pub use plan::{OrbitKey, Plan, Step};
 pub use points::{
     BlindKl, KNOWN_MODELS, KnownModel, default_patch_points, gemma3_patch_points, measured_blind_kl, measured_points,
     qwen25_patch_points,
 };
+pub use version::Resident;
 pub use window::{Materialized, Order, Slot, SlotState, Visit, Window, WindowConfig, orbit_orderings};

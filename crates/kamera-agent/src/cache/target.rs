@@ -62,6 +62,10 @@ impl PageSig {
     }
 }
 
+/// How far (CSS pixels) an unlabeled target may be from where it was recorded and still be taken
+/// for the same element: a page laid out as recorded puts it at the same place.
+pub const SAME_PLACE_PX: f64 = 2.0;
+
 /// A target's features: its stable selector (HTML id, link path, tag + role + text) and, to
 /// choose between equals, its position.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -118,14 +122,24 @@ impl Target {
 
     /// The element of `obs` these features name: by HTML id, then link path, then tag and text,
     /// then text alone (any case), each among elements of the same editability, the nearest to
-    /// the recorded position first. `None`: the target is gone.
+    /// the recorded position first; a target with none of these (an unlabeled input) only as an
+    /// unlabeled element of its tag and role at its recorded position ([`SAME_PLACE_PX`]).
+    /// `None`: the target is gone.
     pub fn find(&self, obs: &Observation) -> Option<(u32, Found)> {
         let same_kind = |e: &&Element| e.editable == self.editable;
-        let rules: [&dyn Fn(&Element) -> bool; 4] = [
+        let unlabeled = |t: &Target| t.html_id.is_empty() && t.href.is_empty() && t.text.is_empty();
+        let rules: [&dyn Fn(&Element) -> bool; 5] = [
             &|e| !self.html_id.is_empty() && e.html_id == self.html_id && e.tag == self.tag,
             &|e| !self.href.is_empty() && href_key(&e.href) == self.href && e.tag == self.tag,
             &|e| !self.text.is_empty() && e.tag == self.tag && e.text.trim() == self.text,
             &|e| e.interactive && !self.text.is_empty() && e.text.trim().eq_ignore_ascii_case(&self.text),
+            &|e| {
+                unlabeled(self)
+                    && unlabeled(&Target::of(e))
+                    && e.tag == self.tag
+                    && e.role == self.role
+                    && self.dist(e) <= SAME_PLACE_PX
+            },
         ];
         for rule in rules {
             let best = obs
@@ -198,5 +212,26 @@ mod tests {
         };
         assert_eq!(gone.find(&after), None);
         assert_ne!(structure_hash(&before), structure_hash(&after));
+    }
+
+    /// An unlabeled field (no id, text or link) is found only at its recorded place, and only
+    /// among unlabeled elements of its tag and role.
+    #[test]
+    fn unlabeled_targets_are_found_at_their_place_only() {
+        let before = page(serde_json::json!([
+            {"id": 1, "tag": "input", "role": "textbox", "editable": true, "x": 10.0, "y": 40.0},
+            {"id": 2, "tag": "input", "role": "textbox", "editable": true, "x": 10.0, "y": 80.0}
+        ]));
+        let second = Target::of(before.element(2).unwrap());
+        assert_eq!(second.find(&before), Some((2, Found::Same)));
+        let moved = page(serde_json::json!([
+            {"id": 1, "tag": "input", "role": "textbox", "editable": true, "x": 10.0, "y": 40.0},
+            {"id": 2, "tag": "input", "role": "textbox", "editable": true, "x": 10.0, "y": 95.0}
+        ]));
+        assert_eq!(second.find(&moved), None, "not guessed when the layout moved");
+        let labeled = page(serde_json::json!([
+            {"id": 5, "tag": "input", "role": "textbox", "html_id": "q", "editable": true, "x": 10.0, "y": 80.0}
+        ]));
+        assert_eq!(second.find(&labeled), None, "a labeled element is not an unlabeled one");
     }
 }
