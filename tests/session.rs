@@ -205,3 +205,47 @@ fn a_layout_that_comes_back_gets_its_prompts_rows_back() -> anyhow::Result<()> {
     assert_eq!(reused, 0);
     Ok(())
 }
+
+/// Two prompts alternating over one window (an action prompt and a question, as an agent step
+/// asks both) each get their own rows back: the window keeps both branches, as a radix cache
+/// does, and a prompt swapped back in gives the logits of the same prompt over its kept rows.
+#[test]
+fn two_prompts_over_one_window_keep_both_branches() -> anyhow::Result<()> {
+    let model = model();
+    let llm = Llm::new(model.clone());
+    let cfg = SessionConfig {
+        window_tokens: 400,
+        ..SessionConfig::default()
+    };
+    let mut s = Session::new(model.clone(), Arc::new(MemStore::new()), Box::new(CpuBackend), cfg);
+    s.pin(&llm.prefix_text("Find who keeps the vault key."))?;
+    s.observe(PAGES[0])?;
+    let window = s.context()?.len();
+    let a = llm.tokens("Question: who keeps the vault key? Answer:", false)?;
+    let b = llm.tokens("Question: what is the vault code? Answer:", false)?;
+    let shared = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+    assert!(
+        shared > 0 && shared < a.len() - 1,
+        "the prompts share a start and then differ"
+    );
+    let (first, reused) = s.live()?.prompt(&model, &a)?;
+    assert_eq!(reused, 0);
+    // The same prompt again over its own kept rows (the last token run alone): the reference
+    // for a branch swapped back in.
+    let (again, reused) = s.live()?.prompt(&model, &a)?;
+    assert_eq!(reused, a.len() - 1);
+    assert_eq!(s.live()?.prompt(&model, &b)?.1, shared, "b reuses the shared start");
+    let (got, reused) = s.live()?.prompt(&model, &a)?;
+    assert_eq!(reused, a.len() - 1, "a's branch came back whole");
+    assert_eq!(s.live()?.prompt(&model, &b)?.1, b.len() - 1, "and then b's");
+    let swap = kamera_eval::kl(&again.logits, &got.logits);
+    assert!(swap < 1e-9, "a swapped-in branch is not the kept one: KL {swap:.3e}");
+    // Against the whole prompt prefilled in one batch: the split itself (all but the last token,
+    // then the last) moves SmolLM2's logits by KL ~5e-4 in f32, swapped or not.
+    let split = kamera_eval::kl(&first.logits, &got.logits);
+    eprintln!("KL of the branch swapped back in to the prompt prefilled whole: {split:.3e}");
+    assert!(split < 1e-3, "KL {split:.3e}");
+    let ctx = s.context()?;
+    assert_eq!(ctx.len(), window, "the window alone, the prompts aside");
+    Ok(())
+}

@@ -1,11 +1,14 @@
 //! A model call's view of the live context: the window's rows, then the rows of the last call's
 //! prompt, kept so that the next call prefills only where its prompt differs (what a radix
 //! prefix cache gives an engine; agent prompts share their instruction text step after step).
+//! The session also keeps earlier prompts' rows per window layout: a call whose prompt shares
+//! more with one of them than with the last call's swaps them first (a radix cache's branches).
 //! A call's decoded tokens are always cut off; on a plain [`Context`] nothing is kept.
 
 use kamera_model::{Context, Model, Prefill};
 
 use crate::error::{Result, model};
+use crate::runtime::prompt_rows::{PromptRows, common_prefix};
 
 /// A context a model call appends its prompt to (see the module doc).
 pub struct Live<'a> {
@@ -13,6 +16,8 @@ pub struct Live<'a> {
     /// Rows of the window: the call's prompt starts here.
     base: usize,
     tail: Tail<'a>,
+    /// Other prompts kept over this window's layout (the session's), and the layout.
+    others: Option<(&'a mut PromptRows, u64)>,
 }
 
 /// The tokens of the prompt rows kept after the window.
@@ -38,13 +43,19 @@ impl<'a> From<&'a mut Context> for Live<'a> {
             base: ctx.len(),
             ctx,
             tail: Tail::Dropped(Vec::new()),
+            others: None,
         }
     }
 }
 
 impl<'a> Live<'a> {
-    /// The session's context whose last `tail.len()` rows are the prompt `tail` of the last call.
-    pub(crate) fn kept(ctx: &'a mut Context, tail: &'a mut Vec<u32>) -> Live<'a> {
+    /// The session's context whose last `tail.len()` rows are the prompt `tail` of the last call;
+    /// `others`: the prompts kept for the window's layout.
+    pub(crate) fn kept(
+        ctx: &'a mut Context,
+        tail: &'a mut Vec<u32>,
+        others: Option<(&'a mut PromptRows, u64)>,
+    ) -> Live<'a> {
         // A context shorter than the tail holds no kept prompt: the window is all of it.
         if tail.len() > ctx.len() {
             tail.clear();
@@ -54,6 +65,7 @@ impl<'a> Live<'a> {
             base,
             ctx,
             tail: Tail::Kept(tail),
+            others,
         }
     }
 
@@ -63,16 +75,13 @@ impl<'a> Live<'a> {
     }
 
     /// Prefills `prompt` after the window and returns its last token's logits: rows of the
-    /// longest common prefix with the last call's prompt are reused (at least the last token is
-    /// always run, for its logits). The second value is the number of prompt tokens reused.
+    /// longest common prefix with the last call's prompt, or with a kept prompt of this layout
+    /// when that shares more, are reused (at least the last token is always run, for its
+    /// logits). The second value is the number of prompt tokens reused.
     pub fn prompt(&mut self, m: &Model, prompt: &[u32]) -> Result<(Prefill, usize)> {
+        self.switch_branch(prompt)?;
         let tail = self.tail.tokens();
-        let common = tail
-            .iter()
-            .zip(prompt)
-            .take_while(|(a, b)| a == b)
-            .count()
-            .min(prompt.len().saturating_sub(1));
+        let common = common_prefix(tail, prompt).min(prompt.len().saturating_sub(1));
         tail.truncate(common);
         self.ctx.truncate(self.base + common);
         let out = m.extend(&prompt[common..], self.ctx).map_err(model("prefill"))?;
@@ -80,6 +89,39 @@ impl<'a> Live<'a> {
         tail.clear();
         tail.extend_from_slice(prompt);
         Ok((out, common))
+    }
+
+    /// Before `prompt` replaces the last call's: a kept prompt of this layout that shares more
+    /// with it comes in (the last call's is kept in its place), and a last prompt about to be
+    /// cut where `prompt` diverges is kept whole, so neither branch is lost.
+    fn switch_branch(&mut self, prompt: &[u32]) -> Result<()> {
+        let (Tail::Kept(tail), Some((rows, layout))) = (&mut self.tail, &mut self.others) else {
+            return Ok(());
+        };
+        let now = common_prefix(tail, prompt);
+        let better = rows.best_prefix(*layout, prompt) > now;
+        if !better && now >= tail.len() {
+            return Ok(());
+        }
+        let incoming = if better { rows.take_best(*layout, prompt) } else { None };
+        if !tail.is_empty() {
+            let kv = self
+                .ctx
+                .rows_chunk(self.base, tail.len())
+                .map_err(model("keep the prompt's rows"))?;
+            rows.keep(*layout, std::mem::take(*tail), kv);
+        }
+        if let Some((tokens, kv)) = incoming {
+            self.ctx.truncate(self.base);
+            if kv.offset() == self.ctx.rotary_end() {
+                self.ctx.push(&kv).map_err(model("prompt rows back"))?;
+                **tail = tokens;
+            }
+        } else {
+            // The kept copy is the branch; the context's rows up to the shared start stay.
+            **tail = prompt[..now].to_vec();
+        }
+        Ok(())
     }
 
     /// The context after the prompt, for decoding and scoring (what is appended is cut off when

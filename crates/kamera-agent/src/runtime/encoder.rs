@@ -89,9 +89,12 @@ impl SessionEncoder {
         &mut self.ctx
     }
 
-    /// The live context for a model call, the last call's prompt rows kept after the window.
+    /// The live context for a model call, the last call's prompt rows kept after the window and
+    /// the other prompts kept for its layout at hand (not after a full re-prefill replaced the
+    /// context: its rows belong to no layout).
     pub fn live(&mut self) -> crate::Live<'_> {
-        crate::Live::kept(&mut self.ctx, &mut self.prompt_tail)
+        let others = (!self.ctx_chunks.is_empty()).then(|| (&mut self.prompt_rows, layout_key(&self.ctx_chunks)));
+        crate::Live::kept(&mut self.ctx, &mut self.prompt_tail, others)
     }
 
     /// Sets the last call's prompt rows aside: the context holds exactly the window.

@@ -5,7 +5,7 @@ mod encoder;
 mod image;
 mod no_reuse;
 pub(crate) mod pages;
-mod prompt_rows;
+pub(crate) mod prompt_rows;
 mod relevance;
 mod session;
 
