@@ -50,6 +50,38 @@ async fn order_status_prefills_only_the_window_the_model_reads() -> Result<()> {
     Ok(())
 }
 
+/// The same flow on an MLA model (the tiny seeded DeepSeek-V2 of kamera-model's goldens, random
+/// weights, a byte tokenizer): the Session holds its pages as c_KV + k_rope, evicts and recalls
+/// the order page, and the model answers the question with one of its choices. The answer
+/// itself is chance (random weights), so only that it is one of the choices is checked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn order_status_runs_on_an_mla_model() -> Result<()> {
+    require_chromium();
+    let s = scenario("order-status");
+    let dir = root().join("crates/kamera-model/tests/golden/deepseekv2-tiny");
+    let mla = std::sync::Arc::new(kamera_model::Model::load(&dir)?);
+    assert!(matches!(mla.layout().attention, kamera_ops::Attention::Mla { .. }));
+    let r = kamera_harness::run_scenario(&s, mla, &kamera_model::default_home(), RunConfig::default()).await?;
+    assert_eq!(r.end.error, None, "{:?}", r.end);
+    let answer = r.end.answer.clone().expect("the question was answered");
+    let choices = [
+        "Delivered",
+        "In transit",
+        "Out for delivery",
+        "Held at customs",
+        "Awaiting pickup",
+    ];
+    assert!(
+        choices.contains(&answer.as_str()),
+        "{answer:?} is not one of the scenario's choices"
+    );
+    let last = r.steps.last().unwrap();
+    assert_eq!(last.visit, Visit::Recall, "{:#?}", last.plan);
+    assert!(last.model.is_some(), "the question went to the model");
+    assert!(r.session.evictions > 0, "{:?}", r.session);
+    Ok(())
+}
+
 /// The directory flow in a window of 256 tokens, smaller than several of its pages: each page
 /// longer than a chunk's cap (128 tokens) runs as several chunks, the question on the directory
 /// page brings the team page back by relevance, and the run ends where the scenario says.

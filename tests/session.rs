@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use kamera_agent::{Llm, Session, SessionConfig};
 use kamera_gpu::CpuBackend;
+use kamera_model::Model;
 use kamera_ops::{DType, PatchConfig};
 use kamera_sched::{Step, Visit};
 use kamera_store::MemStore;
@@ -22,12 +23,11 @@ const PAGES: [&str; 4] = [
 
 /// KL to the full re-prefill of the window + question after visiting every page, evicting the
 /// vault page, visiting it again, evicting it and visiting it again, with patches of `rank` (0:
-/// blind relocation); and the plan of the last visit.
-fn kl_after_recall(rank: usize) -> anyhow::Result<(f64, Vec<Step>)> {
-    let model = model();
+/// blind relocation), in a window of `window` tokens; and the plan of the last visit.
+fn kl_after_recall(model: Arc<Model>, rank: usize, window: usize) -> anyhow::Result<(f64, Vec<Step>)> {
     let llm = Llm::new(model.clone());
     let cfg = SessionConfig {
-        window_tokens: 100,
+        window_tokens: window,
         patch: PatchConfig::fixed(rank, DType::F32),
         ..SessionConfig::default()
     };
@@ -42,7 +42,7 @@ fn kl_after_recall(rank: usize) -> anyhow::Result<(f64, Vec<Step>)> {
     let vault = s.chunk_id(PAGES[0]);
     assert!(
         s.window().is_evicted(&vault),
-        "the window of 100 tokens must have evicted the vault page"
+        "the window of {window} tokens must have evicted the vault page"
     );
     let first = s.observe(PAGES[0])?;
     assert_eq!(first.visit, Some(Visit::Recall));
@@ -86,8 +86,8 @@ fn kl_now(s: &mut Session, llm: &Llm) -> anyhow::Result<f64> {
 
 #[test]
 fn recalled_chunk_with_its_patch_answers_closer_to_full_than_blind() -> anyhow::Result<()> {
-    let (patched, steps) = kl_after_recall(16)?;
-    let (blind, _) = kl_after_recall(0)?;
+    let (patched, steps) = kl_after_recall(model(), 16, 100)?;
+    let (blind, _) = kl_after_recall(model(), 0, 100)?;
     eprintln!("KL to full re-prefill: rank-16 patch {patched:.3e}, blind relocation {blind:.3e}");
     assert!(
         steps.iter().any(|s| matches!(s, Step::Place { patch: Some(_), .. })),
@@ -99,6 +99,30 @@ fn recalled_chunk_with_its_patch_answers_closer_to_full_than_blind() -> anyhow::
     );
     assert!(patched < blind, "patched {patched} vs blind {blind}");
     assert!(patched < 0.02, "KL {patched} with a rank-16 patch");
+    Ok(())
+}
+
+/// The same on an MLA model (the tiny seeded DeepSeek-V2 of kamera-model's goldens, random
+/// weights, a byte tokenizer): the Session stores its chunks as c_KV + k_rope, recalls the vault
+/// page from the store with no model call (k_rope relocated, the latent reused, both patched), and
+/// the patched recall is closer to the full re-prefill than blind relocation.
+#[test]
+fn an_mla_models_recall_with_its_patch_is_closer_to_full_than_blind() -> anyhow::Result<()> {
+    let dir = kamera_tests::root().join("crates/kamera-model/tests/golden/deepseekv2-tiny");
+    let mla = Arc::new(Model::load(&dir)?);
+    assert!(
+        matches!(mla.layout().attention, kamera_ops::Attention::Mla { .. }),
+        "the tiny DeepSeek-V2 holds MLA KV: {:?}",
+        mla.layout()
+    );
+    let (patched, steps) = kl_after_recall(mla.clone(), 16, 300)?;
+    let (blind, _) = kl_after_recall(mla, 0, 300)?;
+    eprintln!("MLA, KL to full re-prefill: rank-16 patch {patched:.3e}, blind relocation {blind:.3e}");
+    assert!(
+        steps.iter().any(|s| matches!(s, Step::Place { patch: Some(_), .. })),
+        "the recall placed the canonical KV with a patch: {steps:#?}"
+    );
+    assert!(patched < 0.5 * blind, "patched {patched} vs blind {blind}");
     Ok(())
 }
 

@@ -206,10 +206,11 @@ pub fn cost_model(
         Some(blind) => {
             cost.recall_blind_kl = blind.recall;
             cost.survivor_blind_kl = blind.survivors;
+            cost.read_blind_kl = blind.read;
         }
         None => missing.push(format!(
-            "no measured blind-placement KL (predicted {:.2} for recalls, {:.2} for survivors: above the KL budget {:.2}, so they are patched or re-prefilled)",
-            cost.recall_blind_kl, cost.survivor_blind_kl, cost.kl_budget
+            "no measured blind-placement KL (predicted {:.2} for recalls, {:.2} for survivors, {:.2} for a question's read: above the KL budget {:.2}, so they are patched or re-prefilled)",
+            cost.recall_blind_kl, cost.survivor_blind_kl, cost.read_blind_kl, cost.kl_budget
         )),
     }
     if !missing.is_empty() && first_warning(&fp, &missing) {

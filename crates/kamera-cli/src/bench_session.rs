@@ -437,7 +437,7 @@ pub fn run(a: SessionArgs) -> Result<()> {
                 format!("{:?} {:?}", p.rank, p.dtype).to_lowercase()
             }
         },
-        blind_kl: [cost.recall_blind_kl, cost.survivor_blind_kl],
+        blind_kl: [cost.recall_blind_kl, cost.survivor_blind_kl, cost.read_blind_kl],
         seed: a.seed,
         threads,
     };

@@ -82,9 +82,9 @@ pub struct Params {
     pub orders: usize,
     /// The patches the sessions form: `--rank R` (f32 factors) or the cost model's point.
     pub patch: String,
-    /// The KL each blind placement is predicted to cost (recall, survivors): the model's
-    /// measured values, or the defaults.
-    pub blind_kl: [f64; 2],
+    /// The KL each blind placement is predicted to cost (recall, survivors, a question's read):
+    /// the model's measured values, or the defaults.
+    pub blind_kl: [f64; 3],
     pub seed: u64,
     /// Candle's rayon threads = llama.cpp's n_threads.
     pub threads: usize,
@@ -272,8 +272,18 @@ pub fn markdown(s: &Summary) -> String {
     let p = &s.params;
     let _ = writeln!(
         m,
-        "`kamera bench session --model {} --steps {} --window {} --orders {} --seed {}` ({} patches; blind placements predicted at KL {:.1e} (recall) / {:.1e} (survivors); {} question steps; {} threads on both engines)\n",
-        p.model, s.steps, p.window, p.orders, p.seed, p.patch, p.blind_kl[0], p.blind_kl[1], s.questions, p.threads
+        "`kamera bench session --model {} --steps {} --window {} --orders {} --seed {}` ({} patches; blind placements predicted at KL {:.1e} (recall) / {:.1e} (survivors) / {:.1e} (a question's read); {} question steps; {} threads on both engines)\n",
+        p.model,
+        s.steps,
+        p.window,
+        p.orders,
+        p.seed,
+        p.patch,
+        p.blind_kl[0],
+        p.blind_kl[1],
+        p.blind_kl[2],
+        s.questions,
+        p.threads
     );
     let _ = writeln!(
         m,
@@ -316,7 +326,7 @@ pub fn markdown(s: &Summary) -> String {
     let c = &s.session;
     let _ = writeln!(
         m,
-        "Kamera: {} hit, {} new, {} recall, {} evict, {} relocate; {} patches formed, {} applied; {:.0} ms deferred work in all ({} repair tokens).",
+        "Kamera: {} hit, {} new, {} recall, {} evict, {} relocate; {} patches formed, {} applied; {:.0} ms deferred work in all ({} repair tokens); {} tokens of questions' pages prefilled again before the answer.",
         c.hits,
         c.new,
         c.recalls,
@@ -325,7 +335,8 @@ pub fn markdown(s: &Summary) -> String {
         c.patches_formed,
         c.patches_applied,
         c.deferred_ms,
-        c.repair_tokens
+        c.repair_tokens,
+        c.read_repair_tokens
     );
     let r = &s.radix;
     let mem = &s.memory;

@@ -73,6 +73,12 @@ pub struct CostModel {
     /// model's measured value; default 0.1 (the same bench measured 0.097 on SmolLM2-135M with
     /// exact recalls and blind survivors).
     pub survivor_blind_kl: f64,
+    /// Predicted KL of an answer read from a page placed blind (a question about it): a read
+    /// depends on the page's exact content more than the next action does. Above
+    /// [`CostModel::kl_budget`], a question's page placed blind is prefilled again in place before
+    /// the answer ([`crate::Window::repair_read`]). The runtime sets the model's measured value;
+    /// default 0.1.
+    pub read_blind_kl: f64,
 }
 
 /// Where a chunk's canonical record (the KV a recall relocates) comes from.
@@ -139,6 +145,7 @@ impl Default for CostModel {
             kl_budget: 0.01,
             recall_blind_kl: 0.1,
             survivor_blind_kl: 0.1,
+            read_blind_kl: 0.1,
         }
     }
 }
@@ -456,6 +463,64 @@ impl CostModel {
             chunk: None,
             choice,
             options: vec![(Choice::Blind, blind), (Choice::Reprefill, repair)],
+            reason,
+        }
+    }
+
+    /// What a question's read of pages placed blind (`n` tokens, the first at `ctx`) gets: read
+    /// as placed, or those pages prefilled again in place before the answer (on the path to the
+    /// first token: the answer is what must be exact), by predicted KL against the budget. A
+    /// repair also keeps its difference to the canonical KV as the patch for this context
+    /// (`PrefillKeepPatch`: an SVD in the background, no extra forward pass) where the expected
+    /// reuses of a patch (`expected_reuses`, the window's own record) times the repair a later
+    /// recall into the same context then skips outweigh the SVD.
+    pub fn read(&self, n: usize, ctx: usize, expected_reuses: f64) -> Decision {
+        let prefill = self.prefill(n, ctx);
+        let keep = prefill + self.svd(n);
+        let options = vec![
+            (Choice::Blind, 0.0),
+            (Choice::Reprefill, prefill),
+            (Choice::PrefillKeepPatch, keep),
+        ];
+        let (choice, reason) = if self.read_blind_kl <= self.kl_budget {
+            (
+                Choice::Blind,
+                format!(
+                    "read as placed: predicted KL {:.2e} within the budget {:.2e}",
+                    self.read_blind_kl, self.kl_budget
+                ),
+            )
+        } else {
+            let saved = expected_reuses * prefill;
+            let over = format!(
+                "a read of a page placed blind has predicted KL {:.2e}, over the budget {:.2e}",
+                self.read_blind_kl, self.kl_budget
+            );
+            if saved > self.svd(n) {
+                (
+                    Choice::PrefillKeepPatch,
+                    format!(
+                        "prefilled again in place before the answer ({over}); its patch kept: {:.1} ms of SVD saves {:.1} ms over {expected_reuses:.2} expected reuses",
+                        self.svd(n) / 1000.0,
+                        saved / 1000.0
+                    ),
+                )
+            } else {
+                (
+                    Choice::Reprefill,
+                    format!(
+                        "prefilled again in place before the answer ({over}); no patch kept: {:.1} ms of SVD would save {:.1} ms over {expected_reuses:.2} expected reuses",
+                        self.svd(n) / 1000.0,
+                        saved / 1000.0
+                    ),
+                )
+            }
+        };
+        Decision {
+            op: "read",
+            chunk: None,
+            choice,
+            options,
             reason,
         }
     }

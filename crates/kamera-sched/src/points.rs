@@ -23,14 +23,16 @@ pub struct KnownModel {
 
 /// The mean next-token KL (to a full re-prefill of the same window) that a model pays for a
 /// placement without a forward pass, measured by `kamera bench session --front 1` (every
-/// placement blind; bench/session/README.md): the mean KL of the steps that recall a page, and of
-/// the steps that add a new page after an eviction (whose survivors were re-rotated blind). The
-/// cost model compares them with its KL budget ([`crate::CostModel::recall_blind_kl`],
-/// [`crate::CostModel::survivor_blind_kl`]).
+/// placement blind; bench/session/README.md): the mean KL of the steps that recall a page, of
+/// the steps that add a new page after an eviction (whose survivors were re-rotated blind), and
+/// of the question steps (the answer's distribution, read from a page placed blind). The cost
+/// model compares them with its KL budget ([`crate::CostModel::recall_blind_kl`],
+/// [`crate::CostModel::survivor_blind_kl`], [`crate::CostModel::read_blind_kl`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BlindKl {
     pub recall: f64,
     pub survivors: f64,
+    pub read: f64,
 }
 
 /// 32 hex digits as a fingerprint (compile-time; a bad literal fails the build).
@@ -62,20 +64,24 @@ pub const KNOWN_MODELS: [KnownModel; 3] = [
         name: "SmolLM2-135M-Instruct Q4_1",
         fp: fp("ea72c5c787770588bbcef4a10cea6e81"),
         points: default_patch_points,
-        // w512-s100-lazy, `kamera@kl1`: 58 recall steps 7.0e-2, 9 new-page steps 3.5e-2.
+        // w512-s100-lazy, `kamera@kl1`: 58 recall steps 7.0e-2, 9 new-page steps 3.5e-2, 13
+        // question steps 1.18e-1.
         blind: Some(BlindKl {
             recall: 7.0e-2,
             survivors: 3.5e-2,
+            read: 1.18e-1,
         }),
     },
     KnownModel {
         name: "Qwen2.5-Coder-0.5B-Instruct",
         fp: fp("731f56d74faf4dec69531fc36e565573"),
         points: qwen25_patch_points,
-        // qwen-w512-s60-lazy, `kamera@kl1`: 32 recall steps 5.8e-3, 9 new-page steps 5.1e-3.
+        // qwen-w512-s60-lazy, `kamera@kl1`: 32 recall steps 5.8e-3, 9 new-page steps 5.1e-3, 7
+        // question steps 2.9e-2 (qwen-w512-rows, blind by default: 13 question steps 3.1e-2).
         blind: Some(BlindKl {
             recall: 5.8e-3,
             survivors: 5.1e-3,
+            read: 2.9e-2,
         }),
     },
     KnownModel {

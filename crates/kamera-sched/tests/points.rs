@@ -61,6 +61,7 @@ fn measured_blind_kls_set_each_models_default_policy() {
         let cost = CostModel {
             recall_blind_kl: blind.recall,
             survivor_blind_kl: blind.survivors,
+            read_blind_kl: blind.read,
             ..CostModel::default()
         };
         let recall = cost.recall(kamera_store::ChunkId::of(b"a page", "text", fp), 300, 200, false, 4.0);
@@ -68,6 +69,9 @@ fn measured_blind_kls_set_each_models_default_policy() {
         let want = blind_by_default.unwrap();
         assert_eq!(recall.choice == Choice::Blind, want, "{name}: {}", recall.reason);
         assert_eq!(survivors.choice == Choice::Blind, want, "{name}: {}", survivors.reason);
+        // A question's read of a blind page costs more than the budget on both measured models.
+        let read = cost.read(130, 300, 0.0);
+        assert_eq!(read.choice, Choice::Reprefill, "{name}: {}", read.reason);
     }
     assert!(CostModel::default().recall_blind_kl > CostModel::default().kl_budget);
 }

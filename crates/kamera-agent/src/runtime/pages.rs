@@ -330,7 +330,7 @@ impl Session {
             };
             self.window.set_relevance(id, s);
         }
-        self.recall_scored()
+        self.recall_scored(page)
     }
 }
 

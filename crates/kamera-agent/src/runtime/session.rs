@@ -132,6 +132,9 @@ pub struct SessionStats {
     pub prefill_tokens: usize,
     /// Of those, tokens prefilled again after the answer to repair survivors of evictions.
     pub repair_tokens: usize,
+    /// Of those, tokens of a question's page placed blind, prefilled again before the answer.
+    #[serde(default)]
+    pub read_repair_tokens: usize,
     /// Tokens placed from canonical KV (relocated, patched) without a prefill.
     pub placed_tokens: usize,
     pub patches_formed: usize,
@@ -163,6 +166,7 @@ impl SessionStats {
             relocations: self.relocations - earlier.relocations,
             prefill_tokens: self.prefill_tokens - earlier.prefill_tokens,
             repair_tokens: self.repair_tokens - earlier.repair_tokens,
+            read_repair_tokens: self.read_repair_tokens - earlier.read_repair_tokens,
             placed_tokens: self.placed_tokens - earlier.placed_tokens,
             patches_formed: self.patches_formed - earlier.patches_formed,
             patches_applied: self.patches_applied - earlier.patches_applied,
@@ -359,18 +363,26 @@ impl Session {
             let s = if Some(*id) == self.last { f64::INFINITY } else { *s };
             self.window.set_relevance(id, s);
         }
-        self.recall_scored()
+        self.recall_scored(&[])
     }
 
     /// Brings back the evicted chunks whose relevance, as set on the window, is above
     /// [`SessionConfig::min_relevance`] (what [`Session::recall_relevant`] and the page-aware
     /// recall end with).
-    pub(crate) fn recall_scored(&mut self) -> Result<Applied> {
+    /// Recalls by the relevance scores set; then, before a question reads `read` (its page's
+    /// chunks), those of them placed blind are prefilled again where the cost model says so
+    /// ([`kamera_sched::Window::repair_read`]).
+    pub(crate) fn recall_scored(&mut self, read: &[ChunkId]) -> Result<Applied> {
         let store = self.store.clone();
-        let plan = self
+        let mut plan = self
             .window
             .recall_relevant(self.cfg.min_relevance, &|k| Self::stored(store.as_ref(), k))?;
         self.stats.recalls += plan.count("place") + plan.count("prefill");
+        if !read.is_empty() {
+            let repair = self.window.repair_read(read);
+            self.stats.read_repair_tokens += repair.prefill_tokens(|id| self.tokens_of(id));
+            plan.append(repair);
+        }
         self.apply(None, None, plan)
     }
 

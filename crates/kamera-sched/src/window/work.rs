@@ -1,5 +1,6 @@
 //! The work a window plans beyond placement, each priced by the cost model: keeping canonical
-//! records from resident KV, the session's own record of patch reuse, and survivor repair.
+//! records from resident KV, the session's own record of patch reuse, survivor repair, and the
+//! repair of the pages a question reads.
 
 use kamera_store::{ChunkId, Key};
 
@@ -75,6 +76,53 @@ impl Window {
             let s = &mut self.slots[i];
             s.state = SlotState::Exact;
             s.shifted = false;
+        }
+        plan.decisions.push(d);
+        plan
+    }
+
+    /// Before a question reads `chunks` (its page): those of them resident with KV placed blind
+    /// (relocated after other chunks, or re-rotated survivors of an eviction) are prefilled again
+    /// in place, on the path to the answer, where the cost model says a read of blind KV would
+    /// cost more KL than its budget ([`crate::CostModel::read`]); where it says a patch pays,
+    /// each one's patch for this context is kept too (in the background), so that a later
+    /// recall into the same context is placed with it and needs no repair. The chunks after them
+    /// keep their KV (the executor writes the context again from the first one that changed).
+    pub fn repair_read(&mut self, chunks: &[ChunkId]) -> Plan {
+        let mut plan = Plan::default();
+        let blind: Vec<usize> = (0..self.slots.len())
+            .filter(|&i| {
+                let s = &self.slots[i];
+                chunks.contains(&s.chunk)
+                    && !s.pinned
+                    && (s.shifted || (s.state == SlotState::Relocated && s.start > 0))
+            })
+            .collect();
+        let Some(&first) = blind.first() else {
+            return plan;
+        };
+        let tokens: usize = blind.iter().map(|&i| self.slots[i].n_tokens).sum();
+        let d = self
+            .cfg
+            .cost
+            .read(tokens, self.slots[first].start as usize, self.expected_reuses());
+        if matches!(d.choice, Choice::Reprefill | Choice::PrefillKeepPatch) {
+            for i in blind {
+                let (chunk, start) = (self.slots[i].chunk, self.slots[i].start);
+                plan.push(Step::Prefill {
+                    chunk,
+                    at: start,
+                    alone: false,
+                });
+                let key = self.key_after(chunk, i, start);
+                if d.choice == Choice::PrefillKeepPatch && self.patches.insert(key) {
+                    plan.later(Step::StorePatch { chunk, key });
+                    self.formed += 1;
+                }
+                let s = &mut self.slots[i];
+                s.state = SlotState::Exact;
+                s.shifted = false;
+            }
         }
         plan.decisions.push(d);
         plan
