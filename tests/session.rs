@@ -126,12 +126,9 @@ fn an_mla_models_recall_with_its_patch_is_closer_to_full_than_blind() -> anyhow:
     Ok(())
 }
 
-/// The live context keeps the last model call's prompt rows while the window is unchanged: a
-/// second call whose prompt shares its start prefills only the rest, with the logits of a full
-/// prefill of the same tokens; the decoded tokens are cut off; a change to the window drops the
-/// kept prompt; [`Session::context`] always gives the window alone.
-#[test]
-fn the_next_prompt_reuses_the_last_prompts_rows() -> anyhow::Result<()> {
+/// A session with room for every page (window 400) holding the pinned goal and the vault page;
+/// the model, its `Llm`, the session and the window's length.
+fn vault_session() -> anyhow::Result<(Arc<Model>, Llm, Session, usize)> {
     let model = model();
     let llm = Llm::new(model.clone());
     let cfg = SessionConfig {
@@ -142,6 +139,16 @@ fn the_next_prompt_reuses_the_last_prompts_rows() -> anyhow::Result<()> {
     s.pin(&llm.prefix_text("Find who keeps the vault key."))?;
     s.observe(PAGES[0])?;
     let window = s.context()?.len();
+    Ok((model, llm, s, window))
+}
+
+/// The live context keeps the last model call's prompt rows while the window is unchanged: a
+/// second call whose prompt shares its start prefills only the rest, with the logits of a full
+/// prefill of the same tokens; the decoded tokens are cut off; a change to the window drops the
+/// kept prompt; [`Session::context`] always gives the window alone.
+#[test]
+fn the_next_prompt_reuses_the_last_prompts_rows() -> anyhow::Result<()> {
+    let (model, llm, mut s, window) = vault_session()?;
     let choices = ["Mira Solberg".to_string(), "Ada Brandt".to_string()];
     let first = llm.choose(s.live()?, "Who keeps the vault key?", &choices)?;
     assert_eq!((first.context_tokens, first.prompt_reused), (window, 0));
@@ -193,16 +200,7 @@ fn the_next_prompt_reuses_the_last_prompts_rows() -> anyhow::Result<()> {
 /// are those of the prompt prefilled over that window.
 #[test]
 fn a_layout_that_comes_back_gets_its_prompts_rows_back() -> anyhow::Result<()> {
-    let model = model();
-    let llm = Llm::new(model.clone());
-    let cfg = SessionConfig {
-        window_tokens: 400,
-        ..SessionConfig::default()
-    };
-    let mut s = Session::new(model.clone(), Arc::new(MemStore::new()), Box::new(CpuBackend), cfg);
-    s.pin(&llm.prefix_text("Find who keeps the vault key."))?;
-    s.observe(PAGES[0])?;
-    let window = s.context()?.len();
+    let (model, llm, mut s, window) = vault_session()?;
     let choices = ["Mira Solberg".to_string(), "Ada Brandt".to_string()];
     let first = llm.choose(s.live()?, "Who keeps the vault key?", &choices)?;
     assert_eq!(first.prompt_reused, 0);
@@ -235,16 +233,7 @@ fn a_layout_that_comes_back_gets_its_prompts_rows_back() -> anyhow::Result<()> {
 /// does, and a prompt swapped back in gives the logits of the same prompt over its kept rows.
 #[test]
 fn two_prompts_over_one_window_keep_both_branches() -> anyhow::Result<()> {
-    let model = model();
-    let llm = Llm::new(model.clone());
-    let cfg = SessionConfig {
-        window_tokens: 400,
-        ..SessionConfig::default()
-    };
-    let mut s = Session::new(model.clone(), Arc::new(MemStore::new()), Box::new(CpuBackend), cfg);
-    s.pin(&llm.prefix_text("Find who keeps the vault key."))?;
-    s.observe(PAGES[0])?;
-    let window = s.context()?.len();
+    let (model, llm, mut s, window) = vault_session()?;
     let a = llm.tokens("Question: who keeps the vault key? Answer:", false)?;
     let b = llm.tokens("Question: what is the vault code? Answer:", false)?;
     let shared = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
