@@ -332,6 +332,23 @@ impl Session {
         }
         self.recall_scored(page)
     }
+
+    /// Recalls by the relevance scores set; then, before a question reads `read` (its page's
+    /// chunks), those of them placed blind are prefilled again where the cost model says so
+    /// ([`kamera_sched::Window::repair_read`]).
+    pub(crate) fn recall_scored(&mut self, read: &[ChunkId]) -> Result<Applied> {
+        let store = self.store.clone();
+        let mut plan = self
+            .window
+            .recall_relevant(self.cfg.min_relevance, &|k| Self::stored(store.as_ref(), k))?;
+        self.stats.recalls += plan.count("place") + plan.count("prefill");
+        if !read.is_empty() {
+            let repair = self.window.repair_read(read);
+            self.stats.read_repair_tokens += repair.prefill_tokens(|id| self.tokens_of(id));
+            plan.append(repair);
+        }
+        self.apply(None, None, plan)
+    }
 }
 
 #[cfg(test)]

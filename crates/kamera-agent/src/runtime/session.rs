@@ -369,22 +369,6 @@ impl Session {
     /// Brings back the evicted chunks whose relevance, as set on the window, is above
     /// [`SessionConfig::min_relevance`] (what [`Session::recall_relevant`] and the page-aware
     /// recall end with).
-    /// Recalls by the relevance scores set; then, before a question reads `read` (its page's
-    /// chunks), those of them placed blind are prefilled again where the cost model says so
-    /// ([`kamera_sched::Window::repair_read`]).
-    pub(crate) fn recall_scored(&mut self, read: &[ChunkId]) -> Result<Applied> {
-        let store = self.store.clone();
-        let mut plan = self
-            .window
-            .recall_relevant(self.cfg.min_relevance, &|k| Self::stored(store.as_ref(), k))?;
-        self.stats.recalls += plan.count("place") + plan.count("prefill");
-        if !read.is_empty() {
-            let repair = self.window.repair_read(read);
-            self.stats.read_repair_tokens += repair.prefill_tokens(|id| self.tokens_of(id));
-            plan.append(repair);
-        }
-        self.apply(None, None, plan)
-    }
 
     /// Evicts a placed chunk (its canonical KV stays in the store; the chunks after it are
     /// re-rotated).
@@ -499,7 +483,7 @@ impl Session {
         Ok(t)
     }
 
-    fn tokens_of(&self, id: &ChunkId) -> usize {
+    pub(crate) fn tokens_of(&self, id: &ChunkId) -> usize {
         self.exec.encoder().content.get(id).map_or(0, |c| c.tokens.len())
     }
 
