@@ -333,8 +333,10 @@ impl Session {
         self.recall_scored(page)
     }
 
-    /// Recalls by the relevance scores set; then, before a question reads `read` (its page's
-    /// chunks), those of them placed blind are prefilled again where the cost model says so
+    /// Brings back the evicted chunks whose relevance, as set on the window, is above
+    /// [`crate::SessionConfig::min_relevance`] (what [`Session::recall_relevant`] and the
+    /// page-aware recall end with); then, before a question reads `read` (its page's chunks),
+    /// those of them placed blind are prefilled again where the cost model says so
     /// ([`kamera_sched::Window::repair_read`]).
     pub(crate) fn recall_scored(&mut self, read: &[ChunkId]) -> Result<Applied> {
         let store = self.store.clone();

@@ -366,10 +366,6 @@ impl Session {
         self.recall_scored(&[])
     }
 
-    /// Brings back the evicted chunks whose relevance, as set on the window, is above
-    /// [`SessionConfig::min_relevance`] (what [`Session::recall_relevant`] and the page-aware
-    /// recall end with).
-
     /// Evicts a placed chunk (its canonical KV stays in the store; the chunks after it are
     /// re-rotated).
     pub fn evict(&mut self, id: &ChunkId) -> Result<Applied> {
