@@ -99,11 +99,10 @@ impl<'a> Live<'a> {
             return Ok(());
         };
         let now = common_prefix(tail, prompt);
-        let better = rows.best_prefix(*layout, prompt) > now;
-        if !better && now >= tail.len() {
+        let incoming = rows.take_best(*layout, prompt, now);
+        if incoming.is_none() && now >= tail.len() {
             return Ok(());
         }
-        let incoming = if better { rows.take_best(*layout, prompt) } else { None };
         if !tail.is_empty() {
             let kv = self
                 .ctx

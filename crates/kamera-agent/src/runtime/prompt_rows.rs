@@ -80,13 +80,15 @@ impl PromptRows {
     }
 
     /// How many leading tokens of `prompt` the best kept prompt of `layout` holds.
+    #[cfg(test)]
     pub fn best_prefix(&self, layout: u64, prompt: &[u32]) -> usize {
         self.best(layout, prompt).map_or(0, |(_, n)| n)
     }
 
-    /// The kept prompt of `layout` sharing the most leading tokens with `prompt`, removed.
-    pub fn take_best(&mut self, layout: u64, prompt: &[u32]) -> Option<(Vec<u32>, ChunkKv)> {
-        let (i, _) = self.best(layout, prompt)?;
+    /// The kept prompt of `layout` sharing the most leading tokens with `prompt`, removed, if
+    /// it shares more than `than` (what the live context already holds).
+    pub fn take_best(&mut self, layout: u64, prompt: &[u32], than: usize) -> Option<(Vec<u32>, ChunkKv)> {
+        let (i, _) = self.best(layout, prompt).filter(|(_, n)| *n > than)?;
         self.remove(i)
     }
 
@@ -167,7 +169,7 @@ mod tests {
         p.keep(a, vec![1, 2, 3, 4, 6], rows(5));
         assert_eq!(p.tokens(), 13, "a longer prompt replaces the one it starts with");
         assert_eq!(
-            p.take_best(a, &[1, 2, 3, 4, 6, 0]).map(|t| t.0),
+            p.take_best(a, &[1, 2, 3, 4, 6, 0], 0).map(|t| t.0),
             Some(vec![1, 2, 3, 4, 6])
         );
         assert_eq!(p.best_prefix(a, &[1, 2, 3, 4, 6, 0]), 2, "taken out");
