@@ -207,6 +207,7 @@ pub fn cost_model(
             cost.recall_blind_kl = blind.recall;
             cost.survivor_blind_kl = blind.survivors;
             cost.read_blind_kl = blind.read;
+            cost.blind_kl_window = blind.window;
         }
         None => missing.push(format!(
             "no measured blind-placement KL (predicted {:.2} for recalls, {:.2} for survivors, {:.2} for a question's read: above the KL budget {:.2}, so they are patched or re-prefilled)",

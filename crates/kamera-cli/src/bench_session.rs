@@ -437,7 +437,8 @@ pub fn run(a: SessionArgs) -> Result<()> {
                 format!("{:?} {:?}", p.rank, p.dtype).to_lowercase()
             }
         },
-        blind_kl: [cost.recall_blind_kl, cost.survivor_blind_kl, cost.read_blind_kl],
+        // As predicted at this window (the survivors' and the read's scale with it).
+        blind_kl: [cost.recall_blind_kl, cost.survivor_kl(a.window), cost.read_kl(a.window)],
         seed: a.seed,
         threads,
     };

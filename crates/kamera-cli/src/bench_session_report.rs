@@ -326,7 +326,7 @@ pub fn markdown(s: &Summary) -> String {
     let c = &s.session;
     let _ = writeln!(
         m,
-        "Kamera: {} hit, {} new, {} recall, {} evict, {} relocate; {} patches formed, {} applied; {:.0} ms deferred work in all ({} repair tokens); {} tokens of questions' pages prefilled again before the answer.",
+        "Kamera: {} hit, {} new, {} recall, {} evict, {} relocate; {} patches formed, {} applied; {:.0} ms deferred work in all ({:.0} ms forward passes, {} of them repair tokens; {:.0} ms patch SVDs); {} tokens of questions' pages prefilled again before the answer.",
         c.hits,
         c.new,
         c.recalls,
@@ -335,7 +335,9 @@ pub fn markdown(s: &Summary) -> String {
         c.patches_formed,
         c.patches_applied,
         c.deferred_ms,
+        c.deferred_prefill_ms,
         c.repair_tokens,
+        c.deferred_patch_ms,
         c.read_repair_tokens
     );
     let r = &s.radix;

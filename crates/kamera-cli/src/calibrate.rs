@@ -8,7 +8,6 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use clap::Args;
 use kamera_gpu::{Backend, CpuBackend};
-use kamera_ops::{DType, PatchConfig};
 use kamera_sched::CostModel;
 use kamera_store::{ChunkId, ChunkStore, Key, ModelFp, Record, SledStore, StoreConfig};
 
@@ -54,11 +53,24 @@ pub fn run(a: CalibrateArgs) -> Result<()> {
     let nf = n as f64;
     let attn = ((t_after - t_alone) * 1e6 / (nf * a.context as f64)).max(0.0);
     let per_token = (t_alone * 1e6 / nf - attn * nf / 2.0).max(0.0);
-    // SVD of the deficit (forming a patch from a conditioned prefill already done).
-    let cfg = PatchConfig::fixed(16, DType::F32);
+    // Forming the patch the runtime forms for this model (its measured point, with its
+    // quantisation and refit), from a conditioned prefill already done: the SVDs and the coding.
+    let home = kamera_model::default_home();
+    let runtime_cost = kamera_agent::cost_model(
+        &model,
+        &kamera_agent::CalibrationSource::Defaults,
+        &kamera_agent::BasisSource::Installed,
+        &home,
+    )?;
+    let cfg = runtime_cost.patch_config();
+    let label = runtime_cost
+        .patch_point()
+        .map_or_else(|| format!("{:?}", cfg.rank), |p| p.label.clone());
     let (t_svd, patch) = best(a.reps, || {
         Ok(kamera_ops::form_patch(&cond.chunk, &canon.chunk, model.rope(), &cfg)?)
     })?;
+    // The cost model adds a transform-coded point's own coding cost to `svd_us_per_token`.
+    let coding_us = runtime_cost.patch_point().map_or(0.0, |p| p.form_us_per_token);
     // Relocation and relocation + patch through the backend.
     let backend = CpuBackend;
     let bytes = canon.chunk.kv_bytes() as f64;
@@ -92,7 +104,7 @@ pub fn run(a: CalibrateArgs) -> Result<()> {
         attn_us_per_token_ctx: attn,
         place_us_per_token: per(t_patch),
         read_us_per_token: per(t_read),
-        svd_us_per_token: per(t_svd),
+        svd_us_per_token: (per(t_svd) - coding_us).max(0.0),
         ..CostModel::default()
     };
     let gb_s = |t: f64| bytes / t / 1e9;
@@ -111,7 +123,7 @@ pub fn run(a: CalibrateArgs) -> Result<()> {
         store_write_gb_s: gb_s(t_write),
         cost,
     };
-    let p = kamera_agent::Calibration::path(&kamera_model::default_home(), &model);
+    let p = kamera_agent::Calibration::path(&home, &model);
     cal.write(&p)?;
     println!("model       {} ({} tokens probed, {} cores)", cal.model, n, cal.cores);
     println!(
@@ -119,13 +131,13 @@ pub fn run(a: CalibrateArgs) -> Result<()> {
         cal.prefill_tok_s, per_token, attn
     );
     println!(
-        "relocate    {:.2} GB/s; + rank-16 patch {:.2} GB/s ({:.1} µs/token)",
+        "relocate    {:.2} GB/s; + {label} patch {:.2} GB/s ({:.1} µs/token)",
         cal.relocate_gb_s,
         cal.patch_gb_s,
         per(t_patch)
     );
     println!(
-        "svd         {:.0} µs/token (rank-16 patch of {n} tokens in {:.0} ms)",
+        "svd         {:.0} µs/token (forming a {label} patch of {n} tokens in {:.0} ms)",
         per(t_svd),
         t_svd * 1e3
     );

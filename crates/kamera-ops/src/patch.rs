@@ -4,6 +4,8 @@
 
 use std::sync::Arc;
 
+use rayon::prelude::*;
+
 use crate::chunk::{ChunkKv, LayerKv};
 use crate::deficit::{Deficit, deficit};
 use crate::error::{Result, invalid, shape};
@@ -270,39 +272,43 @@ impl Patch {
                 "already quantised or transform-coded",
             ));
         }
-        let mut layers = Vec::with_capacity(self.layers.len());
-        let mut scales = Vec::with_capacity(self.layers.len());
-        for (l, lp) in self.layers.iter().enumerate() {
-            let q = |lr: &LowRank, ch: usize| {
-                let fixed = match (quant, grain) {
-                    (Quant::Int4Mixed, None) => return quantise_auto(lr),
-                    (Quant::Int4Mixed, Some(g)) => g[ch],
-                    _ if !refit => return quantise(lr, quant),
-                    _ => {
-                        let g = quant.grain().unwrap_or_default();
-                        [g, g]
+        // One layer per task (independent: the same codes on any thread count).
+        let quantised: Vec<(LayerPatch, (Scales, Scales))> = self
+            .layers
+            .par_iter()
+            .enumerate()
+            .map(|(l, lp)| {
+                let q = |lr: &LowRank, ch: usize| {
+                    let fixed = match (quant, grain) {
+                        (Quant::Int4Mixed, None) => return quantise_auto(lr),
+                        (Quant::Int4Mixed, Some(g)) => g[ch],
+                        _ if !refit => return quantise(lr, quant),
+                        _ => {
+                            let g = quant.grain().unwrap_or_default();
+                            [g, g]
+                        }
+                    };
+                    if !refit {
+                        return quantise_grains(lr, quant, fixed);
                     }
+                    let w = rows.map(|w| {
+                        let (k, v) = &w.layers[l];
+                        if ch == 0 { k } else { v }
+                    });
+                    quantise_refit(
+                        lr,
+                        quant,
+                        fixed,
+                        w.and_then(|w| w.rows.as_deref()),
+                        w.and_then(|w| w.cols.as_deref()),
+                    )
                 };
-                if !refit {
-                    return quantise_grains(lr, quant, fixed);
-                }
-                let w = rows.map(|w| {
-                    let (k, v) = &w.layers[l];
-                    if ch == 0 { k } else { v }
-                });
-                quantise_refit(
-                    lr,
-                    quant,
-                    fixed,
-                    w.and_then(|w| w.rows.as_deref()),
-                    w.and_then(|w| w.cols.as_deref()),
-                )
-            };
-            let (k, sk) = q(&lp.k, 0)?;
-            let (v, sv) = q(&lp.v, 1)?;
-            layers.push(LayerPatch { k, v });
-            scales.push((sk, sv));
-        }
+                let (k, sk) = q(&lp.k, 0)?;
+                let (v, sv) = q(&lp.v, 1)?;
+                Ok((LayerPatch { k, v }, (sk, sv)))
+            })
+            .collect::<Result<_>>()?;
+        let (layers, scales) = quantised.into_iter().unzip();
         Patch::with_quant(self.layout, self.n_tokens, layers, quant, scales)
     }
     /// This patch with each factor pair's spectrum cut to the singular values it keeps (the
@@ -402,9 +408,10 @@ pub fn patch_from_deficit(d: &Deficit, layout: &KvLayout, kv_bytes: usize, cfg: 
         }
         return transform_patch(d, layout, kv_bytes, &cfg.rank, coding);
     }
+    // One layer per task: the layers are independent (the same result on any thread count).
     let svds: Vec<(Svd, Svd)> = d
         .layers
-        .iter()
+        .par_iter()
         .map(|(k, v)| Ok((Svd::compute(k)?, Svd::compute(v)?)))
         .collect::<Result<_>>()?;
     patch_from_svds(&svds, d.n_tokens(), layout, kv_bytes, cfg)
@@ -443,7 +450,7 @@ pub fn patch_from_deficit_weighted(
     }
     let svds: Vec<(Svd, Svd)> = d
         .layers
-        .iter()
+        .par_iter()
         .zip(&weights.layers)
         .map(|((k, v), (wk, wv))| Ok((Svd::compute_weighted(k, wk)?, Svd::compute_weighted(v, wv)?)))
         .collect::<Result<_>>()?;

@@ -79,6 +79,13 @@ pub struct CostModel {
     /// the answer ([`crate::Window::repair_read`]). The runtime sets the model's measured value;
     /// default 0.1.
     pub read_blind_kl: f64,
+    /// The window (tokens) the survivors' and the read's blind KLs were measured at; 0: not
+    /// scaled. A survivor re-rotated blind still holds what the evicted chunks wrote into it,
+    /// and a read goes through all of it, so the predicted KL grows with the stale KV a read
+    /// crosses: both are scaled by `window / blind_kl_window` ([`CostModel::survivor_kl`]).
+    /// Measured on Qwen2.5-0.5B: the steps after a slide cost mean KL 5.1e-3 at window 512 and
+    /// 9.6e-3 at 1024 (bench/session, qwen-w512-read and qwen-w1024-read).
+    pub blind_kl_window: usize,
 }
 
 /// Where a chunk's canonical record (the KV a recall relocates) comes from.
@@ -146,6 +153,7 @@ impl Default for CostModel {
             recall_blind_kl: 0.1,
             survivor_blind_kl: 0.1,
             read_blind_kl: 0.1,
+            blind_kl_window: 0,
         }
     }
 }
@@ -274,6 +282,25 @@ impl CostModel {
     pub fn svd(&self, n: usize) -> f64 {
         let coding = self.patch_point().map_or(0.0, |p| p.form_us_per_token);
         n as f64 * (self.svd_us_per_token + coding)
+    }
+
+    /// `kl`, a blind KL measured at [`CostModel::blind_kl_window`], predicted for a window of
+    /// `window` tokens (in proportion to the stale KV a read crosses).
+    fn at_window(&self, kl: f64, window: usize) -> f64 {
+        if self.blind_kl_window == 0 || window == 0 {
+            return kl;
+        }
+        kl * window as f64 / self.blind_kl_window as f64
+    }
+
+    /// Predicted KL of survivors of an eviction re-rotated blind, in a window of `window` tokens.
+    pub fn survivor_kl(&self, window: usize) -> f64 {
+        self.at_window(self.survivor_blind_kl, window)
+    }
+
+    /// Predicted KL of a question's read of a page placed blind, in a window of `window` tokens.
+    pub fn read_kl(&self, window: usize) -> f64 {
+        self.at_window(self.read_blind_kl, window)
     }
 
     /// Predicted µs of running `steps` in order (`tokens` of each chunk by id): forward passes
@@ -435,46 +462,78 @@ impl CostModel {
         }
     }
 
-    /// What happens to the survivors of an eviction (`n` tokens from `ctx` on): re-rotated blind
-    /// (exact as rotation, their KV still conditioned on the evicted chunk), or repaired later
-    /// (prefilled again in place in the background), by predicted KL against the budget.
-    pub fn survivors(&self, n: usize, ctx: usize) -> Decision {
+    /// What happens to the survivors of an eviction (`n` tokens from `ctx` on, in a window of
+    /// `window` tokens): re-rotated blind (exact as rotation, their KV still conditioned on the
+    /// evicted chunk), or repaired later (prefilled again in place in the background), by
+    /// predicted KL ([`CostModel::survivor_kl`]) against the budget. A repair also keeps each
+    /// survivor's difference to its canonical KV as the patch for its new context
+    /// (`PrefillKeepPatch`: SVDs, no extra forward pass) where `expected_reuses` (the window's
+    /// own record) times the repair a recurring layout then skips outweighs the SVDs.
+    pub fn survivors(&self, n: usize, ctx: usize, window: usize, expected_reuses: f64) -> Decision {
         let blind = self.reuse(n);
         let repair = blind + self.prefill(n, ctx);
-        let (choice, reason) = if self.survivor_blind_kl <= self.kl_budget {
+        let options = vec![
+            (Choice::Blind, blind),
+            (Choice::Reprefill, repair),
+            (Choice::PrefillKeepPatch, repair + self.svd(n)),
+        ];
+        let kl = self.survivor_kl(window);
+        let (choice, reason) = if kl <= self.kl_budget {
+            (Choice::Blind, self.within("re-rotated only", kl))
+        } else {
+            let saved = expected_reuses * self.prefill(n, ctx);
+            let over = format!(
+                "re-rotated now, repaired after the answer: blind survivors' predicted KL {kl:.2e} at window {window} is over the budget {:.2e}",
+                self.kl_budget
+            );
+            self.keep_or_not(over, n, saved, expected_reuses)
+        };
+        Decision {
+            op: "survivors",
+            chunk: None,
+            choice,
+            options,
+            reason,
+        }
+    }
+
+    /// The reason for a blind choice within the budget.
+    fn within(&self, what: &str, kl: f64) -> String {
+        format!("{what}: predicted KL {kl:.2e} within the budget {:.2e}", self.kl_budget)
+    }
+
+    /// A prefill again in place that keeps its patch where `saved` (µs over `expected_reuses`)
+    /// outweighs the SVDs of `n` tokens, else a prefill alone.
+    fn keep_or_not(&self, over: String, n: usize, saved: f64, expected_reuses: f64) -> (Choice, String) {
+        let svd = self.svd(n) / 1000.0;
+        if saved > self.svd(n) {
             (
-                Choice::Blind,
+                Choice::PrefillKeepPatch,
                 format!(
-                    "re-rotated only: predicted KL {:.2e} within the budget {:.2e}",
-                    self.survivor_blind_kl, self.kl_budget
+                    "{over}; patch kept: {svd:.1} ms of SVD saves {:.1} ms over {expected_reuses:.2} expected reuses",
+                    saved / 1000.0
                 ),
             )
         } else {
             (
                 Choice::Reprefill,
                 format!(
-                    "re-rotated now, repaired after the answer: blind survivors' predicted KL {:.2e} is over the budget {:.2e}",
-                    self.survivor_blind_kl, self.kl_budget
+                    "{over}; no patch kept: {svd:.1} ms of SVD would save {:.1} ms over {expected_reuses:.2} expected reuses",
+                    saved / 1000.0
                 ),
             )
-        };
-        Decision {
-            op: "survivors",
-            chunk: None,
-            choice,
-            options: vec![(Choice::Blind, blind), (Choice::Reprefill, repair)],
-            reason,
         }
     }
 
-    /// What a question's read of pages placed blind (`n` tokens, the first at `ctx`) gets: read
-    /// as placed, or those pages prefilled again in place before the answer (on the path to the
-    /// first token: the answer is what must be exact), by predicted KL against the budget. A
+    /// What a question's read of pages placed blind (`n` tokens, the first at `ctx`, in a window
+    /// of `window` tokens) gets: read as placed, or those pages prefilled again in place before
+    /// the answer (on the path to the first token: the answer is what must be exact), by
+    /// predicted KL ([`CostModel::read_kl`]) against the budget. A
     /// repair also keeps its difference to the canonical KV as the patch for this context
     /// (`PrefillKeepPatch`: an SVD in the background, no extra forward pass) where the expected
     /// reuses of a patch (`expected_reuses`, the window's own record) times the repair a later
     /// recall into the same context then skips outweigh the SVD.
-    pub fn read(&self, n: usize, ctx: usize, expected_reuses: f64) -> Decision {
+    pub fn read(&self, n: usize, ctx: usize, window: usize, expected_reuses: f64) -> Decision {
         let prefill = self.prefill(n, ctx);
         let keep = prefill + self.svd(n);
         let options = vec![
@@ -482,39 +541,15 @@ impl CostModel {
             (Choice::Reprefill, prefill),
             (Choice::PrefillKeepPatch, keep),
         ];
-        let (choice, reason) = if self.read_blind_kl <= self.kl_budget {
-            (
-                Choice::Blind,
-                format!(
-                    "read as placed: predicted KL {:.2e} within the budget {:.2e}",
-                    self.read_blind_kl, self.kl_budget
-                ),
-            )
+        let kl = self.read_kl(window);
+        let (choice, reason) = if kl <= self.kl_budget {
+            (Choice::Blind, self.within("read as placed", kl))
         } else {
-            let saved = expected_reuses * prefill;
             let over = format!(
-                "a read of a page placed blind has predicted KL {:.2e}, over the budget {:.2e}",
-                self.read_blind_kl, self.kl_budget
+                "prefilled again in place before the answer (a read of a page placed blind has predicted KL {kl:.2e} at window {window}, over the budget {:.2e})",
+                self.kl_budget
             );
-            if saved > self.svd(n) {
-                (
-                    Choice::PrefillKeepPatch,
-                    format!(
-                        "prefilled again in place before the answer ({over}); its patch kept: {:.1} ms of SVD saves {:.1} ms over {expected_reuses:.2} expected reuses",
-                        self.svd(n) / 1000.0,
-                        saved / 1000.0
-                    ),
-                )
-            } else {
-                (
-                    Choice::Reprefill,
-                    format!(
-                        "prefilled again in place before the answer ({over}); no patch kept: {:.1} ms of SVD would save {:.1} ms over {expected_reuses:.2} expected reuses",
-                        self.svd(n) / 1000.0,
-                        saved / 1000.0
-                    ),
-                )
-            }
+            self.keep_or_not(over, n, expected_reuses * prefill, expected_reuses)
         };
         Decision {
             op: "read",

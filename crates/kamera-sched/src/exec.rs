@@ -56,8 +56,10 @@ pub struct ExecStats {
     pub bytes_moved: u64,
     /// Time by kind of work, foreground and background together.
     pub time: Timings,
-    /// Of that, the background steps' own time.
+    /// Of that, the background steps' own time,
     pub background_ms: f64,
+    /// and by kind of work (repairs and canonical KV alone as prefill, SVDs as patch).
+    pub background: Timings,
 }
 
 /// A chunk's canonical KV as staged: the store's record itself (shared, not copied out of it) or
@@ -305,6 +307,7 @@ impl<E: Encoder, S: ChunkStore> Executor<E, S> {
         self.exact.clear();
         self.stats.background_prefill_tokens += self.stats.prefill_tokens - prefilled;
         self.stats.background_ms += ms(t0);
+        self.stats.background.add(&t);
         self.stats.time.add(&t);
         result?;
         Ok(t)
@@ -332,8 +335,11 @@ impl<E: Encoder, S: ChunkStore> Executor<E, S> {
         };
         let s = self.queued.remove(i);
         let t0 = Instant::now();
-        self.step(&s, t)?;
+        let mut own = Timings::default();
+        self.step(&s, &mut own)?;
         self.stats.background_ms += ms(t0);
+        self.stats.background.add(&own);
+        t.add(&own);
         Ok(())
     }
 

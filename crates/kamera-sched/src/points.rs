@@ -33,6 +33,8 @@ pub struct BlindKl {
     pub recall: f64,
     pub survivors: f64,
     pub read: f64,
+    /// The window (tokens) they were measured at ([`crate::CostModel::blind_kl_window`]).
+    pub window: usize,
 }
 
 /// 32 hex digits as a fingerprint (compile-time; a bad literal fails the build).
@@ -70,6 +72,7 @@ pub const KNOWN_MODELS: [KnownModel; 3] = [
             recall: 7.0e-2,
             survivors: 3.5e-2,
             read: 1.18e-1,
+            window: 512,
         }),
     },
     KnownModel {
@@ -82,6 +85,7 @@ pub const KNOWN_MODELS: [KnownModel; 3] = [
             recall: 5.8e-3,
             survivors: 5.1e-3,
             read: 2.9e-2,
+            window: 512,
         }),
     },
     KnownModel {

@@ -176,6 +176,10 @@ impl Window {
     fn pinned_tokens(&self) -> usize {
         self.slots.iter().filter(|s| s.pinned).map(|s| s.n_tokens).sum()
     }
+    /// The budget left to placed (unpinned) chunks: the window the blind KLs scale with.
+    fn unpinned_budget(&self) -> usize {
+        self.cfg.budget_tokens.saturating_sub(self.pinned_tokens())
+    }
     /// Position one past the last chunk (where the tail starts).
     pub fn end(&self) -> i64 {
         self.slots.last().map_or(0, Slot::end)

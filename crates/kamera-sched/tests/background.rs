@@ -14,9 +14,9 @@ use kamera_store::{ChunkId, ChunkStore, Key};
 #[test]
 fn repaired_survivors_are_exact_and_their_patches_restore_them() {
     let mut synth = Synth::new();
-    let ids: Vec<ChunkId> = (0..4).map(|i| synth.chunk(i, 6)).collect();
+    let ids: Vec<ChunkId> = (0..5).map(|i| synth.chunk(i, 6)).collect();
     let mut ex = executor(synth);
-    let mut wcfg = WindowConfig::new(18, model());
+    let mut wcfg = WindowConfig::new(24, model());
     // Blind survivors are predicted over the KL budget: they are repaired.
     wcfg.cost = CostModel {
         survivor_blind_kl: 1.0,
@@ -24,12 +24,14 @@ fn repaired_survivors_are_exact_and_their_patches_restore_them() {
         ..CostModel::default()
     };
     let mut w = Window::new(wcfg);
-    for id in &ids[..3] {
+    for id in &ids[..4] {
         ex.run_now(&w.insert(*id, 6).unwrap()).unwrap();
     }
-    // The fourth evicts the first; the second and third survive, shifted left.
-    ex.run_now(&w.insert(ids[3], 6).unwrap()).unwrap();
-    assert!(w.slot(&ids[1]).unwrap().shifted);
+    // The fifth frees half the window (survivors get repaired): the first two leave, the third
+    // and fourth survive, shifted left.
+    ex.run_now(&w.insert(ids[4], 6).unwrap()).unwrap();
+    assert!(w.slot(&ids[1]).is_none());
+    assert!(w.slot(&ids[2]).unwrap().shifted);
     let repair = w.repair();
     assert_eq!(repair.count("store-patch"), 3, "{repair}");
     ex.run(&repair).unwrap();

@@ -62,16 +62,27 @@ fn measured_blind_kls_set_each_models_default_policy() {
             recall_blind_kl: blind.recall,
             survivor_blind_kl: blind.survivors,
             read_blind_kl: blind.read,
+            blind_kl_window: blind.window,
             ..CostModel::default()
         };
         let recall = cost.recall(kamera_store::ChunkId::of(b"a page", "text", fp), 300, 200, false, 4.0);
-        let survivors = cost.survivors(300, 200);
+        let survivors = cost.survivors(300, 200, blind.window, 4.0);
         let want = blind_by_default.unwrap();
         assert_eq!(recall.choice == Choice::Blind, want, "{name}: {}", recall.reason);
         assert_eq!(survivors.choice == Choice::Blind, want, "{name}: {}", survivors.reason);
         // A question's read of a blind page costs more than the budget on both measured models.
-        let read = cost.read(130, 300, 0.0);
+        let read = cost.read(130, 300, blind.window, 0.0);
         assert_eq!(read.choice, Choice::Reprefill, "{name}: {}", read.reason);
+        // Twice the window: twice the stale KV a read crosses. Qwen2.5's survivors (5.1e-3 at
+        // 512, 1.02e-2 predicted at 1024; 9.6e-3 measured) go over the budget there.
+        let wide = cost.survivors(300, 200, 2 * blind.window, 4.0);
+        assert_ne!(
+            wide.choice,
+            Choice::Blind,
+            "{name} at window {}: {}",
+            2 * blind.window,
+            wide.reason
+        );
     }
     assert!(CostModel::default().recall_blind_kl > CostModel::default().kl_budget);
 }

@@ -148,6 +148,11 @@ pub struct SessionStats {
     /// answer or in the background): part of the session's total work, off the first token.
     #[serde(default)]
     pub deferred_ms: f64,
+    /// Of that, forward passes (survivor repair, canonical KV alone) and patch SVDs.
+    #[serde(default)]
+    pub deferred_prefill_ms: f64,
+    #[serde(default)]
+    pub deferred_patch_ms: f64,
     /// Model reads at which the held plans were replaced by building the window afresh
     /// ([`SessionConfig::lazy`]).
     #[serde(default)]
@@ -173,6 +178,8 @@ impl SessionStats {
             bytes_moved: self.bytes_moved - earlier.bytes_moved,
             images_encoded: self.images_encoded - earlier.images_encoded,
             deferred_ms: self.deferred_ms - earlier.deferred_ms,
+            deferred_prefill_ms: self.deferred_prefill_ms - earlier.deferred_prefill_ms,
+            deferred_patch_ms: self.deferred_patch_ms - earlier.deferred_patch_ms,
             rebuilds: self.rebuilds - earlier.rebuilds,
         }
     }
@@ -493,6 +500,8 @@ impl Session {
         self.stats.bytes_moved = x.bytes_moved + e.bytes_moved;
         self.stats.images_encoded = e.images_encoded;
         self.stats.deferred_ms = x.background_ms;
+        self.stats.deferred_prefill_ms = x.background.prefill_ms;
+        self.stats.deferred_patch_ms = x.background.patch_ms;
     }
 
     pub(crate) fn apply(&mut self, chunk: Option<ChunkId>, visit: Option<Visit>, plan: Plan) -> Result<Applied> {

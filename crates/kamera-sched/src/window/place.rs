@@ -131,7 +131,11 @@ impl Window {
         }
         self.slots = kept;
         if let Some(from) = from {
-            plan.decisions.push(self.cfg.cost.survivors(blind, from as usize));
+            let d = self
+                .cfg
+                .cost
+                .survivors(blind, from as usize, self.unpinned_budget(), self.expected_reuses());
+            plan.decisions.push(d);
         }
     }
 
@@ -181,13 +185,20 @@ impl Window {
         Ok(())
     }
 
-    /// Drops the tail and evicts by the configured order until `need` tokens fit.
+    /// Drops the tail and evicts by the configured order until `need` tokens fit. Where the
+    /// survivors of an eviction get repaired ([`Window::repairs_survivors`]), an eviction frees
+    /// at least half the unpinned window, so one repair serves the next few chunks.
     pub(super) fn make_room(&mut self, op: &'static str, need: usize, stored: &dyn Fn(&Key) -> bool) -> Result<Plan> {
         self.check_fits(op, need)?;
         let mut plan = Plan::default();
         self.drop_tail(&mut plan);
         let mut victims = BTreeSet::new();
         let mut used = self.chunk_tokens();
+        let need = if used + need > self.cfg.budget_tokens && self.repairs_survivors() {
+            need.max(self.unpinned_budget() / 2)
+        } else {
+            need
+        };
         let mut order: Vec<&Slot> = self.slots.iter().filter(|s| !s.pinned).collect();
         order.sort_by(|a, b| {
             rank(a, self.cfg.evict)

@@ -50,16 +50,22 @@ impl Window {
 
     /// The repair of survivors of evictions, where the cost model says blind survivors would cost
     /// more KL than its budget: from the first shifted chunk on, each placed chunk is prefilled
-    /// again in place (in the background, after the answer) and its patch for this context
-    /// stored, so the context is exact again and served exactly when it recurs.
+    /// again in place (in the background, after the answer), and where the window's record of
+    /// patch reuse pays for the SVDs its patch for this context is stored, so the context is
+    /// exact again and served exactly when it recurs.
     pub fn repair(&mut self) -> Plan {
         let mut plan = Plan::default();
         let Some(first) = self.slots.iter().position(|s| s.shifted && !s.pinned) else {
             return plan;
         };
         let tokens: usize = self.slots[first..].iter().map(|s| s.n_tokens).sum();
-        let d = self.cfg.cost.survivors(tokens, self.slots[first].start as usize);
-        if d.choice != Choice::Reprefill {
+        let d = self.cfg.cost.survivors(
+            tokens,
+            self.slots[first].start as usize,
+            self.unpinned_budget(),
+            self.expected_reuses(),
+        );
+        if d.choice == Choice::Blind {
             return plan;
         }
         for i in first..self.slots.len() {
@@ -71,14 +77,23 @@ impl Window {
                 alone: false,
             });
             let key = self.key_after(chunk, i, start);
-            plan.later(Step::StorePatch { chunk, key });
-            self.patches.insert(key);
+            if d.choice == Choice::PrefillKeepPatch && self.patches.insert(key) {
+                plan.later(Step::StorePatch { chunk, key });
+                self.formed += 1;
+            }
             let s = &mut self.slots[i];
             s.state = SlotState::Exact;
             s.shifted = false;
         }
         plan.decisions.push(d);
         plan
+    }
+
+    /// Whether survivors of an eviction in this window get repaired (their blind KL is over the
+    /// budget): evictions then free half the window at once ([`Window::make_room`]), as
+    /// llama.cpp's context shift does, so that one repair serves several new chunks.
+    pub(super) fn repairs_survivors(&self) -> bool {
+        self.cfg.cost.survivor_kl(self.unpinned_budget()) > self.cfg.cost.kl_budget
     }
 
     /// Before a question reads `chunks` (its page): those of them resident with KV placed blind
@@ -102,10 +117,12 @@ impl Window {
             return plan;
         };
         let tokens: usize = blind.iter().map(|&i| self.slots[i].n_tokens).sum();
-        let d = self
-            .cfg
-            .cost
-            .read(tokens, self.slots[first].start as usize, self.expected_reuses());
+        let d = self.cfg.cost.read(
+            tokens,
+            self.slots[first].start as usize,
+            self.unpinned_budget(),
+            self.expected_reuses(),
+        );
         if matches!(d.choice, Choice::Reprefill | Choice::PrefillKeepPatch) {
             for i in blind {
                 let (chunk, start) = (self.slots[i].chunk, self.slots[i].start);
