@@ -293,6 +293,8 @@ async fn navigation_off_allowed_origins_is_refused() -> Result<()> {
 /// The model policy always acts within the grammar: when SmolLM2's free JSON names no valid
 /// action, it ranks the page's valid actions; on click-test it clicks the button, in time for
 /// the scripted runs' reward floor.
+// Long: one end-to-end episode (fetch, serve, browse, act, score) with its assertions between
+// the steps they check.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn model_policy_acts_validly_on_miniwob_click_test() -> Result<()> {
     require_chromium();

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use kamera_agent::{Agent, Decision, Mind, Policy, resolve_target};
+use kamera_agent::{Agent, Mind, NextAction, Policy, resolve_target};
 use kamera_browser::{Action, Content, Observation, Server};
 
 /// The app's own policy: a small state machine over what it sees.
@@ -20,8 +20,8 @@ struct OrderBot {
 }
 
 impl Policy for OrderBot {
-    fn next(&mut self, _step: usize, obs: &Observation, mind: &mut Mind<'_>) -> kamera_agent::Result<Decision> {
-        let act = |action| Ok(Decision { action, model: None });
+    fn next(&mut self, _step: usize, obs: &Observation, mind: &mut Mind<'_>) -> kamera_agent::Result<NextAction> {
+        let act = |action| Ok(NextAction { action, model: None });
         let click = |target: &str| {
             resolve_target(obs, target)
                 .map(|id| Action::Click { id })
@@ -53,7 +53,7 @@ impl Policy for OrderBot {
                 let choices: Vec<String> = kamera_site::STATUSES.iter().map(|s| s.to_string()).collect();
                 let q = format!("What is the shipping status of order {}?", self.order);
                 let call = mind.llm.choose(&mut mind.view, &q, &choices)?;
-                Ok(Decision {
+                Ok(NextAction {
                     action: Action::Done {
                         answer: call.output.clone(),
                     },

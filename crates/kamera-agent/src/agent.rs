@@ -13,9 +13,9 @@ use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
+use crate::language_model::{LanguageModel, View};
 use crate::llm::Llm;
-use crate::lm::{LanguageModel, View};
-use crate::policy::{Decision, Mind, Policy};
+use crate::policy::{Mind, NextAction, Policy};
 use crate::runtime::pages::merge;
 use crate::runtime::{Applied, ApplyTimings, ObservedPage, Session, SessionStats};
 use crate::scenario::{MiniWobSpec, Scenario};
@@ -338,7 +338,7 @@ impl Run<'_, '_> {
 
     /// The policy's decision over the window's live context, and the milliseconds bringing that
     /// context up to date took (a full re-prefill without reuse).
-    fn decide(&mut self, step: usize, obs: &Observation) -> (Result<Decision>, f64) {
+    fn decide(&mut self, step: usize, obs: &Observation) -> (Result<NextAction>, f64) {
         let session = &mut *self.agent.session;
         let policy = &mut *self.agent.policy;
         let llm: &dyn LanguageModel = match &self.opts.language_model {
@@ -357,7 +357,7 @@ impl Run<'_, '_> {
             {
                 policy.retry_last();
             }
-            let text = crate::lm::window_text(session)?;
+            let text = crate::language_model::window_text(session)?;
             let mut mind = Mind {
                 llm,
                 view: View::new(session, &text),
@@ -375,7 +375,7 @@ impl Run<'_, '_> {
 
     /// Carries out a decision: `done` answers (and times the baseline when asked), anything else
     /// goes to the browser. Returns the error that ends the run, if any.
-    async fn act(&mut self, d: Decision, record: &mut StepRecord) -> Option<Error> {
+    async fn act(&mut self, d: NextAction, record: &mut StepRecord) -> Option<Error> {
         if let Some(m) = &d.model {
             record.timings.prefill_ms = m.timings.prefill_ms;
             record.timings.decode_ms = m.timings.decode_ms;

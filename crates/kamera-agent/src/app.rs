@@ -17,8 +17,8 @@ use crate::assemble::{
     BasisSource, CalibrationSource, ModelSource, RuntimeConfig, StoreSource, load_model, open_runtime,
 };
 use crate::error::{Error, Result};
+use crate::language_model::LanguageModel;
 use crate::llm::Llm;
-use crate::lm::LanguageModel;
 use crate::policy::{Decoding, ModelPolicy, Policy};
 use crate::runtime::Session;
 use crate::scenario::{Budget, Observe, PolicyKind, Scenario, Success};

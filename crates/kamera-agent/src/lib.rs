@@ -13,7 +13,7 @@
 //! is kamera-site, both `publish = false`: neither is part of this crate's API.
 //!
 //! ```
-//! use kamera_agent::{ActionSchema, Fit, LEAD, Scenario, Step};
+//! use kamera_agent::{ActionSchema, Fit, LEAD, Scenario, ScriptStep};
 //! use kamera_browser::{Action, Observation};
 //! // A page with a button and a text field: the actions it allows, as the model's JSON reply.
 //! let page: Observation = serde_json::from_value(serde_json::json!({
@@ -40,7 +40,7 @@
 //!     select = "#who"
 //!     option = "Bob"
 //! "##, "demo.toml".as_ref()).unwrap();
-//! assert_eq!(s.steps, [Step::Select { target: "#who".into(), option: "Bob".into() }]);
+//! assert_eq!(s.steps, [ScriptStep::Select { target: "#who".into(), option: "Bob".into() }]);
 //! assert!(Scenario::parse("name = \"x\"\ngoal = \"g\"\n[site]\nseed = 1\n[[steps]]\nback = false\n", "x.toml".as_ref()).is_err());
 //! ```
 
@@ -51,9 +51,9 @@ mod cache;
 mod calibration;
 mod error;
 mod json_schema;
+mod language_model;
 mod live;
 mod llm;
-mod lm;
 mod policy;
 mod runtime;
 mod scenario;
@@ -75,18 +75,18 @@ pub use cache::{ACTION_CACHE_VERSION, ActionCache, CacheStats, PageSig, Target, 
 pub use calibration::Calibration;
 pub use error::{Error, Result};
 pub use json_schema::JsonGrammar;
+pub use language_model::{LanguageModel, View};
 pub use live::Live;
 pub use llm::{CallTimings, Llm, ModelCall, parse_action};
-pub use lm::{LanguageModel, View};
 pub use policy::{
-    ACTION_GRAMMAR, Decision, Decoding, Mind, ModelPolicy, Policy, ScriptedPolicy, resolve_target, valid,
+    ACTION_GRAMMAR, Decoding, Mind, ModelPolicy, NextAction, Policy, ScriptedPolicy, resolve_target, valid,
 };
 pub use runtime::{
     Applied, ApplyTimings, Block, CHUNK_TOKENS_MAX, ObservedPage, PROMPT_ROWS_TOKENS, Relevance, Session,
     SessionConfig, SessionStats, split_page,
 };
 pub use scenario::{
-    Budget, DEFAULT_WAIT_MS, MiniWobSpec, Observe, PolicyKind, Scenario, SiteSpec, Step, Success, resolve,
+    Budget, DEFAULT_WAIT_MS, MiniWobSpec, Observe, PolicyKind, Scenario, ScriptStep, SiteSpec, Success, resolve,
 };
 pub use schema::{ActionSchema, Fit, Grammar, LEAD, Template};
 pub use trace::{

@@ -7,8 +7,8 @@ use kamera_browser::{Action, Observation};
 
 use crate::cache::ActionCache;
 use crate::error::Result;
+use crate::language_model::{LanguageModel, View};
 use crate::llm::ModelCall;
-use crate::lm::{LanguageModel, View};
 
 mod model;
 mod scripted;
@@ -30,9 +30,10 @@ pub struct Mind<'a> {
     pub origin: &'a str,
 }
 
-/// A policy's choice for one step.
+/// What a policy chose for one step: the next action and the model call behind it (named apart
+/// from kamera-sched's `Decision`, a plan's priced choice).
 #[derive(Debug, Clone)]
-pub struct Decision {
+pub struct NextAction {
     pub action: Action,
     /// The model call behind the action, when there was one.
     pub model: Option<ModelCall>,
@@ -40,7 +41,7 @@ pub struct Decision {
 
 /// Picks the next action. Synchronous: model work runs on the caller's blocking thread.
 pub trait Policy: Send {
-    fn next(&mut self, step: usize, obs: &Observation, mind: &mut Mind<'_>) -> Result<Decision>;
+    fn next(&mut self, step: usize, obs: &Observation, mind: &mut Mind<'_>) -> Result<NextAction>;
     /// The question the next model call will answer, when the policy knows it ahead: the
     /// session recalls the chunks relevant to it (with the goal and [`Policy::memory`]) first.
     fn focus(&self) -> Option<String> {

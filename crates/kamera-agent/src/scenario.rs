@@ -40,7 +40,7 @@ pub struct Scenario {
     #[serde(default)]
     pub budget: Budget,
     #[serde(default)]
-    pub steps: Vec<Step>,
+    pub steps: Vec<ScriptStep>,
     #[serde(default)]
     pub success: Success,
 }
@@ -194,7 +194,7 @@ impl Default for Budget {
 /// `choices`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(try_from = "RawStep", into = "RawStep")]
-pub enum Step {
+pub enum ScriptStep {
     /// Click the element matching a target: `#html-id`, `text:Visible text`, or `[3]` (element id).
     Click {
         target: String,
@@ -270,7 +270,7 @@ pub enum Step {
 /// How long a `wait_for` step waits when it names no `timeout_ms`.
 pub const DEFAULT_WAIT_MS: u64 = 5000;
 
-/// A step as written in TOML: a bag of optional keys, checked into a [`Step`].
+/// A step as written in TOML: a bag of optional keys, checked into a [`ScriptStep`].
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawStep {
@@ -322,10 +322,10 @@ struct RawStep {
     choices: Vec<String>,
 }
 
-impl TryFrom<RawStep> for Step {
+impl TryFrom<RawStep> for ScriptStep {
     type Error = String;
     // Long: one arm per step kind of the scenario format, after the checks between its keys.
-    fn try_from(r: RawStep) -> std::result::Result<Step, String> {
+    fn try_from(r: RawStep) -> std::result::Result<ScriptStep, String> {
         let keys = [
             ("click", r.click.is_some()),
             ("type", r.r#type.is_some()),
@@ -373,62 +373,62 @@ impl TryFrom<RawStep> for Step {
         Ok(match r {
             RawStep {
                 click: Some(target), ..
-            } => Step::Click { target },
+            } => ScriptStep::Click { target },
             RawStep {
                 r#type: Some(text),
                 into,
                 ..
-            } => Step::Type { text, into },
+            } => ScriptStep::Type { text, into },
             RawStep {
                 select: Some(target),
                 option,
                 ..
-            } => Step::Select {
+            } => ScriptStep::Select {
                 option: option.ok_or_else(|| format!("`select = {target:?}` needs an `option`"))?,
                 target,
             },
             RawStep {
                 check: Some(target), ..
-            } => Step::Check { target },
+            } => ScriptStep::Check { target },
             RawStep {
                 uncheck: Some(target), ..
-            } => Step::Uncheck { target },
+            } => ScriptStep::Uncheck { target },
             RawStep {
                 hover: Some(target), ..
-            } => Step::Hover { target },
+            } => ScriptStep::Hover { target },
             RawStep {
                 drag: Some(from), to, ..
-            } => Step::Drag {
+            } => ScriptStep::Drag {
                 to: to.ok_or_else(|| format!("`drag = {from:?}` needs a `to` target"))?,
                 from,
             },
             RawStep {
                 scroll_to: Some(target),
                 ..
-            } => Step::ScrollTo { target },
+            } => ScriptStep::ScrollTo { target },
             RawStep {
                 switch_tab: Some(index),
                 ..
-            } => Step::SwitchTab { index },
+            } => ScriptStep::SwitchTab { index },
             RawStep {
                 wait_for: Some(target),
                 timeout_ms,
                 ..
-            } => Step::WaitFor {
+            } => ScriptStep::WaitFor {
                 target,
                 ms: timeout_ms.unwrap_or(DEFAULT_WAIT_MS),
             },
-            RawStep { key: Some(key), .. } => Step::Key { key },
+            RawStep { key: Some(key), .. } => ScriptStep::Key { key },
             RawStep {
                 navigate: Some(url), ..
-            } => Step::Navigate { url },
-            RawStep { back: Some(true), .. } => Step::Back,
+            } => ScriptStep::Navigate { url },
+            RawStep { back: Some(true), .. } => ScriptStep::Back,
             RawStep { back: Some(false), .. } => {
                 return Err("`back = false` is not a step: write `back = true` to go back".into());
             }
-            RawStep { scroll: Some(dy), .. } if dy.is_finite() => Step::Scroll { dy },
+            RawStep { scroll: Some(dy), .. } if dy.is_finite() => ScriptStep::Scroll { dy },
             RawStep { scroll: Some(dy), .. } => return Err(format!("scroll {dy} is not a finite number")),
-            RawStep { wait_ms: Some(ms), .. } => Step::Wait { ms },
+            RawStep { wait_ms: Some(ms), .. } => ScriptStep::Wait { ms },
             RawStep {
                 remember: Some(name),
                 regex,
@@ -436,39 +436,39 @@ impl TryFrom<RawStep> for Step {
             } => {
                 let regex = regex.ok_or("`remember` needs a `regex`")?;
                 regex::Regex::new(&regex).map_err(|e| format!("remember {name:?}: bad regex: {e}"))?;
-                Step::Remember { name, regex }
+                ScriptStep::Remember { name, regex }
             }
             RawStep {
                 ask: Some(question),
                 choices,
                 ..
-            } => Step::Ask { question, choices },
+            } => ScriptStep::Ask { question, choices },
             _ => return Err("a step needs exactly one action key".into()),
         })
     }
 }
 
-impl From<Step> for RawStep {
-    fn from(s: Step) -> RawStep {
+impl From<ScriptStep> for RawStep {
+    fn from(s: ScriptStep) -> RawStep {
         let mut r = RawStep::default();
         match s {
-            Step::Click { target } => r.click = Some(target),
-            Step::Type { text, into } => (r.r#type, r.into) = (Some(text), into),
-            Step::Select { target, option } => (r.select, r.option) = (Some(target), Some(option)),
-            Step::Check { target } => r.check = Some(target),
-            Step::Uncheck { target } => r.uncheck = Some(target),
-            Step::Hover { target } => r.hover = Some(target),
-            Step::Drag { from, to } => (r.drag, r.to) = (Some(from), Some(to)),
-            Step::ScrollTo { target } => r.scroll_to = Some(target),
-            Step::SwitchTab { index } => r.switch_tab = Some(index),
-            Step::WaitFor { target, ms } => (r.wait_for, r.timeout_ms) = (Some(target), Some(ms)),
-            Step::Key { key } => r.key = Some(key),
-            Step::Navigate { url } => r.navigate = Some(url),
-            Step::Back => r.back = Some(true),
-            Step::Scroll { dy } => r.scroll = Some(dy),
-            Step::Wait { ms } => r.wait_ms = Some(ms),
-            Step::Remember { name, regex } => (r.remember, r.regex) = (Some(name), Some(regex)),
-            Step::Ask { question, choices } => (r.ask, r.choices) = (Some(question), choices),
+            ScriptStep::Click { target } => r.click = Some(target),
+            ScriptStep::Type { text, into } => (r.r#type, r.into) = (Some(text), into),
+            ScriptStep::Select { target, option } => (r.select, r.option) = (Some(target), Some(option)),
+            ScriptStep::Check { target } => r.check = Some(target),
+            ScriptStep::Uncheck { target } => r.uncheck = Some(target),
+            ScriptStep::Hover { target } => r.hover = Some(target),
+            ScriptStep::Drag { from, to } => (r.drag, r.to) = (Some(from), Some(to)),
+            ScriptStep::ScrollTo { target } => r.scroll_to = Some(target),
+            ScriptStep::SwitchTab { index } => r.switch_tab = Some(index),
+            ScriptStep::WaitFor { target, ms } => (r.wait_for, r.timeout_ms) = (Some(target), Some(ms)),
+            ScriptStep::Key { key } => r.key = Some(key),
+            ScriptStep::Navigate { url } => r.navigate = Some(url),
+            ScriptStep::Back => r.back = Some(true),
+            ScriptStep::Scroll { dy } => r.scroll = Some(dy),
+            ScriptStep::Wait { ms } => r.wait_ms = Some(ms),
+            ScriptStep::Remember { name, regex } => (r.remember, r.regex) = (Some(name), Some(regex)),
+            ScriptStep::Ask { question, choices } => (r.ask, r.choices) = (Some(question), choices),
         }
         r
     }

@@ -57,7 +57,7 @@ fn malformed_scenarios_say_what_is_wrong() {
 /// Every step kind survives the trip through TOML (traces embed the scenario).
 #[test]
 fn every_step_kind_round_trips() {
-    use kamera_agent::Step;
+    use kamera_agent::ScriptStep;
     let text = r##"
 name = "all"
 goal = "g"
@@ -90,26 +90,26 @@ timeout_ms = 250
     assert_eq!(
         s.steps,
         [
-            Step::Select {
+            ScriptStep::Select {
                 target: t("#s"),
                 option: t("Bob")
             },
-            Step::Check {
+            ScriptStep::Check {
                 target: t("text:Remember me")
             },
-            Step::Uncheck { target: t("[3]") },
-            Step::Hover { target: t("#menu") },
-            Step::Drag {
+            ScriptStep::Uncheck { target: t("[3]") },
+            ScriptStep::Hover { target: t("#menu") },
+            ScriptStep::Drag {
                 from: t("text:A"),
                 to: t("text:B")
             },
-            Step::ScrollTo { target: t("#far") },
-            Step::SwitchTab { index: 1 },
-            Step::WaitFor {
+            ScriptStep::ScrollTo { target: t("#far") },
+            ScriptStep::SwitchTab { index: 1 },
+            ScriptStep::WaitFor {
                 target: t("text:Done"),
                 ms: kamera_agent::DEFAULT_WAIT_MS
             },
-            Step::WaitFor {
+            ScriptStep::WaitFor {
                 target: t("#x"),
                 ms: 250
             },

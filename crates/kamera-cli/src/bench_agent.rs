@@ -545,7 +545,7 @@ fn write_json(p: &std::path::Path, r: &Report) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kamera_agent::{ScriptedPolicy, Step};
+    use kamera_agent::{ScriptStep, ScriptedPolicy};
 
     /// The bench's episode and outcome on real Chromium with scripted paths: the known-good
     /// click on click-test is a success with MiniWoB++'s time-decayed reward (near 1), and the
@@ -558,7 +558,7 @@ mod tests {
         let model = Arc::new(crate::models::load("smollm2-135m")?);
         let mut run = async |task: &str, click: &str| -> Result<Episode> {
             let mut sc = scenario(task, 1, Decoding::Constrained, 2, 60_000);
-            let mut policy = ScriptedPolicy::new(vec![Step::Click { target: click.into() }], "");
+            let mut policy = ScriptedPolicy::new(vec![ScriptStep::Click { target: click.into() }], "");
             let r = episode(&servers, &mut browser, &model, &mut sc, &mut policy, None).await;
             Ok(outcome(
                 ("smollm2-135m", "scripted", 1),

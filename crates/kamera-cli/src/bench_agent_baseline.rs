@@ -4,7 +4,7 @@
 //! random (seeded by the task and the episode seed).
 
 use anyhow::{Result, bail};
-use kamera_agent::{ActionSchema, Decision, Mind, Policy};
+use kamera_agent::{ActionSchema, Mind, NextAction, Policy};
 use kamera_browser::{Action, Observation};
 
 /// The baselines, by name.
@@ -57,8 +57,8 @@ pub fn first_element(obs: &Observation) -> Action {
 }
 
 impl Policy for FirstElement {
-    fn next(&mut self, _step: usize, obs: &Observation, _mind: &mut Mind<'_>) -> kamera_agent::Result<Decision> {
-        Ok(Decision {
+    fn next(&mut self, _step: usize, obs: &Observation, _mind: &mut Mind<'_>) -> kamera_agent::Result<NextAction> {
+        Ok(NextAction {
             action: first_element(obs),
             model: None,
         })
@@ -87,14 +87,14 @@ pub fn candidates(obs: &Observation) -> Vec<Action> {
 }
 
 impl Policy for RandomValid {
-    fn next(&mut self, _step: usize, obs: &Observation, _mind: &mut Mind<'_>) -> kamera_agent::Result<Decision> {
+    fn next(&mut self, _step: usize, obs: &Observation, _mind: &mut Mind<'_>) -> kamera_agent::Result<NextAction> {
         let mut c = candidates(obs);
         let action = if c.is_empty() {
             Action::Done { answer: String::new() }
         } else {
             c.swap_remove(self.rng.below(c.len()))
         };
-        Ok(Decision { action, model: None })
+        Ok(NextAction { action, model: None })
     }
 }
 

@@ -39,6 +39,8 @@ fn best<T>(reps: usize, mut f: impl FnMut() -> Result<T>) -> Result<(f64, T)> {
     Ok((t_best, out.expect("at least one repetition")))
 }
 
+// Long: one measurement after another (prefill, patch forming, relocation, store), each timed
+// in place, then the file and its summary; split, each part would take the probe and its KV.
 pub fn run(a: CalibrateArgs) -> Result<()> {
     let model = crate::models::load(&a.model)?;
     let n = a.tokens.max(16);

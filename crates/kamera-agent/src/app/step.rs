@@ -1,5 +1,5 @@
 //! One step at a time on an [`Agent`]: observe the page into the session, navigate, perform an
-//! action given by the caller (a scripted [`Step`]), and read values off the page, checked
+//! action given by the caller (a scripted [`ScriptStep`]), and read values off the page, checked
 //! against a Rust type ([`Agent::extract`]) or decoded under a JSON Schema
 //! ([`Agent::extract_json`]).
 
@@ -10,9 +10,9 @@ use super::Agent;
 use crate::agent::{blocking, chunk_text};
 use crate::error::{Error, Result};
 use crate::json_schema::JsonGrammar;
-use crate::lm::{LanguageModel, View};
+use crate::language_model::{LanguageModel, View};
 use crate::policy::{Policy, ScriptedPolicy};
-use crate::scenario::Step;
+use crate::scenario::ScriptStep;
 use crate::schema::{Fit, Grammar};
 use crate::trace::StepRecord;
 
@@ -58,8 +58,8 @@ impl Agent {
     /// resolved on it (`#html-id`, `text:Visible text`, `[3]`), the action taken. The record's
     /// `result` says whether the page took it (`refused` off the allowed origins, `no_element`,
     /// `target` naming why); a target that matches nothing is an [`Error::Step`] naming it.
-    pub async fn perform(&mut self, step: Step) -> Result<StepRecord> {
-        if matches!(step, Step::Remember { .. } | Step::Ask { .. }) {
+    pub async fn perform(&mut self, step: ScriptStep) -> Result<StepRecord> {
+        if matches!(step, ScriptStep::Remember { .. } | ScriptStep::Ask { .. }) {
             return Err(Error::Step {
                 step: 1,
                 detail: "perform takes an action (click, type, select, ...), not remember or ask".into(),
@@ -88,7 +88,7 @@ impl Agent {
             None => &self.llm,
         };
         let call = blocking(|| -> Result<_> {
-            let window = crate::lm::window_text(session)?;
+            let window = crate::language_model::window_text(session)?;
             let call = llm.generate(&mut View::new(session, &window), &prompt, max_new, 0)?;
             session.settle()?;
             Ok(call)
@@ -128,7 +128,7 @@ impl Agent {
         let session = &mut self.session;
         let (llm, plugged) = (&self.llm, self.lm.as_deref());
         let call = blocking(|| -> Result<_> {
-            let window = crate::lm::window_text(session)?;
+            let window = crate::language_model::window_text(session)?;
             let mut view = View::new(session, &window);
             let call = match plugged {
                 Some(m) => m.generate_after(&mut view, &prompt, grammar.lead(), max_new, 0)?,

@@ -5,7 +5,7 @@
 use kamera_browser::{Action, Element, Observation};
 use serde::{Deserialize, Serialize};
 
-use super::{Decision, Mind, Policy};
+use super::{Mind, NextAction, Policy};
 use crate::cache::Use;
 use crate::error::{Error, Result};
 use crate::llm::{ModelCall, parse_action};
@@ -114,7 +114,7 @@ impl ModelPolicy {
     }
 
     /// The page's valid action the model finds most likely, with generated text where it has one.
-    fn ranked(&self, obs: &Observation, mind: &mut Mind<'_>, instruction: &str) -> Result<Decision> {
+    fn ranked(&self, obs: &Observation, mind: &mut Mind<'_>, instruction: &str) -> Result<NextAction> {
         let schema = self.schema(obs);
         let cands: Vec<&Template> = schema.templates.iter().filter(|t| t.ranked).collect();
         let texts: Vec<String> = cands.iter().map(|t| t.head[LEAD.len()..].to_string()).collect();
@@ -152,7 +152,7 @@ impl ModelPolicy {
     }
 
     /// Constrained decoding over the page's schema.
-    fn constrained(&self, obs: &Observation, mind: &mut Mind<'_>, instruction: &str) -> Result<Decision> {
+    fn constrained(&self, obs: &Observation, mind: &mut Mind<'_>, instruction: &str) -> Result<NextAction> {
         let schema = self.schema(obs);
         let call = mind
             .llm
@@ -162,7 +162,7 @@ impl ModelPolicy {
 }
 
 impl Policy for ModelPolicy {
-    fn next(&mut self, _step: usize, obs: &Observation, mind: &mut Mind<'_>) -> Result<Decision> {
+    fn next(&mut self, _step: usize, obs: &Observation, mind: &mut Mind<'_>) -> Result<NextAction> {
         let instruction = ModelPolicy::instruction(obs, mind.goal);
         self.seen(obs);
         let mut healing = false;
@@ -170,7 +170,7 @@ impl Policy for ModelPolicy {
             match c.action(mind.goal, obs, mind.origin)? {
                 (_, Some(action)) => {
                     self.tried.push(action.clone());
-                    return Ok(Decision { action, model: None });
+                    return Ok(NextAction { action, model: None });
                 }
                 (u, None) => healing = u == (Use::Decide { healing: true }),
             }
@@ -189,7 +189,7 @@ impl Policy for ModelPolicy {
 }
 
 impl ModelPolicy {
-    fn free_or_ranked(&self, obs: &Observation, mind: &mut Mind<'_>, instruction: &str) -> Result<Decision> {
+    fn free_or_ranked(&self, obs: &Observation, mind: &mut Mind<'_>, instruction: &str) -> Result<NextAction> {
         for attempt in 0..=self.retries {
             let call = mind.llm.generate_after(
                 &mut mind.view,
@@ -200,7 +200,7 @@ impl ModelPolicy {
             )?;
             match parse_action(&call.output) {
                 Ok(action) if valid(obs, &action) && !self.stale(&action) => {
-                    return Ok(Decision {
+                    return Ok(NextAction {
                         action,
                         model: Some(call),
                     });
@@ -214,12 +214,12 @@ impl ModelPolicy {
 }
 
 /// The schema's action for a model call's reply (a reply it cannot read is a policy error).
-fn decided(schema: &ActionSchema, call: ModelCall) -> Result<Decision> {
+fn decided(schema: &ActionSchema, call: ModelCall) -> Result<NextAction> {
     let action = schema.action(&call.output).ok_or_else(|| Error::Policy {
         tries: 1,
         last: call.output.clone(),
     })?;
-    Ok(Decision {
+    Ok(NextAction {
         action,
         model: Some(call),
     })

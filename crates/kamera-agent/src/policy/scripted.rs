@@ -5,15 +5,15 @@ use std::collections::HashMap;
 
 use kamera_browser::{Action, Element, Observation};
 
-use super::{Decision, Mind, Policy};
+use super::{Mind, NextAction, Policy};
 use crate::cache::Use;
 use crate::error::{Error, Result};
 use crate::llm::ModelCall;
-use crate::scenario::Step;
+use crate::scenario::ScriptStep;
 
-/// Follows scripted [`Step`]s; `remember` steps read values off the page without acting.
+/// Follows scripted [`ScriptStep`]s; `remember` steps read values off the page without acting.
 pub struct ScriptedPolicy {
-    steps: Vec<Step>,
+    steps: Vec<ScriptStep>,
     cursor: usize,
     /// The cursor of the last step that acted.
     last: usize,
@@ -23,7 +23,7 @@ pub struct ScriptedPolicy {
 
 impl ScriptedPolicy {
     /// `origin` resolves `navigate = "/path"` steps.
-    pub fn new(steps: Vec<Step>, origin: &str) -> ScriptedPolicy {
+    pub fn new(steps: Vec<ScriptStep>, origin: &str) -> ScriptedPolicy {
         ScriptedPolicy {
             steps,
             cursor: 0,
@@ -185,9 +185,9 @@ impl Policy for ScriptedPolicy {
     fn focus(&self) -> Option<String> {
         self.steps[self.cursor.min(self.steps.len())..]
             .iter()
-            .find(|s| !matches!(s, Step::Remember { .. }))
+            .find(|s| !matches!(s, ScriptStep::Remember { .. }))
             .and_then(|s| match s {
-                Step::Ask { question, .. } => Some(self.subst(question)),
+                ScriptStep::Ask { question, .. } => Some(self.subst(question)),
                 _ => None,
             })
     }
@@ -202,11 +202,11 @@ impl Policy for ScriptedPolicy {
     }
 
     // Long: one match arm per scenario step kind.
-    fn next(&mut self, _step: usize, obs: &Observation, mind: &mut Mind<'_>) -> Result<Decision> {
+    fn next(&mut self, _step: usize, obs: &Observation, mind: &mut Mind<'_>) -> Result<NextAction> {
         loop {
             let i = self.cursor;
             let Some(st) = self.steps.get(i).cloned() else {
-                return Ok(Decision {
+                return Ok(NextAction {
                     action: Action::Done { answer: String::new() },
                     model: None,
                 });
@@ -226,7 +226,7 @@ impl Policy for ScriptedPolicy {
                 Ok(id)
             };
             let action = match st {
-                Step::Remember { name, regex } => {
+                ScriptStep::Remember { name, regex } => {
                     let re = regex::Regex::new(&regex).map_err(|e| bad(e.to_string()))?;
                     let cap = re
                         .captures(&obs.text)
@@ -235,13 +235,13 @@ impl Policy for ScriptedPolicy {
                     self.vars.insert(name, cap.as_str().to_string());
                     continue;
                 }
-                Step::Ask { question, choices } => {
+                ScriptStep::Ask { question, choices } => {
                     let q = self.subst(&question);
                     let mut healing = false;
                     if let Some(c) = mind.cache.as_deref_mut() {
                         match c.answer(&q, obs, mind.origin, mind.view.text)? {
                             (_, Some(answer)) => {
-                                return Ok(Decision {
+                                return Ok(NextAction {
                                     action: Action::Done { answer },
                                     model: None,
                                 });
@@ -262,17 +262,17 @@ impl Policy for ScriptedPolicy {
                     if let Some(c) = mind.cache.as_deref_mut() {
                         c.record_answer(&q, obs, mind.origin, mind.view.text, call.output.trim(), healing)?;
                     }
-                    return Ok(Decision {
+                    return Ok(NextAction {
                         action: Action::Done {
                             answer: call.output.trim().to_string(),
                         },
                         model: Some(call),
                     });
                 }
-                Step::Click { target: t } => Action::Click {
+                ScriptStep::Click { target: t } => Action::Click {
                     id: target("click", Want::Any, &t)?,
                 },
-                Step::Type { text, into } => {
+                ScriptStep::Type { text, into } => {
                     let id = match &into {
                         Some(t) => Some(target("type into", Want::Editable, t)?),
                         None => None,
@@ -289,33 +289,33 @@ impl Policy for ScriptedPolicy {
                     }
                     Action::Type { id, text }
                 }
-                Step::Select { target: t, option } => Action::Select {
+                ScriptStep::Select { target: t, option } => Action::Select {
                     id: target("select in", Want::Options, &t)?,
                     option: self.subst(&option),
                 },
-                Step::Check { target: t } => Action::Check {
+                ScriptStep::Check { target: t } => Action::Check {
                     id: target("check", Want::Checkable, &t)?,
                 },
-                Step::Uncheck { target: t } => Action::Uncheck {
+                ScriptStep::Uncheck { target: t } => Action::Uncheck {
                     id: target("uncheck", Want::Checkable, &t)?,
                 },
-                Step::Hover { target: t } => Action::Hover {
+                ScriptStep::Hover { target: t } => Action::Hover {
                     id: target("hover", Want::Any, &t)?,
                 },
-                Step::Drag { from, to } => Action::Drag {
+                ScriptStep::Drag { from, to } => Action::Drag {
                     from: target("drag", Want::Any, &from)?,
                     to: target("drop on", Want::Any, &to)?,
                 },
-                Step::ScrollTo { target: t } => Action::ScrollTo {
+                ScriptStep::ScrollTo { target: t } => Action::ScrollTo {
                     id: target("scroll to", Want::Any, &t)?,
                 },
-                Step::SwitchTab { index } => Action::SwitchTab { index },
-                Step::WaitFor { target: t, ms } => Action::WaitFor {
+                ScriptStep::SwitchTab { index } => Action::SwitchTab { index },
+                ScriptStep::WaitFor { target: t, ms } => Action::WaitFor {
                     target: self.subst(&t),
                     ms,
                 },
-                Step::Key { key } => Action::Key { key },
-                Step::Navigate { url } => {
+                ScriptStep::Key { key } => Action::Key { key },
+                ScriptStep::Navigate { url } => {
                     let u = self.subst(&url);
                     let url = if u.starts_with('/') {
                         format!("{}{u}", self.origin)
@@ -324,12 +324,12 @@ impl Policy for ScriptedPolicy {
                     };
                     Action::Navigate { url }
                 }
-                Step::Back => Action::Back,
-                Step::Scroll { dy } => Action::Scroll { dy },
-                Step::Wait { ms } => Action::Wait { ms },
+                ScriptStep::Back => Action::Back,
+                ScriptStep::Scroll { dy } => Action::Scroll { dy },
+                ScriptStep::Wait { ms } => Action::Wait { ms },
             };
             self.last = i;
-            return Ok(Decision { action, model: call });
+            return Ok(NextAction { action, model: call });
         }
     }
 }
@@ -342,7 +342,7 @@ mod tests {
     #[test]
     fn remembered_values_need_a_named_field() {
         let mut p = ScriptedPolicy::new(
-            vec![Step::Type {
+            vec![ScriptStep::Type {
                 text: "code $secret".into(),
                 into: None,
             }],

@@ -1,8 +1,8 @@
 //! The `act` tool's arguments, checked into one of the agent's action steps
-//! ([`kamera_agent::Step`]); what is missing or does not go with the action is an error naming
+//! ([`kamera_agent::ScriptStep`]); what is missing or does not go with the action is an error naming
 //! it and what the action takes.
 
-use kamera_agent::{DEFAULT_WAIT_MS, Step};
+use kamera_agent::{DEFAULT_WAIT_MS, ScriptStep};
 use rmcp::schemars::{self, JsonSchema};
 use serde::Deserialize;
 
@@ -37,51 +37,51 @@ pub struct ActArgs {
 
 impl ActArgs {
     /// The step these arguments name, or why not.
-    pub fn step(self) -> Result<Step, String> {
+    pub fn step(self) -> Result<ScriptStep, String> {
         let name = self.action.trim().to_lowercase();
         let need = |what: Option<String>, field: &str| {
             what.filter(|s| !s.trim().is_empty())
                 .ok_or_else(|| format!("act {name:?} needs `{field}`"))
         };
         let step = match name.as_str() {
-            "click" => Step::Click {
+            "click" => ScriptStep::Click {
                 target: need(self.target, "target")?,
             },
-            "type" => Step::Type {
+            "type" => ScriptStep::Type {
                 text: self.text.ok_or_else(|| "act \"type\" needs `text`".to_string())?,
                 into: self.target,
             },
-            "select" => Step::Select {
+            "select" => ScriptStep::Select {
                 target: need(self.target, "target")?,
                 option: need(self.option, "option")?,
             },
-            "check" => Step::Check {
+            "check" => ScriptStep::Check {
                 target: need(self.target, "target")?,
             },
-            "uncheck" => Step::Uncheck {
+            "uncheck" => ScriptStep::Uncheck {
                 target: need(self.target, "target")?,
             },
-            "hover" => Step::Hover {
+            "hover" => ScriptStep::Hover {
                 target: need(self.target, "target")?,
             },
-            "drag" => Step::Drag {
+            "drag" => ScriptStep::Drag {
                 from: need(self.target, "target")?,
                 to: need(self.to, "to")?,
             },
-            "key" => Step::Key {
+            "key" => ScriptStep::Key {
                 key: need(self.text, "text")?,
             },
-            "scroll" => Step::Scroll {
+            "scroll" => ScriptStep::Scroll {
                 dy: self.dy.unwrap_or(300.0),
             },
-            "scroll_to" => Step::ScrollTo {
+            "scroll_to" => ScriptStep::ScrollTo {
                 target: need(self.target, "target")?,
             },
-            "back" => Step::Back,
-            "switch_tab" => Step::SwitchTab {
+            "back" => ScriptStep::Back,
+            "switch_tab" => ScriptStep::SwitchTab {
                 index: self.index.ok_or("act \"switch_tab\" needs `index`")?,
             },
-            "wait_for" => Step::WaitFor {
+            "wait_for" => ScriptStep::WaitFor {
                 target: need(self.target, "target")?,
                 ms: self.ms.unwrap_or(DEFAULT_WAIT_MS),
             },
@@ -105,7 +105,7 @@ mod tests {
         let s = args(serde_json::json!({"action": "type", "target": "#q", "text": "A-1042"})).step();
         assert_eq!(
             s,
-            Ok(Step::Type {
+            Ok(ScriptStep::Type {
                 text: "A-1042".into(),
                 into: Some("#q".into())
             })
@@ -115,6 +115,6 @@ mod tests {
         let e = args(serde_json::json!({"action": "fly"})).step().expect_err("unknown");
         assert!(e.contains("unknown action \"fly\"") && e.contains("wait_for"), "{e}");
         let k = args(serde_json::json!({"action": "Key", "text": "Enter"})).step();
-        assert_eq!(k, Ok(Step::Key { key: "Enter".into() }));
+        assert_eq!(k, Ok(ScriptStep::Key { key: "Enter".into() }));
     }
 }

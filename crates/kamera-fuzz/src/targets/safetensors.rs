@@ -20,6 +20,8 @@ const SEEDS: [&str; 3] = [
 /// The dtypes the seeds cycle through (the loader converts each to f32).
 const DTYPES: [(&str, usize); 6] = [("F32", 4), ("BF16", 2), ("F16", 2), ("F32", 4), ("I64", 8), ("U8", 1)];
 
+// Long: one table of seed files (each a header and its tensors) built inline, so the fuzzer's
+// corpus reads in one place.
 pub(super) fn target() -> Result<Target> {
     let seeds = SEEDS
         .iter()
