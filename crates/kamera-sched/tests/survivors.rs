@@ -23,6 +23,7 @@ fn survivors_blind_kl_scales_with_the_window_it_was_measured_at() {
     assert!((cost.survivor_kl(1024) - 1.2e-2).abs() < 1e-12);
     assert!((cost.read_kl(256) - 3e-3).abs() < 1e-12);
     assert_eq!(cost.survivors(300, 200, 512, 4.0).choice, Choice::Blind);
+    assert!(!cost.repairs_survivors(512) && cost.repairs_survivors(1024));
     assert_eq!(cost.survivors(300, 200, 1024, 4.0).choice, Choice::PrefillKeepPatch);
     assert_eq!(cost.read(100, 300, 512, 4.0).choice, Choice::Blind);
     assert_ne!(cost.read(100, 300, 1024, 4.0).choice, Choice::Blind);

@@ -24,6 +24,12 @@ impl CostModel {
         self.at_window(self.read_blind_kl, window)
     }
 
+    /// Whether survivors of an eviction in a window of `window` tokens get repaired: their
+    /// predicted blind KL is over the budget (the rule [`CostModel::survivors`] decides by).
+    pub fn repairs_survivors(&self, window: usize) -> bool {
+        self.survivor_kl(window) > self.kl_budget
+    }
+
     /// What happens to the survivors of an eviction (`n` tokens from `ctx` on, in a window of
     /// `window` tokens): re-rotated blind (exact as rotation, their KV still conditioned on the
     /// evicted chunk), or repaired later (prefilled again in place in the background), by
@@ -40,7 +46,7 @@ impl CostModel {
             (Choice::PrefillKeepPatch, repair + self.svd(n)),
         ];
         let kl = self.survivor_kl(window);
-        let (choice, reason) = if kl <= self.kl_budget {
+        let (choice, reason) = if !self.repairs_survivors(window) {
             (Choice::Blind, self.within("re-rotated only", kl))
         } else {
             let saved = expected_reuses * self.prefill(n, ctx);

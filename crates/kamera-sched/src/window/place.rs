@@ -186,15 +186,16 @@ impl Window {
     }
 
     /// Drops the tail and evicts by the configured order until `need` tokens fit. Where the
-    /// survivors of an eviction get repaired ([`Window::repairs_survivors`]), an eviction frees
-    /// at least half the unpinned window, so one repair serves the next few chunks.
+    /// survivors of an eviction get repaired ([`crate::CostModel::repairs_survivors`]), an
+    /// eviction frees at least half the unpinned window at once, as llama.cpp's context shift
+    /// does, so one repair serves the next few chunks.
     pub(super) fn make_room(&mut self, op: &'static str, need: usize, stored: &dyn Fn(&Key) -> bool) -> Result<Plan> {
         self.check_fits(op, need)?;
         let mut plan = Plan::default();
         self.drop_tail(&mut plan);
         let mut victims = BTreeSet::new();
         let mut used = self.chunk_tokens();
-        let need = if used + need > self.cfg.budget_tokens && self.repairs_survivors() {
+        let need = if used + need > self.cfg.budget_tokens && self.cfg.cost.repairs_survivors(self.unpinned_budget()) {
             need.max(self.unpinned_budget() / 2)
         } else {
             need

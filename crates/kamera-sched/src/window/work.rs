@@ -89,13 +89,6 @@ impl Window {
         plan
     }
 
-    /// Whether survivors of an eviction in this window get repaired (their blind KL is over the
-    /// budget): evictions then free half the window at once ([`Window::make_room`]), as
-    /// llama.cpp's context shift does, so that one repair serves several new chunks.
-    pub(super) fn repairs_survivors(&self) -> bool {
-        self.cfg.cost.survivor_kl(self.unpinned_budget()) > self.cfg.cost.kl_budget
-    }
-
     /// Before a question reads `chunks` (its page): those of them resident with KV placed blind
     /// (relocated after other chunks, or re-rotated survivors of an eviction) are prefilled again
     /// in place, on the path to the answer, where the cost model says a read of blind KV would
