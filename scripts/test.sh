@@ -46,6 +46,9 @@ cargo test --release --workspace --no-fail-fast "$@"
 # #[ignore]d); clippy over the CUDA code; the `kamera` binary with the device path.
 nvrtc=$(scripts/install-nvrtc.sh)
 cargo clippy --release -p kamera-gpu --features cuda --all-targets -- -D warnings
+cargo clippy --release -p kamera-model --features cuda --all-targets -- -D warnings
+# The model's hand-over to the device transformer, checked on the CPU reference (no GPU).
+cargo test --release -p kamera-model --features cuda --test device
 if [ -n "$nvrtc" ]; then
   LD_LIBRARY_PATH="${nvrtc}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" cargo test --release -p kamera-gpu --features cuda --no-fail-fast
 else

@@ -12,7 +12,7 @@ use kamera_sched::{Step, Visit};
 use kamera_tests::{model, require_chromium, root};
 
 fn scenario(name: &str) -> Scenario {
-    Scenario::load(&root().join("scenarios").join(format!("{name}.toml"))).expect("scenario")
+    kamera_harness::load_scenario(&root().join("scenarios").join(format!("{name}.toml"))).expect("scenario")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,7 +3,7 @@
 //! The page is each scenario's first page, in the window as the agent loop puts it.
 
 use anyhow::Result;
-use kamera_agent::{ActionSchema, LEAD, Llm, ModelPolicy, Scenario, chunk_text, parse_action, valid};
+use kamera_agent::{ActionSchema, LEAD, Llm, ModelPolicy, chunk_text, parse_action, valid};
 use kamera_browser::{Browser, ChromiumBrowser, ChromiumConfig};
 use kamera_tests::{model, require_chromium, root};
 
@@ -30,12 +30,12 @@ async fn constrained_decoding_makes_every_reply_a_valid_action() -> Result<()> {
     let llm = Llm::new(model());
     let (mut free_valid, mut lines) = (0, Vec::new());
     for name in PAGES {
-        let s = Scenario::load(&root().join("scenarios").join(format!("{name}.toml")))?;
+        let s = kamera_harness::load_scenario(&root().join("scenarios").join(format!("{name}.toml")))?;
         let served = kamera_harness::serve(&s, &home).await?;
         let mut b = ChromiumBrowser::launch(ChromiumConfig::new(served.origins.clone())).await?;
         b.navigate(&served.env.start_url).await?;
-        if let Some(mw) = &s.miniwob {
-            b.eval(&mw.start_js()).await?;
+        if let Some(e) = &s.episode {
+            b.eval(&e.start_js).await?;
         }
         let obs = b.observe().await?;
         b.close().await?;

@@ -18,7 +18,7 @@ use crate::llm::Llm;
 use crate::policy::{Mind, NextAction, Policy};
 use crate::runtime::pages::merge;
 use crate::runtime::{Applied, ApplyTimings, ObservedPage, Session, SessionStats};
-use crate::scenario::{MiniWobSpec, Scenario};
+use crate::scenario::Scenario;
 use crate::trace::{
     EndRecord, Header, Line, ObsRecord, StepRecord, StepResult, StepTimings, TRACE_VERSION, TraceWriter, sha256_hex,
 };
@@ -205,8 +205,8 @@ impl Run<'_, '_> {
         // An empty start URL continues on the current page (a session's next task).
         if !self.replay && !self.env.start_url.is_empty() {
             self.agent.browser.navigate(&self.env.start_url).await?;
-            if let Some(mw) = &self.scenario.miniwob {
-                self.agent.browser.eval(&mw.start_js()).await?;
+            if let Some(e) = self.scenario.episode.as_ref().filter(|e| !e.start_js.is_empty()) {
+                self.agent.browser.eval(&e.start_js).await?;
             }
         }
         Ok(())
@@ -439,8 +439,8 @@ impl Run<'_, '_> {
                 return Some(e.into());
             }
         }
-        if self.scenario.miniwob.is_some() && !self.replay {
-            match self.agent.browser.eval(MiniWobSpec::REWARD_JS).await {
+        if let Some(e) = self.scenario.episode.as_ref().filter(|_| !self.replay) {
+            match self.agent.browser.eval(&e.reward_js).await {
                 Ok(v) if v[0].as_bool() == Some(true) => {
                     self.reward = v[1].as_f64();
                     record.reward = self.reward;

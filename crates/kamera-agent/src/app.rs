@@ -216,7 +216,7 @@ impl AgentBuilder {
             decoding: self.decoding,
             observe: self.observe,
             site: None,
-            miniwob: None,
+            episode: None,
             budget,
             steps: Vec::new(),
             success: Success::default(),

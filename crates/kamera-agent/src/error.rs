@@ -46,9 +46,9 @@ pub enum Error {
     /// A scripted step that cannot be carried out on the current page.
     #[error("step {step}: {detail}")]
     Step { step: usize, detail: String },
-    /// Fetching or unpacking MiniWoB++ failed.
-    #[error("miniwob: {0}")]
-    MiniWob(String),
+    /// Fetching, unpacking or serving a suite's pages failed (the harness names the suite).
+    #[error("suite {suite}: {detail}")]
+    Suite { suite: String, detail: String },
     #[error("{op} {path}: {source}")]
     Io {
         op: &'static str,

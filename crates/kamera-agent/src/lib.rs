@@ -86,7 +86,7 @@ pub use runtime::{
     SessionConfig, SessionStats, split_page,
 };
 pub use scenario::{
-    Budget, DEFAULT_WAIT_MS, MiniWobSpec, Observe, PolicyKind, Scenario, ScriptStep, SiteSpec, Success, resolve,
+    Budget, DEFAULT_WAIT_MS, Episode, Observe, PolicyKind, Scenario, ScriptStep, SiteSpec, Success, resolve,
 };
 pub use schema::{ActionSchema, Fit, Grammar, LEAD, Template};
 pub use trace::{

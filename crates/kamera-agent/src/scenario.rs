@@ -30,9 +30,9 @@ pub struct Scenario {
     /// The local test site, generated from a seed.
     #[serde(default)]
     pub site: Option<SiteSpec>,
-    /// A MiniWoB++ task instead of the local site.
-    #[serde(default)]
-    pub miniwob: Option<MiniWobSpec>,
+    /// A suite's episode protocol instead of the local site (set by the harness serving it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub episode: Option<Episode>,
     /// What of each page becomes a chunk: its text (default), its screenshot (an image chunk;
     /// needs a vision-language model), or both.
     #[serde(default)]
@@ -86,32 +86,20 @@ pub struct SiteSpec {
     pub perturb: Option<u64>,
 }
 
+/// A page-side episode protocol, for pages a harness serves (a benchmark suite's, as
+/// kamera-harness serves them): the suite the harness serves, JavaScript run once the
+/// start page has loaded, and JavaScript read after every action that returns
+/// `[done, reward, ..]` (a done episode's reward is the run's; `success.min_reward` judges it).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct MiniWobSpec {
-    /// Task name, e.g. `click-test` (the page miniwob/html/miniwob/<task>.html).
-    pub task: String,
-    #[serde(default)]
-    pub seed: u64,
-    /// Episode time limit in ms (the package's default is 10000; its reward decays with time).
-    #[serde(default)]
-    pub episode_ms: Option<u64>,
-}
-
-impl MiniWobSpec {
-    /// JavaScript that reads MiniWoB++'s `[done, reward, raw_reward, reason]` globals.
-    pub const REWARD_JS: &str = "[WOB_DONE_GLOBAL, WOB_REWARD_GLOBAL, WOB_RAW_REWARD_GLOBAL, WOB_REWARD_REASON]";
-
-    /// JavaScript that seeds and starts this task's episode (after the page loaded), as the
-    /// package's episode protocol says: `Math.seedrandom(seed)`, `core.startEpisodeReal()`.
-    pub fn start_js(&self) -> String {
-        let limit = self
-            .episode_ms
-            .map(|ms| format!("core.EPISODE_MAX_TIME = {ms};"))
-            .unwrap_or_default();
-        let seed = self.seed;
-        format!("(() => {{ Math.seedrandom('{seed}'); {limit} core.startEpisodeReal(); return WOB_TASK_READY; }})()")
-    }
+pub struct Episode {
+    /// The suite whose pages the harness serves (it refuses one it does not know).
+    pub suite: String,
+    /// Run on the start page once it has loaded (e.g. seeding and starting the episode).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub start_js: String,
+    /// Read after every action: an array `[done, reward, ..]`.
+    pub reward_js: String,
 }
 
 /// Step and context budgets.
@@ -484,7 +472,7 @@ pub struct Success {
     /// A JavaScript expression that must be truthy on the final page.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub js: Option<String>,
-    /// The MiniWoB++ reward must exceed this.
+    /// The episode's reward ([`Episode::reward_js`]) must exceed this.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_reward: Option<f64>,
 }
@@ -509,12 +497,12 @@ impl Scenario {
         if s.name.trim().is_empty() {
             return Err(bad("`name` is empty".into()));
         }
-        if s.site.is_some() && s.miniwob.is_some() {
-            return Err(bad("give either [site] or [miniwob], not both".into()));
+        if s.site.is_some() && s.episode.is_some() {
+            return Err(bad("give either [site] or [episode], not both".into()));
         }
-        if s.site.is_none() && s.miniwob.is_none() && !s.start.contains("://") {
+        if s.site.is_none() && s.episode.is_none() && !s.start.contains("://") {
             return Err(bad(format!(
-                "start {:?} is a path but no [site] or [miniwob] is served",
+                "start {:?} is a path but no [site] or [episode] is served",
                 s.start
             )));
         }

@@ -21,7 +21,7 @@ fn malformed_scenarios_say_what_is_wrong() {
         ("name = \"x\"\ngoal = \"g\"\n[site]\nseed = 1\n", "needs [[steps]]"),
         (
             "name = \"x\"\ngoal = \"g\"\n[[steps]]\nclick = \"a\"\n",
-            "no [site] or [miniwob]",
+            "no [site] or [episode]",
         ),
         (
             "name = \"x\"\ngoal = \"g\"\n[site]\nseed = 1\n[[steps]]\nremember = \"v\"\nregex = \"(\"\n",
@@ -116,20 +116,6 @@ timeout_ms = 250
         ]
     );
     assert_eq!(Scenario::parse(&s.to_toml(), Path::new("again.toml")).unwrap(), s);
-}
-
-#[test]
-fn the_shipped_scenarios_parse() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios");
-    let mut n = 0;
-    for e in std::fs::read_dir(dir).unwrap() {
-        let p = e.unwrap().path();
-        if p.extension().is_some_and(|x| x == "toml") {
-            Scenario::load(&p).unwrap_or_else(|e| panic!("{e}"));
-            n += 1;
-        }
-    }
-    assert!(n >= 2);
 }
 
 #[test]

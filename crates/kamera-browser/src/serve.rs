@@ -1,5 +1,6 @@
 //! A small static HTTP/1.1 server on loopback (`127.0.0.1:0`) for the local test site and
-//! MiniWoB++ pages. GET and HEAD only, one request per connection, stopped by a cancellation token.
+//! directories of pages a harness serves (a benchmark suite's). GET and HEAD only, one request
+//! per connection, stopped by a cancellation token.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

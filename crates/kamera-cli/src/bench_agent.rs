@@ -11,11 +11,12 @@ use std::time::Instant;
 use anyhow::{Context as _, Result, bail};
 use clap::Args;
 use kamera_agent::{
-    ActionCache, Budget, Decoding, Env, MiniWobSpec, ModelPolicy, Parts, PolicyKind, RunOptions, RunSummary, Scenario,
-    SiteSpec, Success, run_episode,
+    ActionCache, Budget, Decoding, Env, ModelPolicy, Parts, PolicyKind, RunOptions, RunSummary, Scenario, SiteSpec,
+    Success, run_episode,
 };
 use kamera_browser::{Browser, ChromiumBrowser, ChromiumConfig, Content, Origins, Server};
-use kamera_harness::{miniwob, session_for};
+use kamera_harness::miniwob::{self, MiniWobSpec};
+use kamera_harness::session_for;
 use kamera_model::Model;
 use serde::{Deserialize, Serialize};
 
@@ -254,15 +255,18 @@ fn scenario(task: &str, seed: u64, decoding: Decoding, max_steps: usize, episode
     Scenario {
         name: format!("{task}-{seed}"),
         goal: String::new(),
-        start: "/".into(),
+        start: if order { "/".into() } else { miniwob::task_path(task) },
         allowed_origins: Vec::new(),
         policy: PolicyKind::Model,
         decoding,
         site: order.then_some(SiteSpec { seed, perturb: None }),
-        miniwob: (!order).then(|| MiniWobSpec {
-            task: task.to_string(),
-            seed,
-            episode_ms: Some(episode_ms),
+        episode: (!order).then(|| {
+            MiniWobSpec {
+                task: task.to_string(),
+                seed,
+                episode_ms: Some(episode_ms),
+            }
+            .episode()
         }),
         observe: Default::default(),
         budget: Budget {
@@ -283,14 +287,14 @@ impl Servers {
     /// seeded episode started, or the order whose status is asked for. Returns the environment
     /// to run in (the page is already open).
     async fn prepare(&self, browser: &mut dyn Browser, sc: &mut Scenario) -> Result<Env> {
-        if let Some(mw) = &sc.miniwob {
+        if let Some(e) = &sc.episode {
             let server = self.miniwob.as_ref().context("MiniWoB++ server not started")?;
-            browser.navigate(&server.url(&miniwob::task_path(&mw.task))).await?;
-            browser.eval(&mw.start_js()).await?;
+            browser.navigate(&server.url(&sc.start)).await?;
+            browser.eval(&e.start_js).await?;
             let u = browser.eval("core.getUtterance()").await?;
             sc.goal = u.as_str().unwrap_or_default().to_string();
             if sc.goal.is_empty() {
-                bail!("{}: the page shows no task utterance", mw.task);
+                bail!("{}: the page shows no task utterance", sc.start);
             }
             return Ok(Env {
                 origin: server.origin(),

@@ -58,7 +58,7 @@ pub struct ReuseArgs {
     /// Where to write the JSON.
     #[arg(long)]
     json: Option<PathBuf>,
-    /// Where to run: cpu (kamera-eval, candle), cuda (the device model; needs a build with
+    /// Where to run: cpu (kamera-model on candle), cuda (the device model; needs a build with
     /// `--features cuda` and an NVIDIA GPU), or both (the CUDA table, then the CPU one).
     #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda", "both"])]
     device: String,
@@ -100,25 +100,33 @@ pub fn run(a: ReuseArgs) -> Result<()> {
         json.insert("image".into(), serde_json::to_value(&r)?);
     }
     if a.device != "cpu" {
-        let device = model
-            .to_device(0)
-            .context("--device cuda: the model could not be put on the GPU")?;
-        let cfg = kamera_gpu::ModelBenchConfig {
-            chunk_tokens: a.chunk_tokens,
-            chunks: a.chunks,
-            question_tokens: a.question_tokens,
-            rank: a.rank,
-            reps: a.reps,
-            prefill_sizes: vec![a.chunk_tokens, a.chunks * a.chunk_tokens],
-        };
-        let f = device.bench_reuse(&cfg)?;
-        println!("## {} on CUDA (bf16 weights and KV)\n", a.model);
-        print!("{}", f.markdown());
-        json.insert("cuda".into(), serde_json::to_value(&f)?);
-        if a.device == "cuda" {
-            return write_json(a.json.as_ref(), machine.finish(), json);
+        #[cfg(not(feature = "cuda"))]
+        anyhow::bail!(
+            "--device {}: this kamera was built without CUDA (cargo build --release -p kamera-cli --features cuda)",
+            a.device
+        );
+        #[cfg(feature = "cuda")]
+        {
+            let device = model
+                .to_device(0)
+                .context("--device cuda: the model could not be put on the GPU")?;
+            let cfg = kamera_gpu::ModelBenchConfig {
+                chunk_tokens: a.chunk_tokens,
+                chunks: a.chunks,
+                question_tokens: a.question_tokens,
+                rank: a.rank,
+                reps: a.reps,
+                prefill_sizes: vec![a.chunk_tokens, a.chunks * a.chunk_tokens],
+            };
+            let f = device.bench_reuse(&cfg)?;
+            println!("## {} on CUDA (bf16 weights and KV)\n", a.model);
+            print!("{}", f.markdown());
+            json.insert("cuda".into(), serde_json::to_value(&f)?);
+            if a.device == "cuda" {
+                return write_json(a.json.as_ref(), machine.finish(), json);
+            }
+            println!("\n## {} on the CPU ({})\n", a.model, a.dtype);
         }
-        println!("\n## {} on the CPU ({})\n", a.model, a.dtype);
     }
     let r = cpu(Arc::new(model), &a)?;
     print!("{}", r.markdown());

@@ -1,11 +1,11 @@
-//! `kamera eval`: every reuse method side by side on a task suite (kamera-eval), as JSON, an
+//! `kamera eval`: every reuse method side by side on a task suite (kamera-lab), as JSON, an
 //! optional Markdown report and an SVG plot of gap recovered against bytes stored.
 
 use std::path::PathBuf;
 
 use anyhow::{Context as _, Result};
 use clap::Args;
-use kamera_eval::{EvalConfig, Split, TaskRange, TaskSelection, evaluate, load_tasks, parse_methods};
+use kamera_lab::{EvalConfig, Split, TaskRange, TaskSelection, evaluate, load_tasks, parse_methods};
 
 /// Every method at the settings the targets name.
 pub const DEFAULT_METHODS: &str = "full,prefix,blind,kamera:8,kamera:16,kamera:32,kamera-budget:0.1,kamera:32/q8,kamera:64/q4,kamera-budget:0.1/q4,orbit:32,orbit-later:32,orbit-slot:32,cacheblend:0.15,epic:32,oracle-tokens:0.5";
@@ -25,7 +25,7 @@ pub struct EvalArgs {
     /// /q4a: chosen per factor matrix, /q4=XXXX: d or g for K's P, K's Wᵀ, V's P, V's Wᵀ),
     /// /f32 /f16 /bf16 (float factors; bf16 by default),
     /// /drop=S (drop layers holding under share S of the deficit energy), and more (the
-    /// kamera-eval README): /w=LETTERS, /rf, /rel, /ls, /kx=F, /gx=F, /klt and /klte
+    /// kamera-lab README): /w=LETTERS, /rf, /rel, /ls, /kx=F, /gx=F, /klt and /klte
     /// (transform-coded in --deficit-basis), /t2=F, /t3=F (mixed-bit factors, simulated bytes);
     /// oracle-layer:L[k|v],
     /// oracle-except:L[k|v] probe one layer's sensitivity. The runtime's case: recall:SPEC
@@ -70,7 +70,7 @@ pub struct EvalArgs {
     oracle_curve: Vec<f64>,
     /// System prefix before the pages (shared by every method; the canonical KV of a page is
     /// prefilled after it). Empty for none.
-    #[arg(long, default_value = kamera_eval::DEFAULT_SYSTEM)]
+    #[arg(long, default_value = kamera_lab::DEFAULT_SYSTEM)]
     system: String,
     /// Skip the deficit spectrum and the oracle curve.
     #[arg(long)]
@@ -135,7 +135,7 @@ fn expand_runtime(list: &str, runtime: &str) -> String {
 }
 
 /// The tasks of `a`'s file, split or range, and limit, and what was selected.
-fn select_tasks(a: &EvalArgs) -> Result<(Vec<kamera_eval::Task>, TaskSelection)> {
+fn select_tasks(a: &EvalArgs) -> Result<(Vec<kamera_lab::Task>, TaskSelection)> {
     let mut tasks = load_tasks(&a.tasks)?;
     let range = a.split.map(Split::range).or(a.task_range);
     if let Some(r) = range {
@@ -171,16 +171,16 @@ pub fn run(a: EvalArgs) -> Result<()> {
     let layer_sensitivity = match &a.layer_sensitivity {
         Some(p) => {
             let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
-            let report: kamera_eval::Report =
+            let report: kamera_lab::Report =
                 serde_json::from_str(&text).with_context(|| format!("parsing {}", p.display()))?;
-            kamera_eval::layer_sensitivity(&report)?
+            kamera_lab::layer_sensitivity(&report)?
         }
         None => Vec::new(),
     };
     let (query_calibration, query_calibration_tasks) = match &a.query_calibration {
         Some(p) => {
             let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
-            let table: kamera_eval::QueryCalibration =
+            let table: kamera_lab::QueryCalibration =
                 serde_json::from_str(&text).with_context(|| format!("parsing {}", p.display()))?;
             let c = model.config();
             table.check(c.n_layers, c.heads * c.head_dim)?;
@@ -192,7 +192,7 @@ pub fn run(a: EvalArgs) -> Result<()> {
     };
     let deficit_basis = match &a.deficit_basis {
         Some(p) => {
-            let b = kamera_eval::DeficitBasis::load(p)?;
+            let b = kamera_lab::DeficitBasis::load(p)?;
             b.check(&model.layout())?;
             Some(std::sync::Arc::new(b))
         }
@@ -218,7 +218,7 @@ pub fn run(a: EvalArgs) -> Result<()> {
     if let Some(out) = &a.calibrate_basis {
         let bar = crate::progress::bar(tasks.len(), "calibration tasks");
         let basis =
-            kamera_eval::calibrate_basis(&model, &a.model, &tasks, cfg, &mut |i| bar.set_position(i as u64 + 1))?;
+            kamera_lab::calibrate_basis(&model, &a.model, &tasks, cfg, &mut |i| bar.set_position(i as u64 + 1))?;
         bar.finish_and_clear();
         basis.save(out)?;
         eprintln!(
@@ -230,7 +230,7 @@ pub fn run(a: EvalArgs) -> Result<()> {
         return Ok(());
     }
     if let Some(out) = &a.calibrate_queries {
-        let table = kamera_eval::calibrate_queries(&model, &a.model, &tasks, cfg)?;
+        let table = kamera_lab::calibrate_queries(&model, &a.model, &tasks, cfg)?;
         std::fs::write(out, serde_json::to_string(&table)?).with_context(|| format!("writing {}", out.display()))?;
         eprintln!(
             "query calibration of {} layers from {} tasks written to {}",
@@ -243,7 +243,7 @@ pub fn run(a: EvalArgs) -> Result<()> {
     let json = a.json.clone().context("--json is required")?;
     let noise = if a.noise_floor {
         use kamera_model::PrefillPrecision::{Bf16, F32};
-        let n = kamera_eval::precision_noise(&mut model, &tasks, &cfg, F32, Bf16)?;
+        let n = kamera_lab::precision_noise(&mut model, &tasks, &cfg, F32, Bf16)?;
         eprintln!(
             "noise floor: KL(full f32 || full bf16) {:.3e} = {:.4} of the f32 blind KL {:.4}",
             n.kl, n.share_of_gap, n.blind_kl_reference
@@ -294,6 +294,6 @@ mod tests {
             got,
             "full,kamera-budget:0.095/q4/rf,recall:kamera-budget:0.095/q4/rf,recall-foreign:kamera-budget:0.095/q4/rf,kamera:8,xruntime"
         );
-        assert!(kamera_eval::parse_methods(&got.replace(",xruntime", "")).is_ok());
+        assert!(kamera_lab::parse_methods(&got.replace(",xruntime", "")).is_ok());
     }
 }

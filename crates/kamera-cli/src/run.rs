@@ -261,7 +261,7 @@ fn execute(scenario_arg: &str, setup: Setup<'_>) -> Result<RunSummary> {
         browser,
     } = setup;
     let path = kamera_agent::resolve(scenario_arg);
-    let scenario = Scenario::load(&path)?;
+    let scenario = kamera_harness::load_scenario(&path)?;
     ensure_chromium()?;
     let model = load_model(model_arg)?;
     let runtime_cfg = runtime_config(model.clone(), model_arg, store, reuse);

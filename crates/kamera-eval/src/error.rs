@@ -2,15 +2,9 @@
 
 use std::path::PathBuf;
 
-/// Errors of the reuse experiments.
+/// Errors of the task format and the basis file.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{op}: model error: {source}")]
-    Model {
-        op: &'static str,
-        #[source]
-        source: Box<kamera_model::Error>,
-    },
     #[error("{op}: operator error: {source}")]
     Ops {
         op: &'static str,
@@ -28,35 +22,12 @@ pub enum Error {
     TaskFile { path: PathBuf, line: usize, detail: String },
     #[error("task {id:?}: {detail}")]
     Task { id: String, detail: String },
-    #[error(
-        "method {spec:?}: {detail} (known: full, prefix, blind, kamera:R, kamera-budget:B, kamera-share:B, kamera-kv:BK+BV, kamera-energy:E[+EV], orbit:R, orbit-later:R, orbit-slot:R, orbit-unseen:R, cacheblend:F, epic:K, oracle-tokens:F, oracle-layer:L[k|v], oracle-except:L[k|v], recall:SPEC, recall-foreign:SPEC, kvq:B, kvq-deficit:B; patch methods take /q8, /q4, /f32, /f16, /bf16, /drop=S and more, see the README)"
-    )]
-    Method { spec: String, detail: String },
     #[error("{op}: {detail}")]
     Invalid { op: &'static str, detail: String },
-    #[error("{op}: store encoding: {source}")]
-    Store {
-        op: &'static str,
-        #[source]
-        source: Box<kamera_store::Error>,
-    },
 }
 
 /// The crate's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-pub(crate) trait ModelCtx<T> {
-    fn model(self, op: &'static str) -> Result<T>;
-}
-
-impl<T> ModelCtx<T> for Result<T, kamera_model::Error> {
-    fn model(self, op: &'static str) -> Result<T> {
-        self.map_err(|source| Error::Model {
-            op,
-            source: Box::new(source),
-        })
-    }
-}
 
 pub(crate) trait OpsCtx<T> {
     fn ops(self, op: &'static str) -> Result<T>;

@@ -1,4 +1,4 @@
-//! What the device bandwidth bench reports (`CudaBackend::bench_reuse`, kamera-gpu-bench), and the
+//! What the device bandwidth bench reports (`CudaBackend::bench_reuse`, benches/bandwidth.rs), and the
 //! median every bench of the workspace reports its timings by.
 
 /// The median of `xs` (the upper one of an even count: the value at rank `len / 2` once sorted,

@@ -1,6 +1,7 @@
 //! kamera-harness: the test and benchmark harness of the `kamera` binary and the workspace tests
 //! (`publish = false`). It serves what a scenario file names on loopback (the demo site of
-//! kamera-site, or MiniWoB++ fetched and checked by sha256), runs a scenario end to end on
+//! kamera-site, or MiniWoB++ fetched and checked by sha256: a scenario file's `[miniwob]` task,
+//! read by [`load_scenario`]), runs a scenario end to end on
 //! Chromium ([`run_scenario`]), replays a trace without a browser ([`replay`]) and writes a run's
 //! HTML report ([`report::write_html`]). Apps do not need it: they embed
 //! `kamera_agent::Agent::builder()`.
@@ -27,10 +28,12 @@
 pub mod miniwob;
 pub mod report;
 mod run;
+mod scenario_file;
 
 pub use run::{
     ReplayReport, RunConfig, Served, policy_for, replay, replay_with, run_scenario, serve, session_for, session_with,
 };
+pub use scenario_file::{load_scenario, parse_scenario};
 
 use std::path::PathBuf;
 

@@ -1,16 +1,19 @@
 //! MiniWoB++ from the `miniwob` pip package (fetched with `pip download --no-deps`, checked by
-//! sha256, unpacked under `$KAMERA_HOME/miniwob-1.1.0/`) and served on loopback. The episode
-//! protocol the agent loop drives (seed, start, reward globals) is kamera-agent's
-//! `MiniWobSpec::start_js` and `MiniWobSpec::REWARD_JS`.
+//! sha256, unpacked under `$KAMERA_HOME/miniwob-1.1.0/`) and served on loopback; a scenario
+//! file's `[miniwob]` table ([`MiniWobSpec`]) becomes the start page and the episode protocol
+//! (seed, start, reward globals) the agent loop drives: a kamera-agent [`Episode`].
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use kamera_agent::{Error, Result, sha256_hex};
+use kamera_agent::{Episode, Error, Result, sha256_hex};
+use serde::{Deserialize, Serialize};
 
 use crate::io;
 
 pub const VERSION: &str = "1.1.0";
+/// The suite name of [`Episode::suite`] for MiniWoB++ pages.
+pub const SUITE: &str = "miniwob";
 const WHEEL: &str = "miniwob-1.1.0-py3-none-any.whl";
 const WHEEL_SHA256: &str = "297006e84219d56ad037e843527ed773a4a82509dc43b6031ec4a3ad3e3e61d9";
 
@@ -39,9 +42,9 @@ pub fn ensure(home: &Path) -> Result<PathBuf> {
             .arg("-d")
             .arg(&dl)
             .output()
-            .map_err(|e| Error::MiniWob(format!("cannot run {py} -m pip: {e}")))?;
+            .map_err(|e| suite_error(format!("cannot run {py} -m pip: {e}")))?;
         if !out.status.success() || !wheel.exists() {
-            return Err(Error::MiniWob(format!(
+            return Err(suite_error(format!(
                 "pip download miniwob=={VERSION} failed: {}",
                 String::from_utf8_lossy(&out.stderr).trim()
             )));
@@ -50,16 +53,16 @@ pub fn ensure(home: &Path) -> Result<PathBuf> {
     let bytes = std::fs::read(&wheel).map_err(io("read", &wheel))?;
     let got = sha256_hex(&bytes);
     if got != WHEEL_SHA256 {
-        return Err(Error::MiniWob(format!(
+        return Err(suite_error(format!(
             "{} has sha256 {got}, expected {WHEEL_SHA256}",
             wheel.display()
         )));
     }
     let tmp = root.with_extension("partial");
     let _ = std::fs::remove_dir_all(&tmp);
-    let mut zip = zip::ZipArchive::new(std::io::Cursor::new(bytes)).map_err(|e| Error::MiniWob(e.to_string()))?;
+    let mut zip = zip::ZipArchive::new(std::io::Cursor::new(bytes)).map_err(|e| suite_error(e.to_string()))?;
     for i in 0..zip.len() {
-        let mut f = zip.by_index(i).map_err(|e| Error::MiniWob(e.to_string()))?;
+        let mut f = zip.by_index(i).map_err(|e| suite_error(e.to_string()))?;
         let Some(name) = f.enclosed_name() else { continue };
         let Ok(rel) = name.strip_prefix("miniwob") else {
             continue;
@@ -82,4 +85,50 @@ pub fn ensure(home: &Path) -> Result<PathBuf> {
 /// The page of `task` on a server serving [`ensure`]'s folder.
 pub fn task_path(task: &str) -> String {
     format!("/miniwob/{task}.html")
+}
+
+/// An error fetching or serving MiniWoB++.
+pub(crate) fn suite_error(detail: String) -> Error {
+    Error::Suite {
+        suite: SUITE.into(),
+        detail,
+    }
+}
+
+/// A scenario file's `[miniwob]` table: the MiniWoB++ task to run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MiniWobSpec {
+    /// Task name, e.g. `click-test` (the page miniwob/html/miniwob/<task>.html).
+    pub task: String,
+    #[serde(default)]
+    pub seed: u64,
+    /// Episode time limit in ms (the package's default is 10000; its reward decays with time).
+    #[serde(default)]
+    pub episode_ms: Option<u64>,
+}
+
+impl MiniWobSpec {
+    /// JavaScript that reads MiniWoB++'s `[done, reward, raw_reward, reason]` globals.
+    pub const REWARD_JS: &str = "[WOB_DONE_GLOBAL, WOB_REWARD_GLOBAL, WOB_RAW_REWARD_GLOBAL, WOB_REWARD_REASON]";
+
+    /// JavaScript that seeds and starts this task's episode (after the page loaded), as the
+    /// package's episode protocol says: `Math.seedrandom(seed)`, `core.startEpisodeReal()`.
+    pub fn start_js(&self) -> String {
+        let limit = self
+            .episode_ms
+            .map(|ms| format!("core.EPISODE_MAX_TIME = {ms};"))
+            .unwrap_or_default();
+        let seed = self.seed;
+        format!("(() => {{ Math.seedrandom('{seed}'); {limit} core.startEpisodeReal(); return WOB_TASK_READY; }})()")
+    }
+
+    /// The episode protocol the agent loop drives for this task.
+    pub fn episode(&self) -> Episode {
+        Episode {
+            suite: SUITE.into(),
+            start_js: self.start_js(),
+            reward_js: Self::REWARD_JS.into(),
+        }
+    }
 }

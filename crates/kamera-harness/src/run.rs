@@ -25,23 +25,27 @@ pub struct Served {
     pub origins: Origins,
 }
 
-/// Starts the local site or MiniWoB++ server a scenario names (MiniWoB++ fetched into `home`).
+/// Starts the local site or the suite (MiniWoB++, fetched into `home`) a scenario names.
 pub async fn serve(scenario: &Scenario, home: &Path) -> Result<Served> {
     let server = if let Some(s) = &scenario.site {
         Some(Server::start(Content::Memory(kamera_site::generate_with(s.seed, s.perturb))).await?)
-    } else if scenario.miniwob.is_some() {
+    } else if let Some(e) = &scenario.episode {
+        if e.suite != miniwob::SUITE {
+            return Err(Error::Suite {
+                suite: e.suite.clone(),
+                detail: format!("this harness serves only the {} suite", miniwob::SUITE),
+            });
+        }
         let home = home.to_path_buf();
         let dir = tokio::task::spawn_blocking(move || miniwob::ensure(&home))
             .await
-            .map_err(|e| Error::MiniWob(e.to_string()))??;
+            .map_err(|e| miniwob::suite_error(e.to_string()))??;
         Some(Server::start(Content::Dir(dir)).await?)
     } else {
         None
     };
     let origin = server.as_ref().map(|s| s.origin()).unwrap_or_default();
-    let start = if let Some(mw) = &scenario.miniwob {
-        format!("{origin}{}", miniwob::task_path(&mw.task))
-    } else if scenario.start.starts_with('/') {
+    let start = if scenario.start.starts_with('/') {
         format!("{origin}{}", scenario.start)
     } else {
         scenario.start.clone()

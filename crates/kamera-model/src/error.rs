@@ -57,6 +57,7 @@ pub enum Error {
     TokenOutOfRange { op: &'static str, id: u32, vocab: usize },
     #[error("{op}: {detail}")]
     Invalid { op: &'static str, detail: String },
+    #[cfg(feature = "cuda")]
     #[error("{op}: {error}")]
     Gpu { op: &'static str, error: kamera_gpu::Error },
     #[error("{op}: candle: {source}")]

@@ -21,6 +21,7 @@ mod bpe;
 mod config;
 mod context;
 mod decode;
+#[cfg(feature = "cuda")]
 mod device;
 mod error;
 mod fetch;

@@ -58,7 +58,7 @@ const fn nibble(c: u8) -> u8 {
     }
 }
 
-/// The models measured by `kamera eval` (kamera-eval README), as kamera-model fetches them
+/// The models measured by `kamera eval` (kamera-lab README), as kamera-model fetches them
 /// (`kamera models fetch NAME`); their fingerprints are checked against the fetched models by
 /// this crate's tests (tests/points.rs).
 pub const KNOWN_MODELS: [KnownModel; 3] = [
@@ -110,7 +110,7 @@ pub fn measured_blind_kl(fp: &ModelFp) -> Option<BlindKl> {
 }
 
 /// SmolLM2-135M's measured points (`kamera eval`, first 4 tasks of the default suite: 3 pages of
-/// ~300 tokens; kamera-eval README, issue 16), for the default cost model. 4-bit is grouped
+/// ~300 tokens; kamera-lab README, issue 16), for the default cost model. 4-bit is grouped
 /// (`/q4`): per-direction scales (`/q4d`) lose on SmolLM2 and Gemma 3 and win on Qwen2.5, so
 /// Qwen2.5 has its own points ([`qwen25_patch_points`]).
 pub fn default_patch_points() -> Vec<PatchPoint> {
@@ -212,7 +212,7 @@ fn refit_point(label: &str, fraction: f64, gap: f64, bytes: f64) -> PatchPoint {
     }
 }
 
-/// Gemma 3 270M's measured points (kamera-eval README, issue 16, bf16 prefills, tasks 1-8 and
+/// Gemma 3 270M's measured points (kamera-lab README, issue 16, bf16 prefills, tasks 1-8 and
 /// 25-40): int4 factors reach 0.908 at +9.6%; transform-coded patches in the model's basis (from
 /// 96 calibration tasks, layers weighed by the basis' KL sensitivities: `/klte/ls`) 0.954 at
 /// +10.0%, chosen when that basis is loaded; forming those took 8.9 s per 3-chunk task of 912
@@ -234,7 +234,7 @@ pub fn gemma3_patch_points() -> Vec<PatchPoint> {
     ]
 }
 
-/// Qwen2.5-0.5B's measured points (kamera-eval README, issue 16, deficit-only factors, tasks 1-8):
+/// Qwen2.5-0.5B's measured points (kamera-lab README, issue 16, deficit-only factors, tasks 1-8):
 /// int4 factors with refitted scales, 0.943 at +9.8%.
 pub fn qwen25_patch_points() -> Vec<PatchPoint> {
     vec![refit_point("kamera-budget:0.098/q4/rf", 0.098, 0.943, 0.098)]

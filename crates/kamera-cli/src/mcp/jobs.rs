@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
-use kamera_agent::{Scenario, StoreSource};
+use kamera_agent::StoreSource;
 use kamera_harness::RunConfig;
 use kamera_model::Model;
 use kamera_store::ChunkStore;
@@ -26,7 +26,8 @@ impl Jobs {
     /// Runs the scenario at `path` (or named so): its summary table and its success check.
     pub async fn run_scenario(&self, path: &str) -> Result<(String, Option<bool>)> {
         let file = kamera_agent::resolve(path);
-        let scenario = Scenario::load(&file).with_context(|| format!("loading the scenario {}", file.display()))?;
+        let scenario =
+            kamera_harness::load_scenario(&file).with_context(|| format!("loading the scenario {}", file.display()))?;
         crate::run::ensure_chromium()?;
         let mut runtime = runtime_config(self.model.clone(), &self.model_arg, &StoreArgs::none(), true);
         // The server's store: a page the session met is not prefilled again by the job.

@@ -58,7 +58,7 @@ const TOML_DICT: [&[u8]; 24] = [
     b"-0",
     b"9223372036854775808",
     b"[site]\nseed = 1\n",
-    b"[miniwob]\ntask = \"x\"\n",
+    b"[episode]\nsuite = \"x\"\nreward_js = \"[true, 1]\"\n",
     b"remember = \"x\"\nregex = '(((('\n",
     b"policy = \"model\"\n",
     b"\\u0000",

@@ -1,5 +1,5 @@
 //! Device bandwidth of the fused relocate + patch launch against a device-to-device copy of the
-//! same K/V bytes, measured in one run with CUDA events (run by `kamera-gpu-bench`).
+//! same K/V bytes, measured in one run with CUDA events (run by benches/bandwidth.rs).
 
 use super::launch::Kernel;
 use super::{Channel, CudaBackend, DevBuf, driver};

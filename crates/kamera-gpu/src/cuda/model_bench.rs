@@ -1,4 +1,4 @@
-//! Time to first token of a revisit on the device (`kamera-gpu-model-bench`, `kamera bench
+//! Time to first token of a revisit on the device (benches/model.rs, `kamera bench
 //! reuse --device cuda`): resident chunks relocated and patched into the context plus the
 //! question's prefill, against a full re-prefill, in one run.
 

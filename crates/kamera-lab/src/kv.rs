@@ -54,7 +54,7 @@ pub fn splice(base: &ChunkKv, donor: &ChunkKv, take: &[usize]) -> Result<ChunkKv
 pub fn swap_layer(base: &ChunkKv, donor: &ChunkKv, layer: usize, k: bool, v: bool) -> Result<ChunkKv> {
     let mut out = base.clone();
     let (Some(o), Some(d)) = (out.layers_mut().get_mut(layer), donor.layers().get(layer)) else {
-        return Err(crate::run::invalid(&format!("layer {layer} outside the model")));
+        return Err(crate::error::invalid(&format!("layer {layer} outside the model")));
     };
     if k {
         o.k = d.k.clone();

@@ -4,7 +4,6 @@
 use kamera_ops::{ChunkKv, RankPolicy, Svd, sensitivity_gain};
 
 use crate::error::{Error, Result};
-use crate::report::Report;
 
 /// How a byte budget weighs its layers: `relative` divides each direction's σ² by its layer's
 /// canonical K (V) energy ‖KV_l‖² (`/rel`); `sensitivity` replaces σ² by s_l · σ²/‖Δ_l‖², the
@@ -97,35 +96,6 @@ impl Alloc {
             other => other.clone(),
         })
     }
-}
-
-/// Per layer, the (K, V) sensitivities of a report that ran `oracle-except:Lk` and
-/// `oracle-except:Lv` for every layer L: the mean KL with that layer's K (V) left blind and
-/// every other exact, over the mean blind KL.
-pub fn layer_sensitivity(report: &Report) -> Result<Vec<(f64, f64)>> {
-    let blind = report.blind_kl;
-    let get = |name: String| {
-        report
-            .methods
-            .get(&name)
-            .map(|m| m.kl / blind)
-            .ok_or_else(|| Error::Invalid {
-                op: "layer sensitivity",
-                detail: format!("the report lacks {name}"),
-            })
-    };
-    let mut out = Vec::new();
-    while report.methods.contains_key(&format!("oracle-except:{}k", out.len())) {
-        let l = out.len();
-        out.push((get(format!("oracle-except:{l}k"))?, get(format!("oracle-except:{l}v"))?));
-    }
-    if out.is_empty() || blind.is_nan() || blind <= 0.0 {
-        return Err(Error::Invalid {
-            op: "layer sensitivity",
-            detail: "the report has no oracle-except:0k or no blind KL".into(),
-        });
-    }
-    Ok(out)
 }
 
 #[cfg(test)]

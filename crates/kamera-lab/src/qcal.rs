@@ -15,9 +15,11 @@ use kamera_ops::{
 };
 use serde::{Deserialize, Serialize};
 
+use kamera_eval::Task;
+
+use crate::config::EvalConfig;
 use crate::error::{Error, ModelCtx, OpsCtx, Result};
-use crate::run::{EvalConfig, Evaluator, stored_bytes};
-use crate::task::Task;
+use crate::evaluator::{Evaluator, stored_bytes};
 
 /// A per-model table of the question queries' second moments (see the module docs).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

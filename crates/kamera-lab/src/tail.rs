@@ -16,7 +16,16 @@ use kamera_ops::{
 
 use crate::deficit::ChunkDeficit;
 use crate::error::{Error, OpsCtx, Result};
-use crate::method::Tail;
+
+/// The split of a mixed-bit budget (`PatchSpec::tail`, `/t2=F`, `/t3=F`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Tail {
+    /// Share of the byte budget on the 4-bit directions the budget's greedy picks (1: none
+    /// after them, the int4 patch).
+    pub head_share: f64,
+    /// Bits of each tail code: 2 (codes −1..=1) or 3 (−3..=3).
+    pub bits: u8,
+}
 
 /// Bytes of the codes and f16 group scales of one factor pair: `head` directions of 4-bit
 /// codes and `tail` of `bits`-bit ones over `n` tokens and `f` features (codes packed per
@@ -160,7 +169,7 @@ mod tests {
     fn without_tail_the_bytes_are_the_int4_records_plus_head_ranks() {
         let layout = KvLayout::gqa(2, 2, 1, 16);
         let n = 40;
-        let mut rng = crate::Rng::new(3);
+        let mut rng = kamera_eval::Rng::new(3);
         let mut mat = |r: usize, c: usize| {
             Mat::from_f32(
                 r,

@@ -7,12 +7,18 @@ use std::time::Instant;
 use kamera_model::{Context, Selection};
 use kamera_ops::{ChunkKv, DType, Deficit, Patch, PatchWeights, Placement, Svd, assemble};
 
-use super::{Evaluator, Formed, Prepared, Spectra, TaskMethod, invalid, method_cost, ms, store_kv_bytes, stored_bytes};
-use crate::error::{ModelCtx, OpsCtx, Result};
+use crate::deficit::ChunkDeficit;
+use crate::error::{ModelCtx, OpsCtx, Result, invalid};
+use crate::evaluator::{Evaluator, Formed, Prepared, Spectra, ms, store_kv_bytes, stored_bytes};
+use crate::klt::klt_patch;
 use crate::kv::{splice, token_deviation, top_k};
 use crate::method::PatchSpec;
+use crate::mixed::{mixed_patch, widest};
+use crate::qcal::domain_patch;
+use crate::tail::tail_patch;
+use crate::task_result::{TaskMethod, method_cost};
 
-impl<'a> Evaluator<'a> {
+impl Evaluator<'_> {
     pub(crate) fn spectra(&self, p: &Prepared, conditioned: &[Vec<ChunkKv>]) -> Result<Spectra> {
         let t = Instant::now();
         let rope = self.model.rope();
@@ -98,10 +104,10 @@ impl<'a> Evaluator<'a> {
                         ));
                     }
                     let w = w.ok_or_else(|| invalid("wq=cal needs its weights"))?;
-                    let (patch, bytes) = crate::qcal::domain_patch(s, w, n, c.layout(), kv, &cfg)?;
+                    let (patch, bytes) = domain_patch(s, w, n, c.layout(), kv, &cfg)?;
                     return Ok((patch, Some(bytes)));
                 }
-                let deficit = crate::deficit::ChunkDeficit {
+                let deficit = ChunkDeficit {
                     svds: s,
                     weights: w,
                     n,
@@ -109,7 +115,7 @@ impl<'a> Evaluator<'a> {
                     kv_bytes: kv,
                 };
                 if let Some(basis) = klt_basis {
-                    return Ok((crate::klt::klt_patch(&deficit, &cfg, basis, spec.klt_entropy)?, None));
+                    return Ok((klt_patch(&deficit, &cfg, basis, spec.klt_entropy)?, None));
                 }
                 if let Some((form, count)) = spec.mixed {
                     let sens = &self.cfg.layer_sensitivity;
@@ -120,13 +126,13 @@ impl<'a> Evaluator<'a> {
                     let chosen = if form.auto() {
                         vec![(false, false); s.len()]
                     } else {
-                        crate::mixed::widest(sens, count)
+                        widest(sens, count)
                     };
-                    let (patch, bytes) = crate::mixed::mixed_patch(&deficit, &cfg, (form, &chosen))?;
+                    let (patch, bytes) = mixed_patch(&deficit, &cfg, (form, &chosen))?;
                     return Ok((patch, Some(bytes)));
                 }
                 if let Some(tail) = spec.tail {
-                    let (patch, bytes) = crate::tail::tail_patch(&deficit, &cfg, tail)?;
+                    let (patch, bytes) = tail_patch(&deficit, &cfg, tail)?;
                     return Ok((patch, Some(bytes)));
                 }
                 kamera_ops::patch_from_weighted_svds(s, w, n, c.layout(), kv, &cfg)
@@ -184,7 +190,7 @@ impl<'a> Evaluator<'a> {
     }
 
     /// Oracle token selection: the `fraction` most-deviating tokens of each chunk.
-    pub(super) fn oracle_region(&self, p: &Prepared, fraction: f64) -> Result<ChunkKv> {
+    pub(crate) fn oracle_region(&self, p: &Prepared, fraction: f64) -> Result<ChunkKv> {
         let dev = token_deviation(&p.conditioned, &p.blind);
         let mut take = Vec::new();
         for (c, &o) in p.chunk_toks.iter().zip(&p.offs) {
@@ -194,7 +200,7 @@ impl<'a> Evaluator<'a> {
         splice(&p.blind, &p.conditioned, &take)
     }
 
-    pub(super) fn selective(&self, p: &Prepared, sel: Selection) -> Result<(Context, TaskMethod)> {
+    pub(crate) fn selective(&self, p: &Prepared, sel: Selection) -> Result<(Context, TaskMethod)> {
         let toks: Vec<u32> = p.chunk_toks.concat();
         let t = Instant::now();
         let out = self

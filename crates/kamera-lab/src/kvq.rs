@@ -19,8 +19,9 @@ use kamera_model::Context;
 use kamera_ops::{ChunkKv, LayerKv, Mat};
 
 use crate::error::{Error, ModelCtx, OpsCtx, Result};
+use crate::evaluator::{Evaluator, Prepared, ms};
 use crate::kv::slice;
-use crate::run::{Prepared, TaskMethod, method_cost, ms};
+use crate::task_result::{TaskMethod, method_cost};
 
 /// The largest group the budget may pick (one offset and step per this many values).
 pub const MAX_GROUP: usize = 4096;
@@ -161,7 +162,7 @@ pub fn zip_kv(a: &ChunkKv, b: &ChunkKv, f: impl Fn(f32, f32) -> f32) -> Result<C
     ChunkKv::new(*a.layout(), a.offset(), layers).ops("kvq")
 }
 
-impl crate::run::Evaluator<'_> {
+impl Evaluator<'_> {
     /// `kvq:B` / `kvq-deficit:B` on one task: the first page as its canonical KV (exact there:
     /// nothing precedes it but the system prefix), every later page as its conditioned KV (the
     /// `full` prefill's slice) quantised in B of its bf16 KV bytes, or as the relocated canonical

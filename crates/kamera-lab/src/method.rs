@@ -3,9 +3,9 @@
 use kamera_ops::{DType, Grains, PatchConfig, Quant, RankPolicy};
 
 use crate::alloc::Alloc;
-use crate::mixed::Form;
-
 use crate::error::{Error, Result};
+use crate::mixed::Form;
+use crate::tail::Tail;
 
 mod display;
 mod parse;
@@ -40,21 +40,11 @@ pub struct PatchSpec {
     pub mixed: Option<(Form, usize)>,
     /// Transform-coded patches, simulated (`/klt`; `kamera-budget` only): the deficit in the
     /// per-model basis of `--deficit-basis`, its coefficient columns at bit widths from the
-    /// byte budget (kamera-eval `klt`).
+    /// byte budget (kamera-lab `klt`).
     pub klt: bool,
     /// With `klt`: entropy-coded records (`/klte`): codes and width map Huffman-coded where that is
     /// shorter.
     pub klt_entropy: bool,
-}
-
-/// The split of a mixed-bit budget ([`PatchSpec::tail`]).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Tail {
-    /// Share of the byte budget on the 4-bit directions the budget's greedy picks (1: none
-    /// after them, the int4 patch).
-    pub head_share: f64,
-    /// Bits of each tail code: 2 (codes −1..=1) or 3 (−3..=3).
-    pub bits: u8,
 }
 
 /// Which attention statistics of the conditioned prefill weigh the deficit's factorisation
@@ -65,7 +55,7 @@ pub struct Tail {
 /// `p` (ranks chosen from the plain spectra, directions from the weighted ones), `a` (rows by
 /// the attention of the chunk's own tokens' queries too).
 /// `/wq=cal` weighs K's feature columns by a per-model table of the question queries' second
-/// moments measured on calibration tasks (`--query-calibration`; kamera-eval `qcal`) instead.
+/// moments measured on calibration tasks (`--query-calibration`; kamera-lab `qcal`) instead.
 /// `floor` bounds every weight below, relative to their mean of 1.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Weighting {
@@ -261,11 +251,11 @@ pub enum Method {
         v: bool,
         except: bool,
     },
-    /// The runtime's case (`recall:SPEC`, `recall-foreign:SPEC`; kamera-eval `recall`): each
+    /// The runtime's case (`recall:SPEC`, `recall-foreign:SPEC`; kamera-lab `recall`): each
     /// page's patch formed at a first visit in another context A, then applied after its
     /// canonical KV is recalled into the task's ordering B.
     Recall { visit: Visit, patch: PatchSpec },
-    /// The equal-bytes baseline (`kvq:B`; kamera-eval `kvq`): each page's conditioned KV itself
+    /// The equal-bytes baseline (`kvq:B`; kamera-lab `kvq`): each page's conditioned KV itself
     /// (`kvq-deficit:B`: its deficit on top of the relocated canonical KV) stored in B of its
     /// bf16 KV bytes by a per-group uniform quantiser.
     KvQuant { fraction: f64, deficit: bool },

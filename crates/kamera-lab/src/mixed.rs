@@ -325,7 +325,7 @@ mod tests {
     use kamera_ops::{Mat, Quant};
 
     fn svds(layers: usize, n: usize, f: usize, seed: u64) -> Vec<(Svd, Svd)> {
-        let mut rng = crate::Rng::new(seed);
+        let mut rng = kamera_eval::Rng::new(seed);
         let mut mat = || {
             let v = (0..n * f).map(|_| (rng.below(1000) as f32 / 1000.0) - 0.5).collect();
             Svd::compute(&Mat::from_f32(n, f, v).unwrap()).unwrap()
@@ -482,7 +482,7 @@ mod tests {
         let n = 64;
         let flat = svds(1, n, 32, 11).remove(0).0;
         let spike = |seed: u64| {
-            let mut rng = crate::Rng::new(seed);
+            let mut rng = kamera_eval::Rng::new(seed);
             let u: Vec<f32> = (0..n).map(|_| rng.below(100) as f32 / 100.0 - 0.5).collect();
             let w: Vec<f32> = (0..32).map(|_| rng.below(100) as f32 / 100.0 - 0.5).collect();
             let m: Vec<f32> = u.iter().flat_map(|&a| w.iter().map(move |&b| a * b)).collect();

@@ -1,9 +1,9 @@
-//! `kamera-gpu-bench`: bandwidth of the fused relocate + patch kernels against the device's copy
+//! The bandwidth bench (`cargo bench -p kamera-gpu --features cuda --bench bandwidth`): bandwidth of the fused relocate + patch kernels against the device's copy
 //! bandwidth in the same run: T = 1024..16384 tokens, 28 layers, F = 512 (head dim 128, half-split
 //! pairs), rank 0 (relocate only), 16 and 32, patch factors in bf16 (tensor cores: on bf16 rows
 //! the cp.async-pipelined kernel, WideTcp, and the one-stage one, WideTc) and f32 (FMA), and the
 //! two-column kernels for reference (run by scripts/gpu-check.sh).
-//! `kamera-gpu-bench one TOKENS DTYPE RANK FACTORS [pairs|tc]` runs one configuration (for
+//! `cargo bench ... --bench bandwidth -- one TOKENS DTYPE RANK FACTORS [pairs|tc]` runs one configuration (for
 //! profilers; `tc`: the one-stage tensor-core kernel where the pipelined one would run).
 
 use kamera_gpu::{BenchFigures, CudaBackend};
@@ -16,11 +16,11 @@ fn main() {
     let open = |wide: bool| match CudaBackend::new(0) {
         Ok(b) => b.with_wide_units(wide),
         Err(e) => {
-            eprintln!("kamera-gpu-bench: {e}");
+            eprintln!("bench bandwidth: {e}");
             std::process::exit(2);
         }
     };
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
     if args.first().map(String::as_str) == Some("one") {
         return one(&args[1..], open);
     }
@@ -108,7 +108,7 @@ fn dtype(s: &str) -> Option<DType> {
 
 /// One configuration: `TOKENS DTYPE RANK FACTORS [pairs|tc]`.
 fn one(args: &[String], open: impl Fn(bool) -> CudaBackend) {
-    let usage = "usage: kamera-gpu-bench one TOKENS f32|f16|bf16 RANK f32|f16|bf16 [pairs|tc]";
+    let usage = "usage: bandwidth one TOKENS f32|f16|bf16 RANK f32|f16|bf16 [pairs|tc]";
     let parsed = (|| {
         let tokens: usize = args.first()?.parse().ok()?;
         let kv = dtype(args.get(1)?)?;
@@ -129,7 +129,7 @@ fn one(args: &[String], open: impl Fn(bool) -> CudaBackend) {
     match bench(&open(wide), one_stage, tokens, kv, rank, factors, 5) {
         Ok(f) => println!("{f:?}"),
         Err(e) => {
-            eprintln!("kamera-gpu-bench: {e}");
+            eprintln!("bench bandwidth: {e}");
             std::process::exit(1);
         }
     }

@@ -1,5 +1,5 @@
-//! `kamera-gpu-model-bench [SHAPE] [--chunk-tokens N] [--chunks N] [--question N] [--ranks A,B]
-//! [--reps N] [--prefill A,B,..] [--json PATH]`: prefill throughput and revisit time to first
+//! The device model bench (`cargo bench -p kamera-gpu --features cuda --bench model -- [SHAPE] [--chunk-tokens N] [--chunks N] [--question N] [--ranks A,B]
+//! [--reps N] [--prefill A,B,..] [--json PATH]`): prefill throughput and revisit time to first
 //! token (resident chunks relocated + patched into the device context, then the question) against
 //! a full re-prefill, on a seeded random-weight model of a real model's shape (SHAPE:
 //! qwen2.5-0.5b, the default, or smollm2-135m). Timings do not depend on weight values; with a
@@ -18,7 +18,7 @@ fn list(v: &str) -> Result<Vec<usize>, String> {
 }
 
 fn run() -> Result<(), String> {
-    let mut args = std::env::args().skip(1);
+    let mut args = std::env::args().skip(1).filter(|a| a != "--bench");
     let mut shape = "qwen2.5-0.5b".to_string();
     let mut cfg = ModelBenchConfig {
         chunk_tokens: 1024,
@@ -69,7 +69,7 @@ fn run() -> Result<(), String> {
 
 fn main() {
     if let Err(e) = run() {
-        eprintln!("kamera-gpu-model-bench: {e}");
+        eprintln!("bench model: {e}");
         std::process::exit(1);
     }
 }

@@ -5,14 +5,14 @@
 use std::path::Path;
 
 use anyhow::{Context as _, Result};
-use kamera_eval::{
+use kamera_lab::{
     EvalConfig, GenConfig, GroupQuant, Rng, Split, TaskRange, evaluate, generate, load_tasks, parse_methods,
 };
 use kamera_model::{Model, ModelName, default_home, fetch};
 
 #[test]
 fn splits_select_their_tasks_of_the_default_suite() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tasks/default.jsonl");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../kamera-eval/tasks/default.jsonl");
     let all = load_tasks(&path).unwrap();
     for (split, first, last) in [
         (Split::Dev, 1, 8),

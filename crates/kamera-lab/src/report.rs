@@ -6,9 +6,12 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
-use crate::metrics::gap_recovered;
+use kamera_eval::gap_recovered;
+
+use crate::config::EvalConfig;
 use crate::noise::NoiseFloor;
-use crate::run::{EvalConfig, TaskResult};
+use crate::split::TaskSelection;
+use crate::task_result::{TaskMethod, TaskResult};
 
 /// Means over tasks of one method.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -120,7 +123,7 @@ pub struct Report {
     pub diagnostics: Diagnostics,
     /// Which tasks were scored (`None` in reports from before it was recorded).
     #[serde(default)]
-    pub selection: Option<crate::split::TaskSelection>,
+    pub selection: Option<TaskSelection>,
     /// The patch methods the runtime forms for this model (kamera-sched's cost model), where
     /// known to the caller.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -153,7 +156,7 @@ pub fn summarize(model: &str, order: &[String], settings: &EvalConfig, per_task:
     let mut methods = BTreeMap::new();
     for spec in order {
         let rows: Vec<_> = per_task.iter().filter_map(|t| t.methods.get(spec)).collect();
-        let m = |f: &dyn Fn(&crate::run::TaskMethod) -> f64| mean(rows.iter().map(|r| f(r)));
+        let m = |f: &dyn Fn(&TaskMethod) -> f64| mean(rows.iter().map(|r| f(r)));
         let kl = m(&|r| r.kl);
         // Each method's gap is against blind on the orderings it was evaluated on.
         let method_blind = m(&|r| if r.orderings > 0 { r.blind_kl } else { f64::NAN });

@@ -1,16 +1,16 @@
 //! Task splits: which tasks of a file a run scores, so that nothing is held out by hand. The
-//! default suite (`tasks/default.jsonl`) is split by position: tasks 1-8 are the dev tasks
-//! (where configurations were picked), 9-24 the calibration tasks (bases, sensitivity and
-//! query tables), 25-40 the held-out tasks that headline figures come from (41-120: more
+//! default suite (kamera-eval's `tasks/default.jsonl`) is split by position: tasks 1-8 are the
+//! dev tasks (where configurations were picked), 9-24 the calibration tasks (bases, sensitivity
+//! and query tables), 25-40 the held-out tasks that headline figures come from (41-120: more
 //! calibration tasks, used for the 96-task bases).
 
 use std::fmt;
 use std::str::FromStr;
 
+use kamera_eval::Task;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::task::Task;
 
 /// A named split of the default suite.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -6,12 +6,13 @@ use std::time::Instant;
 
 use kamera_ops::{ChunkKv, Deficit, Patch, Svd, orbit_orderings};
 
-use crate::error::{ModelCtx, OpsCtx, Result};
+use kamera_eval::{Scores, Task, score};
+
+use crate::error::{ModelCtx, OpsCtx, Result, invalid};
+use crate::evaluator::{Evaluator, Prepared, ms, store_kv_bytes, stored_bytes};
 use crate::kv::slice;
 use crate::method::{OrbitKind, PatchSpec};
-use crate::metrics::{Scores, score};
-use crate::run::{Evaluator, Prepared, TaskMethod, finish, invalid, method_cost, ms, stored_bytes};
-use crate::task::Task;
+use crate::task_result::{TaskMethod, finish, method_cost};
 
 /// Everything the orbit methods of one task share.
 pub(crate) struct OrbitState {
@@ -161,7 +162,7 @@ impl Evaluator<'_> {
                 let c = &p.canon[i / width];
                 m.as_ref()
                     .map(|(_, svds)| {
-                        kamera_ops::patch_from_svds(svds, c.n_tokens(), c.layout(), crate::run::store_kv_bytes(c), &cfg)
+                        kamera_ops::patch_from_svds(svds, c.n_tokens(), c.layout(), store_kv_bytes(c), &cfg)
                             .map(Patch::compact_spectra)
                     })
                     .transpose()

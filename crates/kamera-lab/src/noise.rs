@@ -6,10 +6,11 @@
 use kamera_model::{Model, PrefillPrecision};
 use serde::{Deserialize, Serialize};
 
+use kamera_eval::{Task, score};
+
+use crate::config::EvalConfig;
 use crate::error::{ModelCtx, Result};
-use crate::metrics::score;
-use crate::run::{EvalConfig, Evaluator};
-use crate::task::Task;
+use crate::evaluator::Evaluator;
 
 /// One task's noise floor.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -5,7 +5,7 @@
 use std::sync::OnceLock;
 
 use anyhow::{Context as _, Result};
-use kamera_eval::{EvalConfig, GenConfig, Report, evaluate, generate, parse_methods, precision_noise};
+use kamera_lab::{EvalConfig, GenConfig, Report, evaluate, generate, parse_methods, precision_noise};
 use kamera_model::{Model, ModelName, PrefillPrecision, default_home, fetch};
 
 fn load() -> Result<Model> {
@@ -195,7 +195,7 @@ fn mixed_bit_tail_at_share_1_is_the_int4_patch_and_keeps_the_budget() {
 fn bf16_prefills_move_the_full_answer_by_a_small_share_of_the_gap() -> Result<()> {
     if !PrefillPrecision::Bf16.available() {
         kamera_ops::testkit::skip(
-            "kamera-eval eval::bf16_prefills_move_the_full_answer_by_a_small_share_of_the_gap",
+            "kamera-lab eval::bf16_prefills_move_the_full_answer_by_a_small_share_of_the_gap",
             "this CPU has no AVX512_BF16",
         );
         return Ok(());
@@ -230,7 +230,7 @@ fn transform_coded_patches_keep_the_budget_and_close_the_gap() -> Result<()> {
         pages: 3,
         filler: 1,
     });
-    let basis = kamera_eval::calibrate_basis(
+    let basis = kamera_lab::calibrate_basis(
         model(),
         "smollm2-135m",
         &calibration,

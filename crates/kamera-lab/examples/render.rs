@@ -1,4 +1,4 @@
-//! Renders a `kamera eval` JSON report again: `cargo run --release -p kamera-eval --example render
+//! Renders a `kamera eval` JSON report again: `cargo run --release -p kamera-lab --example render
 //! -- REPORT.json [...]` writes REPORT.md (tables, Pareto, diagnostics) and REPORT.svg beside it.
 
 use std::path::PathBuf;
@@ -6,7 +6,7 @@ use std::path::PathBuf;
 fn main() -> anyhow::Result<()> {
     for arg in std::env::args().skip(1) {
         let path = PathBuf::from(&arg);
-        let report: kamera_eval::Report = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
+        let report: kamera_lab::Report = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
         let svg = path.with_extension("svg");
         std::fs::write(&svg, report.svg())?;
         let name = svg

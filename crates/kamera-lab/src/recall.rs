@@ -15,11 +15,13 @@ use std::time::Instant;
 use kamera_model::Context;
 use kamera_ops::ChunkKv;
 
+use kamera_eval::Task;
+
 use crate::error::{Error, ModelCtx, Result};
+use crate::evaluator::{Evaluator, Formed, Prepared, ms};
 use crate::kv::slice;
 use crate::method::{PatchSpec, Visit};
-use crate::run::{Evaluator, Formed, Prepared, TaskMethod, ms};
-use crate::task::Task;
+use crate::task_result::TaskMethod;
 
 impl Evaluator<'_> {
     /// The context of `recall:SPEC` / `recall-foreign:SPEC` on one task (`other`: the task whose

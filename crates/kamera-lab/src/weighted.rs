@@ -2,7 +2,7 @@
 //! the task's chunks in their order (the conditioned forward a patch is formed from, with its
 //! query and attention statistics), then per chunk the weighted SVDs of its deficit
 //! (kamera-ops `weights`). `/wq=cal` takes K's feature columns from the calibration table
-//! instead (kamera-eval `qcal`), and needs no probe when nothing else is weighted.
+//! instead (kamera-lab `qcal`), and needs no probe when nothing else is weighted.
 
 use std::time::Instant;
 
@@ -12,9 +12,9 @@ use kamera_ops::{
     value_feature_weights,
 };
 
-use crate::error::{Error, ModelCtx, OpsCtx, Result};
+use crate::error::{Error, ModelCtx, OpsCtx, Result, invalid};
+use crate::evaluator::{Evaluator, Prepared, ms};
 use crate::method::Weighting;
-use crate::run::{Evaluator, Prepared, ms};
 
 /// Per layer, a chunk's (K, V) deficit SVDs.
 type ChunkSvds = Vec<(Svd, Svd)>;
@@ -59,7 +59,7 @@ impl Evaluator<'_> {
             state.probe = Some(probe);
             state.probe_ms = ms(t);
         }
-        state.probe.as_ref().ok_or_else(|| crate::run::invalid("probe"))
+        state.probe.as_ref().ok_or_else(|| invalid("probe"))
     }
 
     /// Per chunk, the SVDs of its deficit under `w`, and the time they took with the probe's.
@@ -127,7 +127,7 @@ impl Evaluator<'_> {
     ) -> Result<(MatWeights, MatWeights)> {
         let layout = self.model.layout();
         let kvh = layout.kv_heads();
-        let need = || crate::run::invalid("weights need the task's probe");
+        let need = || invalid("weights need the task's probe");
         let q_sq = if w.k_cols {
             Some(&probe.ok_or_else(need)?.layers[l].q_sq[c])
         } else if w.k_cols_cal {
