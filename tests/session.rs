@@ -262,3 +262,31 @@ fn two_prompts_over_one_window_keep_both_branches() -> anyhow::Result<()> {
     assert_eq!(ctx.len(), window, "the window alone, the prompts aside");
     Ok(())
 }
+
+/// Three prompts over one window, as an agent's steps ask them (pages A and C share a start, O
+/// shares nothing): C takes A's kept rows as its start and cuts them where it diverges, and A
+/// still comes back whole after it; a radix cache keeps all three branches too.
+#[test]
+fn a_branch_taken_as_anothers_start_is_not_lost() -> anyhow::Result<()> {
+    let (model, llm, mut s, _) = vault_session()?;
+    let a = llm.tokens("Current page: /orders/A-1040. What should the agent do next?", false)?;
+    let o = llm.tokens("Question: who keeps the vault key? Answer:", false)?;
+    let c = llm.tokens("Current page: /orders/A-1041. What should the agent do next?", false)?;
+    let shared = a.iter().zip(&c).take_while(|(x, y)| x == y).count();
+    let with_o = o.iter().zip(&c).take_while(|(x, y)| x == y).count();
+    assert!(
+        shared > with_o && shared < a.len() - 1,
+        "A and C share more than O and C"
+    );
+    assert_eq!(s.live()?.prompt(&model, &a)?.1, 0);
+    assert_eq!(s.live()?.prompt(&model, &o)?.1, 0);
+    assert_eq!(s.live()?.prompt(&model, &c)?.1, shared, "C starts on A's rows");
+    assert_eq!(
+        s.live()?.prompt(&model, &a)?.1,
+        a.len() - 1,
+        "A's branch came back whole"
+    );
+    assert_eq!(s.live()?.prompt(&model, &c)?.1, c.len() - 1, "and C's");
+    assert_eq!(s.live()?.prompt(&model, &o)?.1, o.len() - 1, "and O's");
+    Ok(())
+}

@@ -92,8 +92,8 @@ impl<'a> Live<'a> {
     }
 
     /// Before `prompt` replaces the last call's: a kept prompt of this layout that shares more
-    /// with it comes in (the last call's is kept in its place), and a last prompt about to be
-    /// cut where `prompt` diverges is kept whole, so neither branch is lost.
+    /// with it comes in (the last call's is kept in its place), and a last or incoming prompt
+    /// about to be cut where `prompt` diverges is kept whole, so no branch is lost.
     fn switch_branch(&mut self, prompt: &[u32]) -> Result<()> {
         let (Tail::Kept(tail), Some((rows, layout))) = (&mut self.tail, &mut self.others) else {
             return Ok(());
@@ -111,6 +111,12 @@ impl<'a> Live<'a> {
             rows.keep(*layout, std::mem::take(*tail), kv);
         }
         if let Some((tokens, kv)) = incoming {
+            // A kept branch that `prompt` shares only in part stays kept whole: the call cuts it
+            // where they diverge (three prompts over one window: the third takes the first's
+            // rows as its start, and the first still comes back whole after it).
+            if common_prefix(&tokens, prompt) < tokens.len() {
+                rows.keep(*layout, tokens.clone(), kv.clone());
+            }
             self.ctx.truncate(self.base);
             if kv.offset() == self.ctx.rotary_end() {
                 self.ctx.push(&kv).map_err(model("prompt rows back"))?;

@@ -14,9 +14,11 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use kamera_ops::ChunkKv;
 use kamera_store::ChunkId;
 
-/// Prompt tokens kept over all layouts (a few dozen agent prompts; each token is one row of KV,
-/// so this bounds the memory beside the window and the store).
-pub const PROMPT_ROWS_TOKENS: usize = 1024;
+/// Prompt tokens kept over all layouts: each token is one row of KV, so this bounds the memory
+/// beside the window and the store (`kamera bench session` gives its radix cache the same bytes).
+/// 4096 holds the branches of a walk's cycle: several layouts, each with the step prompts of its
+/// pages and questions (14-44 tokens each on the session bench's walk).
+pub const PROMPT_ROWS_TOKENS: usize = 4096;
 
 /// A window layout: the chunks a live context holds from position 0, with their versions.
 pub(crate) fn layout_key(chunks: &[(ChunkId, u64)]) -> u64 {
