@@ -114,13 +114,14 @@ impl<'a> Live<'a> {
             // A kept branch that `prompt` shares only in part stays kept whole: the call cuts it
             // where they diverge (three prompts over one window: the third takes the first's
             // rows as its start, and the first still comes back whole after it).
-            if common_prefix(&tokens, prompt) < tokens.len() {
-                rows.keep(*layout, tokens.clone(), kv.clone());
-            }
+            let partial = common_prefix(&tokens, prompt) < tokens.len();
             self.ctx.truncate(self.base);
             if kv.offset() == self.ctx.rotary_end() {
                 self.ctx.push(&kv).map_err(model("prompt rows back"))?;
-                **tail = tokens;
+                **tail = tokens.clone();
+            }
+            if partial {
+                rows.keep(*layout, tokens, kv);
             }
         } else {
             // The kept copy is the branch; the context's rows up to the shared start stay.

@@ -75,6 +75,13 @@ pub struct ReuseArgs {
 }
 
 pub fn run(a: ReuseArgs) -> Result<()> {
+    #[cfg(not(feature = "cuda"))]
+    if a.device != "cpu" {
+        anyhow::bail!(
+            "--device {}: this kamera was built without CUDA (cargo build --release -p kamera-cli --features cuda)",
+            a.device
+        );
+    }
     let machine = Machine::now();
     let model = crate::models::load_with(&a.model, a.prefill_precision)?;
     eprintln!("{}: prefill precision {}", a.model, model.prefill_precision());
@@ -99,34 +106,27 @@ pub fn run(a: ReuseArgs) -> Result<()> {
         println!("\n## {}: text chunks\n", a.model);
         json.insert("image".into(), serde_json::to_value(&r)?);
     }
+    #[cfg(feature = "cuda")]
     if a.device != "cpu" {
-        #[cfg(not(feature = "cuda"))]
-        anyhow::bail!(
-            "--device {}: this kamera was built without CUDA (cargo build --release -p kamera-cli --features cuda)",
-            a.device
-        );
-        #[cfg(feature = "cuda")]
-        {
-            let device = model
-                .to_device(0)
-                .context("--device cuda: the model could not be put on the GPU")?;
-            let cfg = kamera_gpu::ModelBenchConfig {
-                chunk_tokens: a.chunk_tokens,
-                chunks: a.chunks,
-                question_tokens: a.question_tokens,
-                rank: a.rank,
-                reps: a.reps,
-                prefill_sizes: vec![a.chunk_tokens, a.chunks * a.chunk_tokens],
-            };
-            let f = device.bench_reuse(&cfg)?;
-            println!("## {} on CUDA (bf16 weights and KV)\n", a.model);
-            print!("{}", f.markdown());
-            json.insert("cuda".into(), serde_json::to_value(&f)?);
-            if a.device == "cuda" {
-                return write_json(a.json.as_ref(), machine.finish(), json);
-            }
-            println!("\n## {} on the CPU ({})\n", a.model, a.dtype);
+        let device = model
+            .to_device(0)
+            .context("--device cuda: the model could not be put on the GPU")?;
+        let cfg = kamera_gpu::ModelBenchConfig {
+            chunk_tokens: a.chunk_tokens,
+            chunks: a.chunks,
+            question_tokens: a.question_tokens,
+            rank: a.rank,
+            reps: a.reps,
+            prefill_sizes: vec![a.chunk_tokens, a.chunks * a.chunk_tokens],
+        };
+        let f = device.bench_reuse(&cfg)?;
+        println!("## {} on CUDA (bf16 weights and KV)\n", a.model);
+        print!("{}", f.markdown());
+        json.insert("cuda".into(), serde_json::to_value(&f)?);
+        if a.device == "cuda" {
+            return write_json(a.json.as_ref(), machine.finish(), json);
         }
+        println!("\n## {} on the CPU ({})\n", a.model, a.dtype);
     }
     let r = cpu(Arc::new(model), &a)?;
     print!("{}", r.markdown());

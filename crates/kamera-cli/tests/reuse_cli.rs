@@ -94,3 +94,17 @@ fn bench_reuse_json_has_host_same_thread_memcpy_and_revisit_kl() {
         "{text}"
     );
 }
+
+/// Without the `cuda` feature the device path is refused at once, naming the flag and the build
+/// that has it (before any model is loaded).
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn bench_reuse_on_a_device_without_cuda_is_a_clear_error() {
+    let out = kamera(&[], &["bench", "reuse", "--device", "cuda", "--model", "no-such-model"]);
+    let text = text(&out);
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        text.contains("--device cuda") && text.contains("--features cuda"),
+        "{text}"
+    );
+}
