@@ -119,6 +119,36 @@ impl Default for RuntimeConfig {
     }
 }
 
+impl RuntimeConfig {
+    /// This configuration with its model loaded and its store opened once, so that every runtime
+    /// opened from its [`RuntimeConfig::duplicate`]s (parallel episodes, a worker's episodes)
+    /// shares the weights and the chunk store: one sled database per process, one Redis pool.
+    pub fn shared(mut self) -> Result<RuntimeConfig> {
+        let model = load_model(&self.model, self.precision, &self.home)?;
+        let cost = cost_model(&model, &self.calibration, &self.basis, &self.home)?;
+        let bases: Bases = cost.basis.iter().cloned().collect();
+        self.store = StoreSource::Given(open_store(&self.store, &bases)?);
+        self.model = ModelSource::Loaded(model);
+        Ok(self)
+    }
+
+    /// Another configuration from the same sources (a loaded model or a given store stays shared).
+    /// A backend is a runtime's own and is not copied: the copy gets the CPU reference.
+    pub fn duplicate(&self) -> RuntimeConfig {
+        RuntimeConfig {
+            model: self.model.clone(),
+            precision: self.precision,
+            calibration: self.calibration.clone(),
+            basis: self.basis.clone(),
+            store: self.store.clone(),
+            budget: self.budget.clone(),
+            reuse: self.reuse,
+            backend: None,
+            home: self.home.clone(),
+        }
+    }
+}
+
 /// Loads the model, cost model (calibration, measured patch points, basis) and store of `cfg` and
 /// opens the session over them. The store is given the model's basis, so the patches coded in it
 /// decode.

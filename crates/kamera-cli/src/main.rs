@@ -27,6 +27,7 @@ mod progress;
 #[path = "../../kamera-store/tests/common/redis_server.rs"]
 mod redis_server;
 mod run;
+mod run_parallel;
 mod store;
 
 use anyhow::Result;

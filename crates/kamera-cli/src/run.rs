@@ -18,37 +18,44 @@ use tokio_util::sync::CancellationToken;
 
 #[derive(Args)]
 pub struct RunArgs {
-    /// A scenario file (scenarios/*.toml) or a bare scenario name.
-    scenario: String,
+    /// A scenario file (scenarios/*.toml) or a bare scenario name; several (or --parallel) run as
+    /// separate episodes in one process, sharing the model and the store.
+    #[arg(required = true, num_args = 1.., value_name = "SCENARIO")]
+    pub(crate) scenarios: Vec<String>,
+    /// Run the scenarios as concurrent episodes, at most N at a time, each with its own session,
+    /// trace and isolated browser, sharing the model's weights and the chunk store; prints each
+    /// episode's result, episodes per minute and the peak memory of the process and its browsers.
+    #[arg(long, value_name = "N")]
+    pub(crate) parallel: Option<usize>,
     /// Also write an HTML report (step screenshots, timing chart, cache hits).
     #[arg(long)]
-    report: Option<PathBuf>,
+    pub(crate) report: Option<PathBuf>,
     /// Keep the trace in this folder (default: a temporary folder).
     #[arg(long)]
-    trace: Option<PathBuf>,
+    pub(crate) trace: Option<PathBuf>,
     /// Print the summary as JSON instead of a table.
     #[arg(long)]
-    json: bool,
+    pub(crate) json: bool,
     /// At the answering step also time a full re-prefill of the context (the baseline).
     #[arg(long)]
-    baseline: bool,
+    pub(crate) baseline: bool,
     /// Reuse no KV between steps: every model call re-prefills the whole window from scratch and
     /// nothing is stored or formed (the baseline to time a scenario against; compare the
     /// `time` line of `kamera run X` and `kamera run X --no-reuse`).
     #[arg(long)]
-    no_reuse: bool,
+    pub(crate) no_reuse: bool,
     /// Keep an action cache in this folder: a step taken before on the same page is replayed
     /// with no model call; where the page changed it is healed (its target found again by its
     /// features, or re-inferred by one model call) and the entry updated. The summary reports
     /// `model_calls` and `cache_hits`.
     #[arg(long, value_name = "DIR")]
-    action_cache: Option<PathBuf>,
+    pub(crate) action_cache: Option<PathBuf>,
     #[command(flatten)]
-    browser: BrowserArgs,
+    pub(crate) browser: BrowserArgs,
     #[command(flatten)]
-    model: ModelArg,
+    pub(crate) model: ModelArg,
     #[command(flatten)]
-    store: StoreArgs,
+    pub(crate) store: StoreArgs,
 }
 
 #[derive(Args, Clone)]
@@ -164,7 +171,7 @@ pub struct ReplayArgs {
     model: ModelArg,
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime> {
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
 }
 
@@ -175,7 +182,7 @@ pub(crate) fn load_model(m: &ModelArg) -> Result<Arc<Model>> {
     Ok(Arc::new(model))
 }
 
-fn cancel_on_ctrl_c(rt: &tokio::runtime::Runtime) -> CancellationToken {
+pub(crate) fn cancel_on_ctrl_c(rt: &tokio::runtime::Runtime) -> CancellationToken {
     let token = CancellationToken::new();
     let t = token.clone();
     rt.spawn(async move {
@@ -458,6 +465,9 @@ pub(crate) fn summary_text(s: &RunSummary, reuse: bool) -> String {
 }
 
 pub fn run(a: RunArgs) -> Result<()> {
+    if a.scenarios.len() > 1 || a.parallel.is_some() {
+        return crate::run_parallel::run(a);
+    }
     let tmp;
     let dir = match &a.trace {
         Some(d) => d.clone(),
@@ -467,7 +477,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         }
     };
     let summary = execute(
-        &a.scenario,
+        &a.scenarios[0],
         Setup {
             trace_dir: &dir,
             report: a.report.as_deref(),

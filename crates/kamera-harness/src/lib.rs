@@ -26,10 +26,12 @@
 //! ```
 
 pub mod miniwob;
+pub mod parallel;
 pub mod report;
 mod run;
 mod scenario_file;
 
+pub use parallel::{Job, Outcome, run_parallel};
 pub use run::{
     ReplayReport, RunConfig, Served, policy_for, replay, replay_with, run_scenario, serve, session_for, session_with,
 };
