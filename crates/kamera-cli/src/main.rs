@@ -22,6 +22,7 @@ mod logits;
 mod mcp;
 mod models;
 mod progress;
+mod queue;
 // kamera-store's test server (a redis-server on a free loopback port in a temp dir, killed on
 // drop): one launcher for the store tests, the workspace tests, `kamera bench store` and its test.
 #[path = "../../kamera-store/tests/common/redis_server.rs"]
@@ -71,6 +72,11 @@ enum Command {
     /// Check what this machine has (Chromium, models, store, redis-server, NVRTC) and print the
     /// command that installs what is missing; exits 1 when something required is missing.
     Doctor(doctor::DoctorArgs),
+    /// A work queue of episodes on Redis Streams: push scenarios, see where the queue stands.
+    Queue(queue::QueueArgs),
+    /// Run episodes from a Redis queue (`kamera queue push`) until stopped; several workers,
+    /// on any hosts, share the queue and the Redis chunk store.
+    Worker(queue::WorkerArgs),
 }
 
 fn init_tracing(verbose: u8) {
@@ -124,5 +130,7 @@ fn main() -> Result<()> {
         Command::Store(a) => store::run(a),
         Command::Doctor(a) => doctor::run(a),
         Command::Mcp(a) => mcp::run(a),
+        Command::Queue(a) => queue::run(a),
+        Command::Worker(a) => queue::worker(a),
     }
 }

@@ -94,11 +94,11 @@ impl ModelArg {
 pub struct StoreArgs {
     /// Keep canonical chunks only in memory for this run (no persistent chunk store).
     #[arg(long)]
-    no_store: bool,
+    pub(crate) no_store: bool,
     /// The persistent chunk store: a directory (default: $KAMERA_HOME/store), or a Redis URL
     /// (`redis://[user:pass@]host:port/db`) shared by a fleet, tiered memory -> local sled -> Redis.
     #[arg(long)]
-    store: Option<String>,
+    pub(crate) store: Option<String>,
     /// With a Redis store: write to Redis from a bounded queue of this many records instead of
     /// waiting for each write (write-behind; a queued record not yet written is lost to the fleet,
     /// not to this host, if the process dies).

@@ -27,6 +27,7 @@
 
 pub mod miniwob;
 pub mod parallel;
+pub mod queue;
 pub mod report;
 mod run;
 mod scenario_file;
