@@ -39,6 +39,11 @@ pub struct Scenario {
     pub observe: Observe,
     #[serde(default)]
     pub budget: Budget,
+    /// The folder `upload` steps may take files from (relative to the scenario file's folder;
+    /// made absolute when the scenario is parsed). A step's path is relative to it, and must
+    /// stay inside it (`..` and symbolic links out are refused); without it, `upload` steps are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uploads: Option<PathBuf>,
     #[serde(default)]
     pub steps: Vec<ScriptStep>,
     #[serde(default)]
@@ -177,7 +182,8 @@ impl Default for Budget {
 
 /// One scripted step. In a scenario file it is a table with exactly one action key
 /// (`click`, `type` with optional `into`, `select` with `option`, `check`, `uncheck`, `hover`,
-/// `drag` with `to`, `scroll_to`, `switch_tab`, `wait_for` with optional `timeout_ms`, `key`,
+/// `drag` with `to`, `scroll_to`, `upload` with `path`, `switch_tab`, `wait_for` with optional
+/// `timeout_ms`, `key`,
 /// `navigate`, `back = true`, `scroll`, `wait_ms`, `remember` with `regex`, `ask` with optional
 /// `choices`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -217,6 +223,12 @@ pub enum ScriptStep {
     /// Scroll the element matching `target` into view.
     ScrollTo {
         target: String,
+    },
+    /// Set the file input matching `target` (or the one a label or container holds) to the file
+    /// at `path`, relative to the scenario's `uploads` folder and inside it.
+    Upload {
+        target: String,
+        path: String,
     },
     /// Drive tab `index` (0 is the first, in order of opening) from now on.
     SwitchTab {
@@ -285,6 +297,10 @@ struct RawStep {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     scroll_to: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    upload: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    path: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     switch_tab: Option<usize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     wait_for: Option<String>,
@@ -323,6 +339,7 @@ impl TryFrom<RawStep> for ScriptStep {
             ("hover", r.hover.is_some()),
             ("drag", r.drag.is_some()),
             ("scroll_to", r.scroll_to.is_some()),
+            ("upload", r.upload.is_some()),
             ("switch_tab", r.switch_tab.is_some()),
             ("wait_for", r.wait_for.is_some()),
             ("key", r.key.is_some()),
@@ -357,6 +374,7 @@ impl TryFrom<RawStep> for ScriptStep {
         only("choices", r.choices.is_empty() || r.ask.is_some())?;
         only("option", r.option.is_none() || r.select.is_some())?;
         only("to", r.to.is_none() || r.drag.is_some())?;
+        only("path", r.path.is_none() || r.upload.is_some())?;
         only("timeout_ms", r.timeout_ms.is_none() || r.wait_for.is_some())?;
         Ok(match r {
             RawStep {
@@ -394,6 +412,16 @@ impl TryFrom<RawStep> for ScriptStep {
                 scroll_to: Some(target),
                 ..
             } => ScriptStep::ScrollTo { target },
+            RawStep {
+                upload: Some(target),
+                path,
+                ..
+            } => ScriptStep::Upload {
+                path: path.filter(|p| !p.trim().is_empty()).ok_or_else(|| {
+                    format!("`upload = {target:?}` needs a `path` (a file in the scenario's `uploads` folder)")
+                })?,
+                target,
+            },
             RawStep {
                 switch_tab: Some(index),
                 ..
@@ -448,6 +476,7 @@ impl From<ScriptStep> for RawStep {
             ScriptStep::Hover { target } => r.hover = Some(target),
             ScriptStep::Drag { from, to } => (r.drag, r.to) = (Some(from), Some(to)),
             ScriptStep::ScrollTo { target } => r.scroll_to = Some(target),
+            ScriptStep::Upload { target, path } => (r.upload, r.path) = (Some(target), Some(path)),
             ScriptStep::SwitchTab { index } => r.switch_tab = Some(index),
             ScriptStep::WaitFor { target, ms } => (r.wait_for, r.timeout_ms) = (Some(target), Some(ms)),
             ScriptStep::Key { key } => r.key = Some(key),
@@ -493,7 +522,7 @@ impl Scenario {
             path: path.to_path_buf(),
             detail,
         };
-        let s: Scenario = toml::from_str(text).map_err(|e| bad(format!("not a valid scenario: {e}")))?;
+        let mut s: Scenario = toml::from_str(text).map_err(|e| bad(format!("not a valid scenario: {e}")))?;
         if s.name.trim().is_empty() {
             return Err(bad("`name` is empty".into()));
         }
@@ -520,6 +549,27 @@ impl Scenario {
         if s.policy == PolicyKind::Scripted && s.steps.is_empty() {
             return Err(bad("a scripted scenario needs [[steps]]".into()));
         }
+        if let Some(dir) = &s.uploads {
+            if dir.as_os_str().is_empty() {
+                return Err(bad(
+                    "`uploads` is empty: name a folder (relative to the scenario file's)".into(),
+                ));
+            }
+            let base = path.parent().unwrap_or(Path::new(""));
+            let joined = base.join(dir);
+            s.uploads = Some(std::path::absolute(&joined).map_err(|e| bad(format!("uploads {}: {e}", dir.display())))?);
+        }
+        for (i, step) in s.steps.iter().enumerate() {
+            if let ScriptStep::Upload { path: file, .. } = step {
+                let Some(dir) = &s.uploads else {
+                    return Err(bad(format!(
+                        "step {}: `upload` of {file:?} needs the scenario to allow a folder: add `uploads = \"dir\"` (relative to the scenario file's folder)",
+                        i + 1
+                    )));
+                };
+                lexically_inside(dir, file).map_err(|d| bad(format!("step {}: {d}", i + 1)))?;
+            }
+        }
         Ok(s)
     }
 
@@ -527,6 +577,61 @@ impl Scenario {
     pub fn to_toml(&self) -> String {
         toml::to_string(self).unwrap_or_default()
     }
+}
+
+/// `file` (relative to `dir`) written so that it stays inside `dir`: not absolute, no `..`
+/// that climbs out. Symbolic links are for [`upload_file`] to refuse.
+fn lexically_inside(dir: &Path, file: &str) -> std::result::Result<(), String> {
+    use std::path::Component;
+    let mut depth = 0usize;
+    for c in Path::new(file).components() {
+        match c {
+            Component::Normal(_) => depth += 1,
+            Component::CurDir => {}
+            Component::ParentDir if depth > 0 => depth -= 1,
+            _ => {
+                return Err(format!(
+                    "upload path {file:?} is outside the uploads folder {} (paths are relative to it and stay inside)",
+                    dir.display()
+                ));
+            }
+        }
+    }
+    if depth == 0 {
+        return Err(format!("upload path {file:?} names no file in {}", dir.display()));
+    }
+    Ok(())
+}
+
+/// The file an `upload` step (1-based `step`) of `path` takes from the folder `uploads`, checked
+/// on disk: the folder exists, the file exists and is a regular file, and its real path (links
+/// followed) lies inside the folder's. An error names the step, the path and the folder.
+pub fn upload_file(uploads: Option<&Path>, step: usize, path: &str) -> Result<PathBuf> {
+    let bad = |detail: String| Error::Step { step, detail };
+    let Some(dir) = uploads else {
+        return Err(bad(format!(
+            "upload {path:?}: no folder allows uploads (the scenario's `uploads`)"
+        )));
+    };
+    lexically_inside(dir, path).map_err(bad)?;
+    let root = std::fs::canonicalize(dir)
+        .map_err(|e| bad(format!("the uploads folder {} cannot be read: {e}", dir.display())))?;
+    let file = std::fs::canonicalize(dir.join(path))
+        .map_err(|e| bad(format!("upload {path:?}: no such file in {}: {e}", dir.display())))?;
+    if !file.starts_with(&root) {
+        return Err(bad(format!(
+            "upload {path:?} leads outside the uploads folder {} (to {}): refused",
+            dir.display(),
+            file.display()
+        )));
+    }
+    if !file.is_file() {
+        return Err(bad(format!(
+            "upload {path:?} in {} is not a regular file",
+            dir.display()
+        )));
+    }
+    Ok(file)
 }
 
 /// Resolves a scenario argument: a path, or a bare name under `scenarios/`.
@@ -537,4 +642,74 @@ pub fn resolve(arg: &str) -> PathBuf {
     }
     let named = Path::new("scenarios").join(format!("{arg}.toml"));
     if named.exists() { named } else { p }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scenario(dir: &Path, uploads: &str, file: &str) -> Result<Scenario> {
+        let text = format!(
+            "name = \"u\"\ngoal = \"g\"\n{uploads}\n[site]\nseed = 1\n[[steps]]\nupload = \"#f\"\npath = {file:?}\n"
+        );
+        Scenario::parse(&text, &dir.join("s.toml"))
+    }
+
+    /// An upload step's file must lie in the folder the scenario allows: none declared, an
+    /// absolute path, `..` out of it, and a symbolic link out of it are refused, each naming the
+    /// step and the folder; a file inside is taken.
+    #[test]
+    fn upload_paths_stay_in_the_allowed_folder() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("scenarios");
+        std::fs::create_dir_all(dir.join("files/sub")).unwrap();
+        std::fs::write(dir.join("files/sub/a.txt"), b"a").unwrap();
+        std::fs::write(tmp.path().join("secret.txt"), b"s").unwrap();
+
+        let e = scenario(&dir, "", "a.txt").unwrap_err().to_string();
+        assert!(e.contains("step 1") && e.contains("uploads = "), "{e}");
+        let e = scenario(&dir, "uploads = \"files\"", "../../secret.txt")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("step 1") && e.contains("outside") && e.contains("files"),
+            "{e}"
+        );
+        let abs = tmp.path().join("secret.txt").display().to_string();
+        let e = scenario(&dir, "uploads = \"files\"", &abs).unwrap_err().to_string();
+        assert!(e.contains("outside"), "{e}");
+        let e = scenario(&dir, "uploads = \"files\"", "sub/..").unwrap_err().to_string();
+        assert!(e.contains("names no file"), "{e}");
+
+        let s = scenario(&dir, "uploads = \"files\"", "sub/../sub/a.txt").unwrap();
+        let root = s.uploads.clone().unwrap();
+        assert!(root.is_absolute() && root.ends_with("scenarios/files"), "{root:?}");
+        // Serialized and parsed again (a trace header), the folder stays the same.
+        assert_eq!(Scenario::parse(&s.to_toml(), &dir.join("s.toml")).unwrap(), s);
+        let ScriptStep::Upload { path, .. } = &s.steps[0] else {
+            panic!("{:?}", s.steps)
+        };
+        let got = upload_file(s.uploads.as_deref(), 1, path).unwrap();
+        assert_eq!(got, std::fs::canonicalize(dir.join("files/sub/a.txt")).unwrap());
+
+        // On disk: a link out of the folder, a missing file, a folder, no folder at all.
+        #[cfg(unix)]
+        {
+            std::os::unix::fs::symlink(tmp.path().join("secret.txt"), dir.join("files/link.txt")).unwrap();
+            let e = upload_file(Some(&root), 3, "link.txt").unwrap_err().to_string();
+            assert!(
+                e.contains("step 3") && e.contains("outside") && e.contains("refused"),
+                "{e}"
+            );
+        }
+        let e = upload_file(Some(&root), 2, "nope.txt").unwrap_err().to_string();
+        assert!(
+            e.contains("step 2") && e.contains("no such file") && e.contains("nope.txt"),
+            "{e}"
+        );
+        let e = upload_file(Some(&root), 2, "sub").unwrap_err().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
+        let e = upload_file(None, 4, "a.txt").unwrap_err().to_string();
+        assert!(e.contains("step 4") && e.contains("no folder"), "{e}");
+    }
 }
