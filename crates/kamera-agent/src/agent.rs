@@ -319,6 +319,7 @@ impl Run<'_, '_> {
             action: None,
             result: StepResult::Ok,
             blocked: Vec::new(),
+            downloads: Vec::new(),
             reward: None,
             timings,
         };
@@ -333,6 +334,12 @@ impl Run<'_, '_> {
         let blocked = self.agent.browser.blocked();
         record.blocked = blocked.get(self.blocked_seen..).unwrap_or_default().to_vec();
         self.blocked_seen = blocked.len();
+        let downloads = self.agent.browser.downloads();
+        record.downloads = downloads
+            .get(self.summary.end.downloads.len()..)
+            .unwrap_or_default()
+            .to_vec();
+        self.summary.end.downloads.extend(record.downloads.iter().cloned());
         Ok((record, fatal))
     }
 
@@ -515,6 +522,12 @@ impl Run<'_, '_> {
             checks.push(self.reward.is_some_and(|x| x > min));
         }
         let success = (!checks.is_empty()).then(|| r.is_ok() && checks.iter().all(|c| *c));
+        // Every download the browser finished (one finishing after the last step included); a
+        // replay has the recorded ones.
+        let downloads = match (&self.opts.recorded_end, self.replay) {
+            (Some(end), true) => end.downloads.clone(),
+            _ => self.agent.browser.downloads(),
+        };
         self.summary.end = EndRecord {
             steps: self.summary.steps.len(),
             answer: self.answer.clone(),
@@ -522,6 +535,7 @@ impl Run<'_, '_> {
             js_check,
             reward: self.reward,
             error: r.as_ref().err().map(|e| e.to_string()),
+            downloads,
         };
         if let Some(t) = self.opts.trace.as_mut() {
             t.write(&Line::End(self.summary.end.clone()))?;

@@ -218,6 +218,7 @@ impl AgentBuilder {
             site: None,
             episode: None,
             budget,
+            uploads: None,
             steps: Vec::new(),
             success: Success::default(),
         };

@@ -518,6 +518,7 @@ fn target_ids(a: &Action) -> Vec<u32> {
         | Action::Uncheck { id }
         | Action::Hover { id }
         | Action::ScrollTo { id }
+        | Action::Upload { id, .. }
         | Action::Select { id, .. } => vec![*id],
         Action::Type { id, .. } => id.iter().copied().collect(),
         Action::Drag { from, to } => vec![*from, *to],
@@ -537,6 +538,7 @@ fn with_ids(a: &Action, ids: &[u32]) -> Option<Action> {
         | Action::Uncheck { id }
         | Action::Hover { id }
         | Action::ScrollTo { id }
+        | Action::Upload { id, .. }
         | Action::Select { id, .. } => *id = ids[0],
         Action::Type { id, .. } => *id = ids.first().copied(),
         Action::Drag { from, to } => (*from, *to) = (ids[0], ids[1]),

@@ -87,6 +87,7 @@ pub use runtime::{
 };
 pub use scenario::{
     Budget, DEFAULT_WAIT_MS, Episode, Observe, PolicyKind, Scenario, ScriptStep, SiteSpec, Success, resolve,
+    upload_file,
 };
 pub use schema::{ActionSchema, Fit, Grammar, LEAD, Template};
 pub use trace::{

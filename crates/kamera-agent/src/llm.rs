@@ -429,7 +429,13 @@ pub fn parse_action(text: &str) -> std::result::Result<kamera_browser::Action, S
         }
     }
     let end = end.ok_or("unterminated JSON object")?;
-    serde_json::from_str(&text[start..end]).map_err(|e| e.to_string())
+    let action: kamera_browser::Action = serde_json::from_str(&text[start..end]).map_err(|e| e.to_string())?;
+    // A model never picks a file to send: a page could talk it into sending any file it can
+    // read. Uploads are scenario steps, from a folder the scenario allows.
+    if matches!(action, kamera_browser::Action::Upload { .. }) {
+        return Err("upload is not a model action (a scenario's `upload` step names the file)".into());
+    }
+    Ok(action)
 }
 
 impl From<kamera_ops::Error> for Error {
@@ -438,5 +444,16 @@ impl From<kamera_ops::Error> for Error {
             op: "kv",
             source: Box::new(source),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// A model's reply never uploads a file, even when it writes a well-formed upload action.
+    #[test]
+    fn a_model_cannot_upload() {
+        let e = super::parse_action(r#"{"action": "upload", "id": 1, "path": "/etc/passwd"}"#).unwrap_err();
+        assert!(e.contains("not a model action"), "{e}");
+        assert!(super::parse_action(r#"{"action": "click", "id": 1}"#).is_ok());
     }
 }

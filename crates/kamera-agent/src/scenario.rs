@@ -7,6 +7,11 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::policy::Decoding;
 
+mod uploads;
+
+use uploads::lexically_inside;
+pub use uploads::upload_file;
+
 /// A scripted or autonomous web task.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -39,6 +44,11 @@ pub struct Scenario {
     pub observe: Observe,
     #[serde(default)]
     pub budget: Budget,
+    /// The folder `upload` steps may take files from (relative to the scenario file's folder;
+    /// made absolute when the scenario is parsed). A step's path is relative to it, and must
+    /// stay inside it (`..` and symbolic links out are refused); without it, `upload` steps are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uploads: Option<PathBuf>,
     #[serde(default)]
     pub steps: Vec<ScriptStep>,
     #[serde(default)]
@@ -177,7 +187,8 @@ impl Default for Budget {
 
 /// One scripted step. In a scenario file it is a table with exactly one action key
 /// (`click`, `type` with optional `into`, `select` with `option`, `check`, `uncheck`, `hover`,
-/// `drag` with `to`, `scroll_to`, `switch_tab`, `wait_for` with optional `timeout_ms`, `key`,
+/// `drag` with `to`, `scroll_to`, `upload` with `path`, `switch_tab`, `wait_for` with optional
+/// `timeout_ms`, `key`,
 /// `navigate`, `back = true`, `scroll`, `wait_ms`, `remember` with `regex`, `ask` with optional
 /// `choices`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -217,6 +228,12 @@ pub enum ScriptStep {
     /// Scroll the element matching `target` into view.
     ScrollTo {
         target: String,
+    },
+    /// Set the file input matching `target` (or the one a label or container holds) to the file
+    /// at `path`, relative to the scenario's `uploads` folder and inside it.
+    Upload {
+        target: String,
+        path: String,
     },
     /// Drive tab `index` (0 is the first, in order of opening) from now on.
     SwitchTab {
@@ -285,6 +302,10 @@ struct RawStep {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     scroll_to: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    upload: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    path: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     switch_tab: Option<usize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     wait_for: Option<String>,
@@ -323,6 +344,7 @@ impl TryFrom<RawStep> for ScriptStep {
             ("hover", r.hover.is_some()),
             ("drag", r.drag.is_some()),
             ("scroll_to", r.scroll_to.is_some()),
+            ("upload", r.upload.is_some()),
             ("switch_tab", r.switch_tab.is_some()),
             ("wait_for", r.wait_for.is_some()),
             ("key", r.key.is_some()),
@@ -357,6 +379,7 @@ impl TryFrom<RawStep> for ScriptStep {
         only("choices", r.choices.is_empty() || r.ask.is_some())?;
         only("option", r.option.is_none() || r.select.is_some())?;
         only("to", r.to.is_none() || r.drag.is_some())?;
+        only("path", r.path.is_none() || r.upload.is_some())?;
         only("timeout_ms", r.timeout_ms.is_none() || r.wait_for.is_some())?;
         Ok(match r {
             RawStep {
@@ -394,6 +417,16 @@ impl TryFrom<RawStep> for ScriptStep {
                 scroll_to: Some(target),
                 ..
             } => ScriptStep::ScrollTo { target },
+            RawStep {
+                upload: Some(target),
+                path,
+                ..
+            } => ScriptStep::Upload {
+                path: path.filter(|p| !p.trim().is_empty()).ok_or_else(|| {
+                    format!("`upload = {target:?}` needs a `path` (a file in the scenario's `uploads` folder)")
+                })?,
+                target,
+            },
             RawStep {
                 switch_tab: Some(index),
                 ..
@@ -448,6 +481,7 @@ impl From<ScriptStep> for RawStep {
             ScriptStep::Hover { target } => r.hover = Some(target),
             ScriptStep::Drag { from, to } => (r.drag, r.to) = (Some(from), Some(to)),
             ScriptStep::ScrollTo { target } => r.scroll_to = Some(target),
+            ScriptStep::Upload { target, path } => (r.upload, r.path) = (Some(target), Some(path)),
             ScriptStep::SwitchTab { index } => r.switch_tab = Some(index),
             ScriptStep::WaitFor { target, ms } => (r.wait_for, r.timeout_ms) = (Some(target), Some(ms)),
             ScriptStep::Key { key } => r.key = Some(key),
@@ -493,7 +527,7 @@ impl Scenario {
             path: path.to_path_buf(),
             detail,
         };
-        let s: Scenario = toml::from_str(text).map_err(|e| bad(format!("not a valid scenario: {e}")))?;
+        let mut s: Scenario = toml::from_str(text).map_err(|e| bad(format!("not a valid scenario: {e}")))?;
         if s.name.trim().is_empty() {
             return Err(bad("`name` is empty".into()));
         }
@@ -519,6 +553,27 @@ impl Scenario {
         }
         if s.policy == PolicyKind::Scripted && s.steps.is_empty() {
             return Err(bad("a scripted scenario needs [[steps]]".into()));
+        }
+        if let Some(dir) = &s.uploads {
+            if dir.as_os_str().is_empty() {
+                return Err(bad(
+                    "`uploads` is empty: name a folder (relative to the scenario file's)".into(),
+                ));
+            }
+            let base = path.parent().unwrap_or(Path::new(""));
+            let joined = base.join(dir);
+            s.uploads = Some(std::path::absolute(&joined).map_err(|e| bad(format!("uploads {}: {e}", dir.display())))?);
+        }
+        for (i, step) in s.steps.iter().enumerate() {
+            if let ScriptStep::Upload { path: file, .. } = step {
+                let Some(dir) = &s.uploads else {
+                    return Err(bad(format!(
+                        "step {}: `upload` of {file:?} needs the scenario to allow a folder: add `uploads = \"dir\"` (relative to the scenario file's folder)",
+                        i + 1
+                    )));
+                };
+                lexically_inside(dir, file).map_err(|d| bad(format!("step {}: {d}", i + 1)))?;
+            }
         }
         Ok(s)
     }

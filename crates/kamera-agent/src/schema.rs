@@ -106,6 +106,8 @@ impl ActionSchema {
     /// The actions `obs` allows: per interactive element click, hover and scroll_to; type into
     /// editable ones; select one of a select's options; check or uncheck by state; drag between
     /// elements (up to 16 of them); and key (Enter, Tab, Escape), scroll, back, wait_for, done.
+    /// Never `upload`: a model does not choose files to send (a page could talk it into sending
+    /// any file it can read); uploads are scenario steps from a folder the scenario allows.
     pub fn for_page(obs: &Observation) -> ActionSchema {
         let mut t = Vec::new();
         let els: Vec<_> = obs.interactive().collect();

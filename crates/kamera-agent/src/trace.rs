@@ -106,6 +106,9 @@ pub struct StepRecord {
     /// (absent in traces written before they were recorded).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub blocked: Vec<kamera_browser::Blocked>,
+    /// Downloads that completed during this step, saved in the run's downloads folder.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub downloads: Vec<kamera_browser::Download>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reward: Option<f64>,
     pub timings: StepTimings,
@@ -159,6 +162,9 @@ pub struct EndRecord {
     pub reward: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Every download of the run, in order (each step lists its own).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub downloads: Vec<kamera_browser::Download>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -376,9 +382,15 @@ pub fn devtools_recorder(
                 };
                 out.push(json!({"type": "waitForElement", "selectors": [[selector]], "timeout": ms}))
             }
-            // The Recorder format has no drag or tab switch step; the trace keeps them.
-            Some(Action::Drag { .. } | Action::SwitchTab { .. } | Action::Wait { .. } | Action::Done { .. }) | None => {
-            }
+            // The Recorder format has no drag, tab switch or file step; the trace keeps them.
+            Some(
+                Action::Drag { .. }
+                | Action::SwitchTab { .. }
+                | Action::Upload { .. }
+                | Action::Wait { .. }
+                | Action::Done { .. },
+            )
+            | None => {}
         }
     }
     json!({"title": title, "steps": out})

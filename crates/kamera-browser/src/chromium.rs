@@ -14,6 +14,7 @@ use serde::Deserialize;
 use crate::Browser;
 use crate::confine::{Blocked, Confinement};
 use crate::dialogs::Dialogs;
+use crate::downloads::{Download, Downloads};
 use crate::error::{Error, Result, cdp};
 use crate::types::{Action, Element, Observation};
 
@@ -40,6 +41,8 @@ pub struct ChromiumBrowser {
     /// The browser process (its helpers are its children and exit with it).
     pid: Option<u32>,
     confinement: Confinement,
+    /// The download policy, and the downloads saved in the run's folder.
+    downloads: Downloads,
     /// Dialog answering, one per tab set up (the launch tab, then each tab switched to).
     dialogs: Vec<Dialogs>,
     last: Option<Observation>,
@@ -83,6 +86,20 @@ impl ChromiumBrowser {
             }
         }
         Ok(n)
+    }
+
+    /// The downloads completed so far in [`BrowserOptions::downloads`], in order (none without
+    /// that folder: downloads are refused).
+    pub fn downloads(&self) -> Vec<Download> {
+        self.downloads.done()
+    }
+
+    /// After an action: waits (bounded by the call timeout) for the downloads it began to finish.
+    async fn await_downloads(&self) {
+        let t0 = std::time::Instant::now();
+        while self.downloads.pending() > 0 && t0.elapsed() < self.cfg.timeout && !self.gone() {
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
     }
 
     /// The browser process's id (its helper processes are its children).
@@ -312,6 +329,10 @@ impl Browser for ChromiumBrowser {
         self.confinement.blocked()
     }
 
+    fn downloads(&self) -> Vec<Download> {
+        self.downloads.done()
+    }
+
     async fn close(&mut self) -> Result<()> {
         // The storage state is written while the browser still answers; a failure to write it
         // is reported once the browser is shut down.
@@ -365,6 +386,7 @@ impl ChromiumBrowser {
         self.perform(action).await?;
         let limit = if may_navigate { 1500 } else { 60 };
         self.await_navigation(Duration::from_millis(limit)).await;
+        self.await_downloads().await;
         self.settle().await;
         self.check_location().await
     }

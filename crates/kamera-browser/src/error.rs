@@ -30,6 +30,13 @@ pub enum Error {
     /// An action that this browser cannot perform, or malformed input.
     #[error("{op}: {detail}")]
     Invalid { op: &'static str, detail: String },
+    /// A file an action names (an upload's) that is missing or cannot be read.
+    #[error("{op} {path}: {detail}")]
+    File {
+        op: &'static str,
+        path: std::path::PathBuf,
+        detail: String,
+    },
     /// A replayed browser ran out of recorded observations or was asked for what it did not record.
     #[error("replay: {0}")]
     Replay(String),

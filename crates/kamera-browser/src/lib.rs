@@ -31,6 +31,7 @@
 mod chromium;
 mod confine;
 mod dialogs;
+mod downloads;
 mod error;
 mod origin;
 mod procs;
@@ -38,11 +39,13 @@ mod replay;
 mod serve;
 mod storage;
 mod types;
+mod upload;
 
 use async_trait::async_trait;
 
 pub use chromium::{BrowserOptions, ChromiumBrowser, ChromiumConfig};
 pub use confine::Blocked;
+pub use downloads::Download;
 pub use error::{Error, Result};
 pub use origin::Origins;
 pub use procs::processes_of;
@@ -50,6 +53,7 @@ pub use replay::ReplayBrowser;
 pub use serve::{Content, Server};
 pub use storage::{NameValue, OriginStorage, StorageState, StoredCookie};
 pub use types::{Action, Element, Observation};
+pub use upload::{MAX_BODY, Upload};
 
 /// A browser the agent loop can drive. Implementations check navigations against their allowed
 /// origins and bound every call with a timeout, so a hung page becomes an error, never a hang.
@@ -68,6 +72,11 @@ pub trait Browser: Send {
     /// Requests the page made off the allowed origins, refused at the browser, in order (none
     /// for a browser that does not confine them).
     fn blocked(&self) -> Vec<Blocked> {
+        Vec::new()
+    }
+    /// The downloads completed so far, saved in the run's downloads folder, in order (none for a
+    /// browser without one: downloads are refused).
+    fn downloads(&self) -> Vec<Download> {
         Vec::new()
     }
     /// Whether this browser replays a recording (no page behind it).

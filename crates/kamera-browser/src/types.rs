@@ -1,5 +1,7 @@
 //! Observations and actions: what a browser shows and what an agent does.
 
+use std::path::PathBuf;
+
 use serde::{Deserialize, Serialize};
 
 /// One interactive element of an observation, addressed by its id in the page text.
@@ -158,6 +160,14 @@ pub enum Action {
     SwitchTab {
         index: usize,
     },
+    /// Set the files of file input `id` (or of the file input a label or container holds) to the
+    /// one file at `path`, on the machine the browser runs on, as a user choosing it would; the
+    /// page sees `change`. Not offered to the model policy: a scenario names the file, inside a
+    /// folder it allows.
+    Upload {
+        id: u32,
+        path: PathBuf,
+    },
     /// Wait until a visible element matches `target` (`#html-id`, `[id]` or `text:Visible text`),
     /// at most `ms` milliseconds.
     WaitFor {
@@ -193,6 +203,11 @@ impl Action {
             Action::Drag { from, to } => format!("drag [{from}] -> [{to}]"),
             Action::ScrollTo { id } => format!("scroll to [{id}]"),
             Action::SwitchTab { index } => format!("switch to tab {index}"),
+            Action::Upload { id, path } => format!(
+                "upload [{id}] {}",
+                path.file_name()
+                    .map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned())
+            ),
             Action::WaitFor { target, ms } => format!("wait for {target:?} ({ms}ms)"),
             Action::Navigate { url } => format!("navigate {url}"),
             Action::Back => "back".into(),

@@ -168,3 +168,57 @@ async fn a_run_attaches_to_a_chromium_started_apart() -> anyhow::Result<()> {
     assert!(e.to_string().contains("127.0.0.1:9"), "{e}");
     Ok(())
 }
+
+/// An attached run's downloads go to its folder (set for the run's browser context) and are
+/// listed; an attached run without a folder has its downloads refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attached_run_keeps_its_downloads() -> anyhow::Result<()> {
+    let (mut chromium, ws, profile) = start_chromium()?;
+    let mut pages = BTreeMap::new();
+    pages.insert(
+        "/".to_string(),
+        b"<html><body><a id=\"dl\" href=\"/data.txt\" download>Get the data</a></body></html>".to_vec(),
+    );
+    pages.insert("/data.txt".to_string(), b"remote bytes\n".to_vec());
+    let site = Server::start(Content::Memory(pages)).await?;
+    let folder = tempfile::tempdir()?;
+    let mut cfg = ChromiumConfig::new(Origins::new(&[site.origin()])?);
+    cfg.options = BrowserOptions {
+        browser_url: Some(ws.clone()),
+        downloads: Some(folder.path().to_path_buf()),
+        ..Default::default()
+    };
+    let mut b = ChromiumBrowser::launch(cfg).await?;
+    b.navigate(&site.url("/")).await?;
+    let obs = b.observe().await?;
+    let dl = obs.by_html_id("dl").expect("dl").id;
+    b.act(&Action::Click { id: dl }).await?;
+    let got = b.downloads();
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].filename, "data.txt");
+    assert_eq!(std::fs::read(folder.path().join("data.txt"))?, b"remote bytes\n");
+    b.close().await?;
+
+    // Another run on the same browser, no folder: refused, nothing written.
+    let mut b = attach(&ws, &site).await?;
+    b.navigate(&site.url("/")).await?;
+    let obs = b.observe().await?;
+    b.act(&Action::Click {
+        id: obs.by_html_id("dl").expect("dl").id,
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(b.downloads().is_empty());
+    b.close().await?;
+    assert_eq!(
+        std::fs::read_dir(folder.path())?.count(),
+        1,
+        "only the first run's file"
+    );
+    let home_dl = std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join("Downloads/data.txt"));
+    assert!(!home_dl.is_some_and(|p| p.exists()), "the refused download was saved");
+    drop(profile);
+    chromium.kill()?;
+    let _ = chromium.wait();
+    Ok(())
+}

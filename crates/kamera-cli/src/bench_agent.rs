@@ -273,6 +273,7 @@ fn scenario(task: &str, seed: u64, decoding: Decoding, max_steps: usize, episode
             steps: max_steps,
             ..Budget::default()
         },
+        uploads: None,
         steps: Vec::new(),
         success: Success {
             answer: None,

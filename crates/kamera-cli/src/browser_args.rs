@@ -57,6 +57,8 @@ impl BrowserArgs {
             profile,
             storage_state: self.storage_state.clone(),
             browser_url: self.browser_url.clone(),
+            // The run's trace folder decides (kamera-harness's run_scenario).
+            downloads: None,
         })
     }
 }

@@ -436,6 +436,9 @@ pub(crate) fn summary_text(s: &RunSummary, reuse: bool) -> String {
     if s.refused > 0 {
         _ = writeln!(o, "refused   {} navigation(s) off the allowed origins", s.refused);
     }
+    for d in &s.end.downloads {
+        _ = writeln!(o, "download  {} ({} bytes) from {}", d.path.display(), d.bytes, d.url);
+    }
     if let Some(e) = &s.end.error {
         _ = writeln!(o, "error     {e}");
     }

@@ -71,7 +71,9 @@ pub async fn serve(scenario: &Scenario, home: &Path) -> Result<Served> {
 /// The policy a scenario asks for.
 pub fn policy_for(scenario: &Scenario, origin: &str) -> Box<dyn Policy> {
     match scenario.policy {
-        PolicyKind::Scripted => Box::new(ScriptedPolicy::new(scenario.steps.clone(), origin)),
+        PolicyKind::Scripted => {
+            Box::new(ScriptedPolicy::new(scenario.steps.clone(), origin).with_uploads(scenario.uploads.clone()))
+        }
         PolicyKind::Model => Box::new(ModelPolicy::new(scenario.decoding)),
     }
 }
@@ -92,6 +94,8 @@ pub struct RunConfig {
     /// The action cache's folder ([`kamera_agent::ActionCache`]), when the run keeps one.
     pub action_cache: Option<std::path::PathBuf>,
     /// The browser's profile, storage state and place (default: an isolated local Chromium).
+    /// Its `downloads` folder, when unset, is `<trace_dir>/downloads` (a temporary folder,
+    /// removed after the run, without a trace): a run's downloads are always saved and listed.
     pub browser: BrowserOptions,
 }
 
@@ -105,6 +109,24 @@ pub async fn run_scenario(scenario: &Scenario, model: Arc<Model>, home: &Path, c
     let mut session = session_with(scenario, model, cfg.runtime)?;
     let mut chromium = ChromiumConfig::new(served.origins.clone());
     chromium.options = cfg.browser;
+    // Kept until the run ends: downloads land here when there is no trace to keep them.
+    let mut scratch = None;
+    if chromium.options.downloads.is_none() {
+        chromium.options.downloads = Some(match &cfg.trace_dir {
+            Some(d) => d.join("downloads"),
+            None => {
+                let t = tempfile::Builder::new()
+                    .prefix("kamera-downloads-")
+                    .tempdir()
+                    .map_err(|source| Error::Io {
+                        op: "create a downloads folder",
+                        path: std::env::temp_dir(),
+                        source,
+                    })?;
+                scratch.insert(t).path().to_path_buf()
+            }
+        });
+    }
     let mut browser = ChromiumBrowser::launch(chromium).await?;
     let mut policy = policy_for(scenario, &served.env.origin);
     let trace = match &cfg.trace_dir {
@@ -127,6 +149,7 @@ pub async fn run_scenario(scenario: &Scenario, model: Arc<Model>, home: &Path, c
     };
     let r = run_episode(agent, scenario, &served.env, opts).await;
     let _ = kamera_browser::Browser::close(&mut browser).await;
+    drop(scratch);
     r
 }
 

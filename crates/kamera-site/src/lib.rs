@@ -1,6 +1,7 @@
 //! kamera-site: the deterministic demo site (scenarios/site/) that Kamera's tests, the `kamera`
 //! binary and the example apps in agents/ run against. Pages are generated from a seed (an order
-//! portal with shipping status, a catalogue and cart, a directory); [`data`] is what they show,
+//! portal with shipping status, a catalogue and cart, a directory, a returns form that takes an
+//! attachment and CSV invoices to download); [`data`] is what they show,
 //! so a test or an app can state the expected answer. Serve the pages on loopback with
 //! `kamera_browser::Server::start(Content::Memory(kamera_site::generate(seed)))`.
 //!
@@ -256,7 +257,41 @@ fn generate_plain(seed: u64) -> BTreeMap<String, Vec<u8>> {
             ),
         );
     }
+    files(&d, &mut m);
     m
+}
+
+/// The invoice of `order` as the site serves it for download (`/invoices/<id>.csv`).
+pub fn invoice_csv(order: &Order) -> String {
+    format!(
+        "order,customer,item,carrier,tracking\n{},{},{},{},{}\n",
+        order.id, order.customer, order.item, order.carrier, order.tracking
+    )
+}
+
+/// The pages with files: a returns form that takes an attachment (posted to
+/// `/returns/submit`, where the loopback server answers what it received) and the invoices,
+/// each a CSV download. Reached by URL (the menu is as it was).
+fn files(d: &SiteData, m: &mut BTreeMap<String, Vec<u8>>) {
+    m.insert(
+        "/returns".to_string(),
+        page(
+            "Returns",
+            "<form id=\"return\" method=\"post\" enctype=\"multipart/form-data\" action=\"/returns/submit\">\
+             <p><label>Order <input id=\"return-order\" name=\"order\" placeholder=\"Order number\"></label></p>\
+             <p><label>Photo or receipt <input type=\"file\" id=\"attachment\" name=\"attachment\"></label></p>\
+             <p><button id=\"send-return\" type=\"submit\">Send return request</button></p></form>",
+        ),
+    );
+    let mut list = String::from("<ul>");
+    for o in &d.orders {
+        list += &format!(
+            "<li><a href=\"/invoices/{id}.csv\" download>Invoice {id} (CSV)</a></li>",
+            id = o.id
+        );
+        m.insert(format!("/invoices/{}.csv", o.id), invoice_csv(o).into_bytes());
+    }
+    m.insert("/invoices".to_string(), page("Invoices", &(list + "</ul>")));
 }
 
 #[cfg(test)]
@@ -272,5 +307,16 @@ mod tests {
         let text = String::from_utf8(generate(7)[&format!("/shipping/{}", o.tracking)].clone()).unwrap();
         assert!(text.contains(&o.status));
         assert_eq!(generate_with(7, None), generate(7));
+    }
+
+    #[test]
+    fn returns_form_and_invoices() {
+        let site = generate(7);
+        let returns = String::from_utf8(site["/returns"].clone()).unwrap();
+        assert!(returns.contains("enctype=\"multipart/form-data\"") && returns.contains("type=\"file\""));
+        let o = &data(7).orders[1];
+        assert_eq!(site[&format!("/invoices/{}.csv", o.id)], invoice_csv(o).into_bytes());
+        let list = String::from_utf8(site["/invoices"].clone()).unwrap();
+        assert!(list.contains(&format!("href=\"/invoices/{}.csv\" download", o.id)));
     }
 }

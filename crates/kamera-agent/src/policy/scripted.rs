@@ -19,6 +19,8 @@ pub struct ScriptedPolicy {
     last: usize,
     vars: HashMap<String, String>,
     origin: String,
+    /// The folder `upload` steps take files from (the scenario's `uploads`).
+    uploads: Option<std::path::PathBuf>,
 }
 
 impl ScriptedPolicy {
@@ -30,7 +32,15 @@ impl ScriptedPolicy {
             last: 0,
             vars: HashMap::new(),
             origin: origin.trim_end_matches('/').to_string(),
+            uploads: None,
         }
+    }
+
+    /// Lets `upload` steps take files from `folder` (the scenario's `uploads`); without it they
+    /// fail, naming the step.
+    pub fn with_uploads(mut self, folder: Option<std::path::PathBuf>) -> ScriptedPolicy {
+        self.uploads = folder;
+        self
     }
 
     /// The name of a remembered value that `text` contains, if any.
@@ -309,6 +319,15 @@ impl Policy for ScriptedPolicy {
                 ScriptStep::ScrollTo { target: t } => Action::ScrollTo {
                     id: target("scroll to", Want::Any, &t)?,
                 },
+                ScriptStep::Upload { target: t, path } => {
+                    // The path as written (never a remembered value: a page cannot choose the
+                    // file), checked on disk to lie in the scenario's folder.
+                    let path = crate::scenario::upload_file(self.uploads.as_deref(), i + 1, &path)?;
+                    Action::Upload {
+                        id: target("upload to", Want::Any, &t)?,
+                        path,
+                    }
+                }
                 ScriptStep::SwitchTab { index } => Action::SwitchTab { index },
                 ScriptStep::WaitFor { target: t, ms } => Action::WaitFor {
                     target: self.subst(&t),

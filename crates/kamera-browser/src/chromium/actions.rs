@@ -3,9 +3,11 @@
 
 use std::time::{Duration, Instant};
 
+use chromiumoxide::cdp::browser_protocol::dom::SetFileInputFilesParams;
 use chromiumoxide::cdp::browser_protocol::input::{
     DispatchMouseEventParams, DispatchMouseEventType, InsertTextParams, MouseButton,
 };
+use chromiumoxide::cdp::js_protocol::runtime::{EvaluateParams, RemoteObjectSubtype};
 use chromiumoxide::layout::Point;
 use serde::Deserialize;
 
@@ -164,6 +166,7 @@ impl ChromiumBrowser {
             Action::Key { key } => self.key(key).await?,
             Action::SwitchTab { index } => self.switch_tab(*index).await?,
             Action::WaitFor { target, ms } => self.wait_for(target, *ms).await?,
+            Action::Upload { id, path } => self.upload(*id, path).await?,
             Action::Navigate { url } => self.goto(url).await?,
             Action::Back => {
                 self.eval_value("back", "history.back()").await?;
@@ -198,6 +201,73 @@ impl ChromiumBrowser {
             });
         }
         Ok(())
+    }
+
+    /// Sets the files of the file input `id` is (or that a label or container `id` holds) to the
+    /// file at `path` (`DOM.setFileInputFiles`): the page gets `input` and `change` as from a
+    /// user's choice. A missing file or a target that is no file input is an error naming it.
+    async fn upload(&self, id: u32, path: &std::path::Path) -> Result<()> {
+        let op = "upload";
+        let file = |detail: String| Error::File {
+            op,
+            path: path.to_path_buf(),
+            detail,
+        };
+        let abs = std::fs::canonicalize(path).map_err(|e| file(format!("no such file: {e}")))?;
+        if !abs.is_file() {
+            return Err(file("not a regular file".into()));
+        }
+        let el = self.element(op, id)?;
+        let js = format!("({UPLOAD_JS})({id})");
+        let page = &self.page;
+        let found = with_timeout(op, self.cfg.timeout, async {
+            let params = EvaluateParams::builder()
+                .expression(js)
+                .return_by_value(false)
+                .build()
+                .map_err(|detail| Error::Invalid { op, detail })?;
+            let r = page.execute(params).await.map_err(cdp(op))?.result;
+            if let Some(x) = r.exception_details {
+                return Err(Error::Invalid {
+                    op,
+                    detail: format!("page script threw: {}", x.text),
+                });
+            }
+            Ok(r.result)
+        })
+        .await?;
+        let object_id = match (found.subtype, found.object_id) {
+            (Some(RemoteObjectSubtype::Node), Some(object_id)) => object_id,
+            _ => {
+                let why = found.value.as_ref().and_then(|v| v.as_str()).unwrap_or("").to_string();
+                if why == "gone" {
+                    return Err(Error::NoElement { op, id });
+                }
+                return Err(Error::Target {
+                    op,
+                    detail: format!(
+                        "element [{id}] ({} {:?}) is not a file input and holds none{}",
+                        el.tag,
+                        el.text.trim(),
+                        if why.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" ({why})")
+                        }
+                    ),
+                });
+            }
+        };
+        let params = SetFileInputFilesParams::builder()
+            .file(abs.display().to_string())
+            .object_id(object_id)
+            .build()
+            .map_err(|detail| Error::Invalid { op, detail })?;
+        with_timeout(op, self.cfg.timeout, async {
+            page.execute(params).await.map_err(cdp(op))?;
+            Ok(())
+        })
+        .await
     }
 
     /// Presses the mouse on `from`, moves it in steps to `to` and releases it there (what
@@ -310,6 +380,26 @@ impl ChromiumBrowser {
         Ok(())
     }
 }
+
+/// The file input that element `kid` is, or that it labels or holds; else a string saying why
+/// not (`gone`: no such element any more).
+const UPLOAD_JS: &str = "(kid) => { \
+  const find = (root) => { const hit = root.querySelector(`[data-kid=\"${kid}\"]`); if (hit) return hit; \
+    for (const e of root.querySelectorAll('*')) { let inner = null; \
+      if (e.shadowRoot) inner = find(e.shadowRoot); \
+      if (!inner && (e.tagName === 'IFRAME' || e.tagName === 'FRAME')) { let d = null; try { d = e.contentDocument; } catch (_) {} \
+        if (d) inner = find(d); } \
+      if (inner) return inner; } \
+    return null; }; \
+  const el = find(document); \
+  if (!el) return 'gone'; \
+  const isFile = (e) => !!e && e.tagName === 'INPUT' && e.type === 'file'; \
+  if (isFile(el)) return el.disabled ? 'it is disabled' : el; \
+  if (el.tagName === 'LABEL' && isFile(el.control)) return el.control; \
+  const inner = el.querySelector('input[type=file]'); \
+  if (inner) return inner; \
+  const lab = el.closest('label'); \
+  return lab && isFile(lab.control) ? lab.control : ''; }";
 
 const FIND_JS: &str = "(target) => { \
   const roots = []; \

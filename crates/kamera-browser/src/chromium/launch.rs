@@ -76,6 +76,10 @@ pub struct BrowserOptions {
     /// browser context of its own (its cookies apart, disposed at close) and leaves the browser
     /// running; `profile` does not apply.
     pub browser_url: Option<String>,
+    /// A folder for the run's downloads (created when missing): each completed download is
+    /// saved there under its suggested name and listed by [`ChromiumBrowser::downloads`].
+    /// Unset: every download is refused. For an attached browser the folder is on its machine.
+    pub downloads: Option<PathBuf>,
 }
 
 impl ChromiumConfig {
@@ -149,6 +153,12 @@ impl ChromiumBrowser {
         let set_up = tabs.clone();
         confinement.watch(&page).await?;
         let dialogs = Dialogs::start(&page).await?;
+        let downloads = crate::downloads::Downloads::start(
+            browser.websocket_address(),
+            cfg.options.downloads.as_deref(),
+            context.clone(),
+        )
+        .await?;
         let pid = browser.get_mut_child().and_then(|c| c.as_mut_inner().id());
         let state = cfg.options.storage_state.clone();
         let mut b = ChromiumBrowser {
@@ -161,6 +171,7 @@ impl ChromiumBrowser {
             imported: Vec::new(),
             pid,
             confinement,
+            downloads,
             dialogs: vec![dialogs],
             last: None,
             tabs,
