@@ -73,10 +73,11 @@ pub struct SessionArgs {
     /// Pareto front of every method run.
     #[arg(long, value_delimiter = ',')]
     front: Vec<f64>,
-    /// Bytes of KV the radix cache (and llama.cpp's prompt cache) may hold; default the f32 KV
-    /// of the window's tokens (pinned prefix included), of every distinct page once and of the
-    /// prompt rows Kamera keeps per window layout: what Kamera's window and store hold less its
-    /// patches.
+    /// Bytes of KV the radix cache may hold. Default: what Kamera holds, measured after each of
+    /// its steps (its window's and kept prompt rows' f32 KV plus every record in its store,
+    /// patches included), the peak so far, so the trie never has more memory than Kamera has
+    /// used. llama.cpp's prompt cache gets this figure, or else the bound Kamera may reach (the
+    /// window, every distinct page once and `PROMPT_ROWS_TOKENS` prompt rows), fixed at its start.
     #[arg(long)]
     radix_bytes: Option<usize>,
     /// Also run llama.cpp (prompt cache, context shift) through scripts/bench_session_llamacpp.py.
@@ -277,10 +278,12 @@ pub fn run(a: SessionArgs) -> Result<()> {
     for p in distinct {
         page_tokens += llm.tokens(p, false)?.len();
     }
+    // llama.cpp's prompt cache is sized once, at its start: the bound Kamera's holdings may reach.
     let budget = a
         .radix_bytes
         .unwrap_or(kv_per_token * (a.window + pinned.len() + page_tokens + kamera_agent::PROMPT_ROWS_TOKENS));
-    let mut radix = prefix::RadixCache::new(budget);
+    let mut radix = prefix::RadixCache::new(a.radix_bytes.unwrap_or(0));
+    let mut held = HeldBytes::default();
     // The longest sequence either layout sends: the pinned prefix, a full window and a prompt.
     let n_ctx = pinned.len() + a.window + 256;
     let mut transcript = prefix::AppendLayout::new(pinned, a.window);
@@ -307,6 +310,11 @@ pub fn run(a: SessionArgs) -> Result<()> {
         let question = w.question.as_ref().map(|q| format!("{goal}\n{q}"));
         let k = kamera_step(&mut session, &model, text, question.as_deref(), &ptoks)?;
         let (k_ttft, k_deferred) = (k.ttft_ms, k.deferred_ms);
+        if a.radix_bytes.is_none() {
+            radix
+                .trie
+                .set_budget(held.measure(&session, store.as_ref(), kv_per_token)?);
+        }
         let mut seq = session.window_tokens();
         let window_tokens = seq.len();
         seq.extend(&ptoks);
@@ -419,7 +427,13 @@ pub fn run(a: SessionArgs) -> Result<()> {
         .sum();
     let memory = report::Memory {
         kv_bytes_per_token: kv_per_token,
-        radix_budget_bytes: budget,
+        radix_budget_bytes: a.radix_bytes.unwrap_or(held.peak),
+        radix_budget_rule: if a.radix_bytes.is_some() {
+            "fixed by --radix-bytes"
+        } else {
+            "Kamera's measured peak so far (window + kept prompt rows + store), set before each trie step"
+        },
+        llamacpp_cache_bytes: budget,
         radix_peak_note: "the trie's bytes never exceed the budget after a request; each method also holds one live context",
         radix_bytes_end: radix.trie.bytes(),
         kamera_store_bytes_end: store_bytes,
@@ -506,4 +520,35 @@ fn threads() -> usize {
         .and_then(|v| v.parse().ok())
         .filter(|&n: &usize| n > 0)
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+/// What Kamera holds, in bytes: its window's and kept prompt rows' f32 KV and every record in its
+/// store; the peak over the steps measured so far.
+#[derive(Default)]
+struct HeldBytes {
+    records: std::collections::HashMap<kamera_store::Key, usize>,
+    peak: usize,
+}
+
+impl HeldBytes {
+    /// Measures `session` (over `store`) now; returns the peak so far.
+    fn measure(
+        &mut self,
+        session: &Session,
+        store: &dyn kamera_store::ChunkStore,
+        kv_per_token: usize,
+    ) -> Result<usize> {
+        let keys = store.keys(None)?;
+        self.records.retain(|k, _| keys.contains(k));
+        for k in keys {
+            if !self.records.contains_key(&k)
+                && let Some(r) = store.get(&k)?
+            {
+                self.records.insert(k, r.bytes());
+            }
+        }
+        let kv = kv_per_token * (session.window_tokens().len() + session.prompt_rows_tokens());
+        self.peak = self.peak.max(kv + self.records.values().sum::<usize>());
+        Ok(self.peak)
+    }
 }

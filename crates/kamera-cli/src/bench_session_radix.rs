@@ -69,6 +69,11 @@ impl<P: Payload> RadixTrie<P> {
         }
     }
 
+    /// Sets the budget; the bytes held are fitted to it at the next insertion.
+    pub fn set_budget(&mut self, budget: usize) {
+        self.budget = budget;
+    }
+
     /// Bytes of KV held.
     pub fn bytes(&self) -> usize {
         self.bytes

@@ -97,6 +97,10 @@ pub struct Memory {
     /// What the radix cache and llama.cpp's prompt cache may hold.
     pub radix_budget_bytes: usize,
     pub radix_peak_note: &'static str,
+    /// How the radix cache's budget was set.
+    pub radix_budget_rule: &'static str,
+    /// The RAM given to llama.cpp's prompt cache.
+    pub llamacpp_cache_bytes: usize,
     pub radix_bytes_end: usize,
     /// Kamera's store (canonical KV and patches of every page met) at the end.
     pub kamera_store_bytes_end: usize,
@@ -344,7 +348,7 @@ pub fn markdown(s: &Summary) -> String {
     let mem = &s.memory;
     let _ = writeln!(
         m,
-        "Radix cache: {} of {} requests hit, {} tokens reused, {} inserted, {} nodes evicted ({:.1} MB); budget {:.1} MB, also llama.cpp's prompt cache's (Kamera's store at the end {:.1} MB + its window {:.1} MB).",
+        "Radix cache: {} of {} requests hit, {} tokens reused, {} inserted, {} nodes evicted ({:.1} MB); budget {:.1} MB ({}); llama.cpp's prompt cache {:.1} MB (Kamera's store at the end {:.1} MB + its window {:.1} MB).",
         r.hits,
         r.requests,
         r.tokens_reused,
@@ -352,6 +356,8 @@ pub fn markdown(s: &Summary) -> String {
         r.evicted_nodes,
         r.evicted_bytes as f64 / 1e6,
         mem.radix_budget_bytes as f64 / 1e6,
+        mem.radix_budget_rule,
+        mem.llamacpp_cache_bytes as f64 / 1e6,
         mem.kamera_store_bytes_end as f64 / 1e6,
         mem.kamera_window_bytes as f64 / 1e6,
     );

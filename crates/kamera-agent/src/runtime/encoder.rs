@@ -63,6 +63,11 @@ pub(crate) struct SessionEncoder {
 }
 
 impl SessionEncoder {
+    /// Tokens of earlier prompts' rows kept per window layout (at most [`crate::PROMPT_ROWS_TOKENS`]).
+    pub fn prompt_rows_tokens(&self) -> usize {
+        self.prompt_rows.tokens()
+    }
+
     pub fn new(model: Arc<Model>, backend: Box<dyn Backend + Send>, image_max_pixels: usize) -> SessionEncoder {
         let ctx = model.empty_context();
         SessionEncoder {

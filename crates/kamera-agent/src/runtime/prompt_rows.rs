@@ -111,7 +111,6 @@ impl PromptRows {
     }
 
     /// Tokens kept over all layouts.
-    #[cfg(test)]
     pub fn tokens(&self) -> usize {
         self.tokens
     }

@@ -261,6 +261,12 @@ impl Session {
     pub fn config(&self) -> &SessionConfig {
         &self.cfg
     }
+    /// Tokens of earlier prompts' KV rows the session keeps per window layout, besides its
+    /// window and store (at most [`crate::PROMPT_ROWS_TOKENS`]).
+    pub fn prompt_rows_tokens(&self) -> usize {
+        self.exec.encoder().prompt_rows_tokens()
+    }
+
     /// The backend's name (`cpu`, `cuda`).
     pub fn backend_name(&self) -> &'static str {
         self.exec.encoder().backend.name()
