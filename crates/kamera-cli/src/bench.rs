@@ -209,17 +209,19 @@ pub fn memory(model: &Model, m: &ModelArgs) -> serde_json::Value {
 
 /// A `kB` line of /proc/self/status in MB (NaN where there is none).
 pub fn proc_status_mb(key: &str) -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines().find_map(|l| {
-                l.strip_prefix(key)?
-                    .strip_prefix(':')?
-                    .split_whitespace()
-                    .next()?
-                    .parse::<f64>()
-                    .ok()
-            })
+    proc_kb("/proc/self/status", key).map_or(f64::NAN, |kb| kb / 1024.0)
+}
+
+/// The `KEY:  N kB` line of a /proc file (`status`, `smaps_rollup`), in kB.
+pub fn proc_kb(path: &str, key: &str) -> Option<f64> {
+    std::fs::read_to_string(path).ok().and_then(|s| {
+        s.lines().find_map(|l| {
+            l.strip_prefix(key)?
+                .strip_prefix(':')?
+                .split_whitespace()
+                .next()?
+                .parse::<f64>()
+                .ok()
         })
-        .map_or(f64::NAN, |kb| kb / 1024.0)
+    })
 }

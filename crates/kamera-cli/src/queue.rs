@@ -144,6 +144,12 @@ pub fn worker(mut a: WorkerArgs) -> Result<()> {
     rt.spawn(async move {
         if tokio::signal::ctrl_c().await.is_ok() {
             s.store(true, Ordering::Relaxed);
+            eprintln!(
+                "kamera worker: stopping after the episode in hand; Ctrl-C again stops now (the episode stays pending and another worker takes it over)"
+            );
+            if tokio::signal::ctrl_c().await.is_ok() {
+                std::process::exit(130);
+            }
         }
     });
     let claim_after = Duration::from_millis(a.claim_after_ms);

@@ -93,7 +93,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         wall_ms,
         episodes_per_minute: outcomes.len() as f64 / (wall_ms / 60e3),
         peak_pss_mb,
-        peak_rss_self_mb: self_peak_rss_mb(),
+        peak_rss_self_mb: crate::bench::proc_status_mb("VmHWM"),
         runs: outcomes
             .into_iter()
             .map(|o| {
@@ -236,31 +236,8 @@ fn tree_pss_kb(root: u32) -> u64 {
     parent
         .keys()
         .filter(|&&pid| in_tree(pid))
-        .map(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
-                .ok()
-                .and_then(|s| {
-                    s.lines()
-                        .find(|l| l.starts_with("Pss:"))
-                        .and_then(|l| l.split_whitespace().nth(1))
-                        .and_then(|v| v.parse::<u64>().ok())
-                })
-                .unwrap_or(0)
-        })
+        .map(|pid| crate::bench::proc_kb(&format!("/proc/{pid}/smaps_rollup"), "Pss").unwrap_or(0.0) as u64)
         .sum()
-}
-
-/// This process's `VmHWM` in MB (0 where /proc cannot be read).
-fn self_peak_rss_mb() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse::<f64>().ok())
-        })
-        .map_or(0.0, |kb| kb / 1024.0)
 }
 
 #[cfg(test)]
