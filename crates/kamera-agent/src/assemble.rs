@@ -124,10 +124,8 @@ impl RuntimeConfig {
     /// opened from its [`RuntimeConfig::duplicate`]s (parallel episodes, a worker's episodes)
     /// shares the weights and the chunk store: one sled database per process, one Redis pool.
     pub fn shared(mut self) -> Result<RuntimeConfig> {
-        let model = load_model(&self.model, self.precision, &self.home)?;
-        let cost = cost_model(&model, &self.calibration, &self.basis, &self.home)?;
-        let bases: Bases = cost.basis.iter().cloned().collect();
-        self.store = StoreSource::Given(open_store(&self.store, &bases)?);
+        let (model, _, store) = open_parts(&self)?;
+        self.store = StoreSource::Given(store);
         self.model = ModelSource::Loaded(model);
         Ok(self)
     }
@@ -153,14 +151,21 @@ impl RuntimeConfig {
 /// opens the session over them. The store is given the model's basis, so the patches coded in it
 /// decode.
 pub fn open_runtime(cfg: RuntimeConfig) -> Result<Session> {
-    let model = load_model(&cfg.model, cfg.precision, &cfg.home)?;
-    let cost = cost_model(&model, &cfg.calibration, &cfg.basis, &cfg.home)?;
-    let bases: Bases = cost.basis.iter().cloned().collect();
-    let store = open_store(&cfg.store, &bases)?;
+    let (model, cost, store) = open_parts(&cfg)?;
     let mut scfg = session_config(&cfg.budget, cost);
     scfg.reuse = cfg.reuse;
     let backend = cfg.backend.unwrap_or_else(|| Box::new(CpuBackend));
     Ok(Session::new(model, store, backend, scfg))
+}
+
+/// The model, cost model and store of `cfg`; the store is given the model's basis, so the
+/// patches coded in it decode.
+fn open_parts(cfg: &RuntimeConfig) -> Result<(Arc<Model>, CostModel, Arc<dyn ChunkStore>)> {
+    let model = load_model(&cfg.model, cfg.precision, &cfg.home)?;
+    let cost = cost_model(&model, &cfg.calibration, &cfg.basis, &cfg.home)?;
+    let bases: Bases = cost.basis.iter().cloned().collect();
+    let store = open_store(&cfg.store, &bases)?;
+    Ok((model, cost, store))
 }
 
 /// The session settings of `budget` under `cost`: patches are the cost model's choice

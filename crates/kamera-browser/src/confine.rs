@@ -91,19 +91,12 @@ impl Confinement {
             .resource_type(ResourceType::Document)
             .request_stage(RequestStage::Response)
             .build()];
-        let enable = conn
-            .send(EnableParams::builder().pattern(pattern).patterns(responses).build())
-            .ok_or_else(|| refused_to_start("could not encode Fetch.enable".into()))?;
-        loop {
-            match conn.conn.next().await {
-                Some(Ok(Message::Response(r))) if r.id == enable => match r.error {
-                    None => break,
-                    Some(e) => return Err(refused_to_start(e.to_string())),
-                },
-                Some(_) => {}
-                None => return Err(refused_to_start("the browser closed the connection".into())),
-            }
-        }
+        crate::raw::call(
+            &mut conn.conn,
+            EnableParams::builder().pattern(pattern).patterns(responses).build(),
+        )
+        .await
+        .map_err(refused_to_start)?;
         let blocked: Log = Arc::new(Mutex::new(Vec::new()));
         let stubs: Stubs = Arc::new(Mutex::new(Vec::new()));
         let task = tokio::spawn(intercept(conn, origins, blocked.clone(), stubs.clone()));

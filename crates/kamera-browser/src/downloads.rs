@@ -18,7 +18,7 @@ use chromiumoxide::cdp::browser_protocol::browser::{
     SetDownloadBehaviorBehavior, SetDownloadBehaviorParams,
 };
 use chromiumoxide::conn::Connection;
-use chromiumoxide::types::{CdpJsonEventMessage, Message, Method};
+use chromiumoxide::types::{CdpJsonEventMessage, Message};
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 
@@ -79,36 +79,12 @@ impl Downloads {
             params.download_path = Some(f.display().to_string());
             params.events_enabled = Some(true);
         }
-        let value = serde_json::to_value(&params).map_err(|e| Error::Invalid {
-            op: "downloads",
-            detail: e.to_string(),
-        })?;
-        let id = conn
-            .submit_command(params.identifier(), None, value)
-            .map_err(|e| Error::Invalid {
+        crate::raw::call(&mut conn, params)
+            .await
+            .map_err(|detail| Error::Chromium {
                 op: "downloads",
-                detail: e.to_string(),
+                detail,
             })?;
-        loop {
-            match conn.next().await {
-                Some(Ok(Message::Response(r))) if r.id == id => match r.error {
-                    None => break,
-                    Some(e) => {
-                        return Err(Error::Chromium {
-                            op: "downloads",
-                            detail: format!("Browser.setDownloadBehavior: {e}"),
-                        });
-                    }
-                },
-                Some(_) => {}
-                None => {
-                    return Err(Error::Chromium {
-                        op: "downloads",
-                        detail: "the browser closed the connection".into(),
-                    });
-                }
-            }
-        }
         let state = Arc::new(Mutex::new(State::default()));
         // The connection lives as long as the browser: the behavior set over it ends with it.
         let task = tokio::spawn(watch(conn, folder, state.clone()));
@@ -164,7 +140,7 @@ async fn watch(mut conn: Connection<CdpJsonEventMessage>, folder: Option<PathBuf
                 }
                 let saved = folder.join(&ev.guid);
                 let path = match unique(folder, &safe_name(&suggested)) {
-                    Some((_, path)) => match std::fs::rename(&saved, &path) {
+                    Some(path) => match std::fs::rename(&saved, &path) {
                         Ok(()) => path,
                         Err(e) => {
                             tracing::warn!(from = %saved.display(), to = %path.display(), error = %e, "could not name a download; kept as saved");
@@ -207,10 +183,10 @@ fn safe_name(suggested: &str) -> String {
 }
 
 /// `name` in `folder`, or `stem (n).ext` where that is taken (none free: `None`).
-fn unique(folder: &Path, name: &str) -> Option<(String, PathBuf)> {
+fn unique(folder: &Path, name: &str) -> Option<PathBuf> {
     let p = folder.join(name);
     if !p.exists() {
-        return Some((name.to_string(), p));
+        return Some(p);
     }
     let (stem, ext) = match name.rsplit_once('.') {
         Some((s, e)) if !s.is_empty() => (s, format!(".{e}")),
@@ -218,8 +194,8 @@ fn unique(folder: &Path, name: &str) -> Option<(String, PathBuf)> {
     };
     (1..10_000).find_map(|n| {
         let cand = format!("{stem} ({n}){ext}");
-        let p = folder.join(&cand);
-        (!p.exists()).then_some((cand, p))
+        let p = folder.join(cand);
+        (!p.exists()).then_some(p)
     })
 }
 
@@ -234,10 +210,11 @@ mod tests {
         assert_eq!(safe_name(".."), "download");
         assert_eq!(safe_name("a\u{0}b.txt"), "a_b.txt");
         let d = tempfile::tempdir().unwrap();
-        assert_eq!(unique(d.path(), "r.csv").unwrap().0, "r.csv");
+        let name = |p: PathBuf| p.file_name().unwrap().to_string_lossy().into_owned();
+        assert_eq!(name(unique(d.path(), "r.csv").unwrap()), "r.csv");
         std::fs::write(d.path().join("r.csv"), b"x").unwrap();
-        assert_eq!(unique(d.path(), "r.csv").unwrap().0, "r (1).csv");
+        assert_eq!(name(unique(d.path(), "r.csv").unwrap()), "r (1).csv");
         std::fs::write(d.path().join("r (1).csv"), b"x").unwrap();
-        assert_eq!(unique(d.path(), "r.csv").unwrap().0, "r (2).csv");
+        assert_eq!(name(unique(d.path(), "r.csv").unwrap()), "r (2).csv");
     }
 }

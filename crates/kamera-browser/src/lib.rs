@@ -35,6 +35,7 @@ mod downloads;
 mod error;
 mod origin;
 mod procs;
+mod raw;
 mod replay;
 mod serve;
 mod storage;

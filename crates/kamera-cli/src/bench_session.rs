@@ -310,10 +310,9 @@ pub fn run(a: SessionArgs) -> Result<()> {
         let question = w.question.as_ref().map(|q| format!("{goal}\n{q}"));
         let k = kamera_step(&mut session, &model, text, question.as_deref(), &ptoks)?;
         let (k_ttft, k_deferred) = (k.ttft_ms, k.deferred_ms);
+        let peak = held.measure(&session, store.as_ref(), kv_per_token)?;
         if a.radix_bytes.is_none() {
-            radix
-                .trie
-                .set_budget(held.measure(&session, store.as_ref(), kv_per_token)?);
+            radix.trie.set_budget(peak);
         }
         let mut seq = session.window_tokens();
         let window_tokens = seq.len();
@@ -419,12 +418,6 @@ pub fn run(a: SessionArgs) -> Result<()> {
     if let Err(e) = &llama_status {
         eprintln!("llama.cpp: {e}");
     }
-    let store_bytes: usize = store
-        .keys(None)?
-        .iter()
-        .filter_map(|k| store.get(k).ok().flatten())
-        .map(|r| r.bytes())
-        .sum();
     let memory = report::Memory {
         kv_bytes_per_token: kv_per_token,
         radix_budget_bytes: a.radix_bytes.unwrap_or(held.peak),
@@ -436,7 +429,7 @@ pub fn run(a: SessionArgs) -> Result<()> {
         llamacpp_cache_bytes: budget,
         radix_peak_note: "the trie's bytes never exceed the budget after a request; each method also holds one live context",
         radix_bytes_end: radix.trie.bytes(),
-        kamera_store_bytes_end: store_bytes,
+        kamera_store_bytes_end: held.store_bytes(),
         kamera_window_bytes: kv_per_token * (a.window + transcript.prefix_len()),
     };
     let params = report::Params {
@@ -532,13 +525,8 @@ struct HeldBytes {
 
 impl HeldBytes {
     /// Measures `session` (over `store`) now; returns the peak so far.
-    fn measure(
-        &mut self,
-        session: &Session,
-        store: &dyn kamera_store::ChunkStore,
-        kv_per_token: usize,
-    ) -> Result<usize> {
-        let keys = store.keys(None)?;
+    fn measure(&mut self, session: &Session, store: &dyn ChunkStore, kv_per_token: usize) -> Result<usize> {
+        let keys: std::collections::HashSet<kamera_store::Key> = store.keys(None)?.into_iter().collect();
         self.records.retain(|k, _| keys.contains(k));
         for k in keys {
             if !self.records.contains_key(&k)
@@ -548,7 +536,12 @@ impl HeldBytes {
             }
         }
         let kv = kv_per_token * (session.window_tokens().len() + session.prompt_rows_tokens());
-        self.peak = self.peak.max(kv + self.records.values().sum::<usize>());
+        self.peak = self.peak.max(kv + self.store_bytes());
         Ok(self.peak)
+    }
+
+    /// The store's bytes at the last measure.
+    fn store_bytes(&self) -> usize {
+        self.records.values().sum()
     }
 }

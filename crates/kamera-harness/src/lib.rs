@@ -32,7 +32,7 @@ pub mod report;
 mod run;
 mod scenario_file;
 
-pub use parallel::{Job, Outcome, run_parallel};
+pub use parallel::{Job, Outcome, check_browser, run_parallel};
 pub use run::{
     ReplayReport, RunConfig, Served, policy_for, replay, replay_with, run_scenario, serve, session_for, session_with,
 };

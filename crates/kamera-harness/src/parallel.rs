@@ -32,10 +32,30 @@ pub struct Outcome {
     /// The job's place in the list given.
     pub index: usize,
     pub scenario: String,
+    /// Its trace folder, as the job gave it.
+    pub trace_dir: Option<PathBuf>,
     /// Milliseconds from the start of [`run_parallel`] to this episode's start and end.
     pub started_ms: f64,
     pub ended_ms: f64,
     pub result: Result<RunSummary>,
+}
+
+/// Whether `browser` suits parallel episodes: a profile, a storage-state file and an attached
+/// browser belong to one run at a time (the error names which).
+pub fn check_browser(browser: &BrowserOptions) -> Result<()> {
+    let one_run = [
+        ("--profile", browser.profile.is_some()),
+        ("--storage-state", browser.storage_state.is_some()),
+        ("--browser-url", browser.browser_url.is_some()),
+    ];
+    match one_run.iter().find(|(_, set)| *set) {
+        Some((what, _)) => Err(Error::Build {
+            detail: format!(
+                "parallel runs: {what} belongs to one run at a time; parallel episodes each get an isolated browser"
+            ),
+        }),
+        None => Ok(()),
+    }
 }
 
 /// Runs `jobs`, at most `concurrency` at a time, every episode's runtime from `runtime` (a
@@ -55,11 +75,7 @@ pub async fn run_parallel(
             detail: "parallel runs: --parallel must be at least 1".into(),
         });
     }
-    if browser.profile.is_some() || browser.storage_state.is_some() || browser.browser_url.is_some() {
-        return Err(Error::Build {
-            detail: "parallel runs: a profile, a storage-state file or an attached browser belongs to one run at a time; parallel episodes each get an isolated browser".into(),
-        });
-    }
+    check_browser(&browser)?;
     let ModelSource::Loaded(model) = &runtime.model else {
         return Err(Error::Build {
             detail: "parallel runs: the runtime must be opened once first (RuntimeConfig::shared) so episodes share the weights".into(),
@@ -71,6 +87,7 @@ pub async fn run_parallel(
     let n = jobs.len();
     for (index, job) in jobs.into_iter().enumerate() {
         let slots = slots.clone();
+        let trace_dir = job.trace_dir.clone();
         let cfg = RunConfig {
             trace_dir: job.trace_dir,
             cancel: cancel.clone(),
@@ -92,6 +109,7 @@ pub async fn run_parallel(
             Outcome {
                 index,
                 scenario: job.scenario.name.clone(),
+                trace_dir,
                 started_ms,
                 ended_ms,
                 result,

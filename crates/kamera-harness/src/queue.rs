@@ -297,29 +297,13 @@ impl Queue {
             .arg(self.stream())
             .query(&mut self.conn)
             .map_err(redis_err(&self.url, "count the episodes"))?;
-        let groups: Vec<std::collections::HashMap<String, Value>> = redis::cmd("XINFO")
-            .arg("GROUPS")
-            .arg(self.stream())
-            .query(&mut self.conn)
-            .map_err(redis_err(&self.url, "read the consumer group"))?;
-        let group = groups.iter().find(|g| {
-            g.get("name")
-                .and_then(|v| redis::from_redis_value_ref::<String>(v).ok())
-                .as_deref()
-                == Some(GROUP)
-        });
-        let int = |k: &str| {
-            group
-                .and_then(|g| g.get(k))
-                .and_then(|v| redis::from_redis_value_ref::<u64>(v).ok())
-        };
-        let running = int("pending").unwrap_or(0);
+        let (running, lag) = self.group_counts()?;
         let results = self.results_all()?;
         let failed = results.iter().filter(|r| r.failed()).count() as u64;
         // `lag` is what the group has not been handed yet (Redis 7); where Redis cannot tell,
         // count it from the rest.
         let done = results.len() as u64;
-        let waiting = int("lag").unwrap_or_else(|| pushed.saturating_sub(done + running));
+        let waiting = lag.unwrap_or_else(|| pushed.saturating_sub(done + running));
         // XPENDING's summary: count, smallest and largest id, and (consumer, count) pairs.
         type Summary = (u64, Option<String>, Option<String>, Option<Vec<(String, String)>>);
         let summary: Summary = redis::cmd("XPENDING")
@@ -345,8 +329,37 @@ impl Queue {
 
     /// Whether nothing is left to do: no entry waiting and none pending.
     pub fn drained(&mut self) -> QueueResult<bool> {
-        let s = self.status()?;
-        Ok(s.waiting == 0 && s.running == 0)
+        // From the consumer group alone (a worker polls this while idle), unless Redis cannot
+        // tell the lag.
+        match self.group_counts()? {
+            (running, Some(lag)) => Ok(running == 0 && lag == 0),
+            (_, None) => {
+                let s = self.status()?;
+                Ok(s.waiting == 0 && s.running == 0)
+            }
+        }
+    }
+
+    /// The group's pending entries (handed out, not acknowledged) and its lag (entries not yet
+    /// handed out; `None` where Redis cannot tell).
+    fn group_counts(&mut self) -> QueueResult<(u64, Option<u64>)> {
+        let groups: Vec<std::collections::HashMap<String, Value>> = redis::cmd("XINFO")
+            .arg("GROUPS")
+            .arg(self.stream())
+            .query(&mut self.conn)
+            .map_err(redis_err(&self.url, "read the consumer group"))?;
+        let group = groups.iter().find(|g| {
+            g.get("name")
+                .and_then(|v| redis::from_redis_value_ref::<String>(v).ok())
+                .as_deref()
+                == Some(GROUP)
+        });
+        let int = |k: &str| {
+            group
+                .and_then(|g| g.get(k))
+                .and_then(|v| redis::from_redis_value_ref::<u64>(v).ok())
+        };
+        Ok((int("pending").unwrap_or(0), int("lag")))
     }
 }
 
