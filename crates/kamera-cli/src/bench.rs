@@ -61,6 +61,11 @@ pub struct ModelArgs {
     /// prints KL(f32 ‖ bf16) of the next-token distribution after the first prefill length.
     #[arg(long)]
     pub prefill_precision: Option<kamera_model::PrefillPrecision>,
+    /// Arithmetic of decode steps on quantized weights: `f32` (the reference) or `int8` (the
+    /// input row rounded to int8, AVX512-VNNI CPUs); default the model's (`kamera run`'s).
+    /// With int8 the bench also prints KL(f32 ‖ int8) over the decoded tokens.
+    #[arg(long)]
+    pub decode_precision: Option<kamera_model::DecodePrecision>,
 }
 
 impl ModelArgs {
@@ -85,6 +90,47 @@ pub fn set_precision(model: &mut Model, m: &ModelArgs, n: usize) -> Result<Optio
     Ok(Some(kamera_eval::kl(&reference, &fast)))
 }
 
+/// Sets `m`'s decode precision and, when it is not f32, measures KL(f32 ‖ it) of each decoded
+/// token's next-token distribution (both decode the f32 run's tokens after `prompt` filler
+/// tokens): (mean KL, max KL, share of steps with the same greedy token).
+pub fn set_decode_precision(model: &mut Model, m: &ModelArgs, prompt: usize) -> Result<Option<(f64, f64, f64)>> {
+    let p = m.decode_precision.unwrap_or(model.decode_precision());
+    if p == kamera_model::DecodePrecision::F32 {
+        model.set_decode_precision(p)?;
+        return Ok(None);
+    }
+    let steps = m.decode.clamp(1, 32);
+    let run = |model: &Model, feed: Option<&[u32]>| -> Result<(Vec<Vec<f32>>, Vec<u32>)> {
+        let mut ctx = model.empty_context();
+        let out = model.extend(&tokens(model, prompt.max(1))?, &mut ctx)?;
+        let (mut logits, mut ids) = (Vec::new(), Vec::new());
+        let mut next = kamera_model::argmax(&out.logits);
+        for i in 0..steps {
+            let id = feed.map_or(next, |f| f[i]);
+            let out = model.extend(&[id], &mut ctx)?;
+            next = kamera_model::argmax(&out.logits);
+            ids.push(id);
+            logits.push(out.logits);
+        }
+        Ok((logits, ids))
+    };
+    model.set_decode_precision(kamera_model::DecodePrecision::F32)?;
+    let (reference, ids) = run(model, None)?;
+    model.set_decode_precision(p)?;
+    let (fast, _) = run(model, Some(&ids))?;
+    let kls: Vec<f64> = reference.iter().zip(&fast).map(|(a, b)| kamera_eval::kl(a, b)).collect();
+    let same = reference
+        .iter()
+        .zip(&fast)
+        .filter(|(a, b)| kamera_model::argmax(a) == kamera_model::argmax(b))
+        .count();
+    Ok(Some((
+        kls.iter().sum::<f64>() / kls.len() as f64,
+        kls.iter().copied().fold(0.0, f64::max),
+        same as f64 / steps as f64,
+    )))
+}
+
 /// Deterministic filler tokens: the tokenization of a long plain-English text.
 pub fn tokens(model: &Model, n: usize) -> Result<Vec<u32>> {
     let text = "The quick brown fox jumps over the lazy dog while the farmer counts sheep in the valley. ";
@@ -106,13 +152,19 @@ pub fn run(a: BenchArgs) -> Result<()> {
         BenchCommand::Model(m) => {
             let mut model = crate::models::load(&m.model)?;
             let kl = set_precision(&mut model, &m, m.prefill.first().copied().unwrap_or(512))?;
+            let decode_kl = set_decode_precision(&mut model, &m, m.decode_after.first().copied().unwrap_or(128))?;
+            let before = kamera_model::decode_team_stats();
             let rows = measure(&model, &m)?;
+            let team = kamera_model::decode_team_stats().since(before);
             if m.json {
                 println!(
                     "{}",
                     serde_json::json!({
                         "model": m.model, "engine": "kamera", "prefill_precision": m.precision().to_string(),
                         "kl_f32_vs_prefill_precision": kl, "results": to_json(&rows), "memory": memory(&model, &m),
+                        "decode_precision": model.decode_precision().to_string(),
+                        "decode_kl_f32_vs_precision": decode_kl.map(|(mean, max, same)| serde_json::json!({"mean": mean, "max": max, "same_token": same})),
+                        "decode_team": team, "threads": rayon::current_num_threads(),
                     })
                 );
             } else {
@@ -124,9 +176,26 @@ pub fn run(a: BenchArgs) -> Result<()> {
                         m.precision()
                     );
                 }
+                println!("{:<14} decode precision {}", m.model, model.decode_precision());
+                if let Some((mean, max, same)) = decode_kl {
+                    println!(
+                        "{:<14} KL(f32 || {}) over decoded tokens: mean {mean:.3e}, max {max:.3e} nats; same token {:.0}%",
+                        m.model,
+                        model.decode_precision(),
+                        100.0 * same
+                    );
+                }
                 for (k, v) in rows {
                     println!("{:<14} {k:<14} {v:>10.1} tok/s", m.model);
                 }
+                println!(
+                    "{:<14} decode steps on {} threads: {} by the team, {} alone after contention ({} contended)",
+                    m.model,
+                    rayon::current_num_threads(),
+                    team.team_steps,
+                    team.solo_steps,
+                    team.contended_steps
+                );
                 let mem = memory(&model, &m);
                 println!(
                     "{:<14} weights {:.1} MB, KV {:.1} MB, resident {:.1} MB (peak {:.1} MB)",

@@ -110,6 +110,7 @@ pub(crate) struct Step<'a> {
     pub weights: &'a Weights,
     pub vectors: &'a Vectors,
     pub rope: &'a RopeSpec,
+    pub precision: crate::DecodePrecision,
 }
 
 /// The buffers the team shares during a step (phases separated by the barrier).
@@ -137,7 +138,7 @@ struct Frame<'a> {
 }
 
 /// `[ys_j] = W_j x` for worker `w` of `n`: its share of the rows of the matrices together.
-fn products(jobs: &[(View<'_>, &Shared)], x: &[f32], w: usize, n: usize) {
+fn products(jobs: &[(View<'_>, &Shared)], x: &[f32], precision: crate::DecodePrecision, w: usize, n: usize) {
     let total: usize = jobs.iter().map(|(v, _)| v.rows()).sum();
     let mine = share(total, w, n);
     let mut base = 0;
@@ -145,9 +146,9 @@ fn products(jobs: &[(View<'_>, &Shared)], x: &[f32], w: usize, n: usize) {
         let rows = view.rows();
         let (lo, hi) = (mine.start.max(base), mine.end.min(base + rows));
         if lo < hi {
-            let sums = view.prepare(x);
+            let prep = view.prepare(x, precision);
             // SAFETY: worker w alone writes its share of the rows in this phase.
-            view.rows_into(x, &sums, lo - base, unsafe { out.part(lo - base..hi - base) });
+            view.rows_into(x, &prep, lo - base, unsafe { out.part(lo - base..hi - base) });
         }
         base += rows;
     }
@@ -199,6 +200,7 @@ impl Step<'_> {
         let row = context.len();
         let failure: Mutex<Option<Error>> = Mutex::new(None);
         let barrier = SpinBarrier::new(n);
+        let started = std::time::Instant::now();
         let new_rows = Linear::with_views(&ws, |views| {
             // [rows, columns] of Q, K, V, O, gate, up, down per layer, then the LM head: a
             // worker writes rows by these sizes, so a weight of another shape is an error here.
@@ -242,12 +244,13 @@ impl Step<'_> {
                 crate::team::run(n, |w, n| self.worker(&frame, &b, &barrier, &failure, x.clone(), w, n))
             })
         })??;
-        crate::team::Contention::record(&barrier);
+        let waited: Vec<u64> = new_rows.iter().map(|r| r.2).collect();
+        crate::team::Contention::record(started.elapsed(), &waited);
         if let Some(e) = failure.into_inner().unwrap_or_else(|p| p.into_inner()) {
             return Err(e);
         }
         let mut outs = new_rows.into_iter();
-        let (logits, rows) = outs.next().expect("worker 0's result");
+        let (logits, rows, _) = outs.next().expect("worker 0's result");
         let mut kv = Vec::with_capacity(cfg.n_layers);
         for (l, (k, v)) in rows.into_iter().enumerate() {
             context.write_row(l, &k, &v)?;
@@ -261,7 +264,8 @@ impl Step<'_> {
 
     /// Worker `w` of `n`: the whole step on its share of every product and of the query heads.
     /// Never returns early (the others would wait at the barrier): a failure is recorded and the
-    /// step runs on. Worker 0 returns the logits and each layer's new K/V row.
+    /// step runs on. Worker 0 returns the logits and each layer's new K/V row; every worker, the
+    /// nanoseconds it waited at the barrier.
     #[allow(clippy::too_many_arguments)]
     // Long: a worker's whole decode between barriers; its phases share the per-thread buffers and the barrier schedule.
     fn worker(
@@ -273,7 +277,7 @@ impl Step<'_> {
         mut x: Vec<f32>,
         w: usize,
         n: usize,
-    ) -> (Vec<f32>, NewRows) {
+    ) -> (Vec<f32>, NewRows, u64) {
         let cfg = self.cfg;
         let (hd, heads, kvh, eps) = (cfg.head_dim, cfg.heads, cfg.kv_heads, cfg.rms_eps as f32);
         let fail = |e: Error| {
@@ -285,12 +289,13 @@ impl Step<'_> {
         let mut scores = Vec::with_capacity(f.row + 1);
         let mut probs = Vec::with_capacity(f.row + 1);
         let mut rows = Vec::new();
+        let mut waited = 0u64;
         let my_heads = share(heads, w, n);
         for (l, vecs) in self.vectors.layers.iter().enumerate() {
             let wv = &f.views[7 * l..7 * l + 7];
             rms_norm(&x, &vecs.attn_norm, eps, &mut h);
-            products(&[(wv[0], &b.q), (wv[1], &b.k), (wv[2], &b.v)], &h, w, n);
-            barrier.wait();
+            products(&[(wv[0], &b.q), (wv[1], &b.k), (wv[2], &b.v)], &h, self.precision, w, n);
+            waited += barrier.wait();
             // Every worker finishes Q, K and V itself (biases, QK-norm, RoPE: a few thousand
             // values), then attends with its own query heads.
             // SAFETY: q, k and v are written only in the phase before the barrier.
@@ -348,10 +353,10 @@ impl Step<'_> {
             if w == 0 {
                 rows.push((k, v));
             }
-            barrier.wait();
+            waited += barrier.wait();
             // SAFETY: att was written only in the phase before the barrier.
-            products(&[(wv[3], &b.o)], unsafe { b.att.all() }, w, n);
-            barrier.wait();
+            products(&[(wv[3], &b.o)], unsafe { b.att.all() }, self.precision, w, n);
+            waited += barrier.wait();
             // SAFETY: o was written only in the phase before the barrier.
             o.copy_from_slice(unsafe { b.o.all() });
             if let Some(pn) = &vecs.post_attn_norm {
@@ -362,17 +367,17 @@ impl Step<'_> {
             // Gate and up split alike, so each worker activates the rows it computed.
             let mine = share(cfg.ffn, w, n);
             for (view, out) in [(wv[4], &b.gate), (wv[5], &b.up)] {
-                let sums = view.prepare(&h);
+                let prep = view.prepare(&h, self.precision);
                 // SAFETY: worker w alone writes its share of the rows in this phase.
-                view.rows_into(&h, &sums, mine.start, unsafe { out.part(mine.clone()) });
+                view.rows_into(&h, &prep, mine.start, unsafe { out.part(mine.clone()) });
             }
             // SAFETY: as above, the same rows.
             let (gate, up) = unsafe { (b.gate.part(mine.clone()), b.up.part(mine.clone())) };
             gated(cfg.activation, gate, up);
-            barrier.wait();
+            waited += barrier.wait();
             // SAFETY: gate was written only in the phase before the barrier.
-            products(&[(wv[6], &b.o)], unsafe { b.gate.all() }, w, n);
-            barrier.wait();
+            products(&[(wv[6], &b.o)], unsafe { b.gate.all() }, self.precision, w, n);
+            waited += barrier.wait();
             // SAFETY: o was written only in the phase before the barrier.
             o.copy_from_slice(unsafe { b.o.all() });
             if let Some(pn) = &vecs.post_ffn_norm {
@@ -381,14 +386,14 @@ impl Step<'_> {
             x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
         }
         rms_norm(&x, &self.vectors.out_norm, eps, &mut h);
-        products(&[(f.views[f.views.len() - 1], &b.logits)], &h, w, n);
-        barrier.wait();
+        products(&[(f.views[f.views.len() - 1], &b.logits)], &h, self.precision, w, n);
+        waited += barrier.wait();
         // SAFETY: the logits were written only in the phase before the barrier.
         let logits = if w == 0 {
             unsafe { b.logits.all() }.to_vec()
         } else {
             Vec::new()
         };
-        (logits, rows)
+        (logits, rows, waited)
     }
 }

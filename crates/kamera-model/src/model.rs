@@ -65,6 +65,8 @@ pub struct Model {
     device: Device,
     vision: Option<Vision>,
     precision: crate::PrefillPrecision,
+    /// How decode steps multiply by the quantized weights.
+    decode_precision: crate::DecodePrecision,
     /// DeepSeek-V2: every layer runs in this runner (`model/mla_runner.rs`).
     mla: Option<crate::mla::MlaModel>,
 }
@@ -120,6 +122,7 @@ impl Model {
             device: Device::Cpu,
             vision,
             precision: crate::PrefillPrecision::F32,
+            decode_precision: crate::DecodePrecision::F32,
             mla: None,
         })
     }
@@ -442,6 +445,7 @@ impl Model {
             weights: &self.weights,
             vectors: &self.vectors,
             rope: &self.rope,
+            precision: self.decode_precision,
         };
         let (logits, layers) = step.run(x, context, rotary, rotary != start)?;
         let chunk = ChunkKv::new(self.layout, rotary, layers).ops(OP)?;
@@ -546,6 +550,25 @@ impl Model {
     /// How long prefills multiply by the quantized weights.
     pub fn prefill_precision(&self) -> crate::PrefillPrecision {
         self.precision
+    }
+
+    /// Sets how one-token steps (decode) multiply by the quantized weights (f32 by default); an
+    /// error names what is missing when this CPU cannot run `p`. Decode's KV is not stored, so
+    /// the fingerprint stays.
+    pub fn set_decode_precision(&mut self, p: crate::DecodePrecision) -> Result<()> {
+        if !p.available() {
+            return Err(crate::Error::Invalid {
+                op: "Model::set_decode_precision",
+                detail: format!("{p} decode needs a CPU with AVX-512F, AVX512BW and AVX512-VNNI"),
+            });
+        }
+        self.decode_precision = p;
+        Ok(())
+    }
+
+    /// How one-token steps multiply by the quantized weights.
+    pub fn decode_precision(&self) -> crate::DecodePrecision {
+        self.decode_precision
     }
 
     pub(crate) fn weights(&self) -> &Weights {

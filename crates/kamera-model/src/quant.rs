@@ -2,7 +2,8 @@
 //! codes with a scale (and offset) per group of 16 or 32 weights, `w = scale · code + offset`.
 //! Decode multiplies on the codes (`dot.rs`), short prefills too (`rows.rs`); long prefills
 //! dequantize cache-sized panels into a GEMM (`matmul.rs`), or into bf16 tiles where the CPU
-//! has AVX512_BF16 and the model asks for it (`bf16.rs`).
+//! has AVX512_BF16 and the model asks for it (`bf16.rs`). Decode may quantize its input row to
+//! int8 and multiply with VNNI (`vnni.rs`).
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod bf16;
@@ -12,6 +13,7 @@ mod repack;
 mod rows;
 #[cfg(test)]
 mod tests;
+mod vnni;
 
 use candle_core::Tensor;
 
@@ -122,6 +124,49 @@ impl std::fmt::Display for PrefillPrecision {
         f.write_str(match self {
             PrefillPrecision::F32 => "f32",
             PrefillPrecision::Bf16 => "bf16",
+        })
+    }
+}
+
+/// The arithmetic of decode products on quantized weights ([`crate::Model::set_decode_precision`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DecodePrecision {
+    /// Codes converted to f32 and multiplied by the f32 input: the reference.
+    #[default]
+    F32,
+    /// The input row quantized to int8 in blocks of 32 (ggml's Q8_0), integer dot products with
+    /// AVX512-VNNI, one f32 scale per group (llama.cpp's way): about half the instructions per
+    /// weight, at the input's rounding.
+    Int8,
+}
+
+impl DecodePrecision {
+    /// Whether this CPU runs it.
+    pub fn available(self) -> bool {
+        match self {
+            DecodePrecision::F32 => true,
+            DecodePrecision::Int8 => vnni::available(),
+        }
+    }
+}
+
+impl std::str::FromStr for DecodePrecision {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "f32" => Ok(DecodePrecision::F32),
+            "int8" => Ok(DecodePrecision::Int8),
+            other => Err(format!("decode precision {other:?}: expected f32 or int8")),
+        }
+    }
+}
+
+impl std::fmt::Display for DecodePrecision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            DecodePrecision::F32 => "f32",
+            DecodePrecision::Int8 => "int8",
         })
     }
 }
@@ -395,18 +440,34 @@ impl View<'_> {
         }
     }
 
-    /// What the products of one input `x` share (group sums for the offsets).
-    pub fn prepare(&self, x: &[f32]) -> Vec<f32> {
+    /// What the products of one input `x` share: the group sums for the offsets, and with
+    /// [`DecodePrecision::Int8`] the row quantized (for codes the kernel reads; else f32).
+    pub fn prepare(&self, x: &[f32], precision: DecodePrecision) -> Prepared {
         match self {
-            View::Codes(q) => dot::group_sums(q, x),
-            View::Dense { .. } => Vec::new(),
+            View::Codes(q) => {
+                let q8 = (precision == DecodePrecision::Int8 && vnni::reads(q))
+                    .then(|| vnni::Q8Input::quantize(x))
+                    .flatten();
+                let sums = match (&q8, &q.offsets) {
+                    (Some(x8), Offsets::Zero(_) | Offsets::PerGroup(_)) => x8.group_sums(q.group),
+                    _ => dot::group_sums(q, x),
+                };
+                Prepared { sums, q8 }
+            }
+            View::Dense { .. } => Prepared {
+                sums: Vec::new(),
+                q8: None,
+            },
         }
     }
 
-    /// Rows `r0..r0 + out.len()` of `W x`, on the calling thread; `sums` from [`View::prepare`].
-    pub fn rows_into(&self, x: &[f32], sums: &[f32], r0: usize, out: &mut [f32]) {
+    /// Rows `r0..r0 + out.len()` of `W x`, on the calling thread; `prep` from [`View::prepare`].
+    pub fn rows_into(&self, x: &[f32], prep: &Prepared, r0: usize, out: &mut [f32]) {
         match self {
-            View::Codes(q) => dot::rows_into(q, x, sums, r0, out),
+            View::Codes(q) => match &prep.q8 {
+                Some(x8) => dot::rows_into_q8(q, x8, &prep.sums, r0, out),
+                None => dot::rows_into(q, x, &prep.sums, r0, out),
+            },
             View::Dense { w, cols } => {
                 for (i, o) in out.iter_mut().enumerate() {
                     *o = crate::lanes::dot(&w[(r0 + i) * cols..(r0 + i + 1) * cols], x);
@@ -414,6 +475,12 @@ impl View<'_> {
             }
         }
     }
+}
+
+/// One input row made ready for a weight's products ([`View::prepare`]).
+pub(crate) struct Prepared {
+    sums: Vec<f32>,
+    q8: Option<vnni::Q8Input>,
 }
 
 impl Linear {

@@ -6,6 +6,7 @@
 use std::cell::UnsafeCell;
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 /// Runs `f` on a worker of rayon's pool (inline when already on one): a prefill's products
 /// and attention are each a parallel region, and from a thread outside the pool every region
@@ -20,8 +21,6 @@ pub(crate) struct SpinBarrier {
     n: usize,
     arrived: AtomicUsize,
     generation: AtomicUsize,
-    /// Waits that outlasted the spin and had to yield: a worker lost its core.
-    yields: AtomicUsize,
 }
 
 impl SpinBarrier {
@@ -30,39 +29,33 @@ impl SpinBarrier {
             n,
             arrived: AtomicUsize::new(0),
             generation: AtomicUsize::new(0),
-            yields: AtomicUsize::new(0),
         }
     }
 
-    /// How many waits so far outlasted the spin (see [`Contention`]).
-    pub(crate) fn yields(&self) -> usize {
-        self.yields.load(Ordering::Relaxed)
-    }
-
-    /// Returns once all `n` workers have called it (for this generation).
-    pub(crate) fn wait(&self) {
+    /// Returns once all `n` workers have called it (for this generation), with the
+    /// nanoseconds this caller waited for the others (0 for the last to arrive).
+    pub(crate) fn wait(&self) -> u64 {
         if self.n <= 1 {
-            return;
+            return 0;
         }
         let generation = self.generation.load(Ordering::Acquire);
         if self.arrived.fetch_add(1, Ordering::AcqRel) + 1 == self.n {
             self.arrived.store(0, Ordering::Relaxed);
             self.generation.fetch_add(1, Ordering::Release);
-            return;
+            return 0;
         }
+        let start = Instant::now();
         let mut spins = 0u32;
         while self.generation.load(Ordering::Acquire) == generation {
             spins += 1;
             if spins < 1 << 14 {
                 std::hint::spin_loop();
             } else {
-                if spins == 1 << 14 {
-                    self.yields.fetch_add(1, Ordering::Relaxed);
-                }
                 // A worker was descheduled (another process has the core): let it run.
                 std::thread::yield_now();
             }
         }
+        start.elapsed().as_nanos() as u64
     }
 }
 
@@ -70,33 +63,81 @@ impl SpinBarrier {
 /// their core waits at every barrier for a descheduled one (a step 5-10x slower than one
 /// thread), so after a contended step the next [`Contention::SOLO_STEPS`] run on the calling
 /// thread alone, then the team is tried again. Process-wide, as the contention is.
+///
+/// A step is contended when a worker spent at least [`Contention::WAIT_SHARE`] of it waiting at
+/// the barriers: on an idle machine the phases' imbalance costs about a tenth of a step, while a
+/// worker that shares its core with another busy thread leaves the others waiting half of it
+/// or more. (Counting waits that outlast a spin fired on every step of an idle 2-core VM,
+/// whose scheduling noise makes 10-30 of a step's ~120 barriers wait long: issue 36.)
 pub(crate) struct Contention;
 
 static SOLO_LEFT: AtomicUsize = AtomicUsize::new(0);
+static TEAM_STEPS: AtomicUsize = AtomicUsize::new(0);
+static SOLO_STEPS: AtomicUsize = AtomicUsize::new(0);
+static CONTENDED_STEPS: AtomicUsize = AtomicUsize::new(0);
+
+/// How the process's decode steps ran so far ([`decode_team_stats`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub struct TeamStats {
+    /// Steps run by a team of two or more threads.
+    pub team_steps: usize,
+    /// Steps run on one thread while the team was available (after a contended step).
+    pub solo_steps: usize,
+    /// Team steps found contended (each sends the next steps to one thread).
+    pub contended_steps: usize,
+}
+
+impl TeamStats {
+    /// The steps since `earlier`.
+    pub fn since(self, earlier: TeamStats) -> TeamStats {
+        TeamStats {
+            team_steps: self.team_steps - earlier.team_steps,
+            solo_steps: self.solo_steps - earlier.solo_steps,
+            contended_steps: self.contended_steps - earlier.contended_steps,
+        }
+    }
+}
+
+/// How this process's decode steps ran so far: teams, single-thread steps after contention, and
+/// contended team steps.
+pub fn decode_team_stats() -> TeamStats {
+    TeamStats {
+        team_steps: TEAM_STEPS.load(Ordering::Relaxed),
+        solo_steps: SOLO_STEPS.load(Ordering::Relaxed),
+        contended_steps: CONTENDED_STEPS.load(Ordering::Relaxed),
+    }
+}
 
 impl Contention {
     /// Steps run alone after a contended one.
     pub(crate) const SOLO_STEPS: usize = 64;
-    /// Yields in one step that mark it contended: a busy core makes nearly every one of a step's
-    /// 90-150 barriers yield, an idle machine's scheduling noise a few.
-    const YIELDS: usize = 16;
+    /// The share of a step one worker spent waiting that marks it contended.
+    pub(crate) const WAIT_SHARE: f64 = 0.4;
 
     /// The workers for the next step: `n`, or 1 while recovering from contention.
     pub(crate) fn workers(n: usize) -> usize {
         if n > 1 && SOLO_LEFT.load(Ordering::Relaxed) > 0 {
             SOLO_LEFT.fetch_sub(1, Ordering::Relaxed);
+            SOLO_STEPS.fetch_add(1, Ordering::Relaxed);
             return 1;
         }
         n
     }
 
-    /// Records how a team step went (its barrier's yields).
-    pub(crate) fn record(barrier: &SpinBarrier) {
-        if barrier.yields() >= Self::YIELDS {
+    /// Records how a team step went: its length and each worker's time at the barriers.
+    pub(crate) fn record(step: Duration, waited_ns: &[u64]) {
+        if waited_ns.len() < 2 {
+            return;
+        }
+        TEAM_STEPS.fetch_add(1, Ordering::Relaxed);
+        let worst = waited_ns.iter().copied().max().unwrap_or(0) as f64;
+        let share = worst / (step.as_nanos() as f64).max(1.0);
+        if share >= Self::WAIT_SHARE {
             tracing::debug!(
-                yields = barrier.yields(),
+                share = format!("{share:.2}"),
                 "decode team contended: next steps on one thread"
             );
+            CONTENDED_STEPS.fetch_add(1, Ordering::Relaxed);
             SOLO_LEFT.store(Self::SOLO_STEPS, Ordering::Relaxed);
         }
     }
@@ -210,30 +251,39 @@ mod tests {
         assert_eq!(share(10, 2, 3), 6..10);
     }
 
-    /// A worker that loses its core (here: sleeps) makes the others yield; such a step sends the
-    /// next steps to one thread, then the team comes back.
+    /// A worker that loses its core (here: sleeps) makes the others wait most of the step; such
+    /// a step sends the next steps to one thread, then the team comes back.
     #[test]
     fn a_contended_step_runs_the_next_ones_alone() {
         let barrier = SpinBarrier::new(2);
-        run(2, |w, _| {
-            for _ in 0..Contention::YIELDS {
+        let start = Instant::now();
+        let waited = run(2, |w, _| {
+            let mut waited = 0;
+            for _ in 0..8 {
                 if w == 1 {
-                    std::thread::sleep(std::time::Duration::from_millis(20));
+                    std::thread::sleep(Duration::from_millis(5));
                 }
-                barrier.wait();
+                waited += barrier.wait();
             }
+            waited
         });
-        assert!(barrier.yields() >= Contention::YIELDS, "{} yields", barrier.yields());
-        Contention::record(&barrier);
+        let step = start.elapsed();
+        assert!(
+            waited[0] as f64 >= Contention::WAIT_SHARE * step.as_nanos() as f64,
+            "worker 0 waited {} ns of {step:?}",
+            waited[0]
+        );
+        let before = decode_team_stats();
+        Contention::record(step, &waited);
         let solo = (0..Contention::SOLO_STEPS)
             .filter(|_| Contention::workers(2) == 1)
             .count();
         assert_eq!(solo, Contention::SOLO_STEPS);
         assert_eq!(Contention::workers(2), 2);
-        // An uncontended step changes nothing.
-        let calm = SpinBarrier::new(2);
-        run(2, |_, _| calm.wait());
-        Contention::record(&calm);
+        let seen = decode_team_stats().since(before);
+        assert!(seen.contended_steps >= 1 && seen.solo_steps >= Contention::SOLO_STEPS, "{seen:?}");
+        // A balanced step changes nothing.
+        Contention::record(Duration::from_millis(10), &[1_000_000, 0]);
         assert_eq!(Contention::workers(2), 2);
     }
 }

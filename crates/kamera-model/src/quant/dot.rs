@@ -57,14 +57,28 @@ pub(crate) fn row_codes(q: &QMatrix, r: usize) -> &[u8] {
     }
 }
 
+/// Rows `r0..r0 + out.len()` of `W x` into `out` with `x` quantized to int8 (`vnni.rs`),
+/// on the calling thread; `xsum` from [`super::vnni::Q8Input::group_sums`].
+pub(crate) fn rows_into_q8(q: &QMatrix, x: &super::vnni::Q8Input, xsum: &[f32], r0: usize, out: &mut [f32]) {
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = super::vnni::code_dot(q, r0 + i, x) + offset_dot(q, r0 + i, xsum);
+    }
+}
+
 #[inline(always)]
 fn row_dot(q: &QMatrix, r: usize, x: &[f32], xsum: &[f32]) -> f32 {
     let gpr = q.cols / q.group;
     let scales = &q.scales[r * gpr..(r + 1) * gpr];
-    let main = scaled_code_dot(&q.codes, q.group, row_codes(q, r), scales, x);
-    main + match &q.offsets {
+    scaled_code_dot(&q.codes, q.group, row_codes(q, r), scales, x) + offset_dot(q, r, xsum)
+}
+
+/// Row `r`'s `Σ_g offset_g · Σ_{i∈g} x_i`.
+#[inline(always)]
+fn offset_dot(q: &QMatrix, r: usize, xsum: &[f32]) -> f32 {
+    let gpr = q.cols / q.group;
+    match &q.offsets {
         Offsets::None => 0.0,
-        Offsets::Zero(z) => -z * dot(scales, xsum),
+        Offsets::Zero(z) => -z * dot(&q.scales[r * gpr..(r + 1) * gpr], xsum),
         Offsets::PerGroup(o) => dot(&o[r * gpr..(r + 1) * gpr], xsum),
     }
 }

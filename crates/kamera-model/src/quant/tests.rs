@@ -5,7 +5,7 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
-use super::{Codes, Linear, QMatrix, dot, matmul, repack, rows};
+use super::{Codes, Linear, QMatrix, dot, matmul, repack, rows, vnni};
 
 const TYPES: [GgmlDType; 8] = [
     GgmlDType::Q4_0,
@@ -361,5 +361,59 @@ fn bf16_tiles_match_rounded_reference() {
     for v in [1.0f32, 1.0 + ulp, 1.0 + 3.0 * ulp, -3.3e-5, 65504.0, 1.0e-3] {
         let out = super::bf16::to_pairs(&[v, 0.0]);
         assert_eq!(f32::from_bits(out[0] << 16), round_bf16(v), "{v}");
+    }
+}
+
+/// The int8 decode kernel (VNNI) against its integer reference, for every block type, with
+/// rows that end on half a 64-value step (9 groups of 32) where the block allows it.
+#[test]
+fn int8_decode_kernel_equals_its_reference_for_every_block_type() {
+    if !vnni::available() {
+        kamera_ops::testkit::skip(
+            "quant::tests::int8_decode_kernel_equals_its_reference_for_every_block_type",
+            "this CPU has no AVX512-VNNI",
+        );
+        return;
+    }
+    for dtype in TYPES {
+        let cols = if dtype.block_size() == 32 { 288 } else { 512 };
+        let (q, _) = quantized(dtype, 6, cols, 31);
+        assert!(vnni::reads(&q), "{dtype:?}");
+        let x = random(1, cols, 32);
+        let x8 = vnni::Q8Input::quantize(&x).expect("whole blocks");
+        for r in 0..q.rows {
+            let (got, want) = (vnni::code_dot(&q, r, &x8), vnni::reference(&q, r, &x8));
+            assert!(
+                (got - want).abs() <= 1e-5 * want.abs().max(1e-3),
+                "{dtype:?} row {r}: kernel {got}, reference {want}"
+            );
+        }
+    }
+}
+
+/// Int8 activations change a product by the input's rounding only: within 1% of the f32
+/// product's largest value, for every block type; the quantized input within half a step.
+#[test]
+fn int8_decode_products_stay_within_the_inputs_rounding() {
+    let cols = 512;
+    let x = random(1, cols, 33);
+    let x8 = vnni::Q8Input::quantize(&x).expect("whole blocks");
+    for (b, xb) in x.chunks_exact(32).enumerate() {
+        let dx = xb.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
+        for (i, &v) in xb.iter().enumerate() {
+            assert!((x8.value(b * 32 + i) - v).abs() <= 0.5 * dx + 1e-9, "value {}", b * 32 + i);
+        }
+    }
+    assert!(vnni::Q8Input::quantize(&x[..40]).is_none(), "not whole blocks");
+    if !vnni::available() {
+        return;
+    }
+    for dtype in TYPES {
+        let (q, _) = quantized(dtype, 64, cols, 34);
+        let (mut exact, mut int8) = (vec![0f32; 64], vec![0f32; 64]);
+        dot::rows_into(&q, &x, &dot::group_sums(&q, &x), 0, &mut exact);
+        dot::rows_into_q8(&q, &x8, &x8.group_sums(q.group), 0, &mut int8);
+        let rel = max_rel(&int8, &exact);
+        assert!(rel < 1e-2, "{dtype:?}: int8 products {rel} from f32");
     }
 }
