@@ -3,10 +3,13 @@
 text and the same measurements as `kamera bench model` (best of --reps prefills of N tokens from
 an empty cache, logits at the last position; greedy decode of --decode tokens after a
 --decode-after-token prompt), through llama-cpp-python built from source (scripts/llamacpp-venv.sh).
+llama.cpp runs as at its best: flash attention on (upstream's default is auto; the Python
+binding's is off), ggml's extra CPU buffer types (AMX, REPACK) on. Greedy decode reads the last
+token's logits from the context (`Llama.scores` stays unfilled without logits_all).
 Prints one JSON line with tokens/s and peak resident memory (VmHWM) of this process.
 
 Usage: python bench_llamacpp.py --gguf FILE [--prefill 512,2048] [--decode 64] [--decode-after 128]
-                                [--reps 2] [--threads 2] [--no-extra-bufts]
+                                [--reps 2] [--threads 2] [--no-extra-bufts] [--no-flash-attn]
 """
 import argparse
 import json
@@ -34,6 +37,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-extra-bufts", action="store_true",
                     help="load without ggml's extra CPU buffer types (AMX, REPACK)")
+    ap.add_argument("--no-flash-attn", action="store_true", help="flash attention off")
     args = ap.parse_args()
     import numpy as np
     import llama_cpp
@@ -58,8 +62,14 @@ def main() -> int:
         n_threads=args.threads,
         n_threads_batch=args.threads,
         n_batch=512,
+        flash_attn=not args.no_flash_attn,
         verbose=False,
     )
+    n_vocab = llm.n_vocab()
+
+    def last_logits():
+        # The logits of the batch's last token (the only row computed without logits_all).
+        return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(n_vocab,))
     base = llm.tokenize(TEXT.encode(), add_bos=False, special=False)
 
     def filler(n):
@@ -81,11 +91,11 @@ def main() -> int:
     if args.decode > 0:
         llm.reset()
         llm.eval(filler(max(1, args.decode_after)))
-        nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        nxt = int(np.argmax(last_logits()))
         t = time.perf_counter()
         for _ in range(args.decode):
             llm.eval([nxt])
-            nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            nxt = int(np.argmax(last_logits()))
         key = "decode" if args.decode_after == 128 else f"decode_{args.decode_after}"
         results[f"{key}_tok_s"] = args.decode / (time.perf_counter() - t)
     print(json.dumps({
@@ -94,6 +104,7 @@ def main() -> int:
         "gguf": args.gguf,
         "threads": args.threads,
         "extra_bufts": not args.no_extra_bufts,
+        "flash_attn": not args.no_flash_attn,
         "results": results,
         "peak_rss_mb": status_mb("VmHWM"),
         "rss_mb": status_mb("VmRSS"),

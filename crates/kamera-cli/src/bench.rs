@@ -53,8 +53,9 @@ pub struct ModelArgs {
     /// (`llama.cpp`: builds llama-cpp-python once with scripts/llamacpp-venv.sh).
     #[arg(long)]
     pub against: Option<String>,
-    /// Rounds of (ours, theirs) with --against; each figure is the best over rounds.
-    #[arg(long, default_value_t = 2)]
+    /// Rounds of (ours, theirs) with --against; each figure is the median over rounds, with
+    /// its range and the median of the rounds' paired ratios.
+    #[arg(long, default_value_t = 5)]
     pub rounds: usize,
     /// Arithmetic of prefills of 32+ tokens on quantized weights: `f32` (the reference) or
     /// `bf16` (AVX512_BF16 CPUs); default the fastest this CPU runs. With bf16 the bench also

@@ -1,13 +1,16 @@
 //! `kamera bench model --against llama.cpp`: ours and llama.cpp (llama-cpp-python built from
 //! source, scripts/llamacpp-venv.sh) on the same GGUF, prompts and threads, alternating in one
-//! run; prints each figure, the ratio ours / theirs, and both processes' resident memory.
+//! run (llama.cpp with flash attention and its extra CPU buffer types, real greedy decoding);
+//! prints each figure's median over rounds with its range, the median of the rounds' paired
+//! ratios ours / theirs, both engines' resident memory, our precisions with their KL, and the
+//! machine (CPU, load, commit).
 
 use std::path::PathBuf;
 use std::process::Command;
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::bench::{ModelArgs, measure, memory, to_json};
+use crate::bench::{ModelArgs, measure, memory};
 
 /// The repository's scripts/ (where this binary was built from), or `$KAMERA_SCRIPTS`.
 pub(crate) fn scripts_dir() -> PathBuf {
@@ -87,56 +90,69 @@ pub fn run(m: ModelArgs) -> Result<()> {
     let python = llamacpp_python(&scripts)?;
     let mut model = crate::models::load(&m.model)?;
     let kl = crate::bench::set_precision(&mut model, &m, m.prefill.first().copied().unwrap_or(512))?;
-    let (mut ours, mut theirs): (Vec<(String, f64)>, serde_json::Map<String, serde_json::Value>) =
-        (Vec::new(), Default::default());
+    let decode_kl = crate::bench::set_decode_precision(&mut model, &m, m.decode_after.first().copied().unwrap_or(128))?;
+    let machine = crate::bench_session_report::Machine::now();
+    // Every round's figure per engine, in the order measured (alternating rounds).
+    let (mut ours, mut theirs): (Rounds, Rounds) = Default::default();
     let mut their_mem = serde_json::Value::Null;
-    for round in 0..m.rounds.max(1) {
-        eprintln!("round {}/{}: kamera", round + 1, m.rounds.max(1));
+    let rounds = m.rounds.max(1);
+    for round in 0..rounds {
+        eprintln!("round {}/{rounds}: kamera", round + 1);
         for (k, v) in measure(&model, &m)? {
-            match ours.iter_mut().find(|(key, _)| *key == k) {
-                Some((_, best)) => *best = best.max(v),
-                None => ours.push((k, v)),
-            }
+            push(&mut ours, format!("{k}_tok_s"), v);
         }
-        eprintln!("round {}/{}: llama.cpp", round + 1, m.rounds.max(1));
+        eprintln!("round {}/{rounds}: llama.cpp", round + 1);
         let t = run_llamacpp(&python, &scripts, &gguf, &m)?;
         if let Some(res) = t["results"].as_object() {
             for (k, v) in res {
-                let v = v.as_f64().unwrap_or(f64::NAN);
-                let best = theirs.get(k).and_then(|b| b.as_f64()).map_or(v, |b| b.max(v));
-                theirs.insert(k.clone(), serde_json::json!(best));
+                push(&mut theirs, k.clone(), v.as_f64().unwrap_or(f64::NAN));
             }
         }
-        their_mem = serde_json::json!({ "rss_mb": t["rss_mb"], "peak_rss_mb": t["peak_rss_mb"], "baseline_rss_mb": t["baseline_rss_mb"] });
+        their_mem = serde_json::json!({ "rss_mb": t["rss_mb"], "peak_rss_mb": t["peak_rss_mb"], "baseline_rss_mb": t["baseline_rss_mb"], "flash_attn": t["flash_attn"], "extra_bufts": t["extra_bufts"] });
     }
     let mem = memory(&model, &m);
     let gguf_mb = std::fs::metadata(&gguf)
         .map(|md| md.len() as f64 / (1024.0 * 1024.0))
         .unwrap_or(f64::NAN);
-    let ratios: serde_json::Map<String, serde_json::Value> = ours
+    let machine = machine.finish();
+    // Per figure: each engine's median over rounds, and the ratio of the rounds' paired ratios.
+    let figures: Vec<Figure> = ours
         .iter()
-        .map(|(k, v)| {
-            let key = format!("{k}_tok_s");
-            let r = theirs.get(&key).and_then(|t| t.as_f64()).map_or(f64::NAN, |t| v / t);
-            (key, serde_json::json!(r))
+        .map(|(key, ours)| {
+            let theirs = theirs.iter().find(|(k, _)| k == key).map_or(&[][..], |(_, v)| v.as_slice());
+            let paired: Vec<f64> = ours.iter().zip(theirs).map(|(a, b)| a / b).collect();
+            Figure {
+                key: key.clone(),
+                ours: crate::bench_stats::Spread::of(ours),
+                theirs: crate::bench_stats::Spread::of(theirs),
+                ratio: crate::bench_stats::Spread::of(&paired),
+            }
         })
         .collect();
+    let by = |f: fn(&Figure) -> serde_json::Value| -> serde_json::Map<String, serde_json::Value> {
+        figures.iter().map(|x| (x.key.clone(), f(x))).collect()
+    };
     let report = serde_json::json!({
-        "model": m.model, "gguf_mb": gguf_mb, "rounds": m.rounds.max(1), "threads": threads(),
+        "model": m.model, "gguf_mb": gguf_mb, "rounds": rounds, "threads": threads(),
+        "statistic": "median over alternating rounds; spread [min, max]; ratio: median of the rounds' paired ratios",
         "prefill_precision": m.precision().to_string(), "kl_f32_vs_prefill_precision": kl,
-        "kamera": { "results": to_json(&ours), "memory": mem },
-        "llama.cpp": { "results": theirs, "memory": their_mem },
-        "ratio": ratios,
+        "decode_precision": model.decode_precision().to_string(),
+        "decode_kl_f32_vs_precision": decode_kl.map(|(mean, max, same)| serde_json::json!({"mean": mean, "max": max, "same_token": same})),
+        "kamera": { "results": by(|f| serde_json::json!(f.ours.median)), "spread": by(|f| serde_json::json!([f.ours.min, f.ours.max])), "memory": mem },
+        "llama.cpp": { "results": by(|f| serde_json::json!(f.theirs.median)), "spread": by(|f| serde_json::json!([f.theirs.min, f.theirs.max])), "memory": their_mem },
+        "ratio": by(|f| serde_json::json!(f.ratio.median)),
+        "ratio_spread": by(|f| serde_json::json!([f.ratio.min, f.ratio.max])),
+        "machine": machine,
     });
     if m.json {
         println!("{report}");
         return Ok(());
     }
     println!(
-        "{} ({gguf_mb:.1} MB GGUF), best of {} alternating rounds, {} threads",
+        "{} ({gguf_mb:.1} MB GGUF), medians of {rounds} alternating rounds [min-max], {} threads on both; llama.cpp flash attention {}",
         m.model,
-        m.rounds.max(1),
-        threads()
+        threads(),
+        if their_mem["flash_attn"].as_bool() == Some(true) { "on" } else { "off" }
     );
     match kl {
         Some(kl) => println!(
@@ -147,13 +163,36 @@ pub fn run(m: ModelArgs) -> Result<()> {
         ),
         None => println!("kamera prefill precision {}", m.precision()),
     }
+    match decode_kl {
+        Some((mean, max, same)) => println!(
+            "kamera decode precision {}: KL(f32 || {}) over decoded tokens mean {mean:.2e}, max {max:.2e} nats, same token {:.0}%",
+            model.decode_precision(),
+            model.decode_precision(),
+            100.0 * same
+        ),
+        None => println!("kamera decode precision {}", model.decode_precision()),
+    }
     println!("| figure | kamera | llama.cpp | kamera / llama.cpp |\n|---|---:|---:|---:|");
-    for (k, v) in &ours {
-        let key = format!("{k}_tok_s");
-        let t = theirs.get(&key).and_then(|t| t.as_f64()).unwrap_or(f64::NAN);
-        println!("| {k} tok/s | {v:.1} | {t:.1} | {:.2}x |", v / t);
+    for f in &figures {
+        println!(
+            "| {} | {:.1} [{:.1}-{:.1}] | {:.1} [{:.1}-{:.1}] | {:.2}x [{:.2}-{:.2}] |",
+            f.key.replace("_tok_s", " tok/s"),
+            f.ours.median,
+            f.ours.min,
+            f.ours.max,
+            f.theirs.median,
+            f.theirs.min,
+            f.theirs.max,
+            f.ratio.median,
+            f.ratio.min,
+            f.ratio.max
+        );
     }
     let f = |v: &serde_json::Value| v.as_f64().unwrap_or(f64::NAN);
+    println!(
+        "{}, {} cores, load {} -> {}, commit {}",
+        machine.cpu, machine.cores, machine.loadavg_start, machine.loadavg_end, machine.commit
+    );
     println!(
         "| resident MB (end of run) | {:.1} | {:.1} | |",
         f(&mem["rss_mb"]),
@@ -176,4 +215,22 @@ pub fn run(m: ModelArgs) -> Result<()> {
 /// Threads both engines use: the CPUs this process may run on (rayon's pool is that size).
 fn threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Each figure's values, one per round, in the order first measured.
+type Rounds = Vec<(String, Vec<f64>)>;
+
+fn push(rounds: &mut Rounds, key: String, v: f64) {
+    match rounds.iter_mut().find(|(k, _)| *k == key) {
+        Some((_, vs)) => vs.push(v),
+        None => rounds.push((key, vec![v])),
+    }
+}
+
+/// One figure of both engines.
+struct Figure {
+    key: String,
+    ours: crate::bench_stats::Spread,
+    theirs: crate::bench_stats::Spread,
+    ratio: crate::bench_stats::Spread,
 }

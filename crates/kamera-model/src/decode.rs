@@ -1,9 +1,12 @@
 //! One-token decode on plain buffers: each layer's norms, products on the quantized codes, RoPE,
 //! attention and the K/V append without a tensor per op, run by a [`team`](crate::team) of
-//! threads that split every product's rows. The same arithmetic as the tensor path of
+//! threads that take every product's rows in chunks (a worker on a slower core takes fewer),
+//! multiplying on the codes in f32 or, with [`crate::DecodePrecision::Int8`], on an int8 input. The same arithmetic as the tensor path of
 //! [`crate::Model::extend`] (checked against prefill: KL < 1e-6).
 
+use std::ops::Range;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use kamera_ops::{LayerKv, Mat, RopeSpec};
 
@@ -13,7 +16,7 @@ use crate::config::Config;
 use crate::context::Context;
 use crate::error::{CandleCtx, Error, OpsCtx, Result};
 use crate::lanes::dot;
-use crate::quant::{Linear, View};
+use crate::quant::{Linear, Prepared, View};
 use crate::team::{Shared, SpinBarrier, share};
 use crate::weights::{LayerWeights, Weights};
 
@@ -135,22 +138,39 @@ struct Frame<'a> {
     row: usize,
     rotary: i64,
     mrope: bool,
+    /// Each product phase's next chunk (4 per layer, then the LM head).
+    chunks: &'a [AtomicUsize],
 }
 
-/// `[ys_j] = W_j x` for worker `w` of `n`: its share of the rows of the matrices together.
-fn products(jobs: &[(View<'_>, &Shared)], x: &[f32], precision: crate::DecodePrecision, w: usize, n: usize) {
+/// Rows per chunk of a phase's `total` rows: about 8 chunks per worker, so a worker on a
+/// slower or busier core takes fewer and the team waits at most about one chunk at the barrier.
+fn chunk_rows(total: usize, n: usize) -> usize {
+    total.div_ceil(8 * n).next_multiple_of(16)
+}
+
+/// The rows `lo..hi` of chunk `c` of `total` rows, or `None` when none are left.
+fn chunk(c: usize, size: usize, total: usize) -> Option<Range<usize>> {
+    let lo = c * size;
+    (lo < total).then(|| lo..(lo + size).min(total))
+}
+
+/// `[ys_j] = W_j x` over the rows of the matrices together, in chunks taken from `next` until
+/// none is left (every worker of the phase calls it with the same counter).
+fn products(jobs: &[(View<'_>, &Shared)], x: &[f32], precision: crate::DecodePrecision, next: &AtomicUsize, n: usize) {
     let total: usize = jobs.iter().map(|(v, _)| v.rows()).sum();
-    let mine = share(total, w, n);
-    let mut base = 0;
-    for (view, out) in jobs {
-        let rows = view.rows();
-        let (lo, hi) = (mine.start.max(base), mine.end.min(base + rows));
-        if lo < hi {
-            let prep = view.prepare(x, precision);
-            // SAFETY: worker w alone writes its share of the rows in this phase.
-            view.rows_into(x, &prep, lo - base, unsafe { out.part(lo - base..hi - base) });
+    let size = chunk_rows(total, n);
+    let mut preps: Vec<Option<Prepared>> = jobs.iter().map(|_| None).collect();
+    while let Some(rows) = chunk(next.fetch_add(1, Ordering::Relaxed), size, total) {
+        let mut base = 0;
+        for ((view, out), prep) in jobs.iter().zip(&mut preps) {
+            let (lo, hi) = (rows.start.max(base), rows.end.min(base + view.rows()));
+            if lo < hi {
+                let prep = prep.get_or_insert_with(|| view.prepare(x, precision));
+                // SAFETY: this worker alone took the chunk holding these rows in this phase.
+                view.rows_into(x, prep, lo - base, unsafe { out.part(lo - base..hi - base) });
+            }
+            base += view.rows();
         }
-        base += rows;
     }
 }
 
@@ -232,8 +252,10 @@ impl Step<'_> {
                     });
                 }
             }
+            let chunks: Vec<AtomicUsize> = (0..4 * cfg.n_layers + 1).map(|_| AtomicUsize::new(0)).collect();
             context.with_buffers(|kv, cap| {
                 let frame = Frame {
+                    chunks: &chunks,
                     views,
                     kv,
                     cap,
@@ -290,11 +312,17 @@ impl Step<'_> {
         let mut probs = Vec::with_capacity(f.row + 1);
         let mut rows = Vec::new();
         let mut waited = 0u64;
+        // Each product phase's chunk counter, in the order every worker reaches them.
+        let mut phase = 0;
+        let mut next = || {
+            phase += 1;
+            &f.chunks[phase - 1]
+        };
         let my_heads = share(heads, w, n);
         for (l, vecs) in self.vectors.layers.iter().enumerate() {
             let wv = &f.views[7 * l..7 * l + 7];
             rms_norm(&x, &vecs.attn_norm, eps, &mut h);
-            products(&[(wv[0], &b.q), (wv[1], &b.k), (wv[2], &b.v)], &h, self.precision, w, n);
+            products(&[(wv[0], &b.q), (wv[1], &b.k), (wv[2], &b.v)], &h, self.precision, next(), n);
             waited += barrier.wait();
             // Every worker finishes Q, K and V itself (biases, QK-norm, RoPE: a few thousand
             // values), then attends with its own query heads.
@@ -355,7 +383,7 @@ impl Step<'_> {
             }
             waited += barrier.wait();
             // SAFETY: att was written only in the phase before the barrier.
-            products(&[(wv[3], &b.o)], unsafe { b.att.all() }, self.precision, w, n);
+            products(&[(wv[3], &b.o)], unsafe { b.att.all() }, self.precision, next(), n);
             waited += barrier.wait();
             // SAFETY: o was written only in the phase before the barrier.
             o.copy_from_slice(unsafe { b.o.all() });
@@ -364,19 +392,21 @@ impl Step<'_> {
             }
             x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
             rms_norm(&x, &vecs.ffn_norm, eps, &mut h);
-            // Gate and up split alike, so each worker activates the rows it computed.
-            let mine = share(cfg.ffn, w, n);
-            for (view, out) in [(wv[4], &b.gate), (wv[5], &b.up)] {
-                let prep = view.prepare(&h, self.precision);
-                // SAFETY: worker w alone writes its share of the rows in this phase.
-                view.rows_into(&h, &prep, mine.start, unsafe { out.part(mine.clone()) });
+            // Gate and up in the same chunks, so each worker activates the rows it computed.
+            let (size, counter) = (chunk_rows(cfg.ffn, n), next());
+            let mut preps: Option<[Prepared; 2]> = None;
+            while let Some(rows) = chunk(counter.fetch_add(1, Ordering::Relaxed), size, cfg.ffn) {
+                let preps =
+                    preps.get_or_insert_with(|| [wv[4].prepare(&h, self.precision), wv[5].prepare(&h, self.precision)]);
+                // SAFETY: this worker alone took the chunk holding these rows in this phase.
+                let (gate, up) = unsafe { (b.gate.part(rows.clone()), b.up.part(rows.clone())) };
+                wv[4].rows_into(&h, &preps[0], rows.start, gate);
+                wv[5].rows_into(&h, &preps[1], rows.start, up);
+                gated(cfg.activation, gate, up);
             }
-            // SAFETY: as above, the same rows.
-            let (gate, up) = unsafe { (b.gate.part(mine.clone()), b.up.part(mine.clone())) };
-            gated(cfg.activation, gate, up);
             waited += barrier.wait();
             // SAFETY: gate was written only in the phase before the barrier.
-            products(&[(wv[6], &b.o)], unsafe { b.gate.all() }, self.precision, w, n);
+            products(&[(wv[6], &b.o)], unsafe { b.gate.all() }, self.precision, next(), n);
             waited += barrier.wait();
             // SAFETY: o was written only in the phase before the barrier.
             o.copy_from_slice(unsafe { b.o.all() });
@@ -386,7 +416,7 @@ impl Step<'_> {
             x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
         }
         rms_norm(&x, &self.vectors.out_norm, eps, &mut h);
-        products(&[(f.views[f.views.len() - 1], &b.logits)], &h, self.precision, w, n);
+        products(&[(f.views[f.views.len() - 1], &b.logits)], &h, self.precision, next(), n);
         waited += barrier.wait();
         // SAFETY: the logits were written only in the phase before the barrier.
         let logits = if w == 0 {
