@@ -119,7 +119,11 @@ pub fn set_decode_precision(model: &mut Model, m: &ModelArgs, prompt: usize) -> 
     let (reference, ids) = run(model, None)?;
     model.set_decode_precision(p)?;
     let (fast, _) = run(model, Some(&ids))?;
-    let kls: Vec<f64> = reference.iter().zip(&fast).map(|(a, b)| kamera_eval::kl(a, b)).collect();
+    let kls: Vec<f64> = reference
+        .iter()
+        .zip(&fast)
+        .map(|(a, b)| kamera_eval::kl(a, b))
+        .collect();
     let same = reference
         .iter()
         .zip(&fast)

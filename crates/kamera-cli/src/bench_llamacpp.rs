@@ -119,7 +119,10 @@ pub fn run(m: ModelArgs) -> Result<()> {
     let figures: Vec<Figure> = ours
         .iter()
         .map(|(key, ours)| {
-            let theirs = theirs.iter().find(|(k, _)| k == key).map_or(&[][..], |(_, v)| v.as_slice());
+            let theirs = theirs
+                .iter()
+                .find(|(k, _)| k == key)
+                .map_or(&[][..], |(_, v)| v.as_slice());
             let paired: Vec<f64> = ours.iter().zip(theirs).map(|(a, b)| a / b).collect();
             Figure {
                 key: key.clone(),
@@ -152,7 +155,11 @@ pub fn run(m: ModelArgs) -> Result<()> {
         "{} ({gguf_mb:.1} MB GGUF), medians of {rounds} alternating rounds [min-max], {} threads on both; llama.cpp flash attention {}",
         m.model,
         threads(),
-        if their_mem["flash_attn"].as_bool() == Some(true) { "on" } else { "off" }
+        if their_mem["flash_attn"].as_bool() == Some(true) {
+            "on"
+        } else {
+            "off"
+        }
     );
     match kl {
         Some(kl) => println!(

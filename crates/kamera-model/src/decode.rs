@@ -322,7 +322,13 @@ impl Step<'_> {
         for (l, vecs) in self.vectors.layers.iter().enumerate() {
             let wv = &f.views[7 * l..7 * l + 7];
             rms_norm(&x, &vecs.attn_norm, eps, &mut h);
-            products(&[(wv[0], &b.q), (wv[1], &b.k), (wv[2], &b.v)], &h, self.precision, next(), n);
+            products(
+                &[(wv[0], &b.q), (wv[1], &b.k), (wv[2], &b.v)],
+                &h,
+                self.precision,
+                next(),
+                n,
+            );
             waited += barrier.wait();
             // Every worker finishes Q, K and V itself (biases, QK-norm, RoPE: a few thousand
             // values), then attends with its own query heads.
@@ -416,7 +422,13 @@ impl Step<'_> {
             x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
         }
         rms_norm(&x, &self.vectors.out_norm, eps, &mut h);
-        products(&[(f.views[f.views.len() - 1], &b.logits)], &h, self.precision, next(), n);
+        products(
+            &[(f.views[f.views.len() - 1], &b.logits)],
+            &h,
+            self.precision,
+            next(),
+            n,
+        );
         waited += barrier.wait();
         // SAFETY: the logits were written only in the phase before the barrier.
         let logits = if w == 0 {

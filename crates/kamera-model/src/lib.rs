@@ -54,8 +54,8 @@ pub use kamera_ops::{ChunkKv, KvLayout, PairLayout, Patch, Placement, RopeSpec};
 pub use model::{Input, Model, Prefill, PrefillOptions};
 pub use probe::{LayerProbe, Probe};
 pub use quant::{DecodePrecision, PrefillPrecision};
-pub use team::{TeamStats, decode_team_stats};
 pub use selective::{Selection, Selective};
+pub use team::{TeamStats, decode_team_stats};
 pub use tokenizer::Tokenizer;
 pub use weights::WeightBytes;
 

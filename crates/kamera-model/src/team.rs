@@ -281,7 +281,10 @@ mod tests {
         assert_eq!(solo, Contention::SOLO_STEPS);
         assert_eq!(Contention::workers(2), 2);
         let seen = decode_team_stats().since(before);
-        assert!(seen.contended_steps >= 1 && seen.solo_steps >= Contention::SOLO_STEPS, "{seen:?}");
+        assert!(
+            seen.contended_steps >= 1 && seen.solo_steps >= Contention::SOLO_STEPS,
+            "{seen:?}"
+        );
         // A balanced step changes nothing.
         Contention::record(Duration::from_millis(10), &[1_000_000, 0]);
         assert_eq!(Contention::workers(2), 2);

@@ -65,7 +65,11 @@ fn an_idle_machine_decodes_as_a_team_and_int8_stays_next_to_f32() -> Result<()> 
         kls.iter().sum::<f64>() / kls.len() as f64,
         kls.iter().copied().fold(0.0, f64::max),
     );
-    let same = reference.iter().zip(&int8).filter(|(a, b)| argmax(a) == argmax(b)).count();
+    let same = reference
+        .iter()
+        .zip(&int8)
+        .filter(|(a, b)| argmax(a) == argmax(b))
+        .count();
     eprintln!("int8 decode vs f32 over {steps} steps: KL mean {mean:.2e}, max {max:.2e}, same token {same}");
     anyhow::ensure!(
         mean < 1e-3 && max < 1e-2 && same * 100 >= steps * 95,

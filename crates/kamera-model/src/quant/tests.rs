@@ -401,7 +401,11 @@ fn int8_decode_products_stay_within_the_inputs_rounding() {
     for (b, xb) in x.chunks_exact(4).enumerate() {
         let dx = xb.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
         for (i, &v) in xb.iter().enumerate() {
-            assert!((x8.value(b * 4 + i) - v).abs() <= 0.5 * dx + 1e-9, "value {}", b * 4 + i);
+            assert!(
+                (x8.value(b * 4 + i) - v).abs() <= 0.5 * dx + 1e-9,
+                "value {}",
+                b * 4 + i
+            );
         }
     }
     assert!(vnni::Q8Input::quantize(&x[..40]).is_none(), "not whole groups");
