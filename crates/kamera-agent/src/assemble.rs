@@ -186,8 +186,7 @@ pub fn session_config(budget: &Budget, cost: CostModel) -> SessionConfig {
     }
 }
 
-/// The model of `source`, loaded with prefill `precision` (the fastest this CPU runs when
-/// `None`) and the fastest decode precision this CPU runs.
+/// The model of `source`, loaded with `precision` (the fastest this CPU runs when `None`).
 pub fn load_model(source: &ModelSource, precision: Option<PrefillPrecision>, home: &Path) -> Result<Arc<Model>> {
     let path = match source {
         ModelSource::Loaded(m) => return Ok(m.clone()),
@@ -198,8 +197,6 @@ pub fn load_model(source: &ModelSource, precision: Option<PrefillPrecision>, hom
     let mut m = Model::load(&path).map_err(model("load"))?;
     m.set_prefill_precision(precision.unwrap_or_else(PrefillPrecision::fastest))
         .map_err(model("prefill precision"))?;
-    m.set_decode_precision(kamera_model::DecodePrecision::fastest())
-        .map_err(model("decode precision"))?;
     Ok(Arc::new(m))
 }
 

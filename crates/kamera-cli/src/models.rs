@@ -135,8 +135,8 @@ fn write_added(added: &std::collections::BTreeMap<String, PathBuf>) -> Result<()
 }
 
 /// A model given by name (fetched if needed), by a name added with `kamera models add`, by a
-/// path to a `.gguf` file or by a model directory, with the fastest prefill and decode precisions
-/// this CPU runs (as the agent builder loads it).
+/// path to a `.gguf` file or by a model directory, with the fastest prefill precision this CPU
+/// runs (as the agent builder loads it).
 pub fn load(model: &str) -> Result<Model> {
     load_with(model, None)
 }
@@ -146,7 +146,6 @@ pub fn load_with(model: &str, precision: Option<kamera_model::PrefillPrecision>)
     let path = resolve(model)?;
     let mut m = Model::load(&path).with_context(|| format!("loading {}", path.display()))?;
     m.set_prefill_precision(precision.unwrap_or_else(kamera_model::PrefillPrecision::fastest))?;
-    m.set_decode_precision(kamera_model::DecodePrecision::fastest())?;
     Ok(m)
 }
 
