@@ -94,8 +94,8 @@ pub fn set_precision(model: &mut Model, m: &ModelArgs, n: usize) -> Result<Optio
 
 /// Sets `m`'s decode precision and, when it is not f32, measures KL(f32 ‖ it) of each decoded
 /// token's next-token distribution (both decode the f32 run's tokens after `prompt` filler
-/// tokens): (mean KL, max KL, share of steps with the same greedy token).
-pub fn set_decode_precision(model: &mut Model, m: &ModelArgs, prompt: usize) -> Result<Option<(f64, f64, f64)>> {
+/// tokens).
+pub fn set_decode_precision(model: &mut Model, m: &ModelArgs, prompt: usize) -> Result<Option<DecodeKl>> {
     let p = m.decode_precision.unwrap_or(model.decode_precision());
     if p == kamera_model::DecodePrecision::F32 {
         model.set_decode_precision(p)?;
@@ -130,11 +130,34 @@ pub fn set_decode_precision(model: &mut Model, m: &ModelArgs, prompt: usize) -> 
         .zip(&fast)
         .filter(|(a, b)| kamera_model::argmax(a) == kamera_model::argmax(b))
         .count();
-    Ok(Some((
-        kls.iter().sum::<f64>() / kls.len() as f64,
-        kls.iter().copied().fold(0.0, f64::max),
-        same as f64 / steps as f64,
-    )))
+    Ok(Some(DecodeKl {
+        mean: kls.iter().sum::<f64>() / kls.len() as f64,
+        max: kls.iter().copied().fold(0.0, f64::max),
+        same_token: same as f64 / steps as f64,
+    }))
+}
+
+/// KL(f32 ‖ the decode precision) of decoded tokens' next-token distributions
+/// ([`set_decode_precision`]).
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct DecodeKl {
+    pub mean: f64,
+    pub max: f64,
+    /// Share of steps with the same greedy token.
+    pub same_token: f64,
+}
+
+/// `decode precision P` and, when measured, its KL to f32: the line both model benches print.
+pub fn decode_precision_line(p: kamera_model::DecodePrecision, kl: Option<DecodeKl>) -> String {
+    match kl {
+        Some(k) => format!(
+            "decode precision {p}: KL(f32 || {p}) over decoded tokens mean {:.2e}, max {:.2e} nats, same token {:.0}%",
+            k.mean,
+            k.max,
+            100.0 * k.same_token
+        ),
+        None => format!("decode precision {p}"),
+    }
 }
 
 /// Deterministic filler tokens: the tokenization of a long plain-English text.
@@ -169,7 +192,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
                         "model": m.model, "engine": "kamera", "prefill_precision": m.precision().to_string(),
                         "kl_f32_vs_prefill_precision": kl, "results": to_json(&rows), "memory": memory(&model, &m),
                         "decode_precision": model.decode_precision().to_string(),
-                        "decode_kl_f32_vs_precision": decode_kl.map(|(mean, max, same)| serde_json::json!({"mean": mean, "max": max, "same_token": same})),
+                        "decode_kl_f32_vs_precision": decode_kl,
                         "decode_team": team, "threads": rayon::current_num_threads(),
                     })
                 );
@@ -182,15 +205,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
                         m.precision()
                     );
                 }
-                println!("{:<14} decode precision {}", m.model, model.decode_precision());
-                if let Some((mean, max, same)) = decode_kl {
-                    println!(
-                        "{:<14} KL(f32 || {}) over decoded tokens: mean {mean:.3e}, max {max:.3e} nats; same token {:.0}%",
-                        m.model,
-                        model.decode_precision(),
-                        100.0 * same
-                    );
-                }
+                println!(
+                    "{:<14} {}",
+                    m.model,
+                    decode_precision_line(model.decode_precision(), decode_kl)
+                );
                 for (k, v) in rows {
                     println!("{:<14} {k:<14} {v:>10.1} tok/s", m.model);
                 }

@@ -92,20 +92,27 @@ pub fn run(m: ModelArgs) -> Result<()> {
     let kl = crate::bench::set_precision(&mut model, &m, m.prefill.first().copied().unwrap_or(512))?;
     let decode_kl = crate::bench::set_decode_precision(&mut model, &m, m.decode_after.first().copied().unwrap_or(128))?;
     let machine = crate::bench_session_report::Machine::now();
-    // Every round's figure per engine, in the order measured (alternating rounds).
+    // Every round's figure per engine, in the order of the rounds.
     let (mut ours, mut theirs): (Rounds, Rounds) = Default::default();
     let mut their_mem = serde_json::Value::Null;
     let rounds = m.rounds.max(1);
     for round in 0..rounds {
-        eprintln!("round {}/{rounds}: kamera", round + 1);
-        for (k, v) in measure(&model, &m)? {
-            push(&mut ours, format!("{k}_tok_s"), v);
-        }
-        eprintln!("round {}/{rounds}: llama.cpp", round + 1);
-        let t = run_llamacpp(&python, &scripts, &gguf, &m)?;
-        if let Some(res) = t["results"].as_object() {
-            for (k, v) in res {
-                push(&mut theirs, k.clone(), v.as_f64().unwrap_or(f64::NAN));
+        // Which engine goes first alternates, so neither always meets the machine after the other.
+        let mut t = serde_json::Value::Null;
+        for side in [round % 2, 1 - round % 2] {
+            if side == 0 {
+                eprintln!("round {}/{rounds}: kamera", round + 1);
+                for (k, v) in measure(&model, &m)? {
+                    push(&mut ours, format!("{k}_tok_s"), v);
+                }
+            } else {
+                eprintln!("round {}/{rounds}: llama.cpp", round + 1);
+                t = run_llamacpp(&python, &scripts, &gguf, &m)?;
+                if let Some(res) = t["results"].as_object() {
+                    for (k, v) in res {
+                        push(&mut theirs, k.clone(), v.as_f64().unwrap_or(f64::NAN));
+                    }
+                }
             }
         }
         their_mem = serde_json::json!({ "rss_mb": t["rss_mb"], "peak_rss_mb": t["peak_rss_mb"], "baseline_rss_mb": t["baseline_rss_mb"], "flash_attn": t["flash_attn"], "extra_bufts": t["extra_bufts"] });
@@ -140,7 +147,7 @@ pub fn run(m: ModelArgs) -> Result<()> {
         "statistic": "median over alternating rounds; spread [min, max]; ratio: median of the rounds' paired ratios",
         "prefill_precision": m.precision().to_string(), "kl_f32_vs_prefill_precision": kl,
         "decode_precision": model.decode_precision().to_string(),
-        "decode_kl_f32_vs_precision": decode_kl.map(|(mean, max, same)| serde_json::json!({"mean": mean, "max": max, "same_token": same})),
+        "decode_kl_f32_vs_precision": decode_kl,
         "kamera": { "results": by(|f| serde_json::json!(f.ours.median)), "spread": by(|f| serde_json::json!([f.ours.min, f.ours.max])), "memory": mem },
         "llama.cpp": { "results": by(|f| serde_json::json!(f.theirs.median)), "spread": by(|f| serde_json::json!([f.theirs.min, f.theirs.max])), "memory": their_mem },
         "ratio": by(|f| serde_json::json!(f.ratio.median)),
@@ -170,15 +177,10 @@ pub fn run(m: ModelArgs) -> Result<()> {
         ),
         None => println!("kamera prefill precision {}", m.precision()),
     }
-    match decode_kl {
-        Some((mean, max, same)) => println!(
-            "kamera decode precision {}: KL(f32 || {}) over decoded tokens mean {mean:.2e}, max {max:.2e} nats, same token {:.0}%",
-            model.decode_precision(),
-            model.decode_precision(),
-            100.0 * same
-        ),
-        None => println!("kamera decode precision {}", model.decode_precision()),
-    }
+    println!(
+        "kamera {}",
+        crate::bench::decode_precision_line(model.decode_precision(), decode_kl)
+    );
     println!("| figure | kamera | llama.cpp | kamera / llama.cpp |\n|---|---:|---:|---:|");
     for f in &figures {
         println!(
@@ -197,10 +199,6 @@ pub fn run(m: ModelArgs) -> Result<()> {
     }
     let f = |v: &serde_json::Value| v.as_f64().unwrap_or(f64::NAN);
     println!(
-        "{}, {} cores, load {} -> {}, commit {}",
-        machine.cpu, machine.cores, machine.loadavg_start, machine.loadavg_end, machine.commit
-    );
-    println!(
         "| resident MB (end of run) | {:.1} | {:.1} | |",
         f(&mem["rss_mb"]),
         f(&their_mem["rss_mb"])
@@ -209,6 +207,10 @@ pub fn run(m: ModelArgs) -> Result<()> {
         "| peak resident MB | {:.1} | {:.1} | |",
         f(&mem["peak_rss_mb"]),
         f(&their_mem["peak_rss_mb"])
+    );
+    println!(
+        "{}, {} cores, load {} -> {}, commit {}",
+        machine.cpu, machine.cores, machine.loadavg_start, machine.loadavg_end, machine.commit
     );
     println!(
         "kamera: weights {:.1} MB as held, KV {:.1} MB at the longest context; resident {:.2}x the GGUF + KV (target <= 2x)",

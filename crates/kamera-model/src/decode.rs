@@ -1,8 +1,9 @@
 //! One-token decode on plain buffers: each layer's norms, products on the quantized codes, RoPE,
 //! attention and the K/V append without a tensor per op, run by a [`team`](crate::team) of
 //! threads that take every product's rows in chunks (a worker on a slower core takes fewer),
-//! multiplying on the codes in f32 or, with [`crate::DecodePrecision::Int8`], on an int8 input. The same arithmetic as the tensor path of
-//! [`crate::Model::extend`] (checked against prefill: KL < 1e-6).
+//! multiplying on the codes in f32 or, with [`crate::DecodePrecision::Int8`], on an int8
+//! input. In f32, the same arithmetic as the tensor path of [`crate::Model::extend`] (checked
+//! against prefill: KL < 1e-6).
 
 use std::ops::Range;
 use std::sync::Mutex;
@@ -16,7 +17,7 @@ use crate::config::Config;
 use crate::context::Context;
 use crate::error::{CandleCtx, Error, OpsCtx, Result};
 use crate::lanes::dot;
-use crate::quant::{Linear, Prepared, View};
+use crate::quant::{Linear, Prepared, View, quantize_input};
 use crate::team::{Shared, SpinBarrier, share};
 use crate::weights::{LayerWeights, Weights};
 
@@ -159,13 +160,14 @@ fn chunk(c: usize, size: usize, total: usize) -> Option<Range<usize>> {
 fn products(jobs: &[(View<'_>, &Shared)], x: &[f32], precision: crate::DecodePrecision, next: &AtomicUsize, n: usize) {
     let total: usize = jobs.iter().map(|(v, _)| v.rows()).sum();
     let size = chunk_rows(total, n);
+    let x8 = quantize_input(x, precision);
     let mut preps: Vec<Option<Prepared>> = jobs.iter().map(|_| None).collect();
     while let Some(rows) = chunk(next.fetch_add(1, Ordering::Relaxed), size, total) {
         let mut base = 0;
         for ((view, out), prep) in jobs.iter().zip(&mut preps) {
             let (lo, hi) = (rows.start.max(base), rows.end.min(base + view.rows()));
             if lo < hi {
-                let prep = prep.get_or_insert_with(|| view.prepare(x, precision));
+                let prep = prep.get_or_insert_with(|| view.prepare(x, x8.as_ref()));
                 // SAFETY: this worker alone took the chunk holding these rows in this phase.
                 view.rows_into(x, prep, lo - base, unsafe { out.part(lo - base..hi - base) });
             }
@@ -400,10 +402,11 @@ impl Step<'_> {
             rms_norm(&x, &vecs.ffn_norm, eps, &mut h);
             // Gate and up in the same chunks, so each worker activates the rows it computed.
             let (size, counter) = (chunk_rows(cfg.ffn, n), next());
+            let h8 = quantize_input(&h, self.precision);
             let mut preps: Option<[Prepared; 2]> = None;
             while let Some(rows) = chunk(counter.fetch_add(1, Ordering::Relaxed), size, cfg.ffn) {
                 let preps =
-                    preps.get_or_insert_with(|| [wv[4].prepare(&h, self.precision), wv[5].prepare(&h, self.precision)]);
+                    preps.get_or_insert_with(|| [wv[4].prepare(&h, h8.as_ref()), wv[5].prepare(&h, h8.as_ref())]);
                 // SAFETY: this worker alone took the chunk holding these rows in this phase.
                 let (gate, up) = unsafe { (b.gate.part(rows.clone()), b.up.part(rows.clone())) };
                 wv[4].rows_into(&h, &preps[0], rows.start, gate);

@@ -20,6 +20,7 @@ use candle_core::Tensor;
 use crate::error::{CandleCtx, Result};
 
 pub(crate) use repack::repack;
+pub(crate) use vnni::Q8Input;
 
 /// A product's output shared by parallel tasks that each write their own elements (row blocks:
 /// a weight row's column; panels: a block of columns).
@@ -135,9 +136,9 @@ pub enum DecodePrecision {
     /// Codes converted to f32 and multiplied by the f32 input: the reference.
     #[default]
     F32,
-    /// The input row quantized to int8 in blocks of 32 (ggml's Q8_0), integer dot products with
-    /// AVX512-VNNI, one f32 scale per group (llama.cpp's way): about half the instructions per
-    /// weight, at the input's rounding.
+    /// The input row quantized to int8 in blocks of 4 values, integer dot products with
+    /// AVX512-VNNI, each lane scaled by its group's scale and its block's (after llama.cpp):
+    /// about half the instructions per weight, at the input's rounding (`vnni.rs`).
     Int8,
 }
 
@@ -147,15 +148,6 @@ impl DecodePrecision {
         match self {
             DecodePrecision::F32 => true,
             DecodePrecision::Int8 => vnni::available(),
-        }
-    }
-
-    /// The fastest this CPU runs: int8 where it has AVX512-VNNI, else f32.
-    pub fn fastest() -> DecodePrecision {
-        if DecodePrecision::Int8.available() {
-            DecodePrecision::Int8
-        } else {
-            DecodePrecision::F32
         }
     }
 }
@@ -449,15 +441,13 @@ impl View<'_> {
         }
     }
 
-    /// What the products of one input `x` share: the group sums for the offsets, and with
-    /// [`DecodePrecision::Int8`] the row quantized (for codes the kernel reads; else f32).
-    pub fn prepare(&self, x: &[f32], precision: DecodePrecision) -> Prepared {
+    /// What the products of one input `x` share: the group sums for the offsets, and `x8`
+    /// ([`quantize_input`]) where the int8 kernel reads these codes (else the products are f32).
+    pub fn prepare<'a>(&self, x: &[f32], x8: Option<&'a Q8Input>) -> Prepared<'a> {
         match self {
             View::Codes(q) => {
-                let q8 = (precision == DecodePrecision::Int8 && vnni::reads(q))
-                    .then(|| vnni::Q8Input::quantize(x))
-                    .flatten();
-                let sums = match (&q8, &q.offsets) {
+                let q8 = x8.filter(|_| vnni::reads(q));
+                let sums = match (q8, &q.offsets) {
                     (Some(x8), Offsets::Zero(_) | Offsets::PerGroup(_)) => x8.group_sums(q.group),
                     _ => dot::group_sums(q, x),
                 };
@@ -473,7 +463,7 @@ impl View<'_> {
     /// Rows `r0..r0 + out.len()` of `W x`, on the calling thread; `prep` from [`View::prepare`].
     pub fn rows_into(&self, x: &[f32], prep: &Prepared, r0: usize, out: &mut [f32]) {
         match self {
-            View::Codes(q) => match &prep.q8 {
+            View::Codes(q) => match prep.q8 {
                 Some(x8) => dot::rows_into_q8(q, x8, &prep.sums, r0, out),
                 None => dot::rows_into(q, x, &prep.sums, r0, out),
             },
@@ -487,9 +477,17 @@ impl View<'_> {
 }
 
 /// One input row made ready for a weight's products ([`View::prepare`]).
-pub(crate) struct Prepared {
+pub(crate) struct Prepared<'a> {
     sums: Vec<f32>,
-    q8: Option<vnni::Q8Input>,
+    q8: Option<&'a Q8Input>,
+}
+
+/// `x` rounded for the int8 decode products when `precision` asks for them: once per input,
+/// shared by every weight that input multiplies (Q, K and V; gate and up).
+pub(crate) fn quantize_input(x: &[f32], precision: DecodePrecision) -> Option<Q8Input> {
+    (precision == DecodePrecision::Int8)
+        .then(|| Q8Input::quantize(x))
+        .flatten()
 }
 
 impl Linear {

@@ -65,9 +65,9 @@ impl SpinBarrier {
 /// thread alone, then the team is tried again. Process-wide, as the contention is.
 ///
 /// A step is contended when a worker spent at least [`Contention::WAIT_SHARE`] of it waiting at
-/// the barriers: on an idle machine the phases' imbalance costs about a tenth of a step, while a
-/// worker that shares its core with another busy thread leaves the others waiting half of it
-/// or more. (Counting waits that outlast a spin fired on every step of an idle 2-core VM,
+/// the barriers: on an idle machine a worker waits about 3% of a step (measured on a 2-core
+/// VM, rows taken in chunks), while a worker that shares its core with another busy thread
+/// leaves the others waiting half of it or more. (Counting waits that outlast a spin fired on every step of an idle 2-core VM,
 /// whose scheduling noise makes 10-30 of a step's ~120 barriers wait long: issue 36.)
 pub(crate) struct Contention;
 
