@@ -77,13 +77,7 @@ pub fn run(a: McpArgs) -> Result<()> {
     }
     let agent = builder.build().context("building the agent")?;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    let cancel = CancellationToken::new();
-    let c = cancel.clone();
-    rt.spawn(async move {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            c.cancel();
-        }
-    });
+    let cancel = crate::run::cancel_on_stop_signal(&rt);
     let shared = Arc::new(Shared {
         jobs: Jobs {
             model,
@@ -104,7 +98,7 @@ pub fn run(a: McpArgs) -> Result<()> {
     served
 }
 
-/// Serves one MCP session on stdin/stdout until the client closes it (or Ctrl-C).
+/// Serves one MCP session on stdin/stdout until the client closes it (or Ctrl-C / SIGTERM).
 async fn serve_stdio(shared: Arc<Shared>, cancel: CancellationToken) -> Result<()> {
     let server = KameraMcp::new(shared)
         .serve(rmcp::transport::stdio())

@@ -142,15 +142,13 @@ pub fn worker(mut a: WorkerArgs) -> Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     let s = stop.clone();
     rt.spawn(async move {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            s.store(true, Ordering::Relaxed);
-            eprintln!(
-                "kamera worker: stopping after the episode in hand; Ctrl-C again stops now (the episode stays pending and another worker takes it over)"
-            );
-            if tokio::signal::ctrl_c().await.is_ok() {
-                std::process::exit(130);
-            }
-        }
+        crate::run::stop_signal().await;
+        s.store(true, Ordering::Relaxed);
+        eprintln!(
+            "kamera worker: stopping after the episode in hand; Ctrl-C (or SIGTERM) again stops now (the episode stays pending and another worker takes it over)"
+        );
+        crate::run::stop_signal().await;
+        std::process::exit(130);
     });
     let claim_after = Duration::from_millis(a.claim_after_ms);
     println!("worker    {me}: queue {} on {}", a.name, a.url);

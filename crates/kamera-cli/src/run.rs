@@ -182,15 +182,37 @@ pub(crate) fn load_model(m: &ModelArg) -> Result<Arc<Model>> {
     Ok(Arc::new(model))
 }
 
-pub(crate) fn cancel_on_ctrl_c(rt: &tokio::runtime::Runtime) -> CancellationToken {
+/// A token cancelled at the first [`stop_signal`].
+pub(crate) fn cancel_on_stop_signal(rt: &tokio::runtime::Runtime) -> CancellationToken {
     let token = CancellationToken::new();
     let t = token.clone();
     rt.spawn(async move {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            t.cancel();
-        }
+        stop_signal().await;
+        t.cancel();
     });
     token
+}
+
+/// Resolves at the next Ctrl-C (SIGINT) or, on Unix, SIGTERM: what MCP hosts, process managers
+/// and `kill` send to stop a server. Both take the graceful path (the browser closed, the
+/// trace and store flushed); before, SIGTERM killed the process and left its Chromium running.
+/// Never resolves when neither signal can be listened to.
+pub(crate) async fn stop_signal() {
+    #[cfg(unix)]
+    if let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        tokio::select! {
+            r = tokio::signal::ctrl_c() => {
+                if r.is_err() {
+                    term.recv().await;
+                }
+            }
+            _ = term.recv() => {}
+        }
+        return;
+    }
+    if tokio::signal::ctrl_c().await.is_err() {
+        std::future::pending::<()>().await;
+    }
 }
 
 /// On a fresh machine the Quick start's `kamera run` finds no chromium: run the repository's
@@ -273,7 +295,7 @@ fn execute(scenario_arg: &str, setup: Setup<'_>) -> Result<RunSummary> {
     let model = load_model(model_arg)?;
     let runtime_cfg = runtime_config(model.clone(), model_arg, store, reuse);
     let rt = runtime()?;
-    let cancel = cancel_on_ctrl_c(&rt);
+    let cancel = cancel_on_stop_signal(&rt);
     let pb = crate::progress::bar(scenario.budget.steps, "steps");
     let pb2 = pb.clone();
     let on_step = Box::new(move |s: &StepRecord| {

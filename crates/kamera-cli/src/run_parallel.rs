@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::{Result, bail};
 use serde::Serialize;
 
-use crate::run::{RunArgs, cancel_on_ctrl_c, ensure_chromium, load_model, runtime, runtime_config};
+use crate::run::{RunArgs, cancel_on_stop_signal, ensure_chromium, load_model, runtime, runtime_config};
 
 /// One episode of the JSON report.
 #[derive(Serialize)]
@@ -81,7 +81,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     let model = load_model(&a.model)?;
     let shared = runtime_config(model, &a.model, &a.store, !a.no_reuse).shared()?;
     let rt = runtime()?;
-    let cancel = cancel_on_ctrl_c(&rt);
+    let cancel = cancel_on_stop_signal(&rt);
     let memory = MemorySampler::start();
     let t0 = std::time::Instant::now();
     let outcomes = rt.block_on(kamera_harness::run_parallel(jobs, n, &shared, &home, browser, cancel))?;

@@ -197,13 +197,52 @@ fn mcp_over_stdio() {
     check(&answer, &tracking, &status);
 }
 
-/// Kills the server when the test ends, passed or not.
+/// Stops the server when the test ends, passed or not: SIGTERM, as an MCP host does, then
+/// SIGKILL if it has not exited within a minute.
 struct Child(std::process::Child);
+
+impl Child {
+    /// SIGTERM, then the exit status within `limit` (`None`: still running).
+    fn terminate(&mut self, limit: std::time::Duration) -> Option<std::process::ExitStatus> {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        let end = std::time::Instant::now() + limit;
+        while std::time::Instant::now() < end {
+            if let Ok(Some(status)) = self.0.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        None
+    }
+
+    /// The pids of this process's Chromium children (its browser), from /proc.
+    fn browsers(&self) -> Vec<i32> {
+        let me = self.0.id().to_string();
+        std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|pid| {
+                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+                // pid (comm) state ppid ...: comm may hold spaces, so split after its ')'.
+                let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+                stat.contains("(chrom") && after.split_whitespace().nth(1) == Some(me.as_str())
+            })
+            .collect()
+    }
+}
 
 impl Drop for Child {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        // Already reaped (std keeps the status): its pid may be another process's by now.
+        if matches!(self.0.try_wait(), Ok(Some(_))) {
+            return;
+        }
+        if self.terminate(std::time::Duration::from_secs(60)).is_none() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
     }
 }
 
@@ -280,4 +319,22 @@ fn mcp_over_streamable_http() {
     assert!(text(1).contains("(identical)"), "{}", text(1));
     assert_eq!(calls[2]["is_error"], true, "{}", calls[2]);
     assert!(text(2).contains("no trace at /no/such/trace"), "{}", text(2));
+    // SIGTERM (what an MCP host sends) stops the server the graceful way: it exits 0 and its
+    // browser goes with it (it used to die at once and leave Chromium running).
+    let browsers = child.browsers();
+    assert!(!browsers.is_empty(), "the server's browser is a child of it");
+    let status = child.terminate(std::time::Duration::from_secs(60));
+    assert!(status.is_some_and(|s| s.success()), "after SIGTERM: {status:?}");
+    let left: Vec<i32> = browsers
+        .into_iter()
+        .filter(|pid| {
+            // Gone, or a zombie waiting for init to reap it.
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let state = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next());
+            state.is_some_and(|s| s != "Z")
+        })
+        .collect();
+    assert!(left.is_empty(), "Chromium left running after SIGTERM: {left:?}");
 }
