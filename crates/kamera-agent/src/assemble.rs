@@ -194,9 +194,8 @@ pub fn load_model(source: &ModelSource, precision: Option<PrefillPrecision>, hom
         ModelSource::Known(name) => kamera_model::fetch(*name, home).map_err(model("fetch"))?,
         ModelSource::Path(p) => p.clone(),
     };
-    let mut m = Model::load(&path).map_err(model("load"))?;
-    m.set_prefill_precision(precision.unwrap_or_else(PrefillPrecision::fastest))
-        .map_err(model("prefill precision"))?;
+    let m = Model::load_with_precision(&path, precision.unwrap_or_else(PrefillPrecision::fastest))
+        .map_err(model("load"))?;
     Ok(Arc::new(m))
 }
 

@@ -144,9 +144,8 @@ pub fn load(model: &str) -> Result<Model> {
 /// [`load`] with a prefill precision (`None`: the fastest this CPU runs).
 pub fn load_with(model: &str, precision: Option<kamera_model::PrefillPrecision>) -> Result<Model> {
     let path = resolve(model)?;
-    let mut m = Model::load(&path).with_context(|| format!("loading {}", path.display()))?;
-    m.set_prefill_precision(precision.unwrap_or_else(kamera_model::PrefillPrecision::fastest))?;
-    Ok(m)
+    let p = precision.unwrap_or_else(kamera_model::PrefillPrecision::fastest);
+    Model::load_with_precision(&path, p).with_context(|| format!("loading {}", path.display()))
 }
 
 /// The file or directory [`load`] would load for `model` (fetching a built-in name if needed).

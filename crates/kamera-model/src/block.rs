@@ -20,7 +20,7 @@ pub(crate) fn linear(x: &Tensor, w: &Linear, b: Option<&Tensor>) -> Result<Tenso
     bias(w.forward(x)?, b)
 }
 
-/// [`linear`] for a dense f32 weight (the vision tower's).
+/// [`linear`] for a dense f32 weight (MLA's).
 pub(crate) fn dense_linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
     bias(x.matmul(&w.t().ctx(OP)?).ctx("linear")?, b)
 }

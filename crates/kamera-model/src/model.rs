@@ -77,7 +77,7 @@ impl Model {
     /// f32 whatever it is stored in.
     pub fn load(path: &Path) -> Result<Model> {
         if path.is_dir() {
-            return Model::load_dir(path);
+            return Model::load_dir(path, crate::PrefillPrecision::F32);
         }
         let mut g = Gguf::open(path)?;
         let cfg = Config::from_gguf(&g)?;
@@ -127,7 +127,21 @@ impl Model {
         })
     }
 
-    fn load_dir(dir: &Path) -> Result<Model> {
+    /// [`Model::load`] with long prefills at `precision` ([`Model::set_prefill_precision`]); a
+    /// Hugging Face checkpoint's matrices are converted as they are read, so a bf16 model never
+    /// sits in memory in f32.
+    pub fn load_with_precision(path: &Path, precision: crate::PrefillPrecision) -> Result<Model> {
+        check_precision(precision)?;
+        let mut m = if path.is_dir() {
+            Model::load_dir(path, precision)?
+        } else {
+            Model::load(path)?
+        };
+        m.set_prefill_precision(precision)?;
+        Ok(m)
+    }
+
+    fn load_dir(dir: &Path, precision: crate::PrefillPrecision) -> Result<Model> {
         let config = dir.join("config.json");
         if crate::mla::is_deepseek_v2(&config)? {
             return Model::load_mla(dir);
@@ -145,8 +159,8 @@ impl Model {
             "visual."
         };
         let cfg = vl.text.clone();
-        let weights = Weights::from_safetensors(&st, text_prefix, &cfg, vl.tie_embeddings)?;
-        let tower = Tower::load(&st, vis_prefix, &vl.vision)?;
+        let weights = Weights::from_safetensors(&st, text_prefix, &cfg, vl.tie_embeddings, precision)?;
+        let tower = Tower::load(&st, vis_prefix, &vl.vision, precision)?;
         let tokenizer = Tokenizer::from_hf_json(&dir.join("tokenizer.json"))?;
         let pre_file = dir.join("preprocessor_config.json");
         let preprocess = if pre_file.is_file() {
@@ -520,17 +534,17 @@ impl Model {
         self.weights.bytes()
     }
 
-    /// Sets how prefills of 32 tokens or more multiply by the quantized weights (f32 by
-    /// default; a model without quantized weights, e.g. from safetensors, stays f32); an error
-    /// names what is missing when this CPU cannot run `p`.
+    /// Sets how prefills of 32 tokens or more multiply by the weights (f32 by default): a
+    /// GGUF's quantized weights keep their codes; a Hugging Face checkpoint's dense matrices (text
+    /// and tower) are held in bf16 (rounded) or f32. An error names what is missing when this CPU
+    /// cannot run `p`.
     pub fn set_prefill_precision(&mut self, p: crate::PrefillPrecision) -> Result<()> {
-        if !p.available() {
-            return Err(crate::Error::Invalid {
-                op: "Model::set_prefill_precision",
-                detail: format!("{p} prefill needs a CPU with AVX-512F and AVX512_BF16"),
-            });
+        check_precision(p)?;
+        let hf = self.vision.is_some();
+        let took = self.weights.set_precision(p, hf)?;
+        if let Some(v) = &mut self.vision {
+            v.tower.set_precision(p)?;
         }
-        let took = self.weights.set_precision(p);
         self.precision = if took { p } else { crate::PrefillPrecision::F32 };
         // Canonical KV from bf16 products differs (slightly) from f32's: the store keeps them
         // apart. f32 keeps the fingerprint a model always had.
@@ -616,4 +630,15 @@ impl Model {
             }
         }
     }
+}
+
+/// An error naming what this CPU lacks when it cannot run prefills at `p`.
+fn check_precision(p: crate::PrefillPrecision) -> Result<()> {
+    if p.available() {
+        return Ok(());
+    }
+    Err(crate::Error::Invalid {
+        op: "Model::set_prefill_precision",
+        detail: format!("{p} prefill needs a CPU with AVX-512F and AVX512_BF16"),
+    })
 }

@@ -7,6 +7,7 @@
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod bf16;
+mod dense;
 mod dot;
 mod matmul;
 mod repack;
@@ -19,6 +20,7 @@ use candle_core::Tensor;
 
 use crate::error::{CandleCtx, Result};
 
+pub(crate) use dense::Bf16Matrix;
 pub(crate) use repack::repack;
 pub(crate) use vnni::Q8Input;
 
@@ -279,10 +281,12 @@ impl QMatrix {
 }
 
 /// A linear layer's weight `[out, in]`: dense f32 (safetensors, f32/f16 GGUF tensors and block
-/// types without a repacking) or quantized.
+/// types without a repacking), dense bf16 (safetensors with the bf16 prefill precision) or
+/// quantized.
 #[derive(Debug)]
 pub(crate) enum Linear {
     Dense(Tensor),
+    Bf16(Bf16Matrix),
     Quant(QMatrix),
 }
 
@@ -291,8 +295,21 @@ impl Linear {
     pub fn bytes(&self) -> usize {
         match self {
             Linear::Dense(t) => t.elem_count() * 4,
+            Linear::Bf16(m) => m.bytes(),
             Linear::Quant(q) => q.bytes(),
         }
+    }
+
+    /// A dense weight for the given prefill precision: bf16 where it asks for it and the kernel
+    /// takes the matrix (else f32).
+    pub fn dense(w: Tensor, precision: PrefillPrecision) -> Result<Linear> {
+        if precision == PrefillPrecision::Bf16 {
+            let (rows, cols) = w.dims2().ctx("Linear::dense")?;
+            if let Some(m) = with_f32(&w, "Linear::dense", |d| Bf16Matrix::from_f32(d, rows, cols))? {
+                return Ok(Linear::Bf16(m));
+            }
+        }
+        Ok(Linear::Dense(w))
     }
 
     /// `x @ wᵀ` for `x: [n, in]`: one row on the codes, up to [`rows::MAX_ROWS`] rows by
@@ -301,9 +318,10 @@ impl Linear {
         const OP: &str = "linear";
         match self {
             Linear::Dense(w) => x.matmul(&w.t().ctx(OP)?).ctx(OP),
-            Linear::Quant(q) => {
+            Linear::Bf16(_) | Linear::Quant(_) => {
                 let n = x.dim(0).ctx(OP)?;
-                Tensor::from_vec(self.forward_vec(x)?, (n, q.rows), x.device()).ctx(OP)
+                let rows = self.dims()?.0;
+                Tensor::from_vec(self.forward_vec(x)?, (n, rows), x.device()).ctx(OP)
             }
         }
     }
@@ -319,6 +337,19 @@ impl Linear {
                 .ctx(OP)?
                 .to_vec1()
                 .ctx(OP),
+            Linear::Bf16(m) => {
+                let (n, k) = x.dims2().ctx(OP)?;
+                if k != m.cols {
+                    return Err(crate::error::Error::Shape {
+                        op: OP,
+                        detail: format!("input has {k} columns, weight [{}, {}]", m.rows, m.cols),
+                    });
+                }
+                let xs = x.contiguous().ctx(OP)?.flatten_all().ctx(OP)?.to_vec1::<f32>().ctx(OP)?;
+                let mut y = vec![0f32; n * m.rows];
+                m.forward(&xs, n, &mut y);
+                Ok(y)
+            }
             Linear::Quant(q) => {
                 let (n, k) = x.dims2().ctx(OP)?;
                 if k != q.cols {
@@ -347,26 +378,43 @@ impl Linear {
     pub fn precision(&self) -> PrefillPrecision {
         match self {
             Linear::Quant(q) => q.precision,
+            Linear::Bf16(_) => PrefillPrecision::Bf16,
             Linear::Dense(_) => PrefillPrecision::F32,
         }
     }
 
-    /// Sets the arithmetic of this weight's long products; whether it took it (dense weights
-    /// are always f32).
-    pub fn set_precision(&mut self, p: PrefillPrecision) -> bool {
-        match self {
-            Linear::Quant(q) => {
+    /// Sets the arithmetic of this weight's long products; whether it took it. With `dense`, a
+    /// dense weight becomes bf16 (rounded, half the bytes) or f32 again (the bf16 values,
+    /// exactly); one the bf16 kernel does not take (odd columns) stays f32. Without, dense
+    /// weights stay as they are (f32 takes, bf16 does not).
+    pub fn set_precision(&mut self, p: PrefillPrecision, dense: bool) -> Result<bool> {
+        Ok(match (&mut *self, p) {
+            (Linear::Dense(_), PrefillPrecision::Bf16) if !dense => false,
+            (Linear::Quant(q), _) => {
                 q.precision = p;
                 true
             }
-            Linear::Dense(_) => false,
-        }
+            (Linear::Dense(w), PrefillPrecision::Bf16) => {
+                *self = Linear::dense(w.clone(), p)?;
+                matches!(self, Linear::Bf16(_))
+            }
+            (Linear::Bf16(m), PrefillPrecision::F32) => {
+                let (rows, cols) = (m.rows, m.cols);
+                *self = Linear::Dense(
+                    Tensor::from_vec(m.to_f32(), (rows, cols), &candle_core::Device::Cpu).ctx("Linear::set_precision")?,
+                );
+                true
+            }
+            (Linear::Bf16(_), PrefillPrecision::Bf16) => true,
+            (Linear::Dense(_), PrefillPrecision::F32) => true,
+        })
     }
 
     /// `[out, in]`.
     pub fn dims(&self) -> Result<(usize, usize)> {
         match self {
             Linear::Dense(w) => w.dims2().ctx("Linear::dims"),
+            Linear::Bf16(m) => Ok((m.rows, m.cols)),
             Linear::Quant(q) => Ok((q.rows, q.cols)),
         }
     }
@@ -383,6 +431,7 @@ impl Linear {
         }
         match self {
             Linear::Quant(q) => q.dequantize_row(r, out),
+            Linear::Bf16(m) => m.row_into(r, out),
             Linear::Dense(w) => with_f32(w, OP, |d| out.copy_from_slice(&d[r * cols..(r + 1) * cols]))?,
         }
         Ok(())
@@ -396,12 +445,13 @@ impl Linear {
                 let idx = Tensor::from_slice(ids, ids.len(), w.device()).ctx(OP)?;
                 w.index_select(&idx, 0).ctx(OP)
             }
-            Linear::Quant(q) => {
-                let mut out = vec![0f32; ids.len() * q.cols];
-                for (&id, row) in ids.iter().zip(out.chunks_exact_mut(q.cols)) {
-                    q.dequantize_row(id as usize, row);
+            Linear::Bf16(_) | Linear::Quant(_) => {
+                let cols = self.dims()?.1;
+                let mut out = vec![0f32; ids.len() * cols];
+                for (&id, row) in ids.iter().zip(out.chunks_exact_mut(cols)) {
+                    self.row_into(id as usize, row)?;
                 }
-                Tensor::from_vec(out, (ids.len(), q.cols), &candle_core::Device::Cpu).ctx(OP)
+                Tensor::from_vec(out, (ids.len(), cols), &candle_core::Device::Cpu).ctx(OP)
             }
         }
     }
@@ -414,6 +464,7 @@ impl Linear {
                 .ctx("Linear::to_f32")?
                 .to_vec1::<f32>()
                 .ctx("Linear::to_f32"),
+            Linear::Bf16(m) => Ok(m.to_f32()),
             Linear::Quant(q) => Ok(q.dequantize()),
         }
     }
@@ -423,6 +474,7 @@ impl Linear {
 #[derive(Clone, Copy)]
 pub(crate) enum View<'a> {
     Codes(&'a QMatrix),
+    Bf16(&'a Bf16Matrix),
     Dense { w: &'a [f32], cols: usize },
 }
 
@@ -430,6 +482,7 @@ impl View<'_> {
     pub fn rows(&self) -> usize {
         match self {
             View::Codes(q) => q.rows,
+            View::Bf16(m) => m.rows,
             View::Dense { w, cols } => w.len() / cols.max(&1),
         }
     }
@@ -437,6 +490,7 @@ impl View<'_> {
     pub fn cols(&self) -> usize {
         match self {
             View::Codes(q) => q.cols,
+            View::Bf16(m) => m.cols,
             View::Dense { cols, .. } => *cols,
         }
     }
@@ -453,7 +507,7 @@ impl View<'_> {
                 };
                 Prepared { sums, q8 }
             }
-            View::Dense { .. } => Prepared {
+            View::Bf16(_) | View::Dense { .. } => Prepared {
                 sums: Vec::new(),
                 q8: None,
             },
@@ -467,6 +521,7 @@ impl View<'_> {
                 Some(x8) => dot::rows_into_q8(q, x8, &prep.sums, r0, out),
                 None => dot::rows_into(q, x, &prep.sums, r0, out),
             },
+            View::Bf16(m) => m.rows_into(x, r0, out),
             View::Dense { w, cols } => {
                 for (i, o) in out.iter_mut().enumerate() {
                     *o = crate::lanes::dot(&w[(r0 + i) * cols..(r0 + i + 1) * cols], x);
@@ -499,7 +554,7 @@ impl Linear {
             .iter()
             .filter_map(|w| match w {
                 Linear::Dense(t) => Some(t.storage_and_layout()),
-                Linear::Quant(_) => None,
+                Linear::Bf16(_) | Linear::Quant(_) => None,
             })
             .collect();
         let mut dense = guards.iter();
@@ -507,6 +562,7 @@ impl Linear {
         for w in ws {
             views.push(match w {
                 Linear::Quant(q) => View::Codes(q),
+                Linear::Bf16(m) => View::Bf16(m),
                 Linear::Dense(t) => {
                     let (guard, layout) = dense.next().expect("one guard per dense weight");
                     let (_, cols) = t.dims2().ctx(OP)?;

@@ -48,7 +48,7 @@ pub struct WeightBytes {
     pub total: usize,
     /// Bytes held as quantized codes + scales, per source block type (`"Q4_1"`, ...).
     pub quantized: std::collections::BTreeMap<String, usize>,
-    /// Bytes held as dense f32 (norms, biases, and matrices of types without a repacking).
+    /// Bytes held dense: f32 (norms, biases, matrices of types without a repacking) or bf16.
     pub dense: usize,
 }
 
@@ -56,7 +56,7 @@ impl WeightBytes {
     fn add_linear(&mut self, w: &Linear) {
         match w {
             Linear::Quant(q) => *self.quantized.entry(q.source.to_string()).or_default() += q.bytes(),
-            Linear::Dense(_) => self.dense += w.bytes(),
+            Linear::Dense(_) | Linear::Bf16(_) => self.dense += w.bytes(),
         }
         self.total += w.bytes();
     }
@@ -69,12 +69,12 @@ impl WeightBytes {
 }
 
 impl Weights {
-    /// Sets the arithmetic of every quantized matrix's long products; whether any took it
-    /// (dense weights are always f32).
-    pub fn set_precision(&mut self, p: crate::PrefillPrecision) -> bool {
-        let mut any = self.embed.set_precision(p);
+    /// Sets the arithmetic of every quantized matrix's long products (and with `dense`, of the
+    /// dense ones, converted: see [`Linear::set_precision`]); whether any took it.
+    pub fn set_precision(&mut self, p: crate::PrefillPrecision, dense: bool) -> Result<bool> {
+        let mut any = self.embed.set_precision(p, dense)?;
         if let Some(h) = &mut self.lm_head {
-            any |= h.set_precision(p);
+            any |= h.set_precision(p, dense)?;
         }
         for l in &mut self.layers {
             for w in [
@@ -86,10 +86,10 @@ impl Weights {
                 &mut l.w_up,
                 &mut l.w_down,
             ] {
-                any |= w.set_precision(p);
+                any |= w.set_precision(p, dense)?;
             }
         }
-        any
+        Ok(any)
     }
 
     pub fn bytes(&self) -> WeightBytes {
@@ -175,9 +175,17 @@ impl Weights {
     }
 
     /// A Qwen2-style text model from Hugging Face safetensors, tensor names under `prefix`
-    /// (`model.` in released checkpoints, `model.language_model.` in newer saves).
-    pub fn from_safetensors(st: &SafeDir, prefix: &str, cfg: &Config, tied: bool) -> Result<Weights> {
+    /// (`model.` in released checkpoints, `model.language_model.` in newer saves), its matrices
+    /// held for `precision` one at a time (bf16: never the whole model in f32).
+    pub fn from_safetensors(
+        st: &SafeDir,
+        prefix: &str,
+        cfg: &Config,
+        tied: bool,
+        precision: crate::PrefillPrecision,
+    ) -> Result<Weights> {
         let t = |name: &str, shape: &[usize]| st.f32(&format!("{prefix}{name}"), shape);
+        let lin = |name: &str, shape: &[usize]| Linear::dense(t(name, shape)?, precision);
         let (h, f, hd) = (cfg.hidden, cfg.ffn, cfg.head_dim);
         let (qd, kvd) = (cfg.heads * hd, cfg.kv_dim());
         let layers = (0..cfg.n_layers)
@@ -185,20 +193,20 @@ impl Weights {
                 let n = |s: &str| format!("layers.{l}.{s}");
                 Ok(LayerWeights {
                     attn_norm: t(&n("input_layernorm.weight"), &[h])?,
-                    wq: Linear::Dense(t(&n("self_attn.q_proj.weight"), &[qd, h])?),
-                    wk: Linear::Dense(t(&n("self_attn.k_proj.weight"), &[kvd, h])?),
-                    wv: Linear::Dense(t(&n("self_attn.v_proj.weight"), &[kvd, h])?),
+                    wq: lin(&n("self_attn.q_proj.weight"), &[qd, h])?,
+                    wk: lin(&n("self_attn.k_proj.weight"), &[kvd, h])?,
+                    wv: lin(&n("self_attn.v_proj.weight"), &[kvd, h])?,
                     bq: Some(t(&n("self_attn.q_proj.bias"), &[qd])?),
                     bk: Some(t(&n("self_attn.k_proj.bias"), &[kvd])?),
                     bv: Some(t(&n("self_attn.v_proj.bias"), &[kvd])?),
                     q_norm: None,
                     k_norm: None,
-                    wo: Linear::Dense(t(&n("self_attn.o_proj.weight"), &[h, qd])?),
+                    wo: lin(&n("self_attn.o_proj.weight"), &[h, qd])?,
                     post_attn_norm: None,
                     ffn_norm: t(&n("post_attention_layernorm.weight"), &[h])?,
-                    w_gate: Linear::Dense(t(&n("mlp.gate_proj.weight"), &[f, h])?),
-                    w_up: Linear::Dense(t(&n("mlp.up_proj.weight"), &[f, h])?),
-                    w_down: Linear::Dense(t(&n("mlp.down_proj.weight"), &[h, f])?),
+                    w_gate: lin(&n("mlp.gate_proj.weight"), &[f, h])?,
+                    w_up: lin(&n("mlp.up_proj.weight"), &[f, h])?,
+                    w_down: lin(&n("mlp.down_proj.weight"), &[h, f])?,
                     post_ffn_norm: None,
                 })
             })
@@ -206,10 +214,10 @@ impl Weights {
         let lm_head = if tied {
             None
         } else {
-            Some(Linear::Dense(st.f32("lm_head.weight", &[cfg.vocab, h])?))
+            Some(Linear::dense(st.f32("lm_head.weight", &[cfg.vocab, h])?, precision)?)
         };
         Ok(Weights {
-            embed: Linear::Dense(t("embed_tokens.weight", &[cfg.vocab, h])?),
+            embed: lin("embed_tokens.weight", &[cfg.vocab, h])?,
             layers,
             out_norm: t("norm.weight", &[h])?,
             lm_head,

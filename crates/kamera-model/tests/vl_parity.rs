@@ -1,6 +1,7 @@
 //! Qwen2.5-VL parity against HF transformers 4.57.6 (torch 2.9.1, CPU, f32) on the tiny seeded
 //! random-weight checkpoint of scripts/qwen25vl_golden.py: tokenizer ids, vision tower, merged
-//! image embeddings, 3-D position ids, logits at every position (mean KL <= 1e-6, same argmax).
+//! image embeddings, 3-D position ids, logits at every position (mean KL <= 1e-6, same argmax);
+//! the bf16 precision against the same goldens.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -8,7 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context as _, Result};
 use candle_core::{Device, Tensor};
 use kamera_model::vl::{Grid, rope_index};
-use kamera_model::{Input, Model, PrefillOptions};
+use kamera_model::{Input, Model, PrefillOptions, PrefillPrecision};
 
 fn golden_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden")
@@ -101,10 +102,46 @@ fn vision_tower_matches_hf() -> Result<()> {
 
 #[test]
 fn logits_and_positions_match_hf() -> Result<()> {
-    let m = model()?;
+    let (kl, same) = logits_kl_to_hf(&model()?)?;
+    assert!(kl <= 1e-6 && same == 1.0, "mean KL {kl}, same argmax at {same}");
+    Ok(())
+}
+
+/// The bf16 precision (tower and text matrices held in bf16, products and attention on the bf16
+/// tiles) against the same f32 goldens: the rounding costs a little, bounded.
+#[test]
+fn bf16_tower_and_prefill_stay_close_to_hf() -> Result<()> {
+    if !PrefillPrecision::Bf16.available() {
+        kamera_ops::testkit::skip("vl_parity::bf16_tower_and_prefill_stay_close_to_hf", "this CPU has no AVX512_BF16");
+        return Ok(());
+    }
+    let m = Model::load_with_precision(&golden_dir().join("qwen25vl-tiny"), PrefillPrecision::Bf16)?;
+    assert_eq!(m.prefill_precision(), PrefillPrecision::Bf16);
+    let f32_bytes = model()?.weight_bytes().total;
+    let bytes = m.weight_bytes().total;
+    println!("weights: {bytes} bytes in bf16, {f32_bytes} in f32");
+    assert!(bytes * 10 < f32_bytes * 6, "matrices held in bf16: {bytes} vs {f32_bytes}");
+    let vision = m.vision().context("vision")?;
+    let g = goldens()?;
+    for img in ["img0", "img1", "img2"] {
+        let out = vision.encode(&f32s(&g, &format!("{img}.pixel_values"))?, grid(&g, img)?)?;
+        let embeds = rel_err(&out.embeds, &f32s(&g, &format!("{img}.image_embeds"))?);
+        println!("{img}: bf16 embeds rel err {embeds:.2e}");
+        assert!(embeds < 2e-2, "{img}: {embeds}");
+    }
+    let (kl, same) = logits_kl_to_hf(&m)?;
+    assert!(kl <= 1e-4 && same >= 0.95, "bf16: mean KL {kl}, same argmax at {same}");
+    Ok(())
+}
+
+/// Checks `m`'s 3-D position ids on every golden prompt against HF's, and returns the largest
+/// prompt's mean KL(HF ‖ ours) over its positions and the share of positions whose argmax is
+/// HF's (the random model's logits are close to flat, so rounding can flip near ties).
+fn logits_kl_to_hf(m: &Model) -> Result<(f64, f64)> {
     let vision = m.vision().context("vision")?;
     let (g, meta) = (goldens()?, meta()?);
     let merge = vision.config().merge_size;
+    let (mut worst, mut same, mut total) = (0f64, 0usize, 0usize);
     for (name, p) in meta["prompts"].as_object().context("prompts")? {
         let ids: Vec<u32> = i64s(&g, &format!("{name}.input_ids"))?
             .iter()
@@ -152,14 +189,20 @@ fn logits_and_positions_match_hf() -> Result<()> {
             let (a, b) = (&ours[i * vocab..(i + 1) * vocab], &want[i * vocab..(i + 1) * vocab]);
             let (la, lb) = (log_softmax(a), log_softmax(b));
             kl += lb.iter().zip(&la).map(|(p, q)| p.exp() * (p - q)).sum::<f64>();
-            assert_eq!(argmax(a), argmax(b), "{name}: argmax at position {i}");
+            same += usize::from(argmax(a) == argmax(b));
+            total += 1;
         }
         kl /= n as f64;
         let spread = log_softmax(&want[..vocab]).iter().fold(0f64, |m, x| m.max(-x));
-        println!("{name}: {n} tokens, mean KL {kl:.2e} (golden row 0 spans {spread:.1} nats)");
-        assert!(kl <= 1e-6, "{name}: mean KL {kl}");
+        println!(
+            "{name} ({}): {n} tokens, mean KL {kl:.2e} (golden row 0 spans {spread:.1} nats)",
+            m.prefill_precision()
+        );
+        worst = worst.max(kl);
     }
-    Ok(())
+    let same = same as f64 / total.max(1) as f64;
+    println!("same argmax at {:.1}% of {total} positions", 100.0 * same);
+    Ok((worst, same))
 }
 
 #[test]

@@ -37,9 +37,22 @@ pub(crate) fn fits(q: &QMatrix) -> bool {
 /// (round to nearest even) and f32 accumulation. Tiles of weight rows are the parallel tasks.
 /// Callers check [`fits`].
 pub(crate) fn matmul(q: &QMatrix, x: &[f32], n: usize, y: &mut [f32]) {
-    let (rows, cols) = (q.rows, q.cols);
-    assert_eq!((x.len(), y.len()), (n * cols, n * rows), "bf16::matmul shapes");
     assert!(fits(q), "bf16::matmul needs AVX512_BF16 and an even column count");
+    matmul_tiles(q.rows, q.cols, x, n, y, |r0, tile| pack_tile(q, r0, tile));
+}
+
+/// [`matmul`] for a weight whose tiles `pack(r0, tile)` writes (weight rows `r0..r0 + 48` as
+/// `[pair][48 rows]`, see [`pack_tile`]).
+pub(crate) fn matmul_tiles(
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+    pack: impl Fn(usize, &mut [u32]) + Sync,
+) {
+    assert_eq!((x.len(), y.len()), (n * cols, n * rows), "bf16::matmul shapes");
+    assert!(cols % 2 == 0 && available(), "bf16::matmul needs AVX512_BF16 and an even column count");
     let pairs = cols / 2;
     let xa = to_pairs(x);
     let tiles = rows.div_ceil(TILE);
@@ -55,13 +68,22 @@ pub(crate) fn matmul(q: &QMatrix, x: &[f32], n: usize, y: &mut [f32]) {
         PACKED_TILES.with_borrow_mut(|buf| {
             let packed = grown(buf, (t1 - t0) * pairs * TILE);
             for (i, tile) in packed.chunks_exact_mut(pairs * TILE).enumerate() {
-                pack_tile(q, (t0 + i) * TILE, tile);
+                pack((t0 + i) * TILE, tile);
             }
             let r0 = t0 * TILE;
             // SAFETY: this task alone writes columns r0..r0 + its tiles' rows of y's n rows.
             unsafe { product(&xa, n, pairs, packed, (t1 * TILE).min(rows) - r0, out.at(r0), rows) };
         });
     });
+}
+
+/// Rows `r0..r0 + 48` (those below `rows`) of a row-major matrix of bf16 pairs (`pairs` a row)
+/// as a tile for [`product`]: a transpose, 16 x 16 pairs at a time. Lanes past the last row are
+/// left as they were (see [`matmul_tiles`]).
+pub(crate) fn pack_pairs_tile(data: &[u32], pairs: usize, rows: usize, r0: usize, tile: &mut [u32]) {
+    assert!(data.len() >= rows * pairs && tile.len() >= pairs * TILE && r0 < rows);
+    // SAFETY: callers checked `available()`; rows r0.. of `data` are in bounds (asserted).
+    unsafe { avx512::pack_pairs_tile(data, pairs, TILE.min(rows - r0), r0, tile) }
 }
 
 thread_local! {
@@ -389,6 +411,31 @@ mod avx512 {
                 };
                 (_mm512_loadu_ps(row), hi)
             })
+        }
+    }
+
+    /// See [`super::pack_pairs_tile`]: `live` rows from `r0`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn pack_pairs_tile(data: &[u32], pairs: usize, live: usize, r0: usize, tile: &mut [u32]) {
+        unsafe {
+            for l0 in (0..live).step_by(16) {
+                let nl = 16.min(live - l0);
+                let rows_mask = ((1u32 << nl) - 1) as __mmask16;
+                for p0 in (0..pairs).step_by(16) {
+                    let np = 16.min(pairs - p0);
+                    let pair_mask = ((1u32 << np) - 1) as __mmask16;
+                    let mut v = [_mm512_setzero_si512(); 16];
+                    for (i, vi) in v[..nl].iter_mut().enumerate() {
+                        let src = data.as_ptr().add((r0 + l0 + i) * pairs + p0);
+                        *vi = _mm512_maskz_loadu_epi32(pair_mask, src as *const i32);
+                    }
+                    transpose16(&mut v);
+                    for (j, &vj) in v[..np].iter().enumerate() {
+                        let dst = tile.as_mut_ptr().add((p0 + j) * TILE + l0);
+                        _mm512_mask_storeu_epi32(dst as *mut i32, rows_mask, vj);
+                    }
+                }
+            }
         }
     }
 

@@ -1,13 +1,17 @@
-//! The Qwen2.5-VL vision tower on candle (CPU, f32): 14-pixel patches with a temporal patch of 2
-//! embedded by one linear map, 2-D rotary, windowed attention with full attention at
-//! `fullatt_blocks`, RMSNorm, SwiGLU, and the 2x2 patch merger into the text model's width.
+//! The Qwen2.5-VL vision tower (CPU): 14-pixel patches with a temporal patch of 2 embedded by
+//! one linear map, 2-D rotary, windowed attention with full attention at `fullatt_blocks`,
+//! RMSNorm, SwiGLU, and the 2x2 patch merger into the text model's width. In f32 (candle, one
+//! product per window: the reference) or, with the bf16 prefill precision, on the runner's bf16
+//! tiles: weights held in bf16, every window and head's attention a task of its own.
 
 use candle_core::{D, Device, Tensor};
 use rayon::prelude::*;
 
-use crate::block::{dense_linear, norm};
+use crate::PrefillPrecision;
+use crate::block::{linear, norm};
 use crate::error::{CandleCtx, Error, Result};
 use crate::hf::SafeDir;
+use crate::quant::Linear;
 use crate::vl::config::VisionConfig;
 use crate::vl::positions::{Grid, patch_rows_cols, window_index};
 
@@ -21,11 +25,11 @@ const THETA: f64 = 10_000.0;
 struct Block {
     norm1: Tensor,
     norm2: Tensor,
-    qkv: (Tensor, Tensor),
-    proj: (Tensor, Tensor),
-    gate: (Tensor, Tensor),
-    up: (Tensor, Tensor),
-    down: (Tensor, Tensor),
+    qkv: (Linear, Tensor),
+    proj: (Linear, Tensor),
+    gate: (Linear, Tensor),
+    up: (Linear, Tensor),
+    down: (Linear, Tensor),
 }
 
 /// The vision tower's weights.
@@ -33,11 +37,11 @@ struct Block {
 pub(crate) struct Tower {
     cfg: VisionConfig,
     /// `[hidden, C·T·P·P]`: the Conv3d kernel flattened as the patches are.
-    patch_embed: Tensor,
+    patch_embed: Linear,
     blocks: Vec<Block>,
     ln_q: Tensor,
-    mlp0: (Tensor, Tensor),
-    mlp2: (Tensor, Tensor),
+    mlp0: (Linear, Tensor),
+    mlp2: (Linear, Tensor),
 }
 
 /// What the tower computes for one image.
@@ -50,20 +54,24 @@ pub struct VisionOutput {
 }
 
 impl Tower {
-    pub fn load(st: &SafeDir, prefix: &str, cfg: &VisionConfig) -> Result<Tower> {
+    /// The tower's weights under `prefix`, its matrices held for `precision` (bf16 or f32).
+    pub fn load(st: &SafeDir, prefix: &str, cfg: &VisionConfig, precision: PrefillPrecision) -> Result<Tower> {
         let (h, f) = (cfg.hidden, cfg.intermediate);
         let m = h * cfg.merge_size * cfg.merge_size;
         let t = |name: &str, shape: &[usize]| st.f32(&format!("{prefix}{name}"), shape);
-        let lin = |name: &str, out: usize, inp: usize| -> Result<(Tensor, Tensor)> {
+        let lin = |name: &str, out: usize, inp: usize| -> Result<(Linear, Tensor)> {
             Ok((
-                t(&format!("{name}.weight"), &[out, inp])?,
+                Linear::dense(t(&format!("{name}.weight"), &[out, inp])?, precision)?,
                 t(&format!("{name}.bias"), &[out])?,
             ))
         };
         let (c, tp, p) = (cfg.in_channels, cfg.temporal_patch_size, cfg.patch_size);
-        let patch_embed = t("patch_embed.proj.weight", &[h, c, tp, p, p])?
-            .reshape((h, cfg.patch_values()))
-            .ctx(OP)?;
+        let patch_embed = Linear::dense(
+            t("patch_embed.proj.weight", &[h, c, tp, p, p])?
+                .reshape((h, cfg.patch_values()))
+                .ctx(OP)?,
+            precision,
+        )?;
         let blocks = (0..cfg.depth)
             .map(|i| {
                 let b = |s: &str| format!("blocks.{i}.{s}");
@@ -90,6 +98,27 @@ impl Tower {
 
     pub fn config(&self) -> &VisionConfig {
         &self.cfg
+    }
+
+    /// Holds the matrices for `p`: bf16 (rounded) or f32 (see [`Linear::set_precision`]).
+    pub fn set_precision(&mut self, p: PrefillPrecision) -> Result<()> {
+        self.patch_embed.set_precision(p, true)?;
+        for (w, _) in [&mut self.mlp0, &mut self.mlp2] {
+            w.set_precision(p, true)?;
+        }
+        for b in &mut self.blocks {
+            for (w, _) in [&mut b.qkv, &mut b.proj, &mut b.gate, &mut b.up, &mut b.down] {
+                w.set_precision(p, true)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the blocks run on the bf16 tiles (their weights and their attention).
+    fn bf16(&self) -> bool {
+        self.blocks
+            .first()
+            .is_some_and(|b| b.qkv.0.precision() == PrefillPrecision::Bf16)
     }
 
     /// Encodes one image's patches (`[t·h·w, C·T·P·P]` row-major, as the preprocessor makes them).
@@ -120,7 +149,7 @@ impl Tower {
         }
         let dev = Device::Cpu;
         let pv = Tensor::from_slice(pixel_values, (n, cfg.patch_values()), &dev).ctx(OP)?;
-        let x = pv.matmul(&self.patch_embed.t().ctx(OP)?).ctx(OP)?;
+        let x = linear(&pv, &self.patch_embed, None)?;
         // Window order: merged tokens (groups of `unit` patches) reordered window by window.
         let (win, cu_win) = window_index(grid, cfg.merge_size, cfg.window_tokens());
         let order: Vec<u32> = win
@@ -151,10 +180,10 @@ impl Tower {
         let merged = norm(&blocks_out, &self.ln_q, EPS)?
             .reshape((n / unit, unit * cfg.hidden))
             .ctx(OP)?;
-        let y = dense_linear(&merged, &self.mlp0.0, Some(&self.mlp0.1))?
+        let y = linear(&merged, &self.mlp0.0, Some(&self.mlp0.1))?
             .gelu_erf()
             .ctx(OP)?;
-        let embeds = dense_linear(&y, &self.mlp2.0, Some(&self.mlp2.1))?;
+        let embeds = linear(&y, &self.mlp2.0, Some(&self.mlp2.1))?;
         Ok(VisionOutput {
             blocks_out: blocks_out.flatten_all().ctx(OP)?.to_vec1().ctx(OP)?,
             embeds: embeds.flatten_all().ctx(OP)?.to_vec1().ctx(OP)?,
@@ -180,7 +209,7 @@ impl Tower {
     fn block(&self, b: &Block, x: &Tensor, angles: &[f32], cu: &[usize]) -> Result<Tensor> {
         let cfg = &self.cfg;
         let (n, h, heads, hd) = (x.dim(0).ctx(OP)?, cfg.hidden, cfg.heads, cfg.head_dim());
-        let qkv = dense_linear(&norm(x, &b.norm1, EPS)?, &b.qkv.0, Some(&b.qkv.1))?;
+        let qkv = linear(&norm(x, &b.norm1, EPS)?, &b.qkv.0, Some(&b.qkv.1))?;
         let mut v: Vec<f32> = qkv.flatten_all().ctx(OP)?.to_vec1().ctx(OP)?;
         // Rotate q and k (rotate_half pairs (j, j + hd/2)) of every head, row by row.
         let half = hd / 2;
@@ -195,40 +224,101 @@ impl Tower {
                 }
             }
         });
-        let qkv = Tensor::from_vec(v, (n, 3, heads, hd), &Device::Cpu).ctx(OP)?;
-        let scale = 1.0 / (hd as f64).sqrt();
-        let mut outs = Vec::with_capacity(cu.len());
-        for w in cu.windows(2) {
-            let seg = qkv.narrow(0, w[0], w[1] - w[0]).ctx(OP)?;
-            let part = |i: usize| -> Result<Tensor> {
-                seg.narrow(1, i, 1)
-                    .ctx(OP)?
-                    .squeeze(1)
-                    .ctx(OP)?
-                    .transpose(0, 1)
-                    .ctx(OP)?
-                    .contiguous()
-                    .ctx(OP)
-            };
-            let (q, k, vv) = (part(0)?, part(1)?, part(2)?);
-            let s = (q.matmul(&k.t().ctx(OP)?).ctx(OP)? * scale).ctx(OP)?;
-            let p = candle_nn::ops::softmax(&s, D::Minus1).ctx(OP)?;
-            // [heads, len, hd] -> [len, heads·hd]
-            let o = p
-                .matmul(&vv)
+        let att = if self.bf16() && hd % 16 == 0 {
+            windows_bf16(&v, (heads, hd), cu)?
+        } else {
+            windows_f32(v, (n, heads, hd), cu)?
+        };
+        let x = (x + linear(&att, &b.proj.0, Some(&b.proj.1))?).ctx(OP)?;
+        let hn = norm(&x, &b.norm2, EPS)?;
+        let g = linear(&hn, &b.gate.0, Some(&b.gate.1))?.silu().ctx(OP)?;
+        let u = linear(&hn, &b.up.0, Some(&b.up.1))?;
+        let m = linear(&(g * u).ctx(OP)?, &b.down.0, Some(&b.down.1))?;
+        (x + m).ctx(OP)
+    }
+}
+
+/// Attention within each window `cu[i]..cu[i + 1]` (every patch sees its window) of rotated
+/// `qkv: [n, 3, heads, hd]` row-major, in f32 on candle, one product per window: the reference.
+/// `[n, heads·hd]`.
+fn windows_f32(qkv: Vec<f32>, (n, heads, hd): (usize, usize, usize), cu: &[usize]) -> Result<Tensor> {
+    let qkv = Tensor::from_vec(qkv, (n, 3, heads, hd), &Device::Cpu).ctx(OP)?;
+    let scale = 1.0 / (hd as f64).sqrt();
+    let mut outs = Vec::with_capacity(cu.len());
+    for w in cu.windows(2) {
+        let seg = qkv.narrow(0, w[0], w[1] - w[0]).ctx(OP)?;
+        let part = |i: usize| -> Result<Tensor> {
+            seg.narrow(1, i, 1)
+                .ctx(OP)?
+                .squeeze(1)
                 .ctx(OP)?
                 .transpose(0, 1)
                 .ctx(OP)?
-                .reshape((w[1] - w[0], h))
-                .ctx(OP)?;
-            outs.push(o);
-        }
-        let att = Tensor::cat(&outs, 0).ctx(OP)?;
-        let x = (x + dense_linear(&att, &b.proj.0, Some(&b.proj.1))?).ctx(OP)?;
-        let hn = norm(&x, &b.norm2, EPS)?;
-        let g = dense_linear(&hn, &b.gate.0, Some(&b.gate.1))?.silu().ctx(OP)?;
-        let u = dense_linear(&hn, &b.up.0, Some(&b.up.1))?;
-        let m = dense_linear(&(g * u).ctx(OP)?, &b.down.0, Some(&b.down.1))?;
-        (x + m).ctx(OP)
+                .contiguous()
+                .ctx(OP)
+        };
+        let (q, k, vv) = (part(0)?, part(1)?, part(2)?);
+        let s = (q.matmul(&k.t().ctx(OP)?).ctx(OP)? * scale).ctx(OP)?;
+        let p = candle_nn::ops::softmax(&s, D::Minus1).ctx(OP)?;
+        // [heads, len, hd] -> [len, heads·hd]
+        let o = p
+            .matmul(&vv)
+            .ctx(OP)?
+            .transpose(0, 1)
+            .ctx(OP)?
+            .reshape((w[1] - w[0], heads * hd))
+            .ctx(OP)?;
+        outs.push(o);
     }
+    Tensor::cat(&outs, 0).ctx(OP)
+}
+
+/// [`windows_f32`] on the bf16 tiles (`attention_bf16`): the windows in parallel, each window's
+/// heads as the prefill's attention runs them, with every query seeing every key of its window.
+fn windows_bf16(qkv: &[f32], (heads, hd): (usize, usize), cu: &[usize]) -> Result<Tensor> {
+    use crate::attention_bf16::{Rows, attend};
+    let h = heads * hd;
+    let n = cu.last().copied().unwrap_or(0);
+    let outs: Vec<Vec<f32>> = cu
+        .par_windows(2)
+        .map(|w| {
+            let (lo, len) = (w[0], w[1] - w[0]);
+            // Q, K, V of the window head-first: [heads, len, hd] each.
+            let mut parts = vec![vec![0f32; len * h]; 3];
+            for (i, part) in parts.iter_mut().enumerate() {
+                for r in 0..len {
+                    let row = &qkv[(lo + r) * 3 * h + i * h..(lo + r) * 3 * h + (i + 1) * h];
+                    for (head, src) in row.chunks_exact(hd).enumerate() {
+                        part[(head * len + r) * hd..(head * len + r + 1) * hd].copy_from_slice(src);
+                    }
+                }
+            }
+            // Every query at the window's last position, the keys at 0..len: all visible.
+            let q_pos = vec![len as i64 - 1; len];
+            let k_pos: Vec<i64> = (0..len as i64).collect();
+            fn rows(data: &[f32], head_stride: usize) -> Rows<'_> {
+                Rows { data, head_stride }
+            }
+            let o = attend(
+                &parts[0],
+                (heads, 1, len, hd),
+                rows(&parts[1], len * hd),
+                rows(&parts[2], len * hd),
+                &q_pos,
+                &k_pos,
+                1.0 / (hd as f32).sqrt(),
+                None,
+            );
+            // [heads, len, hd] -> [len, heads·hd]
+            let mut out = vec![0f32; len * h];
+            for head in 0..heads {
+                for r in 0..len {
+                    out[r * h + head * hd..r * h + (head + 1) * hd]
+                        .copy_from_slice(&o[(head * len + r) * hd..(head * len + r + 1) * hd]);
+                }
+            }
+            out
+        })
+        .collect();
+    Tensor::from_vec(outs.concat(), (n, h), &Device::Cpu).ctx(OP)
 }

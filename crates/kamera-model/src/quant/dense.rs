@@ -1,0 +1,157 @@
+//! Dense weights held in bf16 (a Hugging Face checkpoint's own type): half the bytes of f32,
+//! long products on the bf16 tiles of `bf16.rs` (the rows transposed into tiles per product),
+//! one-row products as dot products over the pairs. Used with the bf16 prefill precision.
+
+use rayon::prelude::*;
+
+/// A `[rows, cols]` weight in bf16, row-major, two values a `u32` (the even column low).
+#[derive(Debug)]
+pub(crate) struct Bf16Matrix {
+    pub rows: usize,
+    pub cols: usize,
+    pairs: Vec<u32>,
+}
+
+impl Bf16Matrix {
+    /// `w` (`rows · cols` f32, row-major) rounded to bf16 (nearest even); `None` where the bf16
+    /// kernel does not take it (an odd column count, or a CPU without AVX512_BF16).
+    pub fn from_f32(w: &[f32], rows: usize, cols: usize) -> Option<Bf16Matrix> {
+        if cols % 2 != 0 || w.len() != rows * cols || !super::PrefillPrecision::Bf16.available() {
+            return None;
+        }
+        let mut pairs = vec![0u32; rows * cols / 2];
+        #[cfg(target_arch = "x86_64")]
+        pairs
+            .par_chunks_mut(cols / 2)
+            .zip(w.par_chunks(cols))
+            .for_each(|(o, r)| super::bf16::round_pairs(r, o));
+        Some(Bf16Matrix { rows, cols, pairs })
+    }
+
+    /// Resident bytes.
+    pub fn bytes(&self) -> usize {
+        self.pairs.len() * 4
+    }
+
+    /// Row `r` in f32 into `out` (`cols` values).
+    pub fn row_into(&self, r: usize, out: &mut [f32]) {
+        let half = self.cols / 2;
+        for (o, &p) in out.chunks_exact_mut(2).zip(&self.pairs[r * half..(r + 1) * half]) {
+            (o[0], o[1]) = unpack(p);
+        }
+    }
+
+    /// The whole matrix in f32.
+    pub fn to_f32(&self) -> Vec<f32> {
+        let mut out = vec![0f32; self.rows * self.cols];
+        out.par_chunks_mut(self.cols)
+            .enumerate()
+            .for_each(|(r, row)| self.row_into(r, row));
+        out
+    }
+
+    /// Rows `r0..r0 + out.len()` of `W x` for one input row, on the calling thread (decode).
+    pub fn rows_into(&self, x: &[f32], r0: usize, out: &mut [f32]) {
+        let half = self.cols / 2;
+        for (i, o) in out.iter_mut().enumerate() {
+            let row = &self.pairs[(r0 + i) * half..(r0 + i + 1) * half];
+            // Eight partial sums, so the loop vectorizes.
+            let mut acc = [0f32; 8];
+            for (ps, xs) in row.chunks(4).zip(x.chunks(8)) {
+                for (j, &p) in ps.iter().enumerate() {
+                    let (a, b) = unpack(p);
+                    acc[2 * j] += a * xs[2 * j];
+                    acc[2 * j + 1] += b * xs[2 * j + 1];
+                }
+            }
+            *o = acc.iter().sum();
+        }
+    }
+
+    /// `y = x Wᵀ` for `x: [n, cols]`: one row as dot products over the pool, more on the bf16
+    /// tiles (the input rounded to bf16 too).
+    pub fn forward(&self, x: &[f32], n: usize, y: &mut [f32]) {
+        if n == 1 {
+            let chunk = self.rows.div_ceil(rayon::current_num_threads() * 4).max(16);
+            y.par_chunks_mut(chunk)
+                .enumerate()
+                .for_each(|(c, out)| self.rows_into(x, c * chunk, out));
+            return;
+        }
+        #[cfg(target_arch = "x86_64")]
+        super::bf16::matmul_tiles(self.rows, self.cols, x, n, y, |r0, tile| {
+            super::bf16::pack_pairs_tile(&self.pairs, self.cols / 2, self.rows, r0, tile)
+        });
+        #[cfg(not(target_arch = "x86_64"))]
+        unreachable!("a Bf16Matrix exists only where the bf16 kernel runs");
+    }
+}
+
+/// A pair's two values (the even column first).
+#[inline(always)]
+fn unpack(p: u32) -> (f32, f32) {
+    (f32::from_bits(p << 16), f32::from_bits(p & 0xffff_0000))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn weights(rows: usize, cols: usize) -> Vec<f32> {
+        (0..rows * cols)
+            .map(|i| ((i * 7919 % 1013) as f32 / 1013.0 - 0.5) * 0.2)
+            .collect()
+    }
+
+    /// f64 sums of the bf16-rounded operands: what the tiles compute up to f32 accumulation.
+    fn reference(w: &[f32], x: &[f32], rows: usize, cols: usize, n: usize) -> Vec<f32> {
+        let r = |v: f32| super::super::bf16::round_bf16(v) as f64;
+        let mut y = vec![0f32; n * rows];
+        for i in 0..n {
+            for j in 0..rows {
+                let s: f64 = (0..cols).map(|k| r(w[j * cols + k]) * r(x[i * cols + k])).sum();
+                y[i * rows + j] = s as f32;
+            }
+        }
+        y
+    }
+
+    #[test]
+    fn products_match_the_rounded_reference_for_every_shape() {
+        if !super::super::PrefillPrecision::Bf16.available() {
+            kamera_ops::testkit::skip(
+                "quant::dense::tests::products_match_the_rounded_reference_for_every_shape",
+                "this CPU has no AVX512_BF16",
+            );
+            return;
+        }
+        // Rows past a tile, columns not a multiple of 32 (the tower's 3420), 1 to 40 input rows.
+        for &(rows, cols) in &[(50, 64), (97, 1710), (3, 38), (130, 92)] {
+            let w = weights(rows, cols);
+            let m = Bf16Matrix::from_f32(&w, rows, cols).unwrap();
+            let mut back = vec![0f32; cols];
+            m.row_into(rows - 1, &mut back);
+            for (b, &v) in back.iter().zip(&w[(rows - 1) * cols..]) {
+                assert_eq!(*b, super::super::bf16::round_bf16(v));
+            }
+            for n in [1, 2, 9, 40] {
+                let x: Vec<f32> = (0..n * cols).map(|i| ((i % 17) as f32 - 8.0) / 8.0).collect();
+                let mut y = vec![0f32; n * rows];
+                m.forward(&x, n, &mut y);
+                let want = if n == 1 {
+                    // One row multiplies the f32 input: round only the weights.
+                    let wr: Vec<f32> = w.iter().map(|&v| super::super::bf16::round_bf16(v)).collect();
+                    (0..rows)
+                        .map(|j| (0..cols).map(|k| wr[j * cols + k] as f64 * x[k] as f64).sum::<f64>() as f32)
+                        .collect()
+                } else {
+                    reference(&w, &x, rows, cols, n)
+                };
+                for (a, b) in y.iter().zip(&want) {
+                    assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "{rows}x{cols}, n {n}: {a} vs {b}");
+                }
+            }
+        }
+        assert!(Bf16Matrix::from_f32(&weights(4, 5), 4, 5).is_none(), "odd columns refused");
+    }
+}
