@@ -20,6 +20,9 @@ enum BenchCommand {
     Model(ModelArgs),
     /// Reuse (relocate + patch) against re-prefill, and revisit time to first token.
     Reuse(crate::bench_reuse::ReuseArgs),
+    /// A screenshot through a vision-language model's tower and image prefill, optionally
+    /// against HF transformers on the same checkpoint.
+    Vision(crate::bench_vision::VisionArgs),
     /// A long browsing session: the Kamera session vs a prefix cache vs full re-prefill.
     Session(crate::bench_session::SessionArgs),
     /// Put/get of a real chunk record on Redis, sled and a plain file vs re-prefilling it.
@@ -174,6 +177,7 @@ pub fn tokens(model: &Model, n: usize) -> Result<Vec<u32>> {
 pub fn run(a: BenchArgs) -> Result<()> {
     match a.command {
         BenchCommand::Reuse(r) => crate::bench_reuse::run(r),
+        BenchCommand::Vision(v) => crate::bench_vision::run(v),
         BenchCommand::Session(s) => crate::bench_session::run(s),
         BenchCommand::Store(s) => crate::bench_store::run(s),
         BenchCommand::Agent(s) => crate::bench_agent::run(s),

@@ -44,7 +44,7 @@ fn timed<T>(reps: usize, mut f: impl FnMut() -> Result<T>) -> Result<(f64, T)> {
 }
 
 /// A deterministic synthetic screenshot: bands of text-like strokes on a light page.
-fn screenshot(w: usize, h: usize) -> Result<RgbImage> {
+pub(crate) fn screenshot(w: usize, h: usize) -> Result<RgbImage> {
     let mut data = Vec::with_capacity(w * h * 3);
     for y in 0..h {
         for x in 0..w {

@@ -21,16 +21,19 @@ pub(crate) fn scripts_dir() -> PathBuf {
 
 /// The venv's interpreter (scripts/llamacpp-venv.sh builds llama-cpp-python once, ~10 minutes).
 pub(crate) fn llamacpp_python(scripts: &std::path::Path) -> Result<PathBuf> {
+    venv_python(scripts, "llamacpp-venv.sh")
+}
+
+/// The interpreter of the venv that `scripts/<script>` installs once (idempotent; it prints the
+/// interpreter's path last on stdout).
+pub(crate) fn venv_python(scripts: &std::path::Path, script: &str) -> Result<PathBuf> {
     let out = Command::new("bash")
-        .arg(scripts.join("llamacpp-venv.sh"))
+        .arg(scripts.join(script))
         .stderr(std::process::Stdio::inherit())
         .output()
-        .with_context(|| format!("running {}", scripts.join("llamacpp-venv.sh").display()))?;
+        .with_context(|| format!("running {}", scripts.join(script).display()))?;
     if !out.status.success() {
-        bail!(
-            "scripts/llamacpp-venv.sh failed ({}): llama.cpp could not be built",
-            out.status
-        );
+        bail!("scripts/{script} failed ({}): its venv could not be installed", out.status);
     }
     let python = String::from_utf8_lossy(&out.stdout)
         .lines()
@@ -39,7 +42,7 @@ pub(crate) fn llamacpp_python(scripts: &std::path::Path) -> Result<PathBuf> {
         .trim()
         .to_string();
     if python.is_empty() {
-        bail!("scripts/llamacpp-venv.sh printed no interpreter path");
+        bail!("scripts/{script} printed no interpreter path");
     }
     Ok(PathBuf::from(python))
 }

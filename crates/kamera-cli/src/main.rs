@@ -13,6 +13,7 @@ mod bench_session;
 mod bench_session_report;
 mod bench_stats;
 mod bench_store;
+mod bench_vision;
 mod browser_args;
 mod calibrate;
 mod doctor;

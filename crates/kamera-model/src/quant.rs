@@ -6,6 +6,8 @@
 //! int8 and multiply with VNNI (`vnni.rs`).
 
 #[cfg(target_arch = "x86_64")]
+mod amx;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod bf16;
 mod dense;
 mod dot;
@@ -53,6 +55,29 @@ pub(crate) enum Codes {
     /// bytes, then a little-endian `u32` whose bit `j` is code `j`'s fifth bit (GGUF's Q5_0 /
     /// Q5_1 order, without the scale).
     U5(Vec<u8>),
+}
+
+/// What a product does with each output value as it writes it: adds the output row's bias, and
+/// adds the value to what `y` holds (a residual) instead of overwriting it.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Epilogue<'a> {
+    pub bias: Option<&'a [f32]>,
+    pub add: bool,
+}
+
+impl Epilogue<'_> {
+    /// Applies it to `y` (`[n, rows]`) after a product that writes plainly wrote it; `prev`
+    /// holds `y` from before the product when `add`.
+    fn apply(self, y: &mut [f32], rows: usize, prev: Option<&[f32]>) {
+        for (r, row) in y.chunks_exact_mut(rows).enumerate() {
+            if let Some(b) = self.bias {
+                row.iter_mut().zip(b).for_each(|(v, b)| *v += b);
+            }
+            if let Some(p) = prev {
+                row.iter_mut().zip(&p[r * rows..(r + 1) * rows]).for_each(|(v, p)| *v += p);
+            }
+        }
+    }
 }
 
 /// Bytes of a [`Codes::U5`] group.

@@ -2,6 +2,7 @@
 //! rows dequantized into bf16 pairs, and `VDPBF16PS` tiles (8 input rows × 48 weight rows)
 //! accumulating in f32. Twice the f32 kernel's multiply-adds per instruction; both operands
 //! carry 8 significant bits (llama.cpp's own CPU path rounds the input to 8-bit integers).
+//! Where the CPU has AMX, whole 16 x 16 blocks of a product run on it instead (`amx.rs`).
 
 use rayon::prelude::*;
 
@@ -77,13 +78,13 @@ pub(crate) fn matmul_tiles(
     });
 }
 
-/// Rows `r0..r0 + 48` (those below `rows`) of a row-major matrix of bf16 pairs (`pairs` a row)
-/// as a tile for [`product`]: a transpose, 16 x 16 pairs at a time. Lanes past the last row are
-/// left as they were (see [`matmul_tiles`]).
-pub(crate) fn pack_pairs_tile(data: &[u32], pairs: usize, rows: usize, r0: usize, tile: &mut [u32]) {
-    assert!(data.len() >= rows * pairs && tile.len() >= pairs * TILE && r0 < rows);
+/// Rows `r0..r0 + 48` (those below `rows`) of a row-major matrix of bf16 pairs (`pairs` a row,
+/// rows `stride` pairs apart) as a tile for [`product`]: a transpose, 16 x 16 pairs at a time.
+/// Lanes past the last row are left as they were (see [`matmul_tiles`]).
+pub(crate) fn pack_pairs_tile(data: &[u32], (pairs, stride): (usize, usize), rows: usize, r0: usize, tile: &mut [u32]) {
+    assert!(pairs <= stride && data.len() >= rows * stride && tile.len() >= pairs * TILE && r0 < rows);
     // SAFETY: callers checked `available()`; rows r0.. of `data` are in bounds (asserted).
-    unsafe { avx512::pack_pairs_tile(data, pairs, TILE.min(rows - r0), r0, tile) }
+    unsafe { avx512::pack_pairs_tile(data, (pairs, stride), TILE.min(rows - r0), r0, tile) }
 }
 
 thread_local! {
@@ -100,25 +101,61 @@ thread_local! {
 /// thread touches; the CPU must have the kernel ([`available`]).
 pub(crate) unsafe fn product(a: &[u32], m: usize, pairs: usize, b: &[u32], width: usize, c: *mut f32, ldc: usize) {
     assert!(a.len() >= m * pairs && b.len() >= width.div_ceil(TILE) * pairs * TILE);
-    for p0 in (0..pairs).step_by(KC) {
-        let kc = KC.min(pairs - p0);
+    // Whole blocks of 16 rows and 16 pairs on AMX where this process has it; the rest here.
+    let (m16, k16) = if super::amx::available() {
+        (m / 16 * 16, pairs / 16 * 16)
+    } else {
+        (0, 0)
+    };
+    // SAFETY: (caller) c takes m rows of width values; the parts below cover them once each,
+    // the pairs' tail added to the AMX blocks' rows.
+    unsafe {
+        if m16 > 0 && k16 > 0 {
+            super::amx::blocks(a, pairs, (m16, k16), b, pairs, width, c, ldc, false);
+            avx512_part(a, pairs, (0, m16), (k16, pairs), b, width, c, ldc, true);
+            avx512_part(a, pairs, (m16, m), (0, pairs), b, width, c, ldc, false);
+        } else {
+            avx512_part(a, pairs, (0, m), (0, pairs), b, width, c, ldc, false);
+        }
+    }
+}
+
+/// [`product`] for input rows `r0..r1` over pairs `p0..p1` on the AVX512_BF16 tiles, added to
+/// `c` with `acc` (else written).
+///
+/// # Safety
+/// As [`product`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn avx512_part(
+    a: &[u32],
+    pairs: usize,
+    (r0, r1): (usize, usize),
+    (p0, p1): (usize, usize),
+    b: &[u32],
+    width: usize,
+    c: *mut f32,
+    ldc: usize,
+    acc: bool,
+) {
+    for k0 in (p0..p1).step_by(KC) {
+        let kc = KC.min(p1 - k0);
         for (i, tile) in b.chunks_exact(pairs * TILE).take(width.div_ceil(TILE)).enumerate() {
             let j0 = i * TILE;
             let w = TILE.min(width - j0);
-            for m0 in (0..m).step_by(MR) {
-                let mr = MR.min(m - m0);
+            for m0 in (r0..r1).step_by(MR) {
+                let mr = MR.min(r1 - m0);
                 // SAFETY: rows m0..m0 + mr, columns j0..j0 + w of c (the caller's); a and b hold
                 // mr rows / kc pairs from these offsets.
                 unsafe {
                     avx512::Tile {
-                        a: a.as_ptr().add(m0 * pairs + p0),
+                        a: a.as_ptr().add(m0 * pairs + k0),
                         lda: pairs,
-                        b: tile.as_ptr().add(p0 * TILE),
+                        b: tile.as_ptr().add(k0 * TILE),
                         kc,
                         c: c.add(m0 * ldc + j0),
                         ldc,
                         width: w,
-                        acc: p0 > 0,
+                        acc: acc || k0 > p0,
                     }
                     .run_rows(mr);
                 }
@@ -416,7 +453,7 @@ mod avx512 {
 
     /// See [`super::pack_pairs_tile`]: `live` rows from `r0`.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn pack_pairs_tile(data: &[u32], pairs: usize, live: usize, r0: usize, tile: &mut [u32]) {
+    pub(super) unsafe fn pack_pairs_tile(data: &[u32], (pairs, stride): (usize, usize), live: usize, r0: usize, tile: &mut [u32]) {
         unsafe {
             for l0 in (0..live).step_by(16) {
                 let nl = 16.min(live - l0);
@@ -426,7 +463,7 @@ mod avx512 {
                     let pair_mask = ((1u32 << np) - 1) as __mmask16;
                     let mut v = [_mm512_setzero_si512(); 16];
                     for (i, vi) in v[..nl].iter_mut().enumerate() {
-                        let src = data.as_ptr().add((r0 + l0 + i) * pairs + p0);
+                        let src = data.as_ptr().add((r0 + l0 + i) * stride + p0);
                         *vi = _mm512_maskz_loadu_epi32(pair_mask, src as *const i32);
                     }
                     transpose16(&mut v);

@@ -1,14 +1,25 @@
-//! Dense weights held in bf16 (a Hugging Face checkpoint's own type): half the bytes of f32,
-//! long products on the bf16 tiles of `bf16.rs` (the rows transposed into tiles per product),
-//! one-row products as dot products over the pairs. Used with the bf16 prefill precision.
+//! Dense weights held in bf16 (a Hugging Face checkpoint's own type): half the bytes of f32.
+//! Products of 2+ input rows run on AMX where the CPU has it (the weight rows are AMX's A
+//! operand as they lie, the input is packed instead; `amx::dense`), else on the AVX512_BF16
+//! tiles of `bf16.rs` (the rows transposed into tiles per product); one-row products are dot
+//! products over the pairs. Used with the bf16 prefill precision.
 
 use rayon::prelude::*;
 
-/// A `[rows, cols]` weight in bf16, row-major, two values a `u32` (the even column low).
+use super::Epilogue;
+
+/// Rows are stored this many pairs apart at least (a whole AMX tile row), and the row count
+/// padded to a multiple of [`ROW_BLOCK`], with zeros: every AMX load is a whole tile.
+const PAIR_BLOCK: usize = 16;
+const ROW_BLOCK: usize = 32;
+
+/// A `[rows, cols]` weight in bf16, row-major, two values a `u32` (the even column low), rows
+/// `stride` pairs apart (zeros past `cols / 2`), zero rows up to a multiple of 32.
 #[derive(Debug)]
 pub(crate) struct Bf16Matrix {
     pub rows: usize,
     pub cols: usize,
+    stride: usize,
     pairs: Vec<u32>,
 }
 
@@ -19,13 +30,19 @@ impl Bf16Matrix {
         if cols % 2 != 0 || w.len() != rows * cols || !super::PrefillPrecision::Bf16.available() {
             return None;
         }
-        let mut pairs = vec![0u32; rows * cols / 2];
+        let stride = (cols / 2).next_multiple_of(PAIR_BLOCK);
+        let mut pairs = vec![0u32; rows.next_multiple_of(ROW_BLOCK) * stride];
         #[cfg(target_arch = "x86_64")]
         pairs
-            .par_chunks_mut(cols / 2)
+            .par_chunks_mut(stride)
             .zip(w.par_chunks(cols))
-            .for_each(|(o, r)| super::bf16::round_pairs(r, o));
-        Some(Bf16Matrix { rows, cols, pairs })
+            .for_each(|(o, r)| super::bf16::round_pairs(r, &mut o[..cols / 2]));
+        Some(Bf16Matrix {
+            rows,
+            cols,
+            stride,
+            pairs,
+        })
     }
 
     /// Resident bytes.
@@ -33,10 +50,13 @@ impl Bf16Matrix {
         self.pairs.len() * 4
     }
 
+    fn row(&self, r: usize) -> &[u32] {
+        &self.pairs[r * self.stride..r * self.stride + self.cols / 2]
+    }
+
     /// Row `r` in f32 into `out` (`cols` values).
     pub fn row_into(&self, r: usize, out: &mut [f32]) {
-        let half = self.cols / 2;
-        for (o, &p) in out.chunks_exact_mut(2).zip(&self.pairs[r * half..(r + 1) * half]) {
+        for (o, &p) in out.chunks_exact_mut(2).zip(self.row(r)) {
             (o[0], o[1]) = unpack(p);
         }
     }
@@ -52,12 +72,10 @@ impl Bf16Matrix {
 
     /// Rows `r0..r0 + out.len()` of `W x` for one input row, on the calling thread (decode).
     pub fn rows_into(&self, x: &[f32], r0: usize, out: &mut [f32]) {
-        let half = self.cols / 2;
         for (i, o) in out.iter_mut().enumerate() {
-            let row = &self.pairs[(r0 + i) * half..(r0 + i + 1) * half];
             // Eight partial sums, so the loop vectorizes.
             let mut acc = [0f32; 8];
-            for (ps, xs) in row.chunks(4).zip(x.chunks(8)) {
+            for (ps, xs) in self.row(r0 + i).chunks(4).zip(x.chunks(8)) {
                 for (j, &p) in ps.iter().enumerate() {
                     let (a, b) = unpack(p);
                     acc[2 * j] += a * xs[2 * j];
@@ -68,22 +86,39 @@ impl Bf16Matrix {
         }
     }
 
-    /// `y = x Wᵀ` for `x: [n, cols]`: one row as dot products over the pool, more on the bf16
-    /// tiles (the input rounded to bf16 too).
+    /// `y = x Wᵀ` for `x: [n, cols]`: one row as dot products over the pool, more on AMX or
+    /// the bf16 tiles (the input rounded to bf16 too).
     pub fn forward(&self, x: &[f32], n: usize, y: &mut [f32]) {
+        self.forward_into(x, n, y, Epilogue::default());
+    }
+
+    /// [`Bf16Matrix::forward`] with a bias and/or added to `y` (`then`), in the same pass
+    /// where AMX writes the output.
+    pub fn forward_into(&self, x: &[f32], n: usize, y: &mut [f32], then: Epilogue<'_>) {
+        assert_eq!((x.len(), y.len()), (n * self.cols, n * self.rows), "Bf16Matrix::forward shapes");
+        #[cfg(target_arch = "x86_64")]
+        if n > 1 && super::amx::available() {
+            super::amx::dense(&self.pairs, (self.rows, self.cols, self.stride), x, n, y, then);
+            return;
+        }
+        let prev = then.add.then(|| y.to_vec());
         if n == 1 {
             let chunk = self.rows.div_ceil(rayon::current_num_threads() * 4).max(16);
             y.par_chunks_mut(chunk)
                 .enumerate()
                 .for_each(|(c, out)| self.rows_into(x, c * chunk, out));
-            return;
+        } else {
+            #[cfg(target_arch = "x86_64")]
+            {
+                let dims = (self.cols / 2, self.stride);
+                super::bf16::matmul_tiles(self.rows, self.cols, x, n, y, |r0, tile| {
+                    super::bf16::pack_pairs_tile(&self.pairs, dims, self.rows, r0, tile)
+                });
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            unreachable!("a Bf16Matrix exists only where the bf16 kernel runs");
         }
-        #[cfg(target_arch = "x86_64")]
-        super::bf16::matmul_tiles(self.rows, self.cols, x, n, y, |r0, tile| {
-            super::bf16::pack_pairs_tile(&self.pairs, self.cols / 2, self.rows, r0, tile)
-        });
-        #[cfg(not(target_arch = "x86_64"))]
-        unreachable!("a Bf16Matrix exists only where the bf16 kernel runs");
+        then.apply(y, self.rows, prev.as_deref());
     }
 }
 
@@ -134,10 +169,18 @@ mod tests {
             for (b, &v) in back.iter().zip(&w[(rows - 1) * cols..]) {
                 assert_eq!(*b, super::super::bf16::round_bf16(v));
             }
-            for n in [1, 2, 9, 40] {
+            for n in [1, 2, 9, 40, 300] {
                 let x: Vec<f32> = (0..n * cols).map(|i| ((i % 17) as f32 - 8.0) / 8.0).collect();
                 let mut y = vec![0f32; n * rows];
                 m.forward(&x, n, &mut y);
+                // The AVX512_BF16 tiles too, which run instead of AMX where the CPU lacks it.
+                let mut tiles = vec![0f32; n * rows];
+                if n > 1 {
+                    let dims = (cols / 2, m.stride);
+                    super::super::bf16::matmul_tiles(rows, cols, &x, n, &mut tiles, |r0, tile| {
+                        super::super::bf16::pack_pairs_tile(&m.pairs, dims, rows, r0, tile)
+                    });
+                }
                 let want = if n == 1 {
                     // One row multiplies the f32 input: round only the weights.
                     let wr: Vec<f32> = w.iter().map(|&v| super::super::bf16::round_bf16(v)).collect();
@@ -147,11 +190,41 @@ mod tests {
                 } else {
                     reference(&w, &x, rows, cols, n)
                 };
-                for (a, b) in y.iter().zip(&want) {
+                for (i, (a, b)) in y.iter().zip(&want).enumerate() {
                     assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "{rows}x{cols}, n {n}: {a} vs {b}");
+                    if n > 1 {
+                        let t = tiles[i];
+                        assert!((t - b).abs() <= 1e-4 * (1.0 + b.abs()), "tiles {rows}x{cols}, n {n}: {t} vs {b}");
+                    }
                 }
             }
         }
         assert!(Bf16Matrix::from_f32(&weights(4, 5), 4, 5).is_none(), "odd columns refused");
+    }
+
+    /// Speed probe (`cargo test --release -p kamera-model dense_speed -- --ignored --nocapture`):
+    /// the tower's and the 3B text model's shapes, bf16 tiles against candle's f32 GEMM.
+    #[test]
+    #[ignore = "a speed probe, not a check"]
+    fn dense_speed() {
+        use candle_core::{Device, Tensor};
+        for &(rows, cols, n) in &[(3420, 1280, 1016), (3840, 1280, 1016), (11008, 2048, 256), (2048, 2048, 256)] {
+            let w = weights(rows, cols);
+            let m = Bf16Matrix::from_f32(&w, rows, cols).unwrap();
+            let x: Vec<f32> = (0..n * cols).map(|i| (i as f32).cos()).collect();
+            let mut y = vec![0f32; n * rows];
+            m.forward(&x, n, &mut y);
+            let t = std::time::Instant::now();
+            m.forward(&x, n, &mut y);
+            let b = t.elapsed().as_secs_f64();
+            let wt = Tensor::from_vec(w, (rows, cols), &Device::Cpu).unwrap();
+            let xt = Tensor::from_vec(x, (n, cols), &Device::Cpu).unwrap();
+            let _ = xt.matmul(&wt.t().unwrap()).unwrap();
+            let t = std::time::Instant::now();
+            let _ = xt.matmul(&wt.t().unwrap()).unwrap();
+            let f = t.elapsed().as_secs_f64();
+            let gf = |s: f64| 2.0 * (n * rows * cols) as f64 / s / 1e9;
+            println!("[{rows}, {cols}] x {n} rows: bf16 tiles {:.1} GFLOP/s, candle f32 {:.1} GFLOP/s", gf(b), gf(f));
+        }
     }
 }

@@ -11,7 +11,9 @@ use crate::PrefillPrecision;
 use crate::block::{linear, norm};
 use crate::error::{CandleCtx, Error, Result};
 use crate::hf::SafeDir;
-use crate::quant::Linear;
+use crate::activation::gated;
+use crate::config::Activation;
+use crate::quant::{Epilogue, Linear};
 use crate::vl::config::VisionConfig;
 use crate::vl::positions::{Grid, patch_rows_cols, window_index};
 
@@ -160,14 +162,20 @@ impl Tower {
         let mut x = x.index_select(&order_t, 0).ctx(OP)?;
         let rc = patch_rows_cols(grid, cfg.merge_size);
         let angles = self.rotary_angles(order.iter().map(|&i| rc[i as usize]));
+        // Every block rotates by the same angles: their sines and cosines once.
+        let (sin, cos): (Vec<f32>, Vec<f32>) = angles.iter().map(|a| a.sin_cos()).unzip();
         let cu_full: Vec<usize> = (0..=gt).map(|f| f * gh * gw).collect();
-        for (i, b) in self.blocks.iter().enumerate() {
-            let cu = if cfg.fullatt_blocks.contains(&i) {
-                &cu_full
-            } else {
-                &cu_win
-            };
-            x = self.block(b, &x, &angles, cu)?;
+        let cu_of = |i: usize| if cfg.fullatt_blocks.contains(&i) { &cu_full } else { &cu_win };
+        if self.bf16() && cfg.head_dim() % 16 == 0 {
+            let mut xs: Vec<f32> = x.flatten_all().ctx(OP)?.to_vec1().ctx(OP)?;
+            for (i, b) in self.blocks.iter().enumerate() {
+                self.block_bf16(b, &mut xs, (&sin, &cos), cu_of(i))?;
+            }
+            x = Tensor::from_vec(xs, (n, cfg.hidden), &dev).ctx(OP)?;
+        } else {
+            for (i, b) in self.blocks.iter().enumerate() {
+                x = self.block(b, &x, (&sin, &cos), cu_of(i))?;
+            }
         }
         // Back to patch order for the probe; the merger works in window order (merged tokens
         // are whole groups either way) and its rows are then put back in order.
@@ -206,35 +214,58 @@ impl Tower {
         out
     }
 
-    fn block(&self, b: &Block, x: &Tensor, angles: &[f32], cu: &[usize]) -> Result<Tensor> {
+    /// One block in f32 on candle: the reference.
+    fn block(&self, b: &Block, x: &Tensor, (sin, cos): (&[f32], &[f32]), cu: &[usize]) -> Result<Tensor> {
         let cfg = &self.cfg;
-        let (n, h, heads, hd) = (x.dim(0).ctx(OP)?, cfg.hidden, cfg.heads, cfg.head_dim());
+        let (n, heads, hd) = (x.dim(0).ctx(OP)?, cfg.heads, cfg.head_dim());
         let qkv = linear(&norm(x, &b.norm1, EPS)?, &b.qkv.0, Some(&b.qkv.1))?;
         let mut v: Vec<f32> = qkv.flatten_all().ctx(OP)?.to_vec1().ctx(OP)?;
-        // Rotate q and k (rotate_half pairs (j, j + hd/2)) of every head, row by row.
-        let half = hd / 2;
-        v.par_chunks_mut(3 * h).enumerate().for_each(|(row, r)| {
-            let a = &angles[row * half..(row + 1) * half];
-            for head in r[..2 * h].chunks_mut(hd) {
-                for j in 0..half {
-                    let (s, c) = a[j].sin_cos();
-                    let (x0, x1) = (head[j], head[j + half]);
-                    head[j] = x0 * c - x1 * s;
-                    head[j + half] = x1 * c + x0 * s;
-                }
-            }
-        });
-        let att = if self.bf16() && hd % 16 == 0 {
-            windows_bf16(&v, (heads, hd), cu)?
-        } else {
-            windows_f32(v, (n, heads, hd), cu)?
-        };
+        rotate(&mut v, (heads, hd), (sin, cos));
+        let att = windows_f32(v, (n, heads, hd), cu)?;
         let x = (x + linear(&att, &b.proj.0, Some(&b.proj.1))?).ctx(OP)?;
         let hn = norm(&x, &b.norm2, EPS)?;
         let g = linear(&hn, &b.gate.0, Some(&b.gate.1))?.silu().ctx(OP)?;
         let u = linear(&hn, &b.up.0, Some(&b.up.1))?;
         let m = linear(&(g * u).ctx(OP)?, &b.down.0, Some(&b.down.1))?;
         (x + m).ctx(OP)
+    }
+
+    /// One block on the bf16 weights in place on `x` (`[n, hidden]`), outside candle: each
+    /// product writes its bias (and the residual adds) as it writes its output, the windows'
+    /// attention on the bf16 tiles.
+    fn block_bf16(&self, b: &Block, x: &mut [f32], (sin, cos): (&[f32], &[f32]), cu: &[usize]) -> Result<()> {
+        let cfg = &self.cfg;
+        let (h, heads, hd) = (cfg.hidden, cfg.heads, cfg.head_dim());
+        let n = x.len() / h;
+        let vec = |t: &Tensor| -> Result<Vec<f32>> { t.to_vec1::<f32>().ctx(OP) };
+        let product = |(w, bias): &(Linear, Tensor), x: &[f32], y: &mut [f32], add: bool| -> Result<()> {
+            let Linear::Bf16(m) = w else {
+                return Err(Error::Invalid {
+                    op: OP,
+                    detail: "a bf16 tower holds every matrix in bf16".into(),
+                });
+            };
+            let bias = vec(bias)?;
+            m.forward_into(x, x.len() / m.cols, y, Epilogue { bias: Some(&bias), add });
+            Ok(())
+        };
+        let mut hn = vec![0f32; n * h];
+        rms_norm(x, &vec(&b.norm1)?, &mut hn);
+        let mut qkv = vec![0f32; n * 3 * h];
+        product(&b.qkv, &hn, &mut qkv, false)?;
+        rotate(&mut qkv, (heads, hd), (sin, cos));
+        let att = windows_bf16(&qkv, (heads, hd), cu);
+        drop(qkv);
+        product(&b.proj, &att, x, true)?;
+        rms_norm(x, &vec(&b.norm2)?, &mut hn);
+        let f = cfg.intermediate;
+        let (mut g, mut u) = (vec![0f32; n * f], vec![0f32; n * f]);
+        product(&b.gate, &hn, &mut g, false)?;
+        product(&b.up, &hn, &mut u, false)?;
+        g.par_chunks_mut(f)
+            .zip(u.par_chunks(f))
+            .for_each(|(g, u)| gated(Activation::Silu, g, u));
+        product(&b.down, &g, x, true)
     }
 }
 
@@ -275,10 +306,9 @@ fn windows_f32(qkv: Vec<f32>, (n, heads, hd): (usize, usize, usize), cu: &[usize
 
 /// [`windows_f32`] on the bf16 tiles (`attention_bf16`): the windows in parallel, each window's
 /// heads as the prefill's attention runs them, with every query seeing every key of its window.
-fn windows_bf16(qkv: &[f32], (heads, hd): (usize, usize), cu: &[usize]) -> Result<Tensor> {
+fn windows_bf16(qkv: &[f32], (heads, hd): (usize, usize), cu: &[usize]) -> Vec<f32> {
     use crate::attention_bf16::{Rows, attend};
     let h = heads * hd;
-    let n = cu.last().copied().unwrap_or(0);
     let outs: Vec<Vec<f32>> = cu
         .par_windows(2)
         .map(|w| {
@@ -320,5 +350,34 @@ fn windows_bf16(qkv: &[f32], (heads, hd): (usize, usize), cu: &[usize]) -> Resul
             out
         })
         .collect();
-    Tensor::from_vec(outs.concat(), (n, h), &Device::Cpu).ctx(OP)
+    outs.concat()
+}
+
+/// Rotates q and k of every head of `qkv` (`[n, 3, heads, hd]`) in place, row by row, by the
+/// rows' angles (rotate_half pairs (j, j + hd/2); `sin`, `cos`: `[n, hd/2]`).
+fn rotate(qkv: &mut [f32], (heads, hd): (usize, usize), (sin, cos): (&[f32], &[f32])) {
+    let (h, half) = (heads * hd, hd / 2);
+    qkv.par_chunks_mut(3 * h).enumerate().for_each(|(row, r)| {
+        let (sr, cr) = (&sin[row * half..(row + 1) * half], &cos[row * half..(row + 1) * half]);
+        for head in r[..2 * h].chunks_mut(hd) {
+            for j in 0..half {
+                let (s, c) = (sr[j], cr[j]);
+                let (x0, x1) = (head[j], head[j + half]);
+                head[j] = x0 * c - x1 * s;
+                head[j + half] = x1 * c + x0 * s;
+            }
+        }
+    });
+}
+
+/// `out = x / sqrt(mean(x²) + eps) · w` row by row (candle's `rms_norm`), rows in parallel.
+fn rms_norm(x: &[f32], w: &[f32], out: &mut [f32]) {
+    let d = w.len();
+    out.par_chunks_mut(d).zip(x.par_chunks(d)).for_each(|(o, xr)| {
+        let ss = crate::lanes::dot(xr, xr);
+        let r = 1.0 / (ss / d as f32 + EPS as f32).sqrt();
+        for ((o, &x), &w) in o.iter_mut().zip(xr).zip(w) {
+            *o = x * r * w;
+        }
+    });
 }
