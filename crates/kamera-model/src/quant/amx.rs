@@ -226,7 +226,12 @@ fn pack_inputs(x: &[f32], n: usize, cols: usize, stride: usize) -> Vec<u32> {
     xb
 }
 
-/// Weight rows `j0..j0 + 32` against every packed input (`n` live), into `y`'s rows `c0..`.
+/// Pairs per pass of a weight block over the inputs: its 32 rows' slice (16 KiB) stays in L1,
+/// every input's slice (256 inputs: 128 KiB) in L2.
+const KC: usize = 128;
+
+/// Weight rows `j0..j0 + 32` against every packed input (`n` live), into `y`'s rows `c0..`:
+/// the pairs in passes of [`KC`], the output blocks kept in `acc` between passes.
 ///
 /// # Safety
 /// As in [`dense`].
@@ -241,53 +246,83 @@ unsafe fn dense_block(
     y: super::Out,
     then: super::Epilogue<'_>,
 ) {
-    let mut tmp = [0f32; 4 * ROWS * ROWS];
-    let t = tmp.as_mut_ptr();
+    // Four 16 x 16 output blocks per pair of input blocks: (weight half a, input half b).
+    let pairs_of_inputs = n.div_ceil(2 * ROWS);
+    let mut acc = vec![0f32; pairs_of_inputs * 4 * ROWS * ROWS];
     unsafe {
         asm!("ldtilecfg [{}]", in(reg) &DENSE_CONFIG as *const Config, options(nostack, readonly));
         let a0 = w.as_ptr().add(j0 * stride);
         let a1 = a0.add(ROWS * stride);
-        for ib in (0..n.div_ceil(ROWS)).step_by(2) {
-            let b0 = xb.as_ptr().add(ib * ROWS * stride);
-            let b1 = b0.add(ROWS * stride);
-            asm!("tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3", options(nostack, nomem));
-            for k in (0..stride).step_by(ROWS) {
+        for k0 in (0..stride).step_by(KC) {
+            let k1 = (k0 + KC).min(stride);
+            // The next pass's slice of the 32 weight rows on its way while this one runs: 32
+            // streams are more than the hardware prefetcher follows.
+            for r in 0..2 * ROWS {
+                let row = a0.add(r * stride) as *const i8;
+                for l in (k1..(k1 + KC).min(stride)).step_by(16) {
+                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(row.add(4 * l));
+                }
+            }
+            for (ip, t) in acc.chunks_exact_mut(4 * ROWS * ROWS).enumerate() {
+                let t = t.as_mut_ptr();
+                let b0 = xb.as_ptr().add(2 * ip * ROWS * stride);
+                let b1 = b0.add(ROWS * stride);
+                if k0 == 0 {
+                    asm!("tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3", options(nostack, nomem));
+                } else {
+                    asm!(
+                        "tileloadd tmm0, [{t0} + {ld}*1]",
+                        "tileloadd tmm1, [{t1} + {ld}*1]",
+                        "tileloadd tmm2, [{t2} + {ld}*1]",
+                        "tileloadd tmm3, [{t3} + {ld}*1]",
+                        t0 = in(reg) t,
+                        t1 = in(reg) t.add(ROWS * ROWS),
+                        t2 = in(reg) t.add(2 * ROWS * ROWS),
+                        t3 = in(reg) t.add(3 * ROWS * ROWS),
+                        ld = in(reg) ROWS * 4,
+                        options(nostack, readonly),
+                    );
+                }
+                for k in (k0..k1).step_by(ROWS) {
+                    asm!(
+                        "tileloadd tmm4, [{a0} + {lda}*1]",
+                        "tileloadd tmm6, [{b0} + {ldb}*1]",
+                        "tdpbf16ps tmm0, tmm4, tmm6",
+                        "tileloadd tmm7, [{b1} + {ldb}*1]",
+                        "tdpbf16ps tmm1, tmm4, tmm7",
+                        "tileloadd tmm5, [{a1} + {lda}*1]",
+                        "tdpbf16ps tmm2, tmm5, tmm6",
+                        "tdpbf16ps tmm3, tmm5, tmm7",
+                        a0 = in(reg) a0.add(k),
+                        a1 = in(reg) a1.add(k),
+                        b0 = in(reg) b0.add(k * ROWS),
+                        b1 = in(reg) b1.add(k * ROWS),
+                        lda = in(reg) stride * 4,
+                        ldb = in(reg) ROWS * 4,
+                        options(nostack, readonly),
+                    );
+                }
                 asm!(
-                    "tileloadd tmm4, [{a0} + {lda}*1]",
-                    "tileloadd tmm6, [{b0} + {ldb}*1]",
-                    "tdpbf16ps tmm0, tmm4, tmm6",
-                    "tileloadd tmm7, [{b1} + {ldb}*1]",
-                    "tdpbf16ps tmm1, tmm4, tmm7",
-                    "tileloadd tmm5, [{a1} + {lda}*1]",
-                    "tdpbf16ps tmm2, tmm5, tmm6",
-                    "tdpbf16ps tmm3, tmm5, tmm7",
-                    a0 = in(reg) a0.add(k),
-                    a1 = in(reg) a1.add(k),
-                    b0 = in(reg) b0.add(k * ROWS),
-                    b1 = in(reg) b1.add(k * ROWS),
-                    lda = in(reg) stride * 4,
-                    ldb = in(reg) ROWS * 4,
-                    options(nostack, readonly),
+                    "tilestored [{t0} + {ld}*1], tmm0",
+                    "tilestored [{t1} + {ld}*1], tmm1",
+                    "tilestored [{t2} + {ld}*1], tmm2",
+                    "tilestored [{t3} + {ld}*1], tmm3",
+                    t0 = in(reg) t,
+                    t1 = in(reg) t.add(ROWS * ROWS),
+                    t2 = in(reg) t.add(2 * ROWS * ROWS),
+                    t3 = in(reg) t.add(3 * ROWS * ROWS),
+                    ld = in(reg) ROWS * 4,
+                    options(nostack),
                 );
             }
-            asm!(
-                "tilestored [{t0} + {ld}*1], tmm0",
-                "tilestored [{t1} + {ld}*1], tmm1",
-                "tilestored [{t2} + {ld}*1], tmm2",
-                "tilestored [{t3} + {ld}*1], tmm3",
-                t0 = in(reg) t,
-                t1 = in(reg) t.add(ROWS * ROWS),
-                t2 = in(reg) t.add(2 * ROWS * ROWS),
-                t3 = in(reg) t.add(3 * ROWS * ROWS),
-                ld = in(reg) ROWS * 4,
-                options(nostack),
-            );
-            // Block (a, b) holds weight rows j0 + 16a.. against inputs (ib + b)·16..: row r,
-            // column c is y[input (ib + b)·16 + c][weight row j0 + 16a + r].
-            for (blk, vals) in tmp.chunks_exact(ROWS * ROWS).enumerate() {
+        }
+        // Block (a, b) of input pair ip holds weight rows j0 + 16a.. against inputs
+        // (2·ip + b)·16..: row r, column c is y[that input + c][that weight row + r].
+        for (ip, t) in acc.chunks_exact(4 * ROWS * ROWS).enumerate() {
+            for (blk, vals) in t.chunks_exact(ROWS * ROWS).enumerate() {
                 let (a, b) = (blk / 2, blk % 2);
                 for c in 0..ROWS {
-                    let input = (ib + b) * ROWS + c;
+                    let input = (2 * ip + b) * ROWS + c;
                     if input >= n {
                         break;
                     }
