@@ -109,7 +109,7 @@ pub(crate) unsafe fn blocks(
 ) {
     debug_assert!(m16 % ROWS == 0 && k16 % ROWS == 0 && k16 <= pairs && k16 <= lda);
     debug_assert!(a.len() >= m16 * lda && b.len() >= width.div_ceil(TILE) * pairs * TILE);
-    let mut out = [0f32; ROWS * TILE];
+    let mut out = super::Aligned::<f32>::zeroed(ROWS * TILE);
     // SAFETY: (caller) AMX is enabled for this process; the configuration is valid for palette
     // 1. Every load reads 16 rows of 64 bytes inside `a` (rows m0.., pairs k..k + 16) or inside
     // a tile of `b` (pair rows k..k + 16, 16 columns at 16j); stores go to `out`.
@@ -210,9 +210,9 @@ pub(crate) fn dense(
 
 /// Inputs `x: [n, cols]` as AMX B tiles: for each block of 16 inputs, `stride` pair rows of 16
 /// (input `i`'s pair `k` at `[k][i]`), zeros past `n` (up to a multiple of 32) and `cols / 2`.
-fn pack_inputs(x: &[f32], n: usize, cols: usize, stride: usize) -> Vec<u32> {
+fn pack_inputs(x: &[f32], n: usize, cols: usize, stride: usize) -> super::Aligned<u32> {
     use rayon::prelude::*;
-    let mut xb = vec![0u32; n.next_multiple_of(2 * ROWS) * stride];
+    let mut xb = super::Aligned::zeroed(n.next_multiple_of(2 * ROWS) * stride);
     xb.par_chunks_mut(ROWS * stride).enumerate().for_each(|(ib, tile)| {
         let mut row = vec![0u32; cols / 2];
         for i in 0..ROWS.min(n.saturating_sub(ib * ROWS)) {
@@ -248,7 +248,7 @@ unsafe fn dense_block(
 ) {
     // Four 16 x 16 output blocks per pair of input blocks: (weight half a, input half b).
     let pairs_of_inputs = n.div_ceil(2 * ROWS);
-    let mut acc = vec![0f32; pairs_of_inputs * 4 * ROWS * ROWS];
+    let mut acc = super::Aligned::<f32>::zeroed(pairs_of_inputs * 4 * ROWS * ROWS);
     unsafe {
         asm!("ldtilecfg [{}]", in(reg) &DENSE_CONFIG as *const Config, options(nostack, readonly));
         let a0 = w.as_ptr().add(j0 * stride);

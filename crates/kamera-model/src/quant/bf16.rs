@@ -55,7 +55,11 @@ pub(crate) fn matmul_tiles(
     assert_eq!((x.len(), y.len()), (n * cols, n * rows), "bf16::matmul shapes");
     assert!(cols % 2 == 0 && available(), "bf16::matmul needs AVX512_BF16 and an even column count");
     let pairs = cols / 2;
-    let xa = to_pairs(x);
+    // 64-byte aligned, as AMX wants its operands.
+    let mut xa = super::Aligned::zeroed(x.len() / 2);
+    xa.par_chunks_mut(1 << 13)
+        .zip(x.par_chunks(1 << 14))
+        .for_each(|(o, x)| round_pairs(x, o));
     let tiles = rows.div_ceil(TILE);
     let threads = rayon::current_num_threads().max(1);
     // A few tasks per thread so a busy core does not hold the product back.
@@ -67,7 +71,11 @@ pub(crate) fn matmul_tiles(
         // the lanes past the last weight row, which feed only columns `product` never writes.
         // Nothing below waits on other rayon tasks, so the borrow cannot be taken twice.
         PACKED_TILES.with_borrow_mut(|buf| {
-            let packed = grown(buf, (t1 - t0) * pairs * TILE);
+            let len = (t1 - t0) * pairs * TILE;
+            if buf.len() < len {
+                *buf = super::Aligned::zeroed(len);
+            }
+            let packed = &mut buf[..len];
             for (i, tile) in packed.chunks_exact_mut(pairs * TILE).enumerate() {
                 pack((t0 + i) * TILE, tile);
             }
@@ -89,7 +97,7 @@ pub(crate) fn pack_pairs_tile(data: &[u32], (pairs, stride): (usize, usize), row
 
 thread_local! {
     /// [`matmul`]'s packed weight tiles, per thread (not zeroed again for every product).
-    static PACKED_TILES: std::cell::RefCell<Vec<u32>> = std::cell::RefCell::default();
+    static PACKED_TILES: std::cell::RefCell<super::Aligned<u32>> = std::cell::RefCell::new(super::Aligned::zeroed(0));
 }
 
 /// `c[i, j] = Σ_p a[i, p] · b[j, p]` over pairs of bf16 (f32 sums), on the calling thread: `a`

@@ -6,7 +6,7 @@
 
 use rayon::prelude::*;
 
-use super::Epilogue;
+use super::{Aligned, Epilogue};
 
 /// Rows are stored this many pairs apart at least (a whole AMX tile row), and the row count
 /// padded to a multiple of [`ROW_BLOCK`], with zeros: every AMX load is a whole tile.
@@ -20,7 +20,7 @@ pub(crate) struct Bf16Matrix {
     pub rows: usize,
     pub cols: usize,
     stride: usize,
-    pairs: Vec<u32>,
+    pairs: Aligned<u32>,
 }
 
 impl Bf16Matrix {
@@ -36,7 +36,7 @@ impl Bf16Matrix {
         if stride % 1024 == 0 {
             stride += PAIR_BLOCK;
         }
-        let mut pairs = vec![0u32; rows.next_multiple_of(ROW_BLOCK) * stride];
+        let mut pairs = Aligned::zeroed(rows.next_multiple_of(ROW_BLOCK) * stride);
         #[cfg(target_arch = "x86_64")]
         pairs
             .par_chunks_mut(stride)

@@ -5,6 +5,8 @@
 //! tiles: weights held in bf16, every window and head's attention a task of its own.
 
 use candle_core::{D, Device, Tensor};
+use std::time::Instant;
+
 use rayon::prelude::*;
 
 use crate::PrefillPrecision;
@@ -45,6 +47,10 @@ pub(crate) struct Tower {
     mlp0: (Linear, Tensor),
     mlp2: (Linear, Tensor),
 }
+
+/// Milliseconds of the bf16 blocks by phase: products, attention, norms and rotation, activation.
+#[derive(Default)]
+struct Phases([f64; 4]);
 
 /// What the tower computes for one image.
 #[derive(Debug, Clone)]
@@ -168,9 +174,12 @@ impl Tower {
         let cu_of = |i: usize| if cfg.fullatt_blocks.contains(&i) { &cu_full } else { &cu_win };
         if self.bf16() && cfg.head_dim() % 16 == 0 {
             let mut xs: Vec<f32> = x.flatten_all().ctx(OP)?.to_vec1().ctx(OP)?;
+            let mut time = Phases::default();
             for (i, b) in self.blocks.iter().enumerate() {
-                self.block_bf16(b, &mut xs, (&sin, &cos), cu_of(i))?;
+                self.block_bf16(b, &mut xs, (&sin, &cos), cu_of(i), &mut time)?;
             }
+            let [products, attention, norms, activation] = time.0;
+            tracing::debug!(patches = n, products, attention, norms, activation, "vision tower blocks, ms");
             x = Tensor::from_vec(xs, (n, cfg.hidden), &dev).ctx(OP)?;
         } else {
             for (i, b) in self.blocks.iter().enumerate() {
@@ -233,7 +242,14 @@ impl Tower {
     /// One block on the bf16 weights in place on `x` (`[n, hidden]`), outside candle: each
     /// product writes its bias (and the residual adds) as it writes its output, the windows'
     /// attention on the bf16 tiles.
-    fn block_bf16(&self, b: &Block, x: &mut [f32], (sin, cos): (&[f32], &[f32]), cu: &[usize]) -> Result<()> {
+    fn block_bf16(
+        &self,
+        b: &Block,
+        x: &mut [f32],
+        (sin, cos): (&[f32], &[f32]),
+        cu: &[usize],
+        time: &mut Phases,
+    ) -> Result<()> {
         let cfg = &self.cfg;
         let (h, heads, hd) = (cfg.hidden, cfg.heads, cfg.head_dim());
         let n = x.len() / h;
@@ -249,23 +265,38 @@ impl Tower {
             m.forward_into(x, x.len() / m.cols, y, Epilogue { bias: Some(&bias), add });
             Ok(())
         };
+        let mut t = Instant::now();
+        let mut lap = |i: usize| {
+            time.0[i] += t.elapsed().as_secs_f64() * 1e3;
+            t = Instant::now();
+        };
         let mut hn = vec![0f32; n * h];
         rms_norm(x, &vec(&b.norm1)?, &mut hn);
         let mut qkv = vec![0f32; n * 3 * h];
+        lap(2);
         product(&b.qkv, &hn, &mut qkv, false)?;
+        lap(0);
         rotate(&mut qkv, (heads, hd), (sin, cos));
+        lap(2);
         let att = windows_bf16(&qkv, (heads, hd), cu);
         drop(qkv);
+        lap(1);
         product(&b.proj, &att, x, true)?;
+        lap(0);
         rms_norm(x, &vec(&b.norm2)?, &mut hn);
         let f = cfg.intermediate;
         let (mut g, mut u) = (vec![0f32; n * f], vec![0f32; n * f]);
+        lap(2);
         product(&b.gate, &hn, &mut g, false)?;
         product(&b.up, &hn, &mut u, false)?;
+        lap(0);
         g.par_chunks_mut(f)
             .zip(u.par_chunks(f))
             .for_each(|(g, u)| gated(Activation::Silu, g, u));
-        product(&b.down, &g, x, true)
+        lap(3);
+        product(&b.down, &g, x, true)?;
+        lap(0);
+        Ok(())
     }
 }
 
