@@ -55,11 +55,7 @@ pub(crate) fn matmul_tiles(
     assert_eq!((x.len(), y.len()), (n * cols, n * rows), "bf16::matmul shapes");
     assert!(cols % 2 == 0 && available(), "bf16::matmul needs AVX512_BF16 and an even column count");
     let pairs = cols / 2;
-    // 64-byte aligned, as AMX wants its operands.
-    let mut xa = super::Aligned::zeroed(x.len() / 2);
-    xa.par_chunks_mut(1 << 13)
-        .zip(x.par_chunks(1 << 14))
-        .for_each(|(o, x)| round_pairs(x, o));
+    let xa = to_pairs(x);
     let tiles = rows.div_ceil(TILE);
     let threads = rayon::current_num_threads().max(1);
     // A few tasks per thread so a busy core does not hold the product back.
@@ -208,9 +204,10 @@ pub(crate) fn grown<T: Copy + Default>(buf: &mut Vec<T>, len: usize) -> &mut [T]
     &mut buf[..len]
 }
 
-/// `x` rounded to bf16, two per `u32` (the even column in the low half).
-pub(crate) fn to_pairs(x: &[f32]) -> Vec<u32> {
-    let mut out = vec![0u32; x.len() / 2];
+/// `x` rounded to bf16, two per `u32` (the even column in the low half), on a 64-byte boundary
+/// as AMX wants its operands.
+pub(crate) fn to_pairs(x: &[f32]) -> super::Aligned<u32> {
+    let mut out = super::Aligned::zeroed(x.len() / 2);
     let chunk = 1 << 14;
     out.par_chunks_mut(chunk / 2)
         .zip(x.par_chunks(chunk))
