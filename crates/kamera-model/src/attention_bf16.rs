@@ -5,7 +5,7 @@
 use rayon::prelude::*;
 
 use crate::attention::softmax_row;
-use crate::quant::bf16;
+use crate::quant::{AlignedPairs, bf16};
 
 /// Most queries per block (a task): smaller than the f32 path's, so a sliding window computes
 /// fewer masked scores and causal blocks balance over the cores.
@@ -21,24 +21,24 @@ fn block_size(n: usize, kvh: usize) -> usize {
 /// Per-thread buffers of a block, reused across blocks and calls (their sizes repeat).
 #[derive(Default)]
 struct Scratch {
-    keys: Vec<u32>,
-    values: Vec<u32>,
+    keys: AlignedPairs,
+    values: AlignedPairs,
     work: Work,
 }
 
 /// A block's queries as pairs, its scores, one softmax row and the probabilities as pairs.
 #[derive(Default)]
 struct Work {
-    queries: Vec<u32>,
+    queries: AlignedPairs,
     scores: Vec<f32>,
     row: Vec<f32>,
-    probs: Vec<u32>,
+    probs: AlignedPairs,
 }
 
 thread_local! {
     static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::default();
     /// K and V of every head packed once by [`attend_short`] (taken out while in use).
-    static PACKED: std::cell::RefCell<Vec<Vec<u32>>> = std::cell::RefCell::default();
+    static PACKED: std::cell::RefCell<Vec<AlignedPairs>> = std::cell::RefCell::default();
 }
 
 /// K or V rows read in place: head `h`'s row `j` starts at `h · head_stride + j · hd`.
@@ -102,7 +102,7 @@ fn attend_short(
             .map(|mut b| std::mem::take(&mut *b))
             .unwrap_or_default()
     });
-    packed.resize_with(2 * kvh, Vec::new);
+    packed.resize_with(2 * kvh, AlignedPairs::default);
     packed.par_iter_mut().enumerate().for_each(|(j, buf)| {
         let h = j / 2;
         if j % 2 == 0 {
@@ -218,7 +218,7 @@ impl Queries<'_> {
         let qp = &q_pos[b0..b0 + nb];
         // Scores with an even row length (the value pairs), the last column 0 past an odd count.
         let ks = kn + kn % 2;
-        let a = bf16::grown(&mut w.queries, m * hd / 2);
+        let a = w.queries.grown(m * hd / 2);
         for gi in 0..g {
             let at = ((h * g + gi) * n + b0) * hd;
             let dst = gi * nb * hd / 2;
@@ -227,7 +227,7 @@ impl Queries<'_> {
         let s = bf16::grown(&mut w.scores, m * ks);
         // SAFETY: s holds m rows of ks >= kn columns; the CPU has the kernel (the caller's precision).
         unsafe { bf16::product(a, m, hd / 2, keys, kn, s.as_mut_ptr(), ks) };
-        let pa = bf16::grown(&mut w.probs, m * ks / 2);
+        let pa = w.probs.grown(m * ks / 2);
         let row = bf16::grown(&mut w.row, ks);
         let kp = &k_pos[lo..hi];
         for (r, (par, sr)) in pa.chunks_exact_mut(ks / 2).zip(s.chunks_exact(ks)).enumerate() {

@@ -17,7 +17,10 @@ const OP: &str = "block";
 
 /// `x @ w^T (+ b)` for `x: [n, in]`, `w: [out, in]`.
 pub(crate) fn linear(x: &Tensor, w: &Linear, b: Option<&Tensor>) -> Result<Tensor> {
-    bias(w.forward(x)?, b)
+    match b {
+        Some(b) => w.forward_bias(x, b),
+        None => w.forward(x),
+    }
 }
 
 /// [`linear`] for a dense f32 weight (MLA's).

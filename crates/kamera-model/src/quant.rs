@@ -23,6 +23,8 @@ use candle_core::Tensor;
 use crate::error::{CandleCtx, Result};
 
 pub(crate) use dense::Bf16Matrix;
+#[cfg(target_arch = "x86_64")]
+pub(crate) type AlignedPairs = Aligned<u32>;
 pub(crate) use repack::repack;
 pub(crate) use vnni::Q8Input;
 
@@ -73,6 +75,23 @@ impl<T: Copy + Default> Aligned<T> {
         let buf = vec![T::default(); len + 64 / size];
         let start = (buf.as_ptr() as usize).next_multiple_of(64).wrapping_sub(buf.as_ptr() as usize) / size;
         Aligned { buf, start, len }
+    }
+}
+
+impl<T: Copy + Default> Aligned<T> {
+    /// The first `len` values, the buffer replaced by a larger zeroed one where it is shorter
+    /// (a reused scratch: what it held before is not cleared).
+    pub fn grown(&mut self, len: usize) -> &mut [T] {
+        if self.len < len {
+            *self = Aligned::zeroed(len);
+        }
+        &mut self[..len]
+    }
+}
+
+impl<T: Copy + Default> Default for Aligned<T> {
+    fn default() -> Aligned<T> {
+        Aligned::zeroed(0)
     }
 }
 
@@ -381,6 +400,27 @@ impl Linear {
                 Tensor::from_vec(self.forward_vec(x)?, (n, rows), x.device()).ctx(OP)
             }
         }
+    }
+
+    /// `x @ wᵀ + b`: a bf16 weight writes the bias as it writes its output; others add it
+    /// after.
+    pub fn forward_bias(&self, x: &Tensor, b: &Tensor) -> Result<Tensor> {
+        const OP: &str = "linear";
+        let Linear::Bf16(m) = self else {
+            return self.forward(x)?.broadcast_add(b).ctx("linear bias");
+        };
+        let (n, k) = x.dims2().ctx(OP)?;
+        if k != m.cols {
+            return Err(crate::error::Error::Shape {
+                op: OP,
+                detail: format!("input has {k} columns, weight [{}, {}]", m.rows, m.cols),
+            });
+        }
+        let xs = x.contiguous().ctx(OP)?.flatten_all().ctx(OP)?.to_vec1::<f32>().ctx(OP)?;
+        let bias = b.to_vec1::<f32>().ctx(OP)?;
+        let mut y = vec![0f32; n * m.rows];
+        m.forward_into(&xs, n, &mut y, Epilogue { bias: Some(&bias), add: false });
+        Tensor::from_vec(y, (n, m.rows), x.device()).ctx(OP)
     }
 
     /// [`Linear::forward`]'s values, row-major `[n, out]`.

@@ -172,10 +172,10 @@ unsafe fn avx512_part(
 /// packed bf16 tiles for [`product`] in `out` (grown as needed, its start overwritten): the
 /// keys of an attention block. Lanes past row `n` of the last tile are left as they were;
 /// they only feed output columns past `width`, which [`product`] never writes.
-pub(crate) fn pack_rows_into(src: &[f32], stride: usize, n: usize, cols: usize, out: &mut Vec<u32>) {
+pub(crate) fn pack_rows_into(src: &[f32], stride: usize, n: usize, cols: usize, out: &mut super::Aligned<u32>) {
     assert!(cols % 16 == 0 && (n == 0 || src.len() >= (n - 1) * stride + cols));
     let pairs = cols / 2;
-    let out = grown(out, n.div_ceil(TILE) * pairs * TILE);
+    let out = out.grown(n.div_ceil(TILE) * pairs * TILE);
     for (t, tile) in out.chunks_exact_mut(pairs * TILE).enumerate() {
         // SAFETY: callers checked `available()`; rows t·48.. of src are in bounds (asserted).
         unsafe { avx512::pack_f32_tile(src, stride, t * TILE, n, cols, tile) };
@@ -186,10 +186,10 @@ pub(crate) fn pack_rows_into(src: &[f32], stride: usize, n: usize, cols: usize, 
 /// [`product`] with the rows as the summed dimension into `out` (as [`pack_rows_into`]): tiles
 /// of 48 columns, a pair holding rows `2p` and `2p + 1` (a zero row past an odd `n`).
 /// Attention's values: `out = P · V`.
-pub(crate) fn pack_value_pairs_into(src: &[f32], stride: usize, n: usize, cols: usize, out: &mut Vec<u32>) {
+pub(crate) fn pack_value_pairs_into(src: &[f32], stride: usize, n: usize, cols: usize, out: &mut super::Aligned<u32>) {
     assert!(cols % 16 == 0 && (n == 0 || src.len() >= (n - 1) * stride + cols));
     let pairs = n.div_ceil(2);
-    let out = grown(out, cols.div_ceil(TILE) * pairs * TILE);
+    let out = out.grown(cols.div_ceil(TILE) * pairs * TILE);
     for (t, tile) in out.chunks_exact_mut(pairs * TILE).enumerate() {
         // SAFETY: callers checked `available()`; rows 0..n of src are in bounds (asserted).
         unsafe { avx512::pack_value_tile(src, stride, n, t * TILE, cols, tile) };
