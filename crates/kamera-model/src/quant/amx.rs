@@ -161,7 +161,19 @@ pub(crate) unsafe fn blocks(
                 }
             }
         }
+        release();
     }
+}
+
+/// Marks the tiles unused (TILERELEASE), as Intel asks once a thread is done with them: the
+/// thread then saves and restores no tile state on a switch, and the core leaves AMX's power
+/// state.
+///
+/// # Safety
+/// AMX must be available.
+#[inline(always)]
+unsafe fn release() {
+    unsafe { asm!("tilerelease", options(nostack, nomem)) }
 }
 
 /// Inputs per pass over a weight (their packed pairs stay in L2: 256 inputs of 1280 columns
@@ -316,6 +328,7 @@ unsafe fn dense_block(
                 );
             }
         }
+        release();
         // Block (a, b) of input pair ip holds weight rows j0 + 16a.. against inputs
         // (2·ip + b)·16..: row r, column c is y[that input + c][that weight row + r].
         for (ip, t) in acc.chunks_exact(4 * ROWS * ROWS).enumerate() {
