@@ -330,29 +330,45 @@ unsafe fn dense_block(
         }
         release();
         // Block (a, b) of input pair ip holds weight rows j0 + 16a.. against inputs
-        // (2·ip + b)·16..: row r, column c is y[that input + c][that weight row + r].
+        // (2·ip + b)·16..: row r, column c is y[that input + c][that weight row + r]. Each
+        // block is transposed in registers, so every input's 16 outputs are one vector.
         for (ip, t) in acc.chunks_exact(4 * ROWS * ROWS).enumerate() {
             for (blk, vals) in t.chunks_exact(ROWS * ROWS).enumerate() {
                 let (a, b) = (blk / 2, blk % 2);
-                for c in 0..ROWS {
-                    let input = (2 * ip + b) * ROWS + c;
-                    if input >= n {
-                        break;
-                    }
-                    let dst = y.at((c0 + input) * rows);
-                    for r in 0..ROWS {
-                        let j = j0 + a * ROWS + r;
-                        if j < rows {
-                            let v = vals[r * ROWS + c] + then.bias.map_or(0.0, |b| b[j]);
-                            if then.add {
-                                *dst.add(j) += v;
-                            } else {
-                                *dst.add(j) = v;
-                            }
-                        }
-                    }
+                let (first, j) = ((2 * ip + b) * ROWS, j0 + a * ROWS);
+                if first < n && j < rows {
+                    write_block(vals, (n - first).min(ROWS), y.at(c0 * rows + first * rows + j), rows, (rows - j).min(ROWS), then.bias.map(|b| &b[j..]), then.add);
                 }
             }
+        }
+    }
+}
+
+/// A 16 x 16 output block `vals` (row r: weight row r, column c: input c) into `y` at row stride
+/// `ldy` (`y` at the block's first input and weight row): `inputs` rows of `width` values, plus
+/// the bias (from the block's first weight row), added to what `y` holds with `add`.
+///
+/// # Safety
+/// AVX-512F; `y` writable at those rows and values, `bias` (when given) `width` long at least.
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn write_block(vals: &[f32], inputs: usize, y: *mut f32, ldy: usize, width: usize, bias: Option<&[f32]>, add: bool) {
+    use std::arch::x86_64::*;
+    unsafe {
+        let mut v = [_mm512_setzero_si512(); 16];
+        for (r, vr) in v.iter_mut().enumerate() {
+            *vr = _mm512_loadu_si512(vals.as_ptr().add(r * ROWS) as *const _);
+        }
+        super::bf16::avx512::transpose16(&mut v);
+        let mask = ((1u32 << width) - 1) as __mmask16;
+        let b = bias.map_or(_mm512_setzero_ps(), |b| _mm512_maskz_loadu_ps(mask, b.as_ptr()));
+        for (c, &vc) in v[..inputs].iter().enumerate() {
+            let dst = y.add(c * ldy);
+            let mut o = _mm512_add_ps(_mm512_castsi512_ps(vc), b);
+            if add {
+                o = _mm512_add_ps(o, _mm512_maskz_loadu_ps(mask, dst));
+            }
+            _mm512_mask_storeu_ps(dst, mask, o);
         }
     }
 }

@@ -262,7 +262,7 @@ pub(crate) fn round_bf16(v: f32) -> f32 {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
+pub(super) mod avx512 {
     use std::arch::x86_64::*;
 
     use super::super::dot::avx512::{b8x16, u5x32};
@@ -368,7 +368,7 @@ mod avx512 {
 
     /// `out[j][i] = a[i][j]` for a 16 × 16 matrix of 32-bit values in place.
     #[inline(always)]
-    unsafe fn transpose16(a: &mut [__m512i; 16]) {
+    pub(in crate::quant) unsafe fn transpose16(a: &mut [__m512i; 16]) {
         unsafe {
             let mut t = [_mm512_setzero_si512(); 16];
             for k in 0..8 {

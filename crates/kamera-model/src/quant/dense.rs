@@ -204,6 +204,22 @@ mod tests {
                 }
             }
         }
+        // Bias and residual in the product's pass: y0 + (x Wᵀ + b), every path (1 row, AMX or
+        // tiles, partial blocks).
+        for &(rows, cols, n) in &[(50, 64, 1), (97, 1710, 40), (130, 92, 17)] {
+            let m = Bf16Matrix::from_f32(&weights(rows, cols), rows, cols).unwrap();
+            let x: Vec<f32> = (0..n * cols).map(|i| ((i % 13) as f32 - 6.0) / 6.0).collect();
+            let bias: Vec<f32> = (0..rows).map(|j| j as f32 * 0.01 - 0.3).collect();
+            let mut plain = vec![0f32; n * rows];
+            m.forward(&x, n, &mut plain);
+            let y0: Vec<f32> = (0..n * rows).map(|i| (i % 7) as f32).collect();
+            let mut y = y0.clone();
+            m.forward_into(&x, n, &mut y, Epilogue { bias: Some(&bias), add: true });
+            for (i, &v) in y.iter().enumerate() {
+                let want = y0[i] + plain[i] + bias[i % rows];
+                assert!((v - want).abs() <= 1e-5 * (1.0 + want.abs()), "{rows}x{cols} n {n} at {i}: {v} vs {want}");
+            }
+        }
         assert!(Bf16Matrix::from_f32(&weights(4, 5), 4, 5).is_none(), "odd columns refused");
     }
 
