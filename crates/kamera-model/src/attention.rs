@@ -549,9 +549,12 @@ mod tests {
             };
             let (kt, vt) = (strided(&k), strided(&v));
             let k_pos: Vec<i64> = (50..50 + t as i64).collect();
-            let q_pos = &k_pos[past..];
+            let causal = &k_pos[past..];
+            // Every query at the last key's position: nothing masked, so every block sees the
+            // same keys (the vision tower's full attention), the shared-keys path.
+            let all = vec![k_pos[t - 1]; n];
             let qt = Tensor::from_slice(&q, (kvh, g, n, hd), &dev).unwrap();
-            for window in [None, Some(64), Some(101)] {
+            for (window, q_pos) in [(None, causal), (Some(64), causal), (Some(101), causal), (None, &all[..])] {
                 let got = attend(&qt, &kt, &vt, q_pos, &k_pos, 0.35, window, true)
                     .unwrap()
                     .flatten_all()

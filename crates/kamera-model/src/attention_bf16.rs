@@ -11,6 +11,9 @@ use crate::quant::{AlignedPairs, bf16};
 /// fewer masked scores and causal blocks balance over the cores.
 const BLOCK: usize = 128;
 
+/// A block's score rows in bytes when every block reads every key ([`attend_shared`]).
+const SCORES_BYTES: usize = 640 << 10;
+
 /// Queries per block for `n` queries and `kvh` heads: at most [`BLOCK`], and small enough that
 /// a short prefill (a question over a long context) still gives every thread a few tasks.
 fn block_size(n: usize, kvh: usize) -> usize {
@@ -69,9 +72,19 @@ pub(crate) fn attend(
         window,
     };
     if n <= BLOCK {
-        return attend_short(q, (kvh, g, n, hd), k, v, mask);
+        return attend_shared(q, (kvh, g, n, hd), k, v, mask, None);
     }
-    by_block(q, (kvh, g, n, hd), block_size(n, kvh), |qb, sc, o| {
+    let bs = block_size(n, kvh);
+    // Every block sees the same keys (no mask cuts them: the vision tower's full attention,
+    // where every query sees every key): each head's K and V packed once, not per block.
+    if visible(&q_pos[..bs], k_pos, window) == visible(q_pos, k_pos, window) {
+        // Blocks small enough that a block's scores over every key stay in L2 (32 queries of
+        // 4,784 keys: 612 KiB).
+        let (lo, hi) = visible(q_pos, k_pos, window);
+        let shared_bs = (SCORES_BYTES / (4 * g * (hi - lo).max(1))).clamp(16, bs) / 16 * 16;
+        return attend_shared(q, (kvh, g, n, hd), k, v, mask, Some(shared_bs));
+    }
+    by_block(q, (kvh, g, n, hd), bs, |qb, sc, o| {
         let (lo, hi) = visible(&q_pos[qb.b0..qb.b0 + qb.nb], k_pos, window);
         if lo < hi {
             let h = qb.h;
@@ -82,15 +95,17 @@ pub(crate) fn attend(
     })
 }
 
-/// Few queries (a question after a long context, at most [`BLOCK`]): every block of a head
-/// reads nearly the same keys, so each head's K and V are packed once (heads and channels in
-/// parallel) and blocks of 16 or more queries share them, enough tasks for every core.
-fn attend_short(
+/// Queries that all read nearly the same keys (few queries: a question after a long context, at
+/// most [`BLOCK`]; or any number where no mask cuts the keys, in blocks of `bs`): each head's K
+/// and V are packed once (heads and channels in parallel) and its blocks share them; few
+/// queries go in blocks of 16 or more, enough tasks for every core.
+fn attend_shared(
     q: &[f32],
     (kvh, g, n, hd): (usize, usize, usize, usize),
     k: Rows<'_>,
     v: Rows<'_>,
     mask: Mask<'_>,
+    bs: Option<usize>,
 ) -> Vec<f32> {
     let (lo, hi) = visible(mask.q_pos, mask.k_pos, mask.window);
     if lo >= hi {
@@ -112,7 +127,7 @@ fn attend_short(
         }
     });
     let per_head = rayon::current_num_threads().saturating_mul(2).div_ceil(kvh).max(1);
-    let bs = n.div_ceil(per_head).next_multiple_of(16).max(16);
+    let bs = bs.unwrap_or_else(|| n.div_ceil(per_head).next_multiple_of(16).max(16));
     let out = by_block(q, (kvh, g, n, hd), bs, |qb, sc, o| {
         let (keys, values) = (&packed[2 * qb.h], &packed[2 * qb.h + 1]);
         qb.attend(keys, values, (lo, hi), mask, &mut sc.work, o);

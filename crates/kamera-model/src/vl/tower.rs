@@ -172,7 +172,7 @@ impl Tower {
         let (sin, cos): (Vec<f32>, Vec<f32>) = angles.iter().map(|a| a.sin_cos()).unzip();
         let cu_full: Vec<usize> = (0..=gt).map(|f| f * gh * gw).collect();
         let cu_of = |i: usize| if cfg.fullatt_blocks.contains(&i) { &cu_full } else { &cu_win };
-        if self.bf16() && cfg.head_dim() % 16 == 0 {
+        if self.bf16() {
             let mut xs: Vec<f32> = x.flatten_all().ctx(OP)?.to_vec1().ctx(OP)?;
             let mut time = Phases::default();
             for (i, b) in self.blocks.iter().enumerate() {
@@ -340,17 +340,20 @@ fn windows_f32(qkv: Vec<f32>, (n, heads, hd): (usize, usize, usize), cu: &[usize
 fn windows_bf16(qkv: &[f32], (heads, hd): (usize, usize), cu: &[usize]) -> Vec<f32> {
     use crate::attention_bf16::{Rows, attend};
     let h = heads * hd;
+    // Heads padded with zero dimensions to a multiple of 32 (the 3B tower's 80 to 96): the
+    // scores' 16-pair blocks then all run on AMX, and zeros change no dot product.
+    let hp = hd.next_multiple_of(32);
     let outs: Vec<Vec<f32>> = cu
         .par_windows(2)
         .map(|w| {
             let (lo, len) = (w[0], w[1] - w[0]);
-            // Q, K, V of the window head-first: [heads, len, hd] each.
-            let mut parts = vec![vec![0f32; len * h]; 3];
+            // Q, K, V of the window head-first: [heads, len, hp] each.
+            let mut parts = vec![vec![0f32; len * heads * hp]; 3];
             for (i, part) in parts.iter_mut().enumerate() {
                 for r in 0..len {
                     let row = &qkv[(lo + r) * 3 * h + i * h..(lo + r) * 3 * h + (i + 1) * h];
                     for (head, src) in row.chunks_exact(hd).enumerate() {
-                        part[(head * len + r) * hd..(head * len + r + 1) * hd].copy_from_slice(src);
+                        part[(head * len + r) * hp..(head * len + r) * hp + hd].copy_from_slice(src);
                     }
                 }
             }
@@ -362,20 +365,20 @@ fn windows_bf16(qkv: &[f32], (heads, hd): (usize, usize), cu: &[usize]) -> Vec<f
             }
             let o = attend(
                 &parts[0],
-                (heads, 1, len, hd),
-                rows(&parts[1], len * hd),
-                rows(&parts[2], len * hd),
+                (heads, 1, len, hp),
+                rows(&parts[1], len * hp),
+                rows(&parts[2], len * hp),
                 &q_pos,
                 &k_pos,
                 1.0 / (hd as f32).sqrt(),
                 None,
             );
-            // [heads, len, hd] -> [len, heads·hd]
+            // [heads, len, hp] -> [len, heads·hd]
             let mut out = vec![0f32; len * h];
             for head in 0..heads {
                 for r in 0..len {
                     out[r * h + head * hd..r * h + (head + 1) * hd]
-                        .copy_from_slice(&o[(head * len + r) * hd..(head * len + r + 1) * hd]);
+                        .copy_from_slice(&o[(head * len + r) * hp..(head * len + r) * hp + hd]);
                 }
             }
             out
