@@ -33,7 +33,10 @@ pub(crate) fn venv_python(scripts: &std::path::Path, script: &str) -> Result<Pat
         .output()
         .with_context(|| format!("running {}", scripts.join(script).display()))?;
     if !out.status.success() {
-        bail!("scripts/{script} failed ({}): its venv could not be installed", out.status);
+        bail!(
+            "scripts/{script} failed ({}): its venv could not be installed",
+            out.status
+        );
     }
     let python = String::from_utf8_lossy(&out.stdout)
         .lines()

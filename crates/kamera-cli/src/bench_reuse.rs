@@ -97,7 +97,11 @@ pub fn run(a: ReuseArgs) -> Result<()> {
             a.rank,
             a.reps,
         )?;
-        println!("## {}: a screenshot as an image chunk (CPU, {} prefill)\n", a.model, model.prefill_precision());
+        println!(
+            "## {}: a screenshot as an image chunk (CPU, {} prefill)\n",
+            a.model,
+            model.prefill_precision()
+        );
         print!("{}", r.markdown());
         println!("\n## {}: text chunks\n", a.model);
         json.insert("image".into(), serde_json::to_value(&r)?);

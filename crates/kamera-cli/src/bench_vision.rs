@@ -96,9 +96,12 @@ pub fn run(a: VisionArgs) -> Result<()> {
     let machine = Machine::now();
     let path = crate::models::resolve(&a.model)?;
     let model = crate::models::load_with(&a.model, a.prefill_precision)?;
-    let vision = model
-        .vision()
-        .with_context(|| format!("{}: bench vision needs a vision-language model directory", path.display()))?;
+    let vision = model.vision().with_context(|| {
+        format!(
+            "{}: bench vision needs a vision-language model directory",
+            path.display()
+        )
+    })?;
     let image = crate::bench_image::screenshot(size[0], size[1])?;
     let cfg = vision.preprocess_config().clone().with_max_pixels(a.pixels);
     let grid = kamera_model::vision::preprocess(&image, &cfg)?.grid_thw;
@@ -135,7 +138,10 @@ pub fn run(a: VisionArgs) -> Result<()> {
             if their_grid != grid {
                 bail!("transformers resized the screenshot to grid {their_grid:?}, we to {grid:?}: not the same input");
             }
-            eprintln!("bench vision: {} rounds of (kamera, transformers), alternating...", a.rounds);
+            eprintln!(
+                "bench vision: {} rounds of (kamera, transformers), alternating...",
+                a.rounds
+            );
             paired(
                 a.rounds,
                 || {
@@ -211,7 +217,8 @@ pub fn run(a: VisionArgs) -> Result<()> {
     };
     println!("{}", markdown(&report));
     if let Some(p) = &a.json {
-        std::fs::write(p, serde_json::to_string_pretty(&report)?).with_context(|| format!("writing {}", p.display()))?;
+        std::fs::write(p, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", p.display()))?;
     }
     Ok(())
 }
@@ -233,7 +240,8 @@ fn prefill_chunk(model: &Model, embeds: &[f32], grid: [usize; 3]) -> Result<Vec<
 
 /// A binary PPM (P6): what PIL opens without a codec, pixel for pixel.
 fn write_ppm(img: &RgbImage, path: &Path) -> Result<()> {
-    let mut f = std::io::BufWriter::new(std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?);
+    let mut f =
+        std::io::BufWriter::new(std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?);
     write!(f, "P6\n{} {}\n255\n", img.width(), img.height())?;
     f.write_all(img.data())?;
     f.flush()?;
@@ -254,7 +262,12 @@ impl Torch {
         let python = crate::bench_llamacpp::venv_python(&scripts, "vl-venv.sh")?;
         let mut child = Command::new(&python)
             .arg(scripts.join("bench_vision_torch.py"))
-            .args(["--model", &model.display().to_string(), "--image", &image.display().to_string()])
+            .args([
+                "--model",
+                &model.display().to_string(),
+                "--image",
+                &image.display().to_string(),
+            ])
             .args(["--max-pixels", &pixels.to_string(), "--dtype", dtype])
             .args(["--threads", &rayon::current_num_threads().to_string()])
             .stdin(Stdio::piped())

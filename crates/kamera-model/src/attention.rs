@@ -554,7 +554,12 @@ mod tests {
             // same keys (the vision tower's full attention), the shared-keys path.
             let all = vec![k_pos[t - 1]; n];
             let qt = Tensor::from_slice(&q, (kvh, g, n, hd), &dev).unwrap();
-            for (window, q_pos) in [(None, causal), (Some(64), causal), (Some(101), causal), (None, &all[..])] {
+            for (window, q_pos) in [
+                (None, causal),
+                (Some(64), causal),
+                (Some(101), causal),
+                (None, &all[..]),
+            ] {
                 let got = attend(&qt, &kt, &vt, q_pos, &k_pos, 0.35, window, true)
                     .unwrap()
                     .flatten_all()

@@ -73,7 +73,10 @@ impl<T: Copy + Default> Aligned<T> {
     pub fn zeroed(len: usize) -> Aligned<T> {
         let size = std::mem::size_of::<T>();
         let buf = vec![T::default(); len + 64 / size];
-        let start = (buf.as_ptr() as usize).next_multiple_of(64).wrapping_sub(buf.as_ptr() as usize) / size;
+        let start = (buf.as_ptr() as usize)
+            .next_multiple_of(64)
+            .wrapping_sub(buf.as_ptr() as usize)
+            / size;
         Aligned { buf, start, len }
     }
 }
@@ -125,7 +128,9 @@ impl Epilogue<'_> {
                 row.iter_mut().zip(b).for_each(|(v, b)| *v += b);
             }
             if let Some(p) = prev {
-                row.iter_mut().zip(&p[r * rows..(r + 1) * rows]).for_each(|(v, p)| *v += p);
+                row.iter_mut()
+                    .zip(&p[r * rows..(r + 1) * rows])
+                    .for_each(|(v, p)| *v += p);
             }
         }
     }
@@ -416,10 +421,24 @@ impl Linear {
                 detail: format!("input has {k} columns, weight [{}, {}]", m.rows, m.cols),
             });
         }
-        let xs = x.contiguous().ctx(OP)?.flatten_all().ctx(OP)?.to_vec1::<f32>().ctx(OP)?;
+        let xs = x
+            .contiguous()
+            .ctx(OP)?
+            .flatten_all()
+            .ctx(OP)?
+            .to_vec1::<f32>()
+            .ctx(OP)?;
         let bias = b.to_vec1::<f32>().ctx(OP)?;
         let mut y = vec![0f32; n * m.rows];
-        m.forward_into(&xs, n, &mut y, Epilogue { bias: Some(&bias), add: false });
+        m.forward_into(
+            &xs,
+            n,
+            &mut y,
+            Epilogue {
+                bias: Some(&bias),
+                add: false,
+            },
+        );
         Tensor::from_vec(y, (n, m.rows), x.device()).ctx(OP)
     }
 
@@ -442,7 +461,13 @@ impl Linear {
                         detail: format!("input has {k} columns, weight [{}, {}]", m.rows, m.cols),
                     });
                 }
-                let xs = x.contiguous().ctx(OP)?.flatten_all().ctx(OP)?.to_vec1::<f32>().ctx(OP)?;
+                let xs = x
+                    .contiguous()
+                    .ctx(OP)?
+                    .flatten_all()
+                    .ctx(OP)?
+                    .to_vec1::<f32>()
+                    .ctx(OP)?;
                 let mut y = vec![0f32; n * m.rows];
                 m.forward(&xs, n, &mut y);
                 Ok(y)
@@ -498,7 +523,8 @@ impl Linear {
             (Linear::Bf16(m), PrefillPrecision::F32) => {
                 let (rows, cols) = (m.rows, m.cols);
                 *self = Linear::Dense(
-                    Tensor::from_vec(m.to_f32(), (rows, cols), &candle_core::Device::Cpu).ctx("Linear::set_precision")?,
+                    Tensor::from_vec(m.to_f32(), (rows, cols), &candle_core::Device::Cpu)
+                        .ctx("Linear::set_precision")?,
                 );
                 true
             }

@@ -112,7 +112,10 @@ fn logits_and_positions_match_hf() -> Result<()> {
 #[test]
 fn bf16_tower_and_prefill_stay_close_to_hf() -> Result<()> {
     if !PrefillPrecision::Bf16.available() {
-        kamera_ops::testkit::skip("vl_parity::bf16_tower_and_prefill_stay_close_to_hf", "this CPU has no AVX512_BF16");
+        kamera_ops::testkit::skip(
+            "vl_parity::bf16_tower_and_prefill_stay_close_to_hf",
+            "this CPU has no AVX512_BF16",
+        );
         return Ok(());
     }
     let m = Model::load_with_precision(&golden_dir().join("qwen25vl-tiny"), PrefillPrecision::Bf16)?;
@@ -120,7 +123,10 @@ fn bf16_tower_and_prefill_stay_close_to_hf() -> Result<()> {
     let f32_bytes = model()?.weight_bytes().total;
     let bytes = m.weight_bytes().total;
     println!("weights: {bytes} bytes in bf16, {f32_bytes} in f32");
-    assert!(bytes * 10 < f32_bytes * 6, "matrices held in bf16: {bytes} vs {f32_bytes}");
+    assert!(
+        bytes * 10 < f32_bytes * 6,
+        "matrices held in bf16: {bytes} vs {f32_bytes}"
+    );
     let vision = m.vision().context("vision")?;
     let g = goldens()?;
     for img in ["img0", "img1", "img2"] {

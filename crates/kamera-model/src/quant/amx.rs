@@ -118,7 +118,12 @@ pub(crate) unsafe fn blocks(
         for (i, tile) in b.chunks_exact(pairs * TILE).take(width.div_ceil(TILE)).enumerate() {
             let (j0, w) = (i * TILE, TILE.min(width - i * TILE));
             for m0 in (0..m16).step_by(ROWS) {
-                asm!("tilezero tmm0", "tilezero tmm1", "tilezero tmm2", options(nostack, nomem));
+                asm!(
+                    "tilezero tmm0",
+                    "tilezero tmm1",
+                    "tilezero tmm2",
+                    options(nostack, nomem)
+                );
                 for k in (0..k16).step_by(ROWS) {
                     let ap = a.as_ptr().add(m0 * lda + k);
                     let bp = tile.as_ptr().add(k * TILE);
@@ -280,7 +285,13 @@ unsafe fn dense_block(
                 let b0 = xb.as_ptr().add(2 * ip * ROWS * stride);
                 let b1 = b0.add(ROWS * stride);
                 if k0 == 0 {
-                    asm!("tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3", options(nostack, nomem));
+                    asm!(
+                        "tilezero tmm0",
+                        "tilezero tmm1",
+                        "tilezero tmm2",
+                        "tilezero tmm3",
+                        options(nostack, nomem)
+                    );
                 } else {
                     asm!(
                         "tileloadd tmm0, [{t0} + {ld}*1]",
@@ -337,7 +348,15 @@ unsafe fn dense_block(
                 let (a, b) = (blk / 2, blk % 2);
                 let (first, j) = ((2 * ip + b) * ROWS, j0 + a * ROWS);
                 if first < n && j < rows {
-                    write_block(vals, (n - first).min(ROWS), y.at(c0 * rows + first * rows + j), rows, (rows - j).min(ROWS), then.bias.map(|b| &b[j..]), then.add);
+                    write_block(
+                        vals,
+                        (n - first).min(ROWS),
+                        y.at(c0 * rows + first * rows + j),
+                        rows,
+                        (rows - j).min(ROWS),
+                        then.bias.map(|b| &b[j..]),
+                        then.add,
+                    );
                 }
             }
         }
@@ -352,7 +371,15 @@ unsafe fn dense_block(
 /// AVX-512F; `y` writable at those rows and values, `bias` (when given) `width` long at least.
 #[target_feature(enable = "avx512f")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn write_block(vals: &[f32], inputs: usize, y: *mut f32, ldy: usize, width: usize, bias: Option<&[f32]>, add: bool) {
+unsafe fn write_block(
+    vals: &[f32],
+    inputs: usize,
+    y: *mut f32,
+    ldy: usize,
+    width: usize,
+    bias: Option<&[f32]>,
+    add: bool,
+) {
     use std::arch::x86_64::*;
     unsafe {
         let mut v = [_mm512_setzero_si512(); 16];

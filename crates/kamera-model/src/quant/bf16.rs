@@ -53,7 +53,10 @@ pub(crate) fn matmul_tiles(
     pack: impl Fn(usize, &mut [u32]) + Sync,
 ) {
     assert_eq!((x.len(), y.len()), (n * cols, n * rows), "bf16::matmul shapes");
-    assert!(cols % 2 == 0 && available(), "bf16::matmul needs AVX512_BF16 and an even column count");
+    assert!(
+        cols % 2 == 0 && available(),
+        "bf16::matmul needs AVX512_BF16 and an even column count"
+    );
     let pairs = cols / 2;
     let xa = to_pairs(x);
     let tiles = rows.div_ceil(TILE);
@@ -458,7 +461,13 @@ pub(super) mod avx512 {
 
     /// See [`super::pack_pairs_tile`]: `live` rows from `r0`.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn pack_pairs_tile(data: &[u32], (pairs, stride): (usize, usize), live: usize, r0: usize, tile: &mut [u32]) {
+    pub(super) unsafe fn pack_pairs_tile(
+        data: &[u32],
+        (pairs, stride): (usize, usize),
+        live: usize,
+        r0: usize,
+        tile: &mut [u32],
+    ) {
         unsafe {
             for l0 in (0..live).step_by(16) {
                 let nl = 16.min(live - l0);

@@ -100,7 +100,11 @@ impl Bf16Matrix {
     /// [`Bf16Matrix::forward`] with a bias and/or added to `y` (`then`), in the same pass
     /// where AMX writes the output.
     pub fn forward_into(&self, x: &[f32], n: usize, y: &mut [f32], then: Epilogue<'_>) {
-        assert_eq!((x.len(), y.len()), (n * self.cols, n * self.rows), "Bf16Matrix::forward shapes");
+        assert_eq!(
+            (x.len(), y.len()),
+            (n * self.cols, n * self.rows),
+            "Bf16Matrix::forward shapes"
+        );
         #[cfg(target_arch = "x86_64")]
         if n > 1 && super::amx::available() {
             super::amx::dense(&self.pairs, (self.rows, self.cols, self.stride), x, n, y, then);
@@ -196,10 +200,16 @@ mod tests {
                     reference(&w, &x, rows, cols, n)
                 };
                 for (i, (a, b)) in y.iter().zip(&want).enumerate() {
-                    assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "{rows}x{cols}, n {n}: {a} vs {b}");
+                    assert!(
+                        (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
+                        "{rows}x{cols}, n {n}: {a} vs {b}"
+                    );
                     if n > 1 {
                         let t = tiles[i];
-                        assert!((t - b).abs() <= 1e-4 * (1.0 + b.abs()), "tiles {rows}x{cols}, n {n}: {t} vs {b}");
+                        assert!(
+                            (t - b).abs() <= 1e-4 * (1.0 + b.abs()),
+                            "tiles {rows}x{cols}, n {n}: {t} vs {b}"
+                        );
                     }
                 }
             }
@@ -214,13 +224,27 @@ mod tests {
             m.forward(&x, n, &mut plain);
             let y0: Vec<f32> = (0..n * rows).map(|i| (i % 7) as f32).collect();
             let mut y = y0.clone();
-            m.forward_into(&x, n, &mut y, Epilogue { bias: Some(&bias), add: true });
+            m.forward_into(
+                &x,
+                n,
+                &mut y,
+                Epilogue {
+                    bias: Some(&bias),
+                    add: true,
+                },
+            );
             for (i, &v) in y.iter().enumerate() {
                 let want = y0[i] + plain[i] + bias[i % rows];
-                assert!((v - want).abs() <= 1e-5 * (1.0 + want.abs()), "{rows}x{cols} n {n} at {i}: {v} vs {want}");
+                assert!(
+                    (v - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                    "{rows}x{cols} n {n} at {i}: {v} vs {want}"
+                );
             }
         }
-        assert!(Bf16Matrix::from_f32(&weights(4, 5), 4, 5).is_none(), "odd columns refused");
+        assert!(
+            Bf16Matrix::from_f32(&weights(4, 5), 4, 5).is_none(),
+            "odd columns refused"
+        );
     }
 
     /// Speed probe (`cargo test --release -p kamera-model dense_speed -- --ignored --nocapture`):
@@ -229,7 +253,12 @@ mod tests {
     #[ignore = "a speed probe, not a check"]
     fn dense_speed() {
         use candle_core::{Device, Tensor};
-        for &(rows, cols, n) in &[(3420, 1280, 1016), (3840, 1280, 1016), (11008, 2048, 256), (2048, 2048, 256)] {
+        for &(rows, cols, n) in &[
+            (3420, 1280, 1016),
+            (3840, 1280, 1016),
+            (11008, 2048, 256),
+            (2048, 2048, 256),
+        ] {
             let w = weights(rows, cols);
             let m = Bf16Matrix::from_f32(&w, rows, cols).unwrap();
             let x: Vec<f32> = (0..n * cols).map(|i| (i as f32).cos()).collect();
@@ -245,7 +274,15 @@ mod tests {
             let e = (0..6)
                 .map(|_| {
                     let t = std::time::Instant::now();
-                    m.forward_into(&x, n, &mut y, Epilogue { bias: Some(&bias), add: true });
+                    m.forward_into(
+                        &x,
+                        n,
+                        &mut y,
+                        Epilogue {
+                            bias: Some(&bias),
+                            add: true,
+                        },
+                    );
                     t.elapsed().as_secs_f64()
                 })
                 .fold(f64::INFINITY, f64::min);

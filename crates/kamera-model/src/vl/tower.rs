@@ -10,11 +10,11 @@ use std::time::Instant;
 use rayon::prelude::*;
 
 use crate::PrefillPrecision;
+use crate::activation::gated;
 use crate::block::{linear, norm};
+use crate::config::Activation;
 use crate::error::{CandleCtx, Error, Result};
 use crate::hf::SafeDir;
-use crate::activation::gated;
-use crate::config::Activation;
 use crate::quant::{Epilogue, Linear};
 use crate::vl::config::VisionConfig;
 use crate::vl::positions::{Grid, patch_rows_cols, window_index};
@@ -171,7 +171,13 @@ impl Tower {
         // Every block rotates by the same angles: their sines and cosines once.
         let (sin, cos): (Vec<f32>, Vec<f32>) = angles.iter().map(|a| a.sin_cos()).unzip();
         let cu_full: Vec<usize> = (0..=gt).map(|f| f * gh * gw).collect();
-        let cu_of = |i: usize| if cfg.fullatt_blocks.contains(&i) { &cu_full } else { &cu_win };
+        let cu_of = |i: usize| {
+            if cfg.fullatt_blocks.contains(&i) {
+                &cu_full
+            } else {
+                &cu_win
+            }
+        };
         if self.bf16() {
             let mut xs: Vec<f32> = x.flatten_all().ctx(OP)?.to_vec1().ctx(OP)?;
             let mut time = Phases::default();
@@ -179,7 +185,14 @@ impl Tower {
                 self.block_bf16(b, &mut xs, (&sin, &cos), cu_of(i), &mut time)?;
             }
             let [products, attention, norms, activation] = time.0;
-            tracing::debug!(patches = n, products, attention, norms, activation, "vision tower blocks, ms");
+            tracing::debug!(
+                patches = n,
+                products,
+                attention,
+                norms,
+                activation,
+                "vision tower blocks, ms"
+            );
             x = Tensor::from_vec(xs, (n, cfg.hidden), &dev).ctx(OP)?;
         } else {
             for (i, b) in self.blocks.iter().enumerate() {
@@ -197,9 +210,7 @@ impl Tower {
         let merged = norm(&blocks_out, &self.ln_q, EPS)?
             .reshape((n / unit, unit * cfg.hidden))
             .ctx(OP)?;
-        let y = linear(&merged, &self.mlp0.0, Some(&self.mlp0.1))?
-            .gelu_erf()
-            .ctx(OP)?;
+        let y = linear(&merged, &self.mlp0.0, Some(&self.mlp0.1))?.gelu_erf().ctx(OP)?;
         let embeds = linear(&y, &self.mlp2.0, Some(&self.mlp2.1))?;
         Ok(VisionOutput {
             blocks_out: blocks_out.flatten_all().ctx(OP)?.to_vec1().ctx(OP)?,
