@@ -231,8 +231,8 @@ impl Queries<'_> {
         } = mask;
         let (m, kn) = (g * nb, hi - lo);
         let qp = &q_pos[b0..b0 + nb];
-        // Scores with an even row length (the value pairs), the last column 0 past an odd count.
-        let ks = kn + kn % 2;
+        // Scores as long as the value pairs (`bf16::key_pairs`), zero past the last key.
+        let ks = 2 * bf16::key_pairs(kn);
         let a = w.queries.grown(m * hd / 2);
         for gi in 0..g {
             let at = ((h * g + gi) * n + b0) * hd;
@@ -258,7 +258,7 @@ impl Queries<'_> {
             }
             bf16::round_pairs(row, par);
         }
-        // SAFETY: o holds m rows of hd; pairs ks / 2 match the value pairs (a zero row past an odd kn).
+        // SAFETY: o holds m rows of hd; pairs ks / 2 match the value pairs (zero rows past kn).
         unsafe { bf16::product(pa, m, ks / 2, values, hd, o.as_mut_ptr(), hd) };
     }
 }

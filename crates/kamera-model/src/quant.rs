@@ -414,32 +414,16 @@ impl Linear {
         let Linear::Bf16(m) = self else {
             return self.forward(x)?.broadcast_add(b).ctx("linear bias");
         };
-        let (n, k) = x.dims2().ctx(OP)?;
-        if k != m.cols {
-            return Err(crate::error::Error::Shape {
-                op: OP,
-                detail: format!("input has {k} columns, weight [{}, {}]", m.rows, m.cols),
-            });
-        }
-        let xs = x
-            .contiguous()
-            .ctx(OP)?
-            .flatten_all()
-            .ctx(OP)?
-            .to_vec1::<f32>()
-            .ctx(OP)?;
         let bias = b.to_vec1::<f32>().ctx(OP)?;
-        let mut y = vec![0f32; n * m.rows];
-        m.forward_into(
-            &xs,
-            n,
-            &mut y,
+        let y = bf16_forward(
+            m,
+            x,
             Epilogue {
                 bias: Some(&bias),
                 add: false,
             },
-        );
-        Tensor::from_vec(y, (n, m.rows), x.device()).ctx(OP)
+        )?;
+        Tensor::from_vec(y, (x.dim(0).ctx(OP)?, m.rows), x.device()).ctx(OP)
     }
 
     /// [`Linear::forward`]'s values, row-major `[n, out]`.
@@ -453,25 +437,7 @@ impl Linear {
                 .ctx(OP)?
                 .to_vec1()
                 .ctx(OP),
-            Linear::Bf16(m) => {
-                let (n, k) = x.dims2().ctx(OP)?;
-                if k != m.cols {
-                    return Err(crate::error::Error::Shape {
-                        op: OP,
-                        detail: format!("input has {k} columns, weight [{}, {}]", m.rows, m.cols),
-                    });
-                }
-                let xs = x
-                    .contiguous()
-                    .ctx(OP)?
-                    .flatten_all()
-                    .ctx(OP)?
-                    .to_vec1::<f32>()
-                    .ctx(OP)?;
-                let mut y = vec![0f32; n * m.rows];
-                m.forward(&xs, n, &mut y);
-                Ok(y)
-            }
+            Linear::Bf16(m) => bf16_forward(m, x, Epilogue::default()),
             Linear::Quant(q) => {
                 let (n, k) = x.dims2().ctx(OP)?;
                 if k != q.cols {
@@ -728,6 +694,28 @@ fn bf16_matmul(_: &QMatrix, _: &[f32], _: usize, _: &mut [f32]) -> Result<()> {
         op: "linear",
         detail: "bf16 prefill needs an x86-64 CPU with AVX512_BF16".into(),
     })
+}
+
+/// `x @ wᵀ` for a bf16 weight, `then` applied as the output is written; `[n, out]` row-major.
+fn bf16_forward(m: &Bf16Matrix, x: &Tensor, then: Epilogue<'_>) -> Result<Vec<f32>> {
+    const OP: &str = "linear";
+    let (n, k) = x.dims2().ctx(OP)?;
+    if k != m.cols {
+        return Err(crate::error::Error::Shape {
+            op: OP,
+            detail: format!("input has {k} columns, weight [{}, {}]", m.rows, m.cols),
+        });
+    }
+    let xs = x
+        .contiguous()
+        .ctx(OP)?
+        .flatten_all()
+        .ctx(OP)?
+        .to_vec1::<f32>()
+        .ctx(OP)?;
+    let mut y = vec![0f32; n * m.rows];
+    m.forward_into(&xs, n, &mut y, then);
+    Ok(y)
 }
 
 /// Calls `f` with a contiguous f32 tensor's values, read in place.

@@ -87,21 +87,40 @@ fn missing_or_misshaped_tensors_are_named() -> Result<()> {
     Ok(())
 }
 
-/// A model of dense f32 weights (safetensors) has no quantized products to change: asking for
-/// bf16 leaves it, and its fingerprint (the store's key), at f32.
+/// A Hugging Face checkpoint's dense matrices follow the prefill precision: bf16 holds them in
+/// bf16 (half the bytes) under another fingerprint (the store keeps its KV apart), f32 again
+/// gives back the f32 fingerprint; loading at bf16 equals converting after an f32 load.
 #[test]
-fn dense_weights_stay_f32_whatever_the_prefill_precision() -> Result<()> {
+fn dense_weights_follow_the_prefill_precision() -> Result<()> {
     use kamera_model::PrefillPrecision;
-    let mut m = Model::load(&tiny())?;
-    let fp = m.fingerprint().to_string();
-    if PrefillPrecision::Bf16.available() {
-        m.set_prefill_precision(PrefillPrecision::Bf16)?;
+    if !PrefillPrecision::Bf16.available() {
+        kamera_ops::testkit::skip(
+            "vl_load::dense_weights_follow_the_prefill_precision",
+            "this CPU has no AVX512_BF16",
+        );
+        return Ok(());
     }
+    let mut m = Model::load(&tiny())?;
+    let (fp, bytes) = (m.fingerprint().to_string(), m.weight_bytes().total);
+    m.set_prefill_precision(PrefillPrecision::Bf16)?;
     anyhow::ensure!(
-        m.prefill_precision() == PrefillPrecision::F32,
+        m.prefill_precision() == PrefillPrecision::Bf16,
         "{}",
         m.prefill_precision()
     );
-    anyhow::ensure!(m.fingerprint() == fp, "the fingerprint changed");
+    anyhow::ensure!(m.fingerprint() != fp, "bf16 KV must not share f32's store key");
+    anyhow::ensure!(
+        m.weight_bytes().total * 10 < bytes * 6,
+        "{} of {bytes} bytes",
+        m.weight_bytes().total
+    );
+    let loaded = Model::load_with_precision(&tiny(), PrefillPrecision::Bf16)?;
+    anyhow::ensure!(loaded.fingerprint() == m.fingerprint(), "load at bf16 = convert after");
+    anyhow::ensure!(
+        vl_text_logits(&loaded)? == vl_text_logits(&m)?,
+        "the same logits bit for bit"
+    );
+    m.set_prefill_precision(PrefillPrecision::F32)?;
+    anyhow::ensure!(m.prefill_precision() == PrefillPrecision::F32 && m.fingerprint() == fp);
     Ok(())
 }

@@ -3,8 +3,9 @@
 //! weight rows, 32 bf16 values deep, per instruction (Intel SDM vol. 1 ch. 18). The operands
 //! are the ones [`super::bf16::product`] takes unchanged: the input's bf16 pairs row-major, and
 //! the weight tiles `[pair][48 rows]`, which are exactly AMX's pair-interleaved B layout (16
-//! pair rows of 16 columns, at a stride of 48 columns). Whole blocks of 16 input rows and 16
-//! pairs run here; the rest (a last block of rows, a tail of pairs) on the AVX512_BF16 kernel.
+//! pair rows of 16 columns, at a stride of 48 columns). Whole blocks of 16 pairs run here (a
+//! last block of rows padded to 16), a tail of pairs on the AVX512_BF16 kernel. Dense bf16
+//! weights ([`dense`]) are AMX's A operand as they lie and the input is packed as B.
 
 use std::arch::asm;
 use std::sync::OnceLock;

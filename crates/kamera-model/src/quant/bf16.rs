@@ -108,21 +108,34 @@ thread_local! {
 /// thread touches; the CPU must have the kernel ([`available`]).
 pub(crate) unsafe fn product(a: &[u32], m: usize, pairs: usize, b: &[u32], width: usize, c: *mut f32, ldc: usize) {
     assert!(a.len() >= m * pairs && b.len() >= width.div_ceil(TILE) * pairs * TILE);
-    // Whole blocks of 16 rows and 16 pairs on AMX where this process has it; the rest here.
-    let (m16, k16) = if super::amx::available() {
-        (m / 16 * 16, pairs / 16 * 16)
-    } else {
-        (0, 0)
-    };
+    // Whole blocks of 16 pairs on AMX where this process has it, the pairs' tail here. Every
+    // row takes the same kernels whatever the number of rows (the last rows padded to a whole
+    // AMX block), so a row's result does not depend on the rows it came with: a chunk
+    // prefilled alone and inside a longer prefill get the same bits.
+    let k16 = if super::amx::available() { pairs / 16 * 16 } else { 0 };
     // SAFETY: (caller) c takes m rows of width values; the parts below cover them once each,
     // the pairs' tail added to the AMX blocks' rows.
     unsafe {
-        if m16 > 0 && k16 > 0 {
-            super::amx::blocks(a, pairs, (m16, k16), b, pairs, width, c, ldc, false);
-            avx512_part(a, pairs, (0, m16), (k16, pairs), b, width, c, ldc, true);
-            avx512_part(a, pairs, (m16, m), (0, pairs), b, width, c, ldc, false);
-        } else {
+        if k16 == 0 {
             avx512_part(a, pairs, (0, m), (0, pairs), b, width, c, ldc, false);
+            return;
+        }
+        let m16 = m / 16 * 16;
+        if m16 > 0 {
+            super::amx::blocks(a, pairs, (m16, k16), b, pairs, width, c, ldc, false);
+        }
+        if m16 < m {
+            let rest = m - m16;
+            let mut pa = super::Aligned::<u32>::zeroed(16 * pairs);
+            pa[..rest * pairs].copy_from_slice(&a[m16 * pairs..m * pairs]);
+            let mut pc = super::Aligned::<f32>::zeroed(16 * width);
+            super::amx::blocks(&pa, pairs, (16, k16), b, pairs, width, pc.as_mut_ptr(), width, false);
+            for (r, row) in pc.chunks_exact(width).take(rest).enumerate() {
+                std::ptr::copy_nonoverlapping(row.as_ptr(), c.add((m16 + r) * ldc), width);
+            }
+        }
+        if k16 < pairs {
+            avx512_part(a, pairs, (0, m), (k16, pairs), b, width, c, ldc, true);
         }
     }
 }
@@ -189,13 +202,27 @@ pub(crate) fn pack_rows_into(src: &[f32], stride: usize, n: usize, cols: usize, 
 /// [`product`] with the rows as the summed dimension into `out` (as [`pack_rows_into`]): tiles
 /// of 48 columns, a pair holding rows `2p` and `2p + 1` (a zero row past an odd `n`).
 /// Attention's values: `out = P · V`.
+/// The rows' pairs are [`key_pairs`]`(n)`: zero pairs past row `n`.
 pub(crate) fn pack_value_pairs_into(src: &[f32], stride: usize, n: usize, cols: usize, out: &mut super::Aligned<u32>) {
     assert!(cols % 16 == 0 && (n == 0 || src.len() >= (n - 1) * stride + cols));
-    let pairs = n.div_ceil(2);
+    let pairs = key_pairs(n);
     let out = out.grown(cols.div_ceil(TILE) * pairs * TILE);
     for (t, tile) in out.chunks_exact_mut(pairs * TILE).enumerate() {
         // SAFETY: callers checked `available()`; rows 0..n of src are in bounds (asserted).
         unsafe { avx512::pack_value_tile(src, stride, n, t * TILE, cols, tile) };
+        tile[n.div_ceil(2) * TILE..].fill(0);
+    }
+}
+
+/// The pairs a product over `n` keys (attention's P · V) runs on: `n` rounded up to whole
+/// pairs, and with AMX to whole 16-pair blocks (zeros past `n`), so that every key's term goes
+/// through the same kernel whatever the number of keys: a query's output does not depend on how
+/// many masked keys its block also holds.
+pub(crate) fn key_pairs(n: usize) -> usize {
+    if super::amx::available() {
+        n.div_ceil(32) * 16
+    } else {
+        n.div_ceil(2)
     }
 }
 

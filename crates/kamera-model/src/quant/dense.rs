@@ -93,6 +93,7 @@ impl Bf16Matrix {
 
     /// `y = x Wᵀ` for `x: [n, cols]`: one row as dot products over the pool, more on AMX or
     /// the bf16 tiles (the input rounded to bf16 too).
+    #[cfg(test)]
     pub fn forward(&self, x: &[f32], n: usize, y: &mut [f32]) {
         self.forward_into(x, n, y, Epilogue::default());
     }
