@@ -14,6 +14,20 @@ fn kamera(home: &std::path::Path, args: &[&str]) -> Output {
         .expect("run kamera")
 }
 
+/// The tiny random-weight Qwen2.5-VL checkpoint kamera-model's parity tests use.
+fn tiny() -> PathBuf {
+    [
+        env!("CARGO_MANIFEST_DIR"),
+        "..",
+        "kamera-model",
+        "tests",
+        "golden",
+        "qwen25vl-tiny",
+    ]
+    .iter()
+    .collect()
+}
+
 fn text(o: &Output) -> String {
     format!(
         "{}{}",
@@ -25,16 +39,7 @@ fn text(o: &Output) -> String {
 #[test]
 fn models_add_then_bench_reuse_on_a_vlm_directory() {
     let home = tempfile::tempdir().unwrap();
-    let tiny: PathBuf = [
-        env!("CARGO_MANIFEST_DIR"),
-        "..",
-        "kamera-model",
-        "tests",
-        "golden",
-        "qwen25vl-tiny",
-    ]
-    .iter()
-    .collect();
+    let tiny = tiny();
     let add = kamera(home.path(), &["models", "add", "tiny-vl", tiny.to_str().unwrap()]);
     assert!(add.status.success(), "{}", text(&add));
     assert!(text(&add).contains("vision: yes"), "{}", text(&add));
@@ -86,16 +91,7 @@ fn models_add_then_bench_reuse_on_a_vlm_directory() {
 #[test]
 fn bench_vision_on_a_vlm_directory() {
     let home = tempfile::tempdir().unwrap();
-    let tiny: PathBuf = [
-        env!("CARGO_MANIFEST_DIR"),
-        "..",
-        "kamera-model",
-        "tests",
-        "golden",
-        "qwen25vl-tiny",
-    ]
-    .iter()
-    .collect();
+    let tiny = tiny();
     let json = home.path().join("vision.json");
     let args = |extra: &[&str]| -> Vec<String> {
         let mut a: Vec<String> = [
