@@ -40,7 +40,7 @@ struct Work {
 
 thread_local! {
     static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::default();
-    /// K and V of every head packed once by [`attend_short`] (taken out while in use).
+    /// K and V of every head packed once by [`attend_shared`] (taken out while in use).
     static PACKED: std::cell::RefCell<Vec<AlignedPairs>> = std::cell::RefCell::default();
 }
 

@@ -75,7 +75,7 @@ impl Vectors {
 }
 
 /// `out = x / sqrt(mean(x²) + eps) · w` (candle's `rms_norm`), row by row of `w.len()` values.
-fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+pub(crate) fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     for (xr, or) in x.chunks_exact(w.len()).zip(out.chunks_exact_mut(w.len())) {
         let ss = crate::lanes::dot(xr, xr);
         let r = 1.0 / (ss / w.len() as f32 + eps).sqrt();

@@ -79,9 +79,7 @@ impl<T: Copy + Default> Aligned<T> {
             / size;
         Aligned { buf, start, len }
     }
-}
 
-impl<T: Copy + Default> Aligned<T> {
     /// The first `len` values, the buffer replaced by a larger zeroed one where it is shorter
     /// (a reused scratch: what it held before is not cleared).
     pub fn grown(&mut self, len: usize) -> &mut [T] {

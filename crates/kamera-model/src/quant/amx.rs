@@ -91,7 +91,7 @@ const CONFIG: Config = {
 /// `c[i, j] = Σ_p a[i, p] · b[j, p]` for whole blocks: input rows `0..m16` (a multiple of 16) of
 /// `a` (`lda` pairs a row), pairs `0..k16` (a multiple of 16), every packed tile of `b` (`pairs`
 /// pair rows each) whose rows hold one of the first `width` columns; `c` at row stride `ldc`
-/// gets columns `0..width` of those rows (added to them with `acc`).
+/// gets columns `0..width` of those rows.
 ///
 /// # Safety
 /// [`available`] must hold; `a` must hold `m16` rows of `lda ≥ k16` pairs, `b` the tiles, `c`
@@ -106,7 +106,6 @@ pub(crate) unsafe fn blocks(
     width: usize,
     c: *mut f32,
     ldc: usize,
-    acc: bool,
 ) {
     debug_assert!(m16 % ROWS == 0 && k16 % ROWS == 0 && k16 <= pairs && k16 <= lda);
     debug_assert!(a.len() >= m16 * lda && b.len() >= width.div_ceil(TILE) * pairs * TILE);
@@ -156,14 +155,7 @@ pub(crate) unsafe fn blocks(
                     options(nostack),
                 );
                 for (r, row) in out.chunks_exact(TILE).enumerate() {
-                    let dst = c.add((m0 + r) * ldc + j0);
-                    for (j, &v) in row[..w].iter().enumerate() {
-                        if acc {
-                            *dst.add(j) += v;
-                        } else {
-                            *dst.add(j) = v;
-                        }
-                    }
+                    std::ptr::copy_nonoverlapping(row.as_ptr(), c.add((m0 + r) * ldc + j0), w);
                 }
             }
         }

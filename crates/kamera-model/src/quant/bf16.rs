@@ -122,14 +122,14 @@ pub(crate) unsafe fn product(a: &[u32], m: usize, pairs: usize, b: &[u32], width
         }
         let m16 = m / 16 * 16;
         if m16 > 0 {
-            super::amx::blocks(a, pairs, (m16, k16), b, pairs, width, c, ldc, false);
+            super::amx::blocks(a, pairs, (m16, k16), b, pairs, width, c, ldc);
         }
         if m16 < m {
             let rest = m - m16;
             let mut pa = super::Aligned::<u32>::zeroed(16 * pairs);
             pa[..rest * pairs].copy_from_slice(&a[m16 * pairs..m * pairs]);
             let mut pc = super::Aligned::<f32>::zeroed(16 * width);
-            super::amx::blocks(&pa, pairs, (16, k16), b, pairs, width, pc.as_mut_ptr(), width, false);
+            super::amx::blocks(&pa, pairs, (16, k16), b, pairs, width, pc.as_mut_ptr(), width);
             for (r, row) in pc.chunks_exact(width).take(rest).enumerate() {
                 std::ptr::copy_nonoverlapping(row.as_ptr(), c.add((m16 + r) * ldc), width);
             }

@@ -264,29 +264,22 @@ mod tests {
             let m = Bf16Matrix::from_f32(&w, rows, cols).unwrap();
             let x: Vec<f32> = (0..n * cols).map(|i| (i as f32).cos()).collect();
             let mut y = vec![0f32; n * rows];
-            let b = (0..6)
-                .map(|_| {
-                    let t = std::time::Instant::now();
-                    m.forward(&x, n, &mut y);
-                    t.elapsed().as_secs_f64()
-                })
-                .fold(f64::INFINITY, f64::min);
+            let best_of_6 = |f: &mut dyn FnMut()| {
+                (0..6)
+                    .map(|_| {
+                        let t = std::time::Instant::now();
+                        f();
+                        t.elapsed().as_secs_f64()
+                    })
+                    .fold(f64::INFINITY, f64::min)
+            };
+            let b = best_of_6(&mut || m.forward(&x, n, &mut y));
             let bias = vec![0.5f32; rows];
-            let e = (0..6)
-                .map(|_| {
-                    let t = std::time::Instant::now();
-                    m.forward_into(
-                        &x,
-                        n,
-                        &mut y,
-                        Epilogue {
-                            bias: Some(&bias),
-                            add: true,
-                        },
-                    );
-                    t.elapsed().as_secs_f64()
-                })
-                .fold(f64::INFINITY, f64::min);
+            let then = Epilogue {
+                bias: Some(&bias),
+                add: true,
+            };
+            let e = best_of_6(&mut || m.forward_into(&x, n, &mut y, then));
             let wt = Tensor::from_vec(w, (rows, cols), &Device::Cpu).unwrap();
             let xt = Tensor::from_vec(x, (n, cols), &Device::Cpu).unwrap();
             let _ = xt.matmul(&wt.t().unwrap()).unwrap();

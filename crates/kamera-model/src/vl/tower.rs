@@ -415,14 +415,10 @@ fn rotate(qkv: &mut [f32], (heads, hd): (usize, usize), (sin, cos): (&[f32], &[f
     });
 }
 
-/// `out = x / sqrt(mean(x²) + eps) · w` row by row (candle's `rms_norm`), rows in parallel.
+/// The decoder's RMSNorm ([`crate::decode::rms_norm`]) over the rows in parallel.
 fn rms_norm(x: &[f32], w: &[f32], out: &mut [f32]) {
     let d = w.len();
-    out.par_chunks_mut(d).zip(x.par_chunks(d)).for_each(|(o, xr)| {
-        let ss = crate::lanes::dot(xr, xr);
-        let r = 1.0 / (ss / d as f32 + EPS as f32).sqrt();
-        for ((o, &x), &w) in o.iter_mut().zip(xr).zip(w) {
-            *o = x * r * w;
-        }
-    });
+    out.par_chunks_mut(d)
+        .zip(x.par_chunks(d))
+        .for_each(|(o, xr)| crate::decode::rms_norm(xr, w, EPS as f32, o));
 }
