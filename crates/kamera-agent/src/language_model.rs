@@ -8,7 +8,7 @@ use crate::error::{Error, Result, model};
 use crate::live::Live;
 use crate::llm::{Llm, ModelCall};
 use crate::runtime::Session;
-use crate::schema::{ActionSchema, LEAD};
+use crate::schema::{ActionSchema, Fit, Grammar, LEAD};
 
 /// What a model call reads: the context window as the session placed it. The KV is brought up
 /// to date on first use ([`View::kv`]): a policy that reads no model (a scripted step) runs none
@@ -111,6 +111,28 @@ pub trait LanguageModel: Send + Sync {
         self.rank(view, instruction, LEAD, &heads)
     }
 
+    /// Greedy text after `instruction` held to `grammar` (a complete reply of it, starting with
+    /// its lead). The local model decodes under a token mask; this default generates freely and
+    /// takes the shortest complete prefix of the output, or closes its longest open one.
+    fn decode(&self, view: &mut View<'_>, instruction: &str, grammar: &dyn Grammar, max_new: usize) -> Result<ModelCall> {
+        let mut call = self.generate_after(view, instruction, grammar.lead(), max_new, 0)?;
+        let ends: Vec<usize> = call.output.char_indices().map(|(i, c)| i + c.len_utf8()).collect();
+        let complete = ends.iter().find(|&&e| grammar.fit(&call.output[..e]) == Fit::Complete);
+        let reply = match complete {
+            Some(&e) => Some(call.output[..e].to_string()),
+            None => ends
+                .iter()
+                .rev()
+                .find(|&&e| grammar.fit(&call.output[..e]) == Fit::Open)
+                .and_then(|&e| grammar.close(&call.output[..e])),
+        };
+        call.output = reply.ok_or_else(|| Error::Policy {
+            tries: 1,
+            last: call.output.clone(),
+        })?;
+        Ok(call)
+    }
+
     /// Greedy text (seeded sampling when `seed > 0`) after `instruction`.
     fn generate(&self, view: &mut View<'_>, instruction: &str, max_new: usize, seed: u64) -> Result<ModelCall> {
         self.generate_after(view, instruction, "", max_new, seed)
@@ -145,6 +167,10 @@ impl LanguageModel for Llm {
         max_new: usize,
     ) -> Result<ModelCall> {
         Llm::generate_constrained(self, view.live()?, instruction, schema, max_new)
+    }
+
+    fn decode(&self, view: &mut View<'_>, instruction: &str, grammar: &dyn Grammar, max_new: usize) -> Result<ModelCall> {
+        Llm::decode_constrained(self, view.live()?, instruction, grammar, max_new)
     }
 }
 

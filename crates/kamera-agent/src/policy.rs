@@ -10,7 +10,10 @@ use crate::error::Result;
 use crate::language_model::{LanguageModel, View};
 use crate::llm::ModelCall;
 
+mod candidates;
+mod example;
 mod model;
+mod words;
 mod scripted;
 pub use model::{ACTION_GRAMMAR, Decoding, ModelPolicy, valid};
 pub use scripted::{ScriptedPolicy, resolve_target};

@@ -76,6 +76,33 @@ impl Grammar for ActionSchema {
     }
 }
 
+/// A text after `lead` up to its closing quote, without backslashes or control characters (a
+/// text to type or an answer, as the ranked model policy writes it): decoding stops at the quote.
+pub struct QuotedText<'a> {
+    pub lead: &'a str,
+}
+
+impl Grammar for QuotedText<'_> {
+    fn lead(&self) -> &str {
+        self.lead
+    }
+    fn fit(&self, reply: &str) -> Fit {
+        let Some(text) = reply.strip_prefix(self.lead) else {
+            return Fit::Dead;
+        };
+        match text.find('"') {
+            _ if text.chars().any(|c| c == '\\' || c.is_control()) => Fit::Dead,
+            Some(i) if i + 1 == text.len() => Fit::Complete,
+            Some(_) => Fit::Dead,
+            None if text.chars().count() > MAX_FREE_CHARS => Fit::Dead,
+            None => Fit::Open,
+        }
+    }
+    fn close(&self, reply: &str) -> Option<String> {
+        (self.fit(reply) == Fit::Open).then(|| format!("{reply}\""))
+    }
+}
+
 /// The valid actions of one page.
 #[derive(Debug, Clone, Default)]
 pub struct ActionSchema {
@@ -205,7 +232,7 @@ fn free_char(c: char) -> bool {
 }
 
 impl Template {
-    fn fit(&self, s: &str) -> Fit {
+    pub(crate) fn fit(&self, s: &str) -> Fit {
         let h = self.head.as_str();
         if s.len() <= h.len() || !s.starts_with(h) {
             return match (h.starts_with(s), s.len() == h.len() && self.tail.is_none()) {
@@ -238,7 +265,7 @@ impl Template {
         }
     }
 
-    fn close(&self, s: &str) -> Option<String> {
+    pub(crate) fn close(&self, s: &str) -> Option<String> {
         if s.len() < self.head.len() {
             return match &self.tail {
                 None => Some(self.head.clone()),

@@ -1,15 +1,24 @@
 //! The model policy: asks the model for each action under the page's action schema
 //! (constrained decoding by default, or ranked, or free JSON with retries), never offering again
-//! an action that did nothing on an unchanged page.
+//! an action that did nothing on an unchanged page. Each prompt carries what was done so far and
+//! whether each action changed the page (the check after each action); texts to type are offered
+//! as the task's own quoted strings ([`candidates::goal_spans`]) as well as free text.
 
 use kamera_browser::{Action, Element, Observation};
 use serde::{Deserialize, Serialize};
 
-use super::{Mind, NextAction, Policy};
+use super::words::Words;
+use super::{Mind, NextAction, Policy, candidates, example};
 use crate::cache::Use;
 use crate::error::{Error, Result};
-use crate::llm::{ModelCall, parse_action};
-use crate::schema::{ActionSchema, LEAD, MAX_FREE_CHARS, Template};
+use crate::llm::{CallTimings, ModelCall, parse_action};
+use crate::schema::{ActionSchema, LEAD, MAX_FREE_CHARS, QuotedText};
+
+/// How a ranked step's reply is written: one of the page's actions in words.
+const RANKED_FORM: &str = "Reply with the next action for this task, one of: click <element> [N], \
+type \"<text>\" into <element> [N], select \"<option>\" in <element> [N], check <element> [N], \
+uncheck <element> [N], press Enter, answer \"<text>\" (when the goal asks for an answer). \
+N is the number in brackets before the element on the current page.";
 
 /// How the model policy turns the model's reply into an action.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -37,6 +46,20 @@ pub struct ModelPolicy {
     /// The page of the last step ([`PageKey`]) and the actions taken on it since it last changed.
     page: Option<PageKey>,
     tried: Vec<Action>,
+    /// Every action of the episode, in words, and whether it changed the page.
+    history: Vec<Taken>,
+    /// The texts typed this episode.
+    typed: Vec<String>,
+}
+
+/// One action of the episode as the next prompts recall it.
+#[derive(Debug, Clone)]
+struct Taken {
+    words: String,
+    /// The page it was taken on.
+    page: PageKey,
+    /// Whether the page was different at the next step (unknown until then).
+    changed: Option<bool>,
 }
 
 pub use crate::schema::ACTION_GRAMMAR;
@@ -73,6 +96,25 @@ impl ModelPolicy {
         )
     }
 
+    /// The instruction of a step: the page, the goal, what was done so far, then how to reply
+    /// (the JSON grammar, or for ranking the actions in words).
+    fn prompt(&self, obs: &Observation, goal: &str) -> String {
+        let taken: Vec<(String, Option<bool>)> = self.history.iter().map(|t| (t.words.clone(), t.changed)).collect();
+        let done = example::done_so_far(&taken);
+        match self.decoding {
+            Decoding::Ranked | Decoding::Constrained => format!(
+                "{}\nNow this task.\nCurrent page: {} ({}).\nGoal: {goal}\n{done}{RANKED_FORM}",
+                example::example(),
+                obs.title,
+                obs.url
+            ),
+            Decoding::Free => format!(
+                "Current page: {} ({}).\nGoal: {goal}\n{done}{ACTION_GRAMMAR}",
+                obs.title, obs.url
+            ),
+        }
+    }
+
     /// A model policy that decodes as `decoding` says.
     pub fn new(decoding: Decoding) -> ModelPolicy {
         ModelPolicy {
@@ -100,12 +142,29 @@ impl ModelPolicy {
     }
 
     /// Notes the page of this step; a changed page forgets the actions taken on the last one.
+    /// The last action learns whether it changed the page.
     fn seen(&mut self, obs: &Observation) {
         let page = PageKey::of(obs);
+        if let Some(last) = self.history.last_mut().filter(|t| t.changed.is_none()) {
+            last.changed = Some(last.page != page);
+        }
         if self.page.as_ref() != Some(&page) {
             self.page = Some(page);
             self.tried.clear();
         }
+    }
+
+    /// Notes `action`, taken on `obs`.
+    fn taken(&mut self, action: &Action, obs: &Observation) {
+        if let Action::Type { text, .. } = action {
+            self.typed.push(text.clone());
+        }
+        self.tried.push(action.clone());
+        self.history.push(Taken {
+            words: candidates::words(action, obs),
+            page: PageKey::of(obs),
+            changed: None,
+        });
     }
 
     /// Whether `action` was already taken on this unchanged page (text actions may be retried).
@@ -113,63 +172,135 @@ impl ModelPolicy {
         !matches!(action, Action::Type { .. } | Action::Done { .. }) && self.tried.contains(action)
     }
 
-    /// The page's valid action the model finds most likely, with generated text where it has one.
+    /// The page's action the model finds most likely, in words ([`candidates`]): the task's
+    /// quoted strings and one text the model writes itself are the texts offered to type; the
+    /// model's own answer is the answer offered.
     fn ranked(&self, obs: &Observation, mind: &mut Mind<'_>, instruction: &str) -> Result<NextAction> {
-        let schema = self.schema(obs);
-        let cands: Vec<&Template> = schema.templates.iter().filter(|t| t.ranked).collect();
-        let texts: Vec<String> = cands.iter().map(|t| t.head[LEAD.len()..].to_string()).collect();
-        let mut call = mind.llm.rank(&mut mind.view, instruction, LEAD, &texts)?;
-        let best = call.output.strip_prefix(LEAD).unwrap_or_default().to_string();
-        let Some(choice) = cands.iter().zip(&texts).find(|(_, t)| **t == best).map(|(c, _)| *c) else {
+        let mut texts = candidates::goal_spans(mind.goal);
+        let mut timing = CallTimings::default();
+        let pool = |texts: &[String]| -> Vec<candidates::Candidate> {
+            candidates::candidates(obs, texts, &[])
+                .into_iter()
+                .filter(|c| !self.stale(&c.action) && !self.fills_again(&c.action, obs))
+                .collect()
+        };
+        let mut cands = pool(&texts);
+        // First the kind of action (its verb, the reply's first word), then which one of that
+        // kind. Each follows the lead after a space, as a word does in running text.
+        let verb = |text: &str| format!(" {}", text.split(' ').next().unwrap_or_default());
+        let mut verbs: Vec<String> = cands.iter().map(|c| verb(&c.text)).collect();
+        let open_field = obs.interactive().any(|e| e.editable && !self.filled(e));
+        if open_field {
+            verbs.push(" type".into());
+        }
+        verbs.push(" answer".into());
+        verbs.sort();
+        verbs.dedup();
+        let kind = mind.llm.rank(&mut mind.view, instruction, example::NEXT, &verbs)?;
+        tracing::trace!(scores = ?kind.scores, "ranked kinds");
+        let kind = kind.output.strip_prefix(example::NEXT).unwrap_or_default().to_string();
+        if kind == " answer" {
+            let lead = format!("{} answer \"", example::NEXT);
+            let (answer, call) = self.write(mind, instruction, &lead)?;
+            return Ok(NextAction {
+                action: Action::Done { answer },
+                model: Some(call),
+            });
+        }
+        if kind == " type" {
+            let (own, call) = self.write(mind, instruction, &format!("{} type \"", example::NEXT))?;
+            timing.prefill_ms += call.timings.prefill_ms;
+            timing.decode_ms += call.timings.decode_ms;
+            if !own.is_empty() && !texts.contains(&own) {
+                texts.push(own);
+                cands = pool(&texts);
+            }
+        }
+        let words: Vec<String> = cands
+            .iter()
+            .filter(|c| verb(&c.text) == kind)
+            .map(|c| format!(" {}", c.text))
+            .collect();
+        let mut call = mind.llm.rank(&mut mind.view, instruction, example::NEXT, &words)?;
+        tracing::trace!(scores = ?call.scores, "ranked candidates");
+        let reply = call.output.strip_prefix(example::NEXT).unwrap_or_default().trim_start();
+        let Some(choice) = cands.iter().find(|c| c.text == reply) else {
             return Err(Error::Policy {
-                tries: self.retries + 2,
+                tries: 1,
                 last: call.output,
             });
         };
-        let mut reply = choice.head.clone();
-        if let Some(tail) = &choice.tail {
-            // The text, greedily, up to its closing quote.
-            let written_call =
-                mind.llm
-                    .generate_after(&mut mind.view, instruction, &reply, mind.max_new_tokens.max(16), 0)?;
-            let written = written_call.output.strip_prefix(&reply).unwrap_or(&written_call.output);
-            let text: String = written
-                .split('"')
-                .next()
-                .unwrap_or_default()
-                .chars()
-                .filter(|c| *c != '\\' && !c.is_control())
-                .take(MAX_FREE_CHARS)
-                .collect();
-            let text = text.trim();
-            reply = format!("{reply}{}{tail}", if text.is_empty() { "-" } else { text });
-            call.output_tokens.extend(written_call.output_tokens.iter().copied());
-            call.timings.decode_ms +=
-                written_call.timings.prefill_ms + written_call.timings.decode_ms + written_call.timings.reuse_ms;
-        }
-        call.output = reply;
-        decided(&schema, call)
+        call.timings.prefill_ms += timing.prefill_ms;
+        call.timings.decode_ms += timing.decode_ms;
+        Ok(NextAction {
+            action: choice.action.clone(),
+            model: Some(call),
+        })
     }
 
-    /// Constrained decoding over the page's schema.
+    /// Whether `action` types into a field that already holds a text this episode typed (the
+    /// check after a `type`: it took, so the field is done).
+    fn fills_again(&self, action: &Action, obs: &Observation) -> bool {
+        let Action::Type { id: Some(id), .. } = action else {
+            return false;
+        };
+        obs.element(*id).is_some_and(|e| self.filled(e))
+    }
+
+    /// Whether field `e` holds a text this episode typed.
+    fn filled(&self, e: &Element) -> bool {
+        !e.text.is_empty() && self.typed.contains(&e.text)
+    }
+
+    /// A text the model writes after `lead` (greedy, up to its closing quote), trimmed, and the
+    /// call that wrote it.
+    fn write(&self, mind: &mut Mind<'_>, instruction: &str, lead: &str) -> Result<(String, ModelCall)> {
+        let grammar = QuotedText { lead };
+        let call = mind.llm.decode(&mut mind.view, instruction, &grammar, mind.max_new_tokens.max(16))?;
+        let written = call.output.strip_prefix(lead).unwrap_or(&call.output);
+        let text: String = written
+            .split('"')
+            .next()
+            .unwrap_or_default()
+            .chars()
+            .filter(|c| *c != '\\' && !c.is_control())
+            .take(MAX_FREE_CHARS)
+            .collect();
+        Ok((text.trim().to_string(), call))
+    }
+
+    /// Greedy decoding of the next action in words, held to the page's actions ([`Words`]): a
+    /// click, check, select or key as listed, a text the model writes into an open field, or an
+    /// answer.
     fn constrained(&self, obs: &Observation, mind: &mut Mind<'_>, instruction: &str) -> Result<NextAction> {
-        let schema = self.schema(obs);
-        let call = mind
-            .llm
-            .generate_constrained(&mut mind.view, instruction, &schema, mind.max_new_tokens.max(24))?;
-        decided(&schema, call)
+        let cands: Vec<candidates::Candidate> = candidates::candidates(obs, &[], &[])
+            .into_iter()
+            .filter(|c| !self.stale(&c.action))
+            .collect();
+        let fields: Vec<&Element> = obs.interactive().filter(|e| e.editable && !self.filled(e)).collect();
+        let grammar = Words::new(example::NEXT, obs, &cands, &fields);
+        let call = mind.llm.decode(&mut mind.view, instruction, &grammar, mind.max_new_tokens.max(64))?;
+        let action = grammar.action(&call.output).ok_or_else(|| Error::Policy {
+            tries: 1,
+            last: call.output.clone(),
+        })?;
+        Ok(NextAction {
+            action,
+            model: Some(call),
+        })
     }
 }
 
 impl Policy for ModelPolicy {
     fn next(&mut self, _step: usize, obs: &Observation, mind: &mut Mind<'_>) -> Result<NextAction> {
-        let instruction = ModelPolicy::instruction(obs, mind.goal);
         self.seen(obs);
+        let instruction = self.prompt(obs, mind.goal);
+        tracing::trace!(window = %mind.view.text, %instruction, "model policy prompt");
         let mut healing = false;
         if let Some(c) = mind.cache.as_deref_mut() {
             match c.action(mind.goal, obs, mind.origin)? {
                 (_, Some(action)) => {
-                    self.tried.push(action.clone());
+                    self.taken(&action, obs);
                     return Ok(NextAction { action, model: None });
                 }
                 (u, None) => healing = u == (Use::Decide { healing: true }),
@@ -183,7 +314,7 @@ impl Policy for ModelPolicy {
         if let Some(c) = mind.cache.as_deref_mut() {
             c.record_action(mind.goal, obs, mind.origin, &decision.action, healing);
         }
-        self.tried.push(decision.action.clone());
+        self.taken(&decision.action, obs);
         Ok(decision)
     }
 }

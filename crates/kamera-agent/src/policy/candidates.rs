@@ -1,0 +1,201 @@
+//! The page's actions as the model ranks them: each valid action written in words, with its
+//! element described by kind, text and the label beside it (`click button "Submit" [3]`,
+//! `type "keli" into text field near "Username" [1]`), and the texts a `type` or `answer` may
+//! carry taken from the task (its quoted strings, as written and in upper and lower case) and
+//! from what the model writes itself. Describing the target in the candidate lets the model's
+//! likelihood match the goal's words against the element's, instead of guessing at a number.
+
+use kamera_browser::{Action, Element, Observation};
+
+/// Most characters of a label taken from the line before an element.
+const MAX_LABEL_CHARS: usize = 40;
+
+/// One action the page allows, and how the model reads it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Candidate {
+    pub action: Action,
+    pub text: String,
+}
+
+/// The quoted strings of `goal` (straight or curly double quotes), each as written and, where
+/// they differ, in upper and lower case, without repeats.
+pub fn goal_spans(goal: &str) -> Vec<String> {
+    let mut spans: Vec<String> = Vec::new();
+    let norm = goal.replace(['\u{201c}', '\u{201d}'], "\"");
+    for (i, part) in norm.split('"').enumerate() {
+        let s = part.trim();
+        if i % 2 == 1 && !s.is_empty() && s.chars().count() <= crate::schema::MAX_FREE_CHARS {
+            for v in [s.to_string(), s.to_uppercase(), s.to_lowercase()] {
+                if !spans.contains(&v) {
+                    spans.push(v);
+                }
+            }
+        }
+    }
+    spans
+}
+
+/// What kind of element `e` is, in words.
+fn kind(e: &Element) -> &str {
+    if !e.role.is_empty() && e.role != e.tag {
+        return &e.role;
+    }
+    match e.tag.as_str() {
+        "a" => "link",
+        "select" => "list",
+        "textarea" => "text area",
+        "input" if e.checked.is_some() => "checkbox",
+        "input" if e.editable => "text field",
+        "input" => "input",
+        t => t,
+    }
+}
+
+/// The short text line just before `e`'s line in the page text (a field's label), if any.
+fn label(e: &Element, obs: &Observation) -> Option<String> {
+    let marker = format!("[{}] ", e.id);
+    let lines: Vec<&str> = obs.text.lines().collect();
+    let at = lines.iter().position(|l| l.trim_start().starts_with(&marker))?;
+    let prev = lines[..at].iter().rev().map(|l| l.trim()).find(|l| !l.is_empty())?;
+    (!prev.starts_with('[') && prev.chars().count() <= MAX_LABEL_CHARS).then(|| prev.replace('"', "'"))
+}
+
+/// `e` in words: kind, text in quotes, the label beside it when its own text is empty.
+pub fn describe(e: &Element, obs: &Observation) -> String {
+    let text = e.text.replace('"', "'");
+    let mut d = kind(e).to_string();
+    if !text.is_empty() {
+        d.push_str(&format!(" \"{text}\""));
+    }
+    if let Some(l) = label(e, obs).filter(|l| text.is_empty() || !l.contains(&text)) {
+        d.push_str(&format!(" near \"{l}\""));
+    }
+    if e.checked == Some(true) {
+        d.push_str(" (checked)");
+    }
+    d
+}
+
+/// Every action the model may rank on `obs`: click, check or uncheck and select on each
+/// interactive element; each of `texts` typed into each editable one (unless it already holds
+/// it); press Enter; and each of `answers` as the final answer.
+pub fn candidates(obs: &Observation, texts: &[String], answers: &[String]) -> Vec<Candidate> {
+    let mut out = Vec::new();
+    let mut push = |action: Action, text: String| out.push(Candidate { action, text });
+    for e in obs.interactive() {
+        let d = describe(e, obs);
+        let id = e.id;
+        match e.checked {
+            Some(false) => push(Action::Check { id }, format!("check {d} [{id}]")),
+            Some(true) => push(Action::Uncheck { id }, format!("uncheck {d} [{id}]")),
+            None => push(Action::Click { id }, format!("click {d} [{id}]")),
+        }
+        if e.editable {
+            for t in texts.iter().filter(|t| **t != e.text) {
+                let action = Action::Type {
+                    id: Some(id),
+                    text: t.clone(),
+                };
+                push(action, format!("type \"{t}\" into {d} [{id}]"));
+            }
+        }
+        for o in &e.options {
+            let action = Action::Select { id, option: o.clone() };
+            push(action, format!("select \"{}\" in {d} [{id}]", o.replace('"', "'")));
+        }
+    }
+    push(Action::Key { key: "Enter".into() }, "press Enter".into());
+    for a in answers {
+        push(Action::Done { answer: a.clone() }, format!("answer \"{a}\""));
+    }
+    out
+}
+
+/// An action in the words of [`candidates`], for the history of what was done (`obs` is the
+/// page it was taken on).
+pub fn words(action: &Action, obs: &Observation) -> String {
+    let el = |id: u32| {
+        obs.element(id)
+            .map_or_else(|| format!("[{id}]"), |e| format!("{} [{id}]", describe(e, obs)))
+    };
+    match action {
+        Action::Click { id } => format!("click {}", el(*id)),
+        Action::Check { id } => format!("check {}", el(*id)),
+        Action::Uncheck { id } => format!("uncheck {}", el(*id)),
+        Action::Type { id: Some(id), text } => format!("type \"{text}\" into {}", el(*id)),
+        Action::Select { id, option } => format!("select \"{option}\" in {}", el(*id)),
+        Action::Key { key } => format!("press {key}"),
+        Action::Done { answer } => format!("answer \"{answer}\""),
+        other => other.label(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn login_page(user_value: &str) -> Observation {
+        serde_json::from_value(serde_json::json!({
+            "url": "http://127.0.0.1/miniwob/login-user.html", "title": "Login",
+            "text": format!("Enter the username \"keli\" and the password \"3hI\" and press login.\nUsername\n[1] input type=text \"{user_value}\"\nPassword\n[2] input type=password \"\"\n[3] button \"Login\""),
+            "elements": [
+                {"id": 1, "tag": "input", "text": user_value, "editable": true, "x": 1.0, "y": 1.0},
+                {"id": 2, "tag": "input", "text": "", "editable": true, "x": 1.0, "y": 2.0},
+                {"id": 3, "tag": "button", "text": "Login", "x": 1.0, "y": 3.0}
+            ]
+        }))
+        .expect("observation")
+    }
+
+    /// Quoted strings come out as written and in both cases, once each; unquoted text does not.
+    #[test]
+    fn goal_spans_are_the_quoted_strings_in_each_case() {
+        assert_eq!(
+            goal_spans("Enter the username \"keli\" and the password \"3hI\" into the fields."),
+            ["keli", "KELI", "3hI", "3HI", "3hi"]
+        );
+        assert_eq!(goal_spans("Type \u{201c}Ab\u{201d} please"), ["Ab", "AB", "ab"]);
+        assert!(goal_spans("Click the button.").is_empty());
+        assert!(goal_spans("an \"unclosed quote").is_empty());
+    }
+
+    /// Fields are described by the label line before them; buttons by their text.
+    #[test]
+    fn elements_are_described_by_kind_text_and_label() {
+        let obs = login_page("");
+        let d: Vec<String> = obs.interactive().map(|e| describe(e, &obs)).collect();
+        assert_eq!(
+            d,
+            [
+                "text field near \"Username\"",
+                "text field near \"Password\"",
+                "button \"Login\""
+            ]
+        );
+    }
+
+    /// Every candidate is a valid action of the page; a field that already holds a text is not
+    /// offered it again.
+    #[test]
+    fn candidates_are_valid_and_skip_texts_already_typed() {
+        let spans = goal_spans("the username \"keli\"");
+        let obs = login_page("keli");
+        let cands = candidates(&obs, &spans, &["x".to_string()]);
+        for c in &cands {
+            assert!(super::super::valid(&obs, &c.action), "{c:?}");
+        }
+        let texts: Vec<&str> = cands.iter().map(|c| c.text.as_str()).collect();
+        assert!(texts.contains(&"type \"keli\" into text field near \"Password\" [2]"));
+        assert!(texts.contains(&"click button \"Login\" [3]"));
+        assert!(texts.contains(&"answer \"x\""));
+        assert!(!cands.iter().any(|c| c.action
+            == Action::Type {
+                id: Some(1),
+                text: "keli".into()
+            }));
+        assert_eq!(
+            words(&Action::Type { id: Some(2), text: "3hI".into() }, &obs),
+            "type \"3hI\" into text field near \"Password\" [2]"
+        );
+    }
+}
