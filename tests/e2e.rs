@@ -380,7 +380,9 @@ async fn plugged_language_model_drives_the_agent() -> Result<()> {
     use kamera_agent::{Agent, LanguageModel, ModelCall, View};
     use std::sync::{Arc, Mutex};
 
-    /// Clicks the listed element whose text is `word`, found in the window text.
+    /// Clicks the listed element whose text is `word`, found in the window text (as JSON, which
+    /// is not the policy's reply in words: the policy then ranks, and the double picks the
+    /// candidate that names the word).
     struct Keyword {
         word: &'static str,
         seen: Arc<Mutex<Vec<String>>>,
@@ -415,8 +417,15 @@ async fn plugged_language_model_drives_the_agent() -> Result<()> {
             lead: &str,
             candidates: &[String],
         ) -> kamera_agent::Result<ModelCall> {
+            // The candidate that names the word, else a click, else the first.
+            let quoted = format!("\"{}\"", self.word);
+            let best = candidates
+                .iter()
+                .find(|c| c.contains(&quoted))
+                .or_else(|| candidates.iter().find(|c| c.contains("click")))
+                .unwrap_or(&candidates[0]);
             Ok(ModelCall {
-                output: format!("{lead}{}", candidates[0]),
+                output: format!("{lead}{best}"),
                 ..ModelCall::default()
             })
         }
@@ -447,7 +456,7 @@ async fn plugged_language_model_drives_the_agent() -> Result<()> {
         .expect("a listed element");
     assert_eq!(el.text, "Orders", "{:?}", step.observation.elements);
     let seen = seen.lock().unwrap().clone();
-    assert_eq!(seen.len(), 1, "one model call per step");
+    assert_eq!(seen.len(), 1, "one free reply per step (then ranked)");
     assert!(
         seen[0].contains("Kestrel Supply") && seen[0].contains("Goal: Open the orders list"),
         "{}",

@@ -114,7 +114,13 @@ pub trait LanguageModel: Send + Sync {
     /// Greedy text after `instruction` held to `grammar` (a complete reply of it, starting with
     /// its lead). The local model decodes under a token mask; this default generates freely and
     /// takes the shortest complete prefix of the output, or closes its longest open one.
-    fn decode(&self, view: &mut View<'_>, instruction: &str, grammar: &dyn Grammar, max_new: usize) -> Result<ModelCall> {
+    fn decode(
+        &self,
+        view: &mut View<'_>,
+        instruction: &str,
+        grammar: &dyn Grammar,
+        max_new: usize,
+    ) -> Result<ModelCall> {
         let mut call = self.generate_after(view, instruction, grammar.lead(), max_new, 0)?;
         let ends: Vec<usize> = call.output.char_indices().map(|(i, c)| i + c.len_utf8()).collect();
         let complete = ends.iter().find(|&&e| grammar.fit(&call.output[..e]) == Fit::Complete);
@@ -169,7 +175,13 @@ impl LanguageModel for Llm {
         Llm::generate_constrained(self, view.live()?, instruction, schema, max_new)
     }
 
-    fn decode(&self, view: &mut View<'_>, instruction: &str, grammar: &dyn Grammar, max_new: usize) -> Result<ModelCall> {
+    fn decode(
+        &self,
+        view: &mut View<'_>,
+        instruction: &str,
+        grammar: &dyn Grammar,
+        max_new: usize,
+    ) -> Result<ModelCall> {
         Llm::decode_constrained(self, view.live()?, instruction, grammar, max_new)
     }
 }

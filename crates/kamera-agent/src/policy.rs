@@ -13,8 +13,8 @@ use crate::llm::ModelCall;
 mod candidates;
 mod example;
 mod model;
-mod words;
 mod scripted;
+mod words;
 pub use model::{ACTION_GRAMMAR, Decoding, ModelPolicy, valid};
 pub use scripted::{ScriptedPolicy, resolve_target};
 

@@ -22,7 +22,9 @@ pub struct Candidate {
 pub fn goal_spans(goal: &str) -> Vec<String> {
     let mut spans: Vec<String> = Vec::new();
     let norm = goal.replace(['\u{201c}', '\u{201d}'], "\"");
-    for (i, part) in norm.split('"').enumerate() {
+    let parts: Vec<&str> = norm.split('"').collect();
+    // Odd parts are quoted, but the last part after an unclosed quote is not.
+    for (i, part) in parts.iter().enumerate().take(parts.len().saturating_sub(1)) {
         let s = part.trim();
         if i % 2 == 1 && !s.is_empty() && s.chars().count() <= crate::schema::MAX_FREE_CHARS {
             for v in [s.to_string(), s.to_uppercase(), s.to_lowercase()] {
@@ -43,7 +45,7 @@ fn kind(e: &Element) -> &str {
     match e.tag.as_str() {
         "a" => "link",
         "select" => "list",
-        "textarea" => "text area",
+        "textarea" => "textarea",
         "input" if e.checked.is_some() => "checkbox",
         "input" if e.editable => "text field",
         "input" => "input",
@@ -60,14 +62,15 @@ fn label(e: &Element, obs: &Observation) -> Option<String> {
     (!prev.starts_with('[') && prev.chars().count() <= MAX_LABEL_CHARS).then(|| prev.replace('"', "'"))
 }
 
-/// `e` in words: kind, text in quotes, the label beside it when its own text is empty.
+/// `e` in words: kind, text in quotes, or the label beside it when it has no text of its own
+/// (a line before a button with text is as often unrelated as not).
 pub fn describe(e: &Element, obs: &Observation) -> String {
     let text = e.text.replace('"', "'");
     let mut d = kind(e).to_string();
     if !text.is_empty() {
         d.push_str(&format!(" \"{text}\""));
     }
-    if let Some(l) = label(e, obs).filter(|l| text.is_empty() || !l.contains(&text)) {
+    if let Some(l) = label(e, obs).filter(|_| text.is_empty()) {
         d.push_str(&format!(" near \"{l}\""));
     }
     if e.checked == Some(true) {
@@ -76,8 +79,7 @@ pub fn describe(e: &Element, obs: &Observation) -> String {
     d
 }
 
-/// Every action the model may rank on `obs`: click, check or uncheck and select on each
-/// interactive element; each of `texts` typed into each editable one (unless it already holds
+/// Every action the model may rank on `obs`: click and select on each interactive element; each of `texts` typed into each editable one (unless it already holds
 /// it); press Enter; and each of `answers` as the final answer.
 pub fn candidates(obs: &Observation, texts: &[String], answers: &[String]) -> Vec<Candidate> {
     let mut out = Vec::new();
@@ -85,11 +87,10 @@ pub fn candidates(obs: &Observation, texts: &[String], answers: &[String]) -> Ve
     for e in obs.interactive() {
         let d = describe(e, obs);
         let id = e.id;
-        match e.checked {
-            Some(false) => push(Action::Check { id }, format!("check {d} [{id}]")),
-            Some(true) => push(Action::Uncheck { id }, format!("uncheck {d} [{id}]")),
-            None => push(Action::Click { id }, format!("click {d} [{id}]")),
-        }
+        // A checkbox or radio button is clicked like anything else (a click toggles it; its
+        // description says whether it is checked): one verb for all, which a small model
+        // ranks better than `check` against `click`.
+        push(Action::Click { id }, format!("click {d} [{id}]"));
         if e.editable {
             for t in texts.iter().filter(|t| **t != e.text) {
                 let action = Action::Type {
@@ -194,7 +195,13 @@ mod tests {
                 text: "keli".into()
             }));
         assert_eq!(
-            words(&Action::Type { id: Some(2), text: "3hI".into() }, &obs),
+            words(
+                &Action::Type {
+                    id: Some(2),
+                    text: "3hI".into()
+                },
+                &obs
+            ),
             "type \"3hI\" into text field near \"Password\" [2]"
         );
     }

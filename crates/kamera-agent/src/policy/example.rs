@@ -81,8 +81,14 @@ mod tests {
     #[test]
     fn the_example_is_the_recorded_form_fill() {
         let e = super::example();
-        assert!(e.contains("Next action: type \"A-1042\" into text field \"Order number\" near \"Order\" [6]\n"), "{e}");
-        assert!(e.contains("Next action: click button \"Send return request\" [8]\n"), "{e}");
+        assert!(
+            e.contains("Next action: type \"A-1042\" into text field \"Order number\" [6]\n"),
+            "{e}"
+        );
+        assert!(
+            e.contains("Next action: click button \"Send return request\" [8]\n"),
+            "{e}"
+        );
         assert!(e.contains("Done so far: nothing\n"), "{e}");
         assert_eq!(e.matches(super::NEXT).count(), 2, "{e}");
     }

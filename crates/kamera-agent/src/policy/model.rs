@@ -1,8 +1,10 @@
-//! The model policy: asks the model for each action under the page's action schema
-//! (constrained decoding by default, or ranked, or free JSON with retries), never offering again
-//! an action that did nothing on an unchanged page. Each prompt carries what was done so far and
-//! whether each action changed the page (the check after each action); texts to type are offered
-//! as the task's own quoted strings ([`candidates::goal_spans`]) as well as free text.
+//! The model policy: asks the model for each action among the page's actions written in words
+//! (constrained greedy decoding by default, or ranked by likelihood, or free JSON with retries).
+//! Each prompt carries a recorded example from another task ([`example`]), what was done so far
+//! and whether each action changed the page (the check after each action). It never offers again
+//! an action that did nothing on an unchanged page, the last action right after itself, or typing
+//! into a field that already holds what it typed. Texts to type are the task's own quoted strings
+//! ([`candidates::goal_spans`]) and what the model writes.
 
 use kamera_browser::{Action, Element, Observation};
 use serde::{Deserialize, Serialize};
@@ -16,20 +18,21 @@ use crate::schema::{ActionSchema, LEAD, MAX_FREE_CHARS, QuotedText};
 
 /// How a ranked step's reply is written: one of the page's actions in words.
 const RANKED_FORM: &str = "Reply with the next action for this task, one of: click <element> [N], \
-type \"<text>\" into <element> [N], select \"<option>\" in <element> [N], check <element> [N], \
-uncheck <element> [N], press Enter, answer \"<text>\" (when the goal asks for an answer). \
+type \"<text>\" into <element> [N], select \"<option>\" in <element> [N], press Enter, \
+answer \"<text>\" (when the goal asks for an answer). \
 N is the number in brackets before the element on the current page.";
 
 /// How the model policy turns the model's reply into an action.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Decoding {
-    /// Greedy decoding under a token mask from the page's [`ActionSchema`]: every reply is a
-    /// valid action by construction.
+    /// Greedy decoding of the action in words under a token mask of the page's actions
+    /// ([`Words`]): every reply is a valid action by construction; texts to type are the model's.
     #[default]
     Constrained,
-    /// The page's valid actions ranked by mean token log-likelihood after the prompt; the text
-    /// of a chosen `type` or `done` is written greedily after it.
+    /// The kind of action (click, type, select, press, answer) ranked by likelihood, then the
+    /// page's actions of that kind in words by mean token log-likelihood; the texts offered to
+    /// type are the task's quoted strings and one the model writes, an answer is written.
     Ranked,
     /// Free JSON (greedy, then `retries` seeded samples); when no reply is a valid action, ranked.
     Free,
@@ -50,6 +53,8 @@ pub struct ModelPolicy {
     history: Vec<Taken>,
     /// The texts typed this episode.
     typed: Vec<String>,
+    /// The last action taken.
+    last: Option<Action>,
 }
 
 /// One action of the episode as the next prompts recall it.
@@ -132,15 +137,6 @@ impl ModelPolicy {
         }
     }
 
-    /// The page's schema without the actions already taken on it while it stayed the same.
-    fn schema(&self, obs: &Observation) -> ActionSchema {
-        let mut schema = ActionSchema::for_page(obs);
-        schema
-            .templates
-            .retain(|t| t.tail.is_some() || crate::llm::parse_action(&t.head).map_or(true, |a| !self.stale(&a)));
-        schema
-    }
-
     /// Notes the page of this step; a changed page forgets the actions taken on the last one.
     /// The last action learns whether it changed the page.
     fn seen(&mut self, obs: &Observation) {
@@ -160,6 +156,7 @@ impl ModelPolicy {
             self.typed.push(text.clone());
         }
         self.tried.push(action.clone());
+        self.last = Some(action.clone());
         self.history.push(Taken {
             words: candidates::words(action, obs),
             page: PageKey::of(obs),
@@ -167,9 +164,12 @@ impl ModelPolicy {
         });
     }
 
-    /// Whether `action` was already taken on this unchanged page (text actions may be retried).
+    /// Whether `action` was already taken on this unchanged page, or is the last action again
+    /// (which, if it changed the page, most often undoes it: a section toggled shut, a checkbox
+    /// unticked). Text actions may be retried.
     fn stale(&self, action: &Action) -> bool {
-        !matches!(action, Action::Type { .. } | Action::Done { .. }) && self.tried.contains(action)
+        let again = self.tried.contains(action) || self.last.as_ref() == Some(action);
+        !matches!(action, Action::Type { .. } | Action::Done { .. }) && again
     }
 
     /// The page's action the model finds most likely, in words ([`candidates`]): the task's
@@ -256,7 +256,9 @@ impl ModelPolicy {
     /// call that wrote it.
     fn write(&self, mind: &mut Mind<'_>, instruction: &str, lead: &str) -> Result<(String, ModelCall)> {
         let grammar = QuotedText { lead };
-        let call = mind.llm.decode(&mut mind.view, instruction, &grammar, mind.max_new_tokens.max(16))?;
+        let call = mind
+            .llm
+            .decode(&mut mind.view, instruction, &grammar, mind.max_new_tokens.max(16))?;
         let written = call.output.strip_prefix(lead).unwrap_or(&call.output);
         let text: String = written
             .split('"')
@@ -279,15 +281,25 @@ impl ModelPolicy {
             .collect();
         let fields: Vec<&Element> = obs.interactive().filter(|e| e.editable && !self.filled(e)).collect();
         let grammar = Words::new(example::NEXT, obs, &cands, &fields);
-        let call = mind.llm.decode(&mut mind.view, instruction, &grammar, mind.max_new_tokens.max(64))?;
-        let action = grammar.action(&call.output).ok_or_else(|| Error::Policy {
-            tries: 1,
-            last: call.output.clone(),
-        })?;
-        Ok(NextAction {
-            action,
-            model: Some(call),
-        })
+        // The local model's token mask always ends in an action; a plugged model without one
+        // may write something else, and then gets the ranked choice.
+        match mind
+            .llm
+            .decode(&mut mind.view, instruction, &grammar, mind.max_new_tokens.max(64))
+        {
+            Ok(call) => match grammar.action(&call.output) {
+                Some(action) => Ok(NextAction {
+                    action,
+                    model: Some(call),
+                }),
+                None => self.ranked(obs, mind, instruction),
+            },
+            Err(Error::Policy { last, .. }) => {
+                tracing::debug!(reply = %last, "not an action of the page: ranked instead");
+                self.ranked(obs, mind, instruction)
+            }
+            Err(e) => Err(e),
+        }
     }
 }
 
@@ -342,18 +354,6 @@ impl ModelPolicy {
         }
         self.ranked(obs, mind, instruction)
     }
-}
-
-/// The schema's action for a model call's reply (a reply it cannot read is a policy error).
-fn decided(schema: &ActionSchema, call: ModelCall) -> Result<NextAction> {
-    let action = schema.action(&call.output).ok_or_else(|| Error::Policy {
-        tries: 1,
-        last: call.output.clone(),
-    })?;
-    Ok(NextAction {
-        action,
-        model: Some(call),
-    })
 }
 
 #[cfg(test)]
@@ -438,5 +438,58 @@ mod tests {
         );
         p.seen(&page(7, "Gone"));
         assert!(!p.stale(&Action::Click { id: 1 }), "the button changed: a new page");
+    }
+
+    fn form(user: &str) -> Observation {
+        serde_json::from_value(serde_json::json!({
+            "url": "http://127.0.0.1/miniwob/login-user.html", "title": "Login",
+            "text": format!("Username\n[1] input type=text \"{user}\"\n[2] button \"Login\""),
+            "elements": [
+                {"id": 1, "tag": "input", "text": user, "editable": true, "x": 1.0, "y": 1.0},
+                {"id": 2, "tag": "button", "text": "Login", "x": 1.0, "y": 2.0}
+            ]
+        }))
+        .expect("observation")
+    }
+
+    /// The check after each action: the next prompt says what was done and whether it changed
+    /// the page; a field that took its text is not typed into again; the last action is not
+    /// offered right after itself, even when it changed the page.
+    #[test]
+    fn each_prompt_says_what_was_done_and_what_it_did() {
+        let mut p = ModelPolicy::new(Decoding::Ranked);
+        let empty = form("");
+        p.seen(&empty);
+        assert!(p.prompt(&empty, "g").contains("Now this task.\nCurrent page: Login (http://127.0.0.1/miniwob/login-user.html).\nGoal: g\nDone so far: nothing\n"));
+        let typed = Action::Type {
+            id: Some(1),
+            text: "keli".into(),
+        };
+        p.taken(&typed, &empty);
+        let filled = form("keli");
+        p.seen(&filled);
+        assert!(
+            p.prompt(&filled, "g")
+                .contains("Done so far:\n- type \"keli\" into text field near \"Username\" [1] (the page changed)\n"),
+            "{}",
+            p.prompt(&filled, "g")
+        );
+        assert!(p.fills_again(&typed, &filled), "the field holds what was typed");
+        assert!(!p.fills_again(&typed, &empty));
+        p.taken(&Action::Click { id: 2 }, &filled);
+        let after = form("keli!");
+        p.seen(&after);
+        assert!(p.stale(&Action::Click { id: 2 }), "the last action, right after itself");
+        assert!(
+            p.prompt(&after, "g")
+                .contains("click button \"Login\" [2] (the page changed)")
+        );
+        p.taken(&Action::Key { key: "Enter".into() }, &after);
+        p.seen(&after);
+        assert!(p.prompt(&after, "g").contains("- press Enter (nothing changed)\n"));
+        assert!(
+            !p.stale(&Action::Click { id: 2 }),
+            "no longer the last action, on a changed page"
+        );
     }
 }
