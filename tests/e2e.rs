@@ -304,7 +304,7 @@ async fn model_policy_acts_validly_on_miniwob_click_test() -> Result<()> {
     for st in &r.steps {
         assert_eq!(st.result, StepResult::Ok, "step {}: {}", st.step, st.result);
         let m = st.model.as_ref().expect("every action came from the model");
-        assert!(m.output.starts_with("{\"action\": \""), "{}", m.output);
+        assert!(m.output.starts_with("Next action: "), "{}", m.output);
     }
     let reward = r.end.reward.expect("episode ended with a reward");
     eprintln!("miniwob-click-test-model: reward {reward:.3}");
@@ -380,9 +380,9 @@ async fn plugged_language_model_drives_the_agent() -> Result<()> {
     use kamera_agent::{Agent, LanguageModel, ModelCall, View};
     use std::sync::{Arc, Mutex};
 
-    /// Clicks the listed element whose text is `word`, found in the window text (as JSON, which
-    /// is not the policy's reply in words: the policy then ranks, and the double picks the
-    /// candidate that names the word).
+    /// Clicks the listed element whose text is `word`: ranked (the default decoding), it picks
+    /// the candidate that names the word; asked for free text, it writes JSON found in the window
+    /// text (not a reply in words: constrained decoding then ranks).
     struct Keyword {
         word: &'static str,
         seen: Arc<Mutex<Vec<String>>>,
@@ -412,11 +412,12 @@ async fn plugged_language_model_drives_the_agent() -> Result<()> {
         }
         fn rank(
             &self,
-            _view: &mut View<'_>,
+            view: &mut View<'_>,
             _instruction: &str,
             lead: &str,
             candidates: &[String],
         ) -> kamera_agent::Result<ModelCall> {
+            self.seen.lock().unwrap().push(view.text.to_string());
             // The candidate that names the word, else a click, else the first.
             let quoted = format!("\"{}\"", self.word);
             let best = candidates
@@ -456,7 +457,11 @@ async fn plugged_language_model_drives_the_agent() -> Result<()> {
         .expect("a listed element");
     assert_eq!(el.text, "Orders", "{:?}", step.observation.elements);
     let seen = seen.lock().unwrap().clone();
-    assert_eq!(seen.len(), 1, "one free reply per step (then ranked)");
+    assert_eq!(
+        seen.len(),
+        2,
+        "the ranked policy (the default) asks the kind, then the action"
+    );
     assert!(
         seen[0].contains("Kestrel Supply") && seen[0].contains("Goal: Open the orders list"),
         "{}",

@@ -1,6 +1,7 @@
 //! The model policy's replies on real pages (Chromium, SmolLM2-135M-Instruct): how often greedy
-//! free JSON is a valid action of the page, against constrained decoding, which must always be.
-//! The page is each scenario's first page, in the window as the agent loop puts it.
+//! free JSON is a valid action of the page, against constrained decoding, which must always be,
+//! both the JSON schema's and the policy's own (the actions in words, `kamera_agent::Words`). The page is
+//! each scenario's first page, in the window as the agent loop puts it.
 
 use anyhow::Result;
 use kamera_agent::{ActionSchema, LEAD, Llm, ModelPolicy, chunk_text, parse_action, valid};
@@ -49,6 +50,15 @@ async fn constrained_decoding_makes_every_reply_a_valid_action() -> Result<()> {
         let free_ok = parse_action(&free.output).is_ok_and(|a| valid(&obs, &a));
         free_valid += usize::from(free_ok);
 
+        let policy = ModelPolicy::default();
+        let words = policy.words(&obs);
+        let said = llm.decode_constrained(&mut *ctx, &policy.prompt(&obs, &s.goal), &words, 64)?;
+        assert!(
+            words.action(&said.output).is_some_and(|a| valid(&obs, &a)),
+            "{name}: the policy's reply {:?} is not a valid action",
+            said.output
+        );
+
         let schema = ActionSchema::for_page(&obs);
         let held = llm.generate_constrained(ctx, &instruction, &schema, 32)?;
         let action = schema.action(&held.output);
@@ -58,10 +68,11 @@ async fn constrained_decoding_makes_every_reply_a_valid_action() -> Result<()> {
             held.output
         );
         lines.push(format!(
-            "{name}: free {} {:?} | constrained {:?}",
+            "{name}: free {} {:?} | constrained {:?} | in words {:?}",
             if free_ok { "valid" } else { "INVALID" },
             free.output,
-            held.output
+            held.output,
+            said.output
         ));
     }
     println!("{}", lines.join("\n"));

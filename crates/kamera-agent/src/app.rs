@@ -147,7 +147,7 @@ impl AgentBuilder {
         self.language_model = Some(Arc::new(lm));
         self
     }
-    /// How the default model policy decodes (default: constrained, always a valid action).
+    /// How the default model policy decodes (default: ranked, always a valid action).
     pub fn decoding(mut self, decoding: Decoding) -> Self {
         self.decoding = decoding;
         self

@@ -79,7 +79,7 @@ pub use language_model::{LanguageModel, View};
 pub use live::Live;
 pub use llm::{CallTimings, Llm, ModelCall, parse_action};
 pub use policy::{
-    ACTION_GRAMMAR, Decoding, Mind, ModelPolicy, NextAction, Policy, ScriptedPolicy, resolve_target, valid,
+    ACTION_GRAMMAR, Decoding, Mind, ModelPolicy, NextAction, Policy, ScriptedPolicy, Words, resolve_target, valid,
 };
 pub use runtime::{
     Applied, ApplyTimings, Block, CHUNK_TOKENS_MAX, ObservedPage, PROMPT_ROWS_TOKENS, Relevance, Session,

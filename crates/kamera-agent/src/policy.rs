@@ -17,6 +17,7 @@ mod scripted;
 mod words;
 pub use model::{ACTION_GRAMMAR, Decoding, ModelPolicy, valid};
 pub use scripted::{ScriptedPolicy, resolve_target};
+pub use words::Words;
 
 /// What a policy sees of the model: the model to ask (the local [`crate::Llm`] unless one was
 /// plugged), the window (the session's live context, placed by the scheduler, and its text) and

@@ -181,26 +181,14 @@ impl ActionSchema {
 
     /// Where `reply` stands: dead, an open prefix, or a complete action.
     pub fn fit(&self, reply: &str) -> Fit {
-        let mut open = false;
-        for t in &self.templates {
-            match t.fit(reply) {
-                Fit::Complete => return Fit::Complete,
-                Fit::Open => open = true,
-                Fit::Dead => {}
-            }
-        }
-        if open { Fit::Open } else { Fit::Dead }
+        fit_any(&self.templates, reply)
     }
 
     /// The shortest completion of an open `reply` into a valid action (used when the token
     /// budget runs out mid-reply): the rest of the first literal it starts, or the close of its
     /// free text.
     pub fn close(&self, reply: &str) -> Option<String> {
-        self.templates
-            .iter()
-            .filter(|t| t.fit(reply) == Fit::Open)
-            .filter_map(|t| t.close(reply))
-            .min_by_key(String::len)
+        close_shortest(&self.templates, reply)
     }
 
     /// Whether `action` is one of this schema's actions.
@@ -224,6 +212,28 @@ impl ActionSchema {
             .then(|| crate::llm::parse_action(reply).ok())
             .flatten()
     }
+}
+
+/// Where `reply` stands against any of `templates`: complete if one is complete, open if one is open.
+pub(crate) fn fit_any<'a>(templates: impl IntoIterator<Item = &'a Template>, reply: &str) -> Fit {
+    let mut open = false;
+    for t in templates {
+        match t.fit(reply) {
+            Fit::Complete => return Fit::Complete,
+            Fit::Open => open = true,
+            Fit::Dead => {}
+        }
+    }
+    if open { Fit::Open } else { Fit::Dead }
+}
+
+/// The shortest completion of an open `reply` by any of `templates`.
+pub(crate) fn close_shortest<'a>(templates: impl IntoIterator<Item = &'a Template>, reply: &str) -> Option<String> {
+    templates
+        .into_iter()
+        .filter(|t| t.fit(reply) == Fit::Open)
+        .filter_map(|t| t.close(reply))
+        .min_by_key(String::len)
 }
 
 /// A character free text may hold (it stays a valid JSON string without escapes).

@@ -1,5 +1,5 @@
 //! The model policy: asks the model for each action among the page's actions written in words
-//! (constrained greedy decoding by default, or ranked by likelihood, or free JSON with retries).
+//! (ranked by likelihood by default, or greedy under a token mask, or free JSON with retries).
 //! Each prompt carries a recorded example from another task ([`example`]), what was done so far
 //! and whether each action changed the page (the check after each action). It never offers again
 //! an action that did nothing on an unchanged page, the last action right after itself, or typing
@@ -28,18 +28,19 @@ N is the number in brackets before the element on the current page.";
 pub enum Decoding {
     /// Greedy decoding of the action in words under a token mask of the page's actions
     /// ([`Words`]): every reply is a valid action by construction; texts to type are the model's.
-    #[default]
     Constrained,
     /// The kind of action (click, type, select, press, answer) ranked by likelihood, then the
     /// page's actions of that kind in words by mean token log-likelihood; the texts offered to
-    /// type are the task's quoted strings and one the model writes, an answer is written.
+    /// type are the task's quoted strings and one the model writes, an answer is written. The
+    /// default: it measured better than greedy decoding (bench/agent/README.md).
+    #[default]
     Ranked,
     /// Free JSON (greedy, then `retries` seeded samples); when no reply is a valid action, ranked.
     Free,
 }
 
 /// Asks the model for each action over the window's live context, as [`Decoding`] says
-/// (constrained decoding by default). An action already taken on a page that has not changed
+/// (ranked by default). An action already taken on a page that has not changed
 /// since (it did nothing) is not offered again.
 #[derive(Debug, Clone, Default)]
 pub struct ModelPolicy {
@@ -102,8 +103,8 @@ impl ModelPolicy {
     }
 
     /// The instruction of a step: the page, the goal, what was done so far, then how to reply
-    /// (the JSON grammar, or for ranking the actions in words).
-    fn prompt(&self, obs: &Observation, goal: &str) -> String {
+    /// (the actions in words after the recorded example, or for free decoding the JSON grammar).
+    pub fn prompt(&self, obs: &Observation, goal: &str) -> String {
         let taken: Vec<(String, Option<bool>)> = self.history.iter().map(|t| (t.words.clone(), t.changed)).collect();
         let done = example::done_so_far(&taken);
         match self.decoding {
@@ -238,6 +239,17 @@ impl ModelPolicy {
         })
     }
 
+    /// The grammar constrained decoding holds this step's reply to: the page's actions in words
+    /// (less those [`ModelPolicy`] does not offer again), typing into each open field, an answer.
+    pub fn words(&self, obs: &Observation) -> Words {
+        let cands: Vec<candidates::Candidate> = candidates::candidates(obs, &[], &[])
+            .into_iter()
+            .filter(|c| !self.stale(&c.action))
+            .collect();
+        let fields: Vec<&Element> = obs.interactive().filter(|e| e.editable && !self.filled(e)).collect();
+        Words::new(example::NEXT, obs, &cands, &fields)
+    }
+
     /// Whether `action` types into a field that already holds a text this episode typed (the
     /// check after a `type`: it took, so the field is done).
     fn fills_again(&self, action: &Action, obs: &Observation) -> bool {
@@ -275,12 +287,7 @@ impl ModelPolicy {
     /// click, check, select or key as listed, a text the model writes into an open field, or an
     /// answer.
     fn constrained(&self, obs: &Observation, mind: &mut Mind<'_>, instruction: &str) -> Result<NextAction> {
-        let cands: Vec<candidates::Candidate> = candidates::candidates(obs, &[], &[])
-            .into_iter()
-            .filter(|c| !self.stale(&c.action))
-            .collect();
-        let fields: Vec<&Element> = obs.interactive().filter(|e| e.editable && !self.filled(e)).collect();
-        let grammar = Words::new(example::NEXT, obs, &cands, &fields);
+        let grammar = self.words(obs);
         // The local model's token mask always ends in an action; a plugged model without one
         // may write something else, and then gets the ranked choice.
         match mind

@@ -6,7 +6,7 @@
 use kamera_browser::{Action, Element, Observation};
 
 use super::candidates::{Candidate, describe};
-use crate::schema::{Fit, Grammar, Template};
+use crate::schema::{Fit, Grammar, Template, close_shortest, fit_any};
 
 /// What a template's reply becomes.
 #[derive(Debug, Clone)]
@@ -79,22 +79,10 @@ impl Grammar for Words {
         &self.lead
     }
     fn fit(&self, reply: &str) -> Fit {
-        let mut open = false;
-        for (t, _) in &self.items {
-            match t.fit(reply) {
-                Fit::Complete => return Fit::Complete,
-                Fit::Open => open = true,
-                Fit::Dead => {}
-            }
-        }
-        if open { Fit::Open } else { Fit::Dead }
+        fit_any(self.items.iter().map(|(t, _)| t), reply)
     }
     fn close(&self, reply: &str) -> Option<String> {
-        self.items
-            .iter()
-            .filter(|(t, _)| t.fit(reply) == Fit::Open)
-            .filter_map(|(t, _)| t.close(reply))
-            .min_by_key(String::len)
+        close_shortest(self.items.iter().map(|(t, _)| t), reply)
     }
 }
 
