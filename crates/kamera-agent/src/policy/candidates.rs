@@ -1,8 +1,8 @@
 //! The page's actions as the model ranks them: each valid action written in words, with its
 //! element described by kind, text and the label beside it (`click button "Submit" [3]`,
-//! `type "keli" into text field near "Username" [1]`), and the texts a `type` or `answer` may
-//! carry taken from the task (its quoted strings, as written and in upper and lower case) and
-//! from what the model writes itself. Describing the target in the candidate lets the model's
+//! `type "keli" into text field near "Username" [1]`), and the texts a `type` may carry taken
+//! from the task (its quoted strings, as written and in upper and lower case) and from what the
+//! model writes itself. Describing the target in the candidate lets the model's
 //! likelihood match the goal's words against the element's, instead of guessing at a number.
 
 use kamera_browser::{Action, Element, Observation};
@@ -79,9 +79,10 @@ pub fn describe(e: &Element, obs: &Observation) -> String {
     d
 }
 
-/// Every action the model may rank on `obs`: click and select on each interactive element; each of `texts` typed into each editable one (unless it already holds
-/// it); press Enter; and each of `answers` as the final answer.
-pub fn candidates(obs: &Observation, texts: &[String], answers: &[String]) -> Vec<Candidate> {
+/// Every action the model may rank on `obs`: click and select on each interactive element; each
+/// of `texts` typed into each editable one (unless it already holds it); and press Enter. (An
+/// answer is written, not chosen: the policy offers it as a kind of action.)
+pub fn candidates(obs: &Observation, texts: &[String]) -> Vec<Candidate> {
     let mut out = Vec::new();
     let mut push = |action: Action, text: String| out.push(Candidate { action, text });
     for e in obs.interactive() {
@@ -106,9 +107,6 @@ pub fn candidates(obs: &Observation, texts: &[String], answers: &[String]) -> Ve
         }
     }
     push(Action::Key { key: "Enter".into() }, "press Enter".into());
-    for a in answers {
-        push(Action::Done { answer: a.clone() }, format!("answer \"{a}\""));
-    }
     out
 }
 
@@ -181,14 +179,13 @@ mod tests {
     fn candidates_are_valid_and_skip_texts_already_typed() {
         let spans = goal_spans("the username \"keli\"");
         let obs = login_page("keli");
-        let cands = candidates(&obs, &spans, &["x".to_string()]);
+        let cands = candidates(&obs, &spans);
         for c in &cands {
             assert!(super::super::valid(&obs, &c.action), "{c:?}");
         }
         let texts: Vec<&str> = cands.iter().map(|c| c.text.as_str()).collect();
         assert!(texts.contains(&"type \"keli\" into text field near \"Password\" [2]"));
         assert!(texts.contains(&"click button \"Login\" [3]"));
-        assert!(texts.contains(&"answer \"x\""));
         assert!(!cands.iter().any(|c| c.action
             == Action::Type {
                 id: Some(1),

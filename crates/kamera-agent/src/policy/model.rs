@@ -180,7 +180,7 @@ impl ModelPolicy {
         let mut texts = candidates::goal_spans(mind.goal);
         let mut timing = CallTimings::default();
         let pool = |texts: &[String]| -> Vec<candidates::Candidate> {
-            candidates::candidates(obs, texts, &[])
+            candidates::candidates(obs, texts)
                 .into_iter()
                 .filter(|c| !self.stale(&c.action) && !self.fills_again(&c.action, obs))
                 .collect()
@@ -203,6 +203,8 @@ impl ModelPolicy {
         if kind == " answer" {
             let lead = format!("{} answer \"", example::NEXT);
             let (answer, call) = self.write(mind, instruction, &lead)?;
+            // An empty answer is not a valid one: the placeholder free texts take.
+            let answer = if answer.is_empty() { "-".to_string() } else { answer };
             return Ok(NextAction {
                 action: Action::Done { answer },
                 model: Some(call),
@@ -217,11 +219,16 @@ impl ModelPolicy {
                 cands = pool(&texts);
             }
         }
-        let words: Vec<String> = cands
+        let mut words: Vec<String> = cands
             .iter()
             .filter(|c| verb(&c.text) == kind)
             .map(|c| format!(" {}", c.text))
             .collect();
+        if words.is_empty() {
+            // Typing was chosen but there is no text to type (no quoted string, and the model
+            // wrote none): every other action instead.
+            words = cands.iter().map(|c| format!(" {}", c.text)).collect();
+        }
         let mut call = mind.llm.rank(&mut mind.view, instruction, example::NEXT, &words)?;
         tracing::trace!(scores = ?call.scores, "ranked candidates");
         let reply = call.output.strip_prefix(example::NEXT).unwrap_or_default().trim_start();
@@ -242,7 +249,7 @@ impl ModelPolicy {
     /// The grammar constrained decoding holds this step's reply to: the page's actions in words
     /// (less those [`ModelPolicy`] does not offer again), typing into each open field, an answer.
     pub fn words(&self, obs: &Observation) -> Words {
-        let cands: Vec<candidates::Candidate> = candidates::candidates(obs, &[], &[])
+        let cands: Vec<candidates::Candidate> = candidates::candidates(obs, &[])
             .into_iter()
             .filter(|c| !self.stale(&c.action))
             .collect();

@@ -108,7 +108,7 @@ mod tests {
     #[test]
     fn replies_in_words_are_the_pages_actions() {
         let obs = page();
-        let cands = candidates(&obs, &[], &[]);
+        let cands = candidates(&obs, &[]);
         let field = obs.element(1).expect("field");
         let w = Words::new("Next:", &obs, &cands, &[field]);
         assert_eq!(w.action("Next: click button \"Go\" [2]"), Some(Action::Click { id: 2 }));
