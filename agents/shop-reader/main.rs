@@ -1,6 +1,6 @@
 //! shop-reader: the builder API with the model policy, one step at a time. It serves the demo
 //! shop (the kamera-site crate, on kamera-browser's loopback `Server`), `observe`s the home
-//! page, `act`s toward the catalogue (constrained decoding: the model's reply is always an action
+//! page, `act`s toward the catalogue (ranked among the page's actions: the reply is always an action
 //! the page can take), `extract`s a typed value off the page (the reply must deserialise as the
 //! type, or a typed error says what the model wrote), then works a second task in the same
 //! session (browser, window and chunk store kept).
