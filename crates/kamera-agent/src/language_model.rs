@@ -122,17 +122,7 @@ pub trait LanguageModel: Send + Sync {
         max_new: usize,
     ) -> Result<ModelCall> {
         let mut call = self.generate_after(view, instruction, grammar.lead(), max_new, 0)?;
-        let ends: Vec<usize> = call.output.char_indices().map(|(i, c)| i + c.len_utf8()).collect();
-        let complete = ends.iter().find(|&&e| grammar.fit(&call.output[..e]) == Fit::Complete);
-        let reply = match complete {
-            Some(&e) => Some(call.output[..e].to_string()),
-            None => ends
-                .iter()
-                .rev()
-                .find(|&&e| grammar.fit(&call.output[..e]) == Fit::Open)
-                .and_then(|&e| grammar.close(&call.output[..e])),
-        };
-        call.output = reply.ok_or_else(|| Error::Policy {
+        call.output = held_to(grammar, &call.output).ok_or_else(|| Error::Policy {
             tries: 1,
             last: call.output.clone(),
         })?;
@@ -186,6 +176,20 @@ impl LanguageModel for Llm {
     }
 }
 
+/// A free `output` held to `grammar`: its shortest complete prefix, else its longest open prefix
+/// closed by the grammar; `None` when no prefix is even open.
+fn held_to(grammar: &dyn Grammar, output: &str) -> Option<String> {
+    let ends: Vec<usize> = output.char_indices().map(|(i, c)| i + c.len_utf8()).collect();
+    match ends.iter().find(|&&e| grammar.fit(&output[..e]) == Fit::Complete) {
+        Some(&e) => Some(output[..e].to_string()),
+        None => ends
+            .iter()
+            .rev()
+            .find(|&&e| grammar.fit(&output[..e]) == Fit::Open)
+            .and_then(|&e| grammar.close(&output[..e])),
+    }
+}
+
 /// The session's window as text: its tokens decoded, control tokens left out.
 pub(crate) fn window_text(session: &crate::runtime::Session) -> Result<String> {
     session
@@ -193,4 +197,26 @@ pub(crate) fn window_text(session: &crate::runtime::Session) -> Result<String> {
         .tokenizer()
         .decode(&session.window_tokens(), true)
         .map_err(model("decode"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::held_to;
+    use crate::schema::QuotedText;
+
+    /// A plugged model's free reply is cut after its first complete reply, closed when it stops
+    /// open, and refused when it leaves the grammar at once.
+    #[test]
+    fn free_replies_are_held_to_the_grammar() {
+        let g = QuotedText { lead: "Next: say \"" };
+        assert_eq!(
+            held_to(&g, "Next: say \"hi\" and more").as_deref(),
+            Some("Next: say \"hi\"")
+        );
+        assert_eq!(
+            held_to(&g, "Next: say \"unfinished").as_deref(),
+            Some("Next: say \"unfinished\"")
+        );
+        assert_eq!(held_to(&g, "Something else"), None);
+    }
 }

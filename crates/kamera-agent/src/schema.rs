@@ -90,12 +90,13 @@ impl Grammar for QuotedText<'_> {
         let Some(text) = reply.strip_prefix(self.lead) else {
             return Fit::Dead;
         };
-        match text.find('"') {
-            _ if text.chars().any(|c| c == '\\' || c.is_control()) => Fit::Dead,
-            Some(i) if i + 1 == text.len() => Fit::Complete,
-            Some(_) => Fit::Dead,
-            None if text.chars().count() > MAX_FREE_CHARS => Fit::Dead,
-            None => Fit::Open,
+        // The free text of a template ([`free_char`]), closed by the quote and nothing after it.
+        let (free, closing) = text.split_at(text.find('"').unwrap_or(text.len()));
+        match closing {
+            _ if !free.chars().all(free_char) || free.chars().count() > MAX_FREE_CHARS => Fit::Dead,
+            "" => Fit::Open,
+            "\"" => Fit::Complete,
+            _ => Fit::Dead,
         }
     }
     fn close(&self, reply: &str) -> Option<String> {
@@ -296,6 +297,23 @@ impl Template {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A quoted text is open until its closing quote, complete at it, dead after it or with a
+    /// backslash or control character; an open one closes with the quote.
+    #[test]
+    fn quoted_texts_end_at_their_quote() {
+        let g = QuotedText { lead: "say \"" };
+        assert_eq!(g.fit("say \"hello"), Fit::Open);
+        assert_eq!(g.fit("say \"hello\""), Fit::Complete);
+        assert_eq!(g.fit("say \"\""), Fit::Complete);
+        assert_eq!(g.fit("say \"hello\" x"), Fit::Dead);
+        assert_eq!(g.fit("say \"a\\b"), Fit::Dead);
+        assert_eq!(g.fit("say \"a\nb"), Fit::Dead);
+        assert_eq!(g.fit("shout"), Fit::Dead);
+        assert_eq!(g.fit(&format!("say \"{}", "x".repeat(MAX_FREE_CHARS + 1))), Fit::Dead);
+        assert_eq!(g.close("say \"hello").as_deref(), Some("say \"hello\""));
+        assert_eq!(g.close("say \"hello\""), None);
+    }
 
     fn page() -> Observation {
         serde_json::from_value(serde_json::json!({

@@ -56,10 +56,17 @@ fn kind(e: &Element) -> &str {
 /// The short text line just before `e`'s line in the page text (a field's label), if any.
 fn label(e: &Element, obs: &Observation) -> Option<String> {
     let marker = format!("[{}] ", e.id);
-    let lines: Vec<&str> = obs.text.lines().collect();
-    let at = lines.iter().position(|l| l.trim_start().starts_with(&marker))?;
-    let prev = lines[..at].iter().rev().map(|l| l.trim()).find(|l| !l.is_empty())?;
-    (!prev.starts_with('[') && prev.chars().count() <= MAX_LABEL_CHARS).then(|| prev.replace('"', "'"))
+    let mut prev: Option<&str> = None;
+    for line in obs.text.lines().map(str::trim) {
+        if line.starts_with(&marker) {
+            let prev = prev?;
+            return (!prev.starts_with('[') && prev.chars().count() <= MAX_LABEL_CHARS).then(|| prev.replace('"', "'"));
+        }
+        if !line.is_empty() {
+            prev = Some(line);
+        }
+    }
+    None
 }
 
 /// `e` in words: kind, text in quotes, or the label beside it when it has no text of its own
@@ -69,8 +76,7 @@ pub fn describe(e: &Element, obs: &Observation) -> String {
     let mut d = kind(e).to_string();
     if !text.is_empty() {
         d.push_str(&format!(" \"{text}\""));
-    }
-    if let Some(l) = label(e, obs).filter(|_| text.is_empty()) {
+    } else if let Some(l) = label(e, obs) {
         d.push_str(&format!(" near \"{l}\""));
     }
     if e.checked == Some(true) {

@@ -35,12 +35,11 @@ pub fn example() -> &'static str {
 }
 
 /// What was done so far, one line each with what it did, as every ranked prompt says it.
-pub fn done_so_far(taken: &[(String, Option<bool>)]) -> String {
-    if taken.is_empty() {
-        return "Done so far: nothing\n".into();
-    }
+pub fn done_so_far<'a>(taken: impl IntoIterator<Item = (&'a str, Option<bool>)>) -> String {
     let mut s = String::from("Done so far:\n");
+    let mut any = false;
     for (w, changed) in taken {
+        any = true;
         let what = match changed {
             Some(true) => " (the page changed)",
             Some(false) => " (nothing changed)",
@@ -48,7 +47,7 @@ pub fn done_so_far(taken: &[(String, Option<bool>)]) -> String {
         };
         s.push_str(&format!("- {w}{what}\n"));
     }
-    s
+    if any { s } else { "Done so far: nothing\n".into() }
 }
 
 /// The prompt's lead-in of each reply.
@@ -67,7 +66,7 @@ fn render(rec: &Recording) -> String {
         let w = words(&step.action, &step.observation);
         // The model policy never uploads: that step is history only.
         if !matches!(step.action, Action::Upload { .. }) {
-            s.push_str(&done_so_far(&taken));
+            s.push_str(&done_so_far(taken.iter().map(|(w, c)| (w.as_str(), *c))));
             s.push_str(&format!("{NEXT} {w}\n"));
         }
         taken.push((w, Some(true)));

@@ -47,20 +47,17 @@ pub struct ModelPolicy {
     pub decoding: Decoding,
     /// With [`Decoding::Free`]: extra attempts after the first (greedy) one, sampled with fixed seeds.
     pub retries: usize,
-    /// The page of the last step ([`PageKey`]) and the actions taken on it since it last changed.
+    /// The page of this step ([`PageKey`]).
     page: Option<PageKey>,
-    tried: Vec<Action>,
-    /// Every action of the episode, in words, and whether it changed the page.
+    /// Every action of the episode, the page it was taken on and whether it changed it: what
+    /// was tried on this page, typed, or done last all derive from it.
     history: Vec<Taken>,
-    /// The texts typed this episode.
-    typed: Vec<String>,
-    /// The last action taken.
-    last: Option<Action>,
 }
 
 /// One action of the episode as the next prompts recall it.
 #[derive(Debug, Clone)]
 struct Taken {
+    action: Action,
     words: String,
     /// The page it was taken on.
     page: PageKey,
@@ -88,6 +85,11 @@ impl PageKey {
     }
 }
 
+/// The lines every instruction opens with: the current page and the goal.
+fn page_and_goal(obs: &Observation, goal: &str) -> String {
+    format!("Current page: {} ({}).\nGoal: {goal}\n", obs.title, obs.url)
+}
+
 /// Whether `action` is one the page can take: a complete action of the page's schema.
 pub fn valid(obs: &Observation, action: &Action) -> bool {
     ActionSchema::for_page(obs).allows(action)
@@ -96,28 +98,20 @@ pub fn valid(obs: &Observation, action: &Action) -> bool {
 impl ModelPolicy {
     /// The instruction after the window's pages: the current page, the goal, the grammar.
     pub fn instruction(obs: &Observation, goal: &str) -> String {
-        format!(
-            "Current page: {} ({}).\nGoal: {goal}\n{ACTION_GRAMMAR}",
-            obs.title, obs.url
-        )
+        format!("{}{ACTION_GRAMMAR}", page_and_goal(obs, goal))
     }
 
     /// The instruction of a step: the page, the goal, what was done so far, then how to reply
     /// (the actions in words after the recorded example, or for free decoding the JSON grammar).
     pub fn prompt(&self, obs: &Observation, goal: &str) -> String {
-        let taken: Vec<(String, Option<bool>)> = self.history.iter().map(|t| (t.words.clone(), t.changed)).collect();
-        let done = example::done_so_far(&taken);
+        let done = example::done_so_far(self.history.iter().map(|t| (t.words.as_str(), t.changed)));
         match self.decoding {
             Decoding::Ranked | Decoding::Constrained => format!(
-                "{}\nNow this task.\nCurrent page: {} ({}).\nGoal: {goal}\n{done}{RANKED_FORM}",
+                "{}\nNow this task.\n{}{done}{RANKED_FORM}",
                 example::example(),
-                obs.title,
-                obs.url
+                page_and_goal(obs, goal)
             ),
-            Decoding::Free => format!(
-                "Current page: {} ({}).\nGoal: {goal}\n{done}{ACTION_GRAMMAR}",
-                obs.title, obs.url
-            ),
+            Decoding::Free => format!("{}{done}{ACTION_GRAMMAR}", page_and_goal(obs, goal)),
         }
     }
 
@@ -145,31 +139,35 @@ impl ModelPolicy {
         if let Some(last) = self.history.last_mut().filter(|t| t.changed.is_none()) {
             last.changed = Some(last.page != page);
         }
-        if self.page.as_ref() != Some(&page) {
-            self.page = Some(page);
-            self.tried.clear();
-        }
+        self.page = Some(page);
     }
 
-    /// Notes `action`, taken on `obs`.
+    /// Notes `action`, taken on `obs` (the page [`ModelPolicy::seen`] noted this step).
     fn taken(&mut self, action: &Action, obs: &Observation) {
-        if let Action::Type { text, .. } = action {
-            self.typed.push(text.clone());
-        }
-        self.tried.push(action.clone());
-        self.last = Some(action.clone());
+        let page = self.page.clone().unwrap_or_else(|| PageKey::of(obs));
         self.history.push(Taken {
+            action: action.clone(),
             words: candidates::words(action, obs),
-            page: PageKey::of(obs),
+            page,
             changed: None,
         });
+    }
+
+    /// The actions taken on this page since it last changed.
+    fn tried(&self) -> impl Iterator<Item = &Action> {
+        self.history
+            .iter()
+            .rev()
+            .take_while(|t| Some(&t.page) == self.page.as_ref())
+            .map(|t| &t.action)
     }
 
     /// Whether `action` was already taken on this unchanged page, or is the last action again
     /// (which, if it changed the page, most often undoes it: a section toggled shut, a checkbox
     /// unticked). Text actions may be retried.
     fn stale(&self, action: &Action) -> bool {
-        let again = self.tried.contains(action) || self.last.as_ref() == Some(action);
+        let last = self.history.last().map(|t| &t.action);
+        let again = last == Some(action) || self.tried().any(|a| a == action);
         !matches!(action, Action::Type { .. } | Action::Done { .. }) && again
     }
 
@@ -268,7 +266,11 @@ impl ModelPolicy {
 
     /// Whether field `e` holds a text this episode typed.
     fn filled(&self, e: &Element) -> bool {
-        !e.text.is_empty() && self.typed.contains(&e.text)
+        !e.text.is_empty()
+            && self
+                .history
+                .iter()
+                .any(|t| matches!(&t.action, Action::Type { text, .. } if *text == e.text))
     }
 
     /// A text the model writes after `lead` (greedy, up to its closing quote), trimmed, and the
@@ -418,11 +420,16 @@ mod tests {
     #[test]
     fn actions_that_did_nothing_are_not_repeated() {
         let mut p = ModelPolicy::with_retries(0);
-        p.tried = vec![Action::Scroll { dy: 300.0 }, Action::Click { id: 2 }];
+        let obs = form("");
+        p.seen(&obs);
+        p.taken(&Action::Scroll { dy: 300.0 }, &obs);
+        p.seen(&obs);
+        p.taken(&Action::Click { id: 2 }, &obs);
+        p.seen(&obs);
         assert!(p.stale(&Action::Scroll { dy: 300.0 }));
         assert!(p.stale(&Action::Click { id: 2 }));
         assert!(!p.stale(&Action::Click { id: 3 }));
-        p.tried.push(Action::Done { answer: "x".into() });
+        p.taken(&Action::Done { answer: "x".into() }, &obs);
         assert!(!p.stale(&Action::Done { answer: "x".into() }));
     }
 
@@ -444,7 +451,9 @@ mod tests {
         };
         let mut p = ModelPolicy::default();
         p.seen(&page(9, "Go"));
-        p.tried.push(Action::Click { id: 1 });
+        p.taken(&Action::Click { id: 1 }, &page(9, "Go"));
+        // Another action after it, so that the click is not also the last action.
+        p.taken(&Action::Scroll { dy: 300.0 }, &page(9, "Go"));
         p.seen(&page(8, "Go"));
         assert!(
             p.stale(&Action::Click { id: 1 }),
