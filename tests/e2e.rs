@@ -459,18 +459,23 @@ async fn plugged_language_model_drives_the_agent() -> Result<()> {
     let seen = seen.lock().unwrap().clone();
     assert_eq!(
         seen.len(),
-        2,
-        "the ranked policy (the default) asks the kind, then the action"
+        3,
+        "the ranked policy (the default) writes its plan, then asks the kind, then the action"
     );
     assert!(
-        seen[0].contains("Kestrel Supply") && seen[0].contains("Goal: Open the orders list"),
-        "{}",
+        seen[0].contains("Goal: Open the orders list") && !seen[0].contains("Kestrel Supply"),
+        "the plan is written before the first page: {}",
         seen[0]
     );
     assert!(
-        !seen[0].contains("<|im_start|>"),
+        seen[1].contains("Kestrel Supply") && seen[1].contains("Plan for the goal:"),
+        "the page follows the pinned plan: {}",
+        seen[1]
+    );
+    assert!(
+        !seen[1].contains("<|im_start|>"),
         "control tokens are left out: {}",
-        seen[0]
+        seen[1]
     );
     let page = agent.observe().await?;
     assert!(page.url.ends_with("/orders"), "the click was taken: {}", page.url);

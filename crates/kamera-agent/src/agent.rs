@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use crate::error::{Error, Result};
 use crate::language_model::{LanguageModel, View};
 use crate::llm::Llm;
-use crate::policy::{Mind, NextAction, Policy};
+use crate::policy::{Mind, NextAction, Planned, Policy};
 use crate::runtime::pages::merge;
 use crate::runtime::{Applied, ApplyTimings, ObservedPage, Session, SessionStats};
 use crate::scenario::Scenario;
@@ -78,6 +78,9 @@ pub struct RunSummary {
     /// What the action cache did, when the run kept one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache: Option<crate::cache::CacheStats>,
+    /// The plan the policy wrote before the first page, and the call that wrote it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<Planned>,
 }
 
 impl RunSummary {
@@ -201,6 +204,7 @@ impl Run<'_, '_> {
             let prefix = self.llm.prefix_text(&self.scenario.goal);
             let session = &mut *self.agent.session;
             blocking(|| session.pin(&prefix))?;
+            self.plan()?;
         }
         // An empty start URL continues on the current page (a session's next task).
         if !self.replay && !self.env.start_url.is_empty() {
@@ -208,6 +212,41 @@ impl Run<'_, '_> {
             if let Some(e) = self.scenario.episode.as_ref().filter(|e| !e.start_js.is_empty()) {
                 self.agent.browser.eval(&e.start_js).await?;
             }
+        }
+        Ok(())
+    }
+
+    /// The policy's plan, when it writes one: pinned after the goal as a chunk of its own
+    /// (before any page, as pins must be).
+    fn plan(&mut self) -> Result<()> {
+        let session = &mut *self.agent.session;
+        let policy = &mut *self.agent.policy;
+        let llm: &dyn LanguageModel = match &self.opts.language_model {
+            Some(m) => m.as_ref(),
+            None => &self.llm,
+        };
+        let (goal, max_new) = (&self.scenario.goal, self.scenario.budget.max_new_tokens);
+        let origin = &self.env.origin;
+        let cache = self.opts.action_cache.as_mut();
+        let planned = blocking(|| -> Result<Option<Planned>> {
+            let text = crate::language_model::window_text(session)?;
+            let mut mind = Mind {
+                llm,
+                view: View::new(session, &text),
+                goal,
+                max_new_tokens: max_new,
+                cache,
+                origin,
+            };
+            let Some(p) = policy.plan(&mut mind)? else {
+                return Ok(None);
+            };
+            session.pin(&p.text)?;
+            Ok(Some(p))
+        })?;
+        if let Some(p) = planned {
+            tracing::info!(plan = %p.text.trim_end(), "planned");
+            self.summary.plan = Some(p);
         }
         Ok(())
     }
@@ -541,7 +580,8 @@ impl Run<'_, '_> {
             t.write(&Line::End(self.summary.end.clone()))?;
         }
         self.summary.session = self.agent.session.stats().since(&self.stats0);
-        self.summary.model_calls = self.summary.steps.iter().filter(|s| s.model.is_some()).count();
+        self.summary.model_calls =
+            self.summary.steps.iter().filter(|s| s.model.is_some()).count() + usize::from(self.summary.plan.as_ref().is_some_and(|p| p.model.is_some()));
         if let Some(c) = self.opts.action_cache.as_mut() {
             c.finish()?;
             let st = c.stats().clone();

@@ -366,6 +366,32 @@ impl ActionCache {
         }
     }
 
+    /// The plan recorded for `goal` over this very window (`window`: its text before the first
+    /// page), if any. Not counted in [`CacheStats`]: a plan is no step.
+    pub fn plan(&self, goal: &str, window: &str) -> Result<Option<String>> {
+        let (_, rec) = self.lookup("plan", goal, "")?;
+        let w = crate::trace::sha256_hex(window.as_bytes());
+        Ok(match rec.map(|r| r.value) {
+            Some(Value::Answer { window, answer }) if window == w => Some(answer),
+            _ => None,
+        })
+    }
+
+    /// Writes the plan the model wrote for `goal` over `window`.
+    pub fn record_plan(&self, goal: &str, window: &str, plan: &str) -> Result<()> {
+        let record = Record {
+            version: ACTION_CACHE_VERSION,
+            instruction: goal.to_string(),
+            url: String::new(),
+            value: Value::Answer {
+                window: crate::trace::sha256_hex(window.as_bytes()),
+                answer: plan.to_string(),
+            },
+            stale: false,
+        };
+        write(&self.file("plan", goal, ""), &record)
+    }
+
     /// A question's cached answer, when it was read from this very window (`window`: the
     /// window's text); else `Decide` and the caller asks the model, then [`ActionCache::record_answer`].
     pub fn answer(

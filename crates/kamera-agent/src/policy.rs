@@ -13,10 +13,12 @@ use crate::llm::ModelCall;
 mod candidates;
 mod example;
 mod model;
+mod plan;
 mod scripted;
 mod words;
 pub use model::{ACTION_GRAMMAR, Decoding, ModelPolicy, valid};
 pub use scripted::{ScriptedPolicy, resolve_target};
+pub use plan::Planned;
 pub use words::Words;
 
 /// What a policy sees of the model: the model to ask (the local [`crate::Llm`] unless one was
@@ -46,6 +48,12 @@ pub struct NextAction {
 /// Picks the next action. Synchronous: model work runs on the caller's blocking thread.
 pub trait Policy: Send {
     fn next(&mut self, step: usize, obs: &Observation, mind: &mut Mind<'_>) -> Result<NextAction>;
+    /// The planning step: the steps the goal implies, written once before the first page (the
+    /// run pins them in the window after the goal, as a chunk of their own); `None` for a
+    /// policy that plans nothing.
+    fn plan(&mut self, _mind: &mut Mind<'_>) -> Result<Option<Planned>> {
+        Ok(None)
+    }
     /// The question the next model call will answer, when the policy knows it ahead: the
     /// session recalls the chunks relevant to it (with the goal and [`Policy::memory`]) first.
     fn focus(&self) -> Option<String> {

@@ -104,6 +104,53 @@ impl Grammar for QuotedText<'_> {
     }
 }
 
+/// Lines of plain text after `lead` (a plan, a thought): at most `max_lines` lines, each at most
+/// [`MAX_LINE_CHARS`] long, no control characters but the line break; complete at a blank line,
+/// or when line `max_lines` ends. The lead opens line 1.
+pub struct Lines<'a> {
+    pub lead: &'a str,
+    pub max_lines: usize,
+}
+
+/// Most characters of one line of [`Lines`].
+pub const MAX_LINE_CHARS: usize = 100;
+
+impl Grammar for Lines<'_> {
+    fn lead(&self) -> &str {
+        self.lead
+    }
+    fn fit(&self, reply: &str) -> Fit {
+        let Some(text) = reply.strip_prefix(self.lead) else {
+            return Fit::Dead;
+        };
+        if text.chars().any(|c| c.is_control() && c != '\n') {
+            return Fit::Dead;
+        }
+        // A blank line ends the text and nothing may follow it; an empty text is no text.
+        if let Some(i) = text.find("\n\n") {
+            let done = i + 2 == text.len() && !text[..i].trim().is_empty();
+            return if done { Fit::Complete } else { Fit::Dead };
+        }
+        let lines: Vec<&str> = text.split('\n').collect();
+        if lines.len() > self.max_lines + 1 || lines.iter().any(|l| l.chars().count() > MAX_LINE_CHARS) {
+            return Fit::Dead;
+        }
+        if lines.len() == self.max_lines + 1 {
+            let done = lines[self.max_lines].is_empty() && !text.trim().is_empty();
+            return if done { Fit::Complete } else { Fit::Dead };
+        }
+        Fit::Open
+    }
+    fn close(&self, reply: &str) -> Option<String> {
+        if self.fit(reply) != Fit::Open {
+            return None;
+        }
+        let body = reply.trim_end_matches([' ', '\n']);
+        let closed = if self.max_lines == 1 { format!("{body}\n") } else { format!("{body}\n\n") };
+        (self.fit(&closed) == Fit::Complete).then_some(closed)
+    }
+}
+
 /// The valid actions of one page.
 #[derive(Debug, Clone, Default)]
 pub struct ActionSchema {
@@ -313,6 +360,32 @@ mod tests {
         assert_eq!(g.fit(&format!("say \"{}", "x".repeat(MAX_FREE_CHARS + 1))), Fit::Dead);
         assert_eq!(g.close("say \"hello").as_deref(), Some("say \"hello\""));
         assert_eq!(g.close("say \"hello\""), None);
+    }
+
+    /// Lines up to a blank line or the last allowed line's end; nothing after the blank line,
+    /// no control characters, no over-long line, no empty text.
+    #[test]
+    fn lines_end_at_a_blank_line_or_the_last_line() {
+        let g = Lines { lead: "P:\n1.", max_lines: 5 };
+        assert_eq!(g.fit("P:\n1. Open the orders"), Fit::Open);
+        assert_eq!(g.fit("P:\n1. Open the orders.\n2. Read"), Fit::Open);
+        assert_eq!(g.fit("P:\n1. Open the orders.\n2. Read it.\n\n"), Fit::Complete);
+        assert_eq!(g.fit("P:\n1. Open.\n\nmore"), Fit::Dead);
+        assert_eq!(g.fit("P:\n1.\n\n"), Fit::Dead, "an empty text");
+        assert_eq!(g.fit("P:\n1. a\tb"), Fit::Dead);
+        assert_eq!(g.fit(&format!("P:\n1. {}", "x".repeat(MAX_LINE_CHARS + 1))), Fit::Dead);
+        assert_eq!(g.fit("Q:\n1. x"), Fit::Dead);
+        let five = "P:\n1. a\n2. b\n3. c\n4. d\n5. e\n";
+        assert_eq!(g.fit(five), Fit::Complete);
+        assert_eq!(g.fit(&format!("{five}6")), Fit::Dead);
+        assert_eq!(g.close("P:\n1. Open the orders\n").as_deref(), Some("P:\n1. Open the orders\n\n"));
+        assert_eq!(g.close("P:\n1. "), None, "nothing written: nothing to close");
+        assert_eq!(g.close(five), None);
+        let one = Lines { lead: "T:", max_lines: 1 };
+        assert_eq!(one.fit("T: open it"), Fit::Open);
+        assert_eq!(one.fit("T: open it\n"), Fit::Complete);
+        assert_eq!(one.fit("T:\n"), Fit::Dead);
+        assert_eq!(one.close("T: open it ").as_deref(), Some("T: open it\n"));
     }
 
     fn page() -> Observation {

@@ -1,7 +1,7 @@
 //! `AgentBuilder::action_cache` on real Chromium and real weights (SmolLM2-135M-Instruct, fetched
 //! once), the model policy on the demo site: a second agent over the same cache folder replays
 //! the first one's actions with no model call (an answer, `done`, is never cached: the model
-//! reads the window again for it).
+//! reads the window again for it). The plan written before the first page is cached too.
 
 use anyhow::Result;
 use kamera_agent::{Agent, default_model};
@@ -31,8 +31,14 @@ async fn a_second_agent_replays_the_model_policy_from_the_cache() -> Result<()> 
     assert!(acted > 0, "the model took no action: {:?}", first.actions());
     assert_eq!(
         first.model_calls,
-        first.steps.len(),
-        "every model-policy step asks the model"
+        first.steps.len() + 1,
+        "the plan and every model-policy step ask the model"
+    );
+    assert!(first.plan.as_ref().is_some_and(|p| p.model.is_some()), "{:?}", first.plan);
+    assert_eq!(
+        second.plan.as_ref().map(|p| (&p.text, p.model.is_none())),
+        first.plan.as_ref().map(|p| (&p.text, true)),
+        "the plan comes from the cache"
     );
     assert_eq!(first.cache.as_ref().map(|c| c.stored), Some(acted));
     assert_eq!(second.actions(), first.actions(), "the same actions, replayed");

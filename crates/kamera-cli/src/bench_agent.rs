@@ -66,9 +66,9 @@ pub struct AgentArgs {
     /// Most actions per MiniWoB++ episode.
     #[arg(long, default_value_t = 6)]
     pub max_steps: usize,
-    /// Most actions per order-status episode (it takes 5 with the script: orders, order,
-    /// shipment, status, done).
-    #[arg(long, default_value_t = 6)]
+    /// Most actions per order-status episode: twice the 5 the script takes (orders, order,
+    /// shipment, status, done), as the model may go round the site's menu first.
+    #[arg(long, default_value_t = 10)]
     pub flow_steps: usize,
     /// Models: built-in names, names added with `kamera models add` or .gguf paths.
     #[arg(long, value_delimiter = ',', default_values_t = ["smollm2-135m".to_string(), "qwen2.5-0.5b".to_string(), "gemma3-270m".to_string()])]
@@ -99,12 +99,28 @@ pub struct AgentArgs {
     /// the second pass shows what the cache saves (model calls, wall time) at what success.
     #[arg(long, default_value_t = 1)]
     pub passes: usize,
+    /// Whether the model policy writes a plan before the first page: `on`, `off`, or both
+    /// (`on,off`: each model and decoding once with and once without, rows labelled `no plan`).
+    #[arg(long, value_delimiter = ',', default_values_t = ["on".to_string()])]
+    pub plan: Vec<String>,
+}
+
+/// `--plan`'s values as booleans.
+fn plans(a: &AgentArgs) -> Result<Vec<bool>> {
+    a.plan
+        .iter()
+        .map(|p| match p.as_str() {
+            "on" => Ok(true),
+            "off" => Ok(false),
+            other => bail!("--plan: {other:?} is neither on nor off"),
+        })
+        .collect()
 }
 
 /// Who acts in a group of episodes: the model policy with a decoding, or a baseline.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Actor {
-    Model { name: String, decoding: Decoding },
+    Model { name: String, decoding: Decoding, plan: bool },
     Baseline(String),
 }
 
@@ -136,19 +152,25 @@ pub fn groups(a: &AgentArgs) -> Result<Vec<Group>> {
         for m in &a.models {
             for pass in 1..=a.passes {
                 for d in &a.decodings {
-                    g.push(Group {
-                        model: m.clone(),
-                        decoding: if a.passes > 1 {
-                            format!("{d} pass {pass}")
-                        } else {
-                            d.clone()
-                        },
-                        actor: Actor::Model {
-                            name: m.clone(),
-                            decoding: decoding(d)?,
-                        },
-                        pass,
-                    });
+                    for &plan in &plans(a)? {
+                        let mut label = d.clone();
+                        if !plan {
+                            label.push_str(", no plan");
+                        }
+                        if a.passes > 1 {
+                            label.push_str(&format!(" pass {pass}"));
+                        }
+                        g.push(Group {
+                            model: m.clone(),
+                            decoding: label,
+                            actor: Actor::Model {
+                                name: m.clone(),
+                                decoding: decoding(d)?,
+                                plan,
+                            },
+                            pass,
+                        });
+                    }
                 }
             }
         }
@@ -306,7 +328,7 @@ impl Servers {
         let server = self.sites.get(&seed).context("no local site for this seed")?;
         let orders = kamera_site::data(seed).orders;
         let o = &orders[seed as usize % orders.len()];
-        sc.goal = format!("Find the shipping status of order {}, then answer it with done.", o.id);
+        sc.goal = format!("Find the shipping status of order {}, then answer with the status.", o.id);
         sc.success.answer = Some(o.status.clone());
         browser.navigate(&server.url("/")).await?;
         Ok(Env {
@@ -445,7 +467,7 @@ pub async fn bench(a: &AgentArgs) -> Result<Report> {
         // The baselines read nothing, but the runtime still observes every page: over a
         // session of the first model.
         let (mname, dec) = match &g.actor {
-            Actor::Model { name, decoding } => (name.clone(), *decoding),
+            Actor::Model { name, decoding, .. } => (name.clone(), *decoding),
             Actor::Baseline(_) => (a.models[0].clone(), Decoding::Constrained),
         };
         if loaded.as_ref().is_none_or(|(n, _)| *n != mname) {
@@ -465,7 +487,11 @@ pub async fn bench(a: &AgentArgs) -> Result<Report> {
                 };
                 let mut sc = scenario(task, seed, dec, steps, a.episode_ms);
                 let mut policy: Box<dyn kamera_agent::Policy> = match &g.actor {
-                    Actor::Model { decoding, .. } => Box::new(ModelPolicy::new(*decoding)),
+                    Actor::Model { decoding, plan, .. } => {
+                        let mut p = ModelPolicy::new(*decoding);
+                        p.plan = *plan;
+                        Box::new(p)
+                    }
                     Actor::Baseline(b) => crate::bench_agent_baseline::policy(b, task, seed),
                 };
                 let cache = match g.actor {

@@ -37,6 +37,38 @@ pub fn goal_spans(goal: &str) -> Vec<String> {
     spans
 }
 
+/// Most characters of a fact's label and of its value ([`facts`]).
+const MAX_FACT_LABEL: usize = 30;
+const MAX_FACT_VALUE: usize = 40;
+
+/// The values of a page's `Label: value` lines (`Tracking number: TRK-51234` gives
+/// `TRK-51234`): what a later page may ask to have typed. Element lines (`[N] ...`), headings
+/// and lines whose label or value is long or quoted are not facts.
+pub fn facts(text: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for line in text.lines().map(str::trim) {
+        if line.starts_with(['[', '#']) {
+            continue;
+        }
+        let Some((label, value)) = line.split_once(": ") else {
+            continue;
+        };
+        let (label, value) = (label.trim(), value.trim());
+        let short = |s: &str, n: usize| !s.is_empty() && s.chars().count() <= n;
+        let plain = |s: &str| !s.contains(['"', '[', ']', '|']);
+        if short(label, MAX_FACT_LABEL)
+            && short(value, MAX_FACT_VALUE)
+            && plain(label)
+            && plain(value)
+            && label.starts_with(char::is_alphabetic)
+            && !out.iter().any(|v| v == value)
+        {
+            out.push(value.to_string());
+        }
+    }
+    out
+}
+
 /// What kind of element `e` is, in words.
 fn kind(e: &Element) -> &str {
     if !e.role.is_empty() && e.role != e.tag {
@@ -162,6 +194,15 @@ mod tests {
         assert_eq!(goal_spans("Type \u{201c}Ab\u{201d} please"), ["Ab", "AB", "ab"]);
         assert!(goal_spans("Click the button.").is_empty());
         assert!(goal_spans("an \"unclosed quote").is_empty());
+    }
+
+    /// `Label: value` lines give their values; element lines, headings, quoted or long ones do not.
+    #[test]
+    fn facts_are_the_values_of_label_lines() {
+        let text = "[1] a \"Home\"\n# Order A-1041\nCustomer: Tomas Ek\nTracking number: TRK-51234\n\
+                    Note: \"quoted\"\nA very long label that goes on and on and on: x\nTime: 3\nCustomer: Tomas Ek\n\
+                    [7] a \"Track: this\"";
+        assert_eq!(facts(text), ["Tomas Ek", "TRK-51234", "3"]);
     }
 
     /// Fields are described by the label line before them; buttons by their text.

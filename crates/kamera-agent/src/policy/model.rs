@@ -10,7 +10,7 @@ use kamera_browser::{Action, Element, Observation};
 use serde::{Deserialize, Serialize};
 
 use super::words::Words;
-use super::{Mind, NextAction, Policy, candidates, example};
+use super::{Mind, NextAction, Planned, Policy, candidates, example, plan};
 use crate::cache::Use;
 use crate::error::{Error, Result};
 use crate::llm::{CallTimings, ModelCall, parse_action};
@@ -47,12 +47,21 @@ pub struct ModelPolicy {
     pub decoding: Decoding,
     /// With [`Decoding::Free`]: extra attempts after the first (greedy) one, sampled with fixed seeds.
     pub retries: usize,
+    /// Whether the model writes a plan before the first page ([`super::plan`]; on with
+    /// [`ModelPolicy::new`] and [`ModelPolicy::with_retries`]).
+    pub plan: bool,
     /// The page of this step ([`PageKey`]).
     page: Option<PageKey>,
     /// Every action of the episode, the page it was taken on and whether it changed it: what
     /// was tried on this page, typed, or done last all derive from it.
     history: Vec<Taken>,
+    /// The facts read off the pages of the episode ([`candidates::facts`]) and the URL of the
+    /// page each was read on, in order: offered as texts to type on other pages.
+    facts: Vec<(String, String)>,
 }
+
+/// Most facts of earlier pages offered as texts to type (the latest ones).
+const MAX_FACTS: usize = 6;
 
 /// One action of the episode as the next prompts recall it.
 #[derive(Debug, Clone)]
@@ -119,6 +128,7 @@ impl ModelPolicy {
     pub fn new(decoding: Decoding) -> ModelPolicy {
         ModelPolicy {
             decoding,
+            plan: true,
             ..ModelPolicy::default()
         }
     }
@@ -128,6 +138,7 @@ impl ModelPolicy {
         ModelPolicy {
             decoding: Decoding::Free,
             retries,
+            plan: true,
             ..ModelPolicy::default()
         }
     }
@@ -135,6 +146,11 @@ impl ModelPolicy {
     /// Notes the page of this step; a changed page forgets the actions taken on the last one.
     /// The last action learns whether it changed the page.
     fn seen(&mut self, obs: &Observation) {
+        for f in candidates::facts(&obs.text) {
+            if !self.facts.iter().any(|(_, v)| *v == f) {
+                self.facts.push((obs.url.clone(), f));
+            }
+        }
         let page = PageKey::of(obs);
         if let Some(last) = self.history.last_mut().filter(|t| t.changed.is_none()) {
             last.changed = Some(last.page != page);
@@ -153,16 +169,17 @@ impl ModelPolicy {
         });
     }
 
-    /// The actions taken on this page since it last changed.
+    /// The actions taken earlier on this same page (the same URL and elements): on this page
+    /// before it changed, or at an earlier visit of it.
     fn tried(&self) -> impl Iterator<Item = &Action> {
         self.history
             .iter()
-            .rev()
-            .take_while(|t| Some(&t.page) == self.page.as_ref())
+            .filter(|t| Some(&t.page) == self.page.as_ref())
             .map(|t| &t.action)
     }
 
-    /// Whether `action` was already taken on this unchanged page, or is the last action again
+    /// Whether `action` was already taken on this same page (it did nothing, or it led where
+    /// the episode has been: taking it again goes round in a loop), or is the last action again
     /// (which, if it changed the page, most often undoes it: a section toggled shut, a checkbox
     /// unticked). Text actions may be retried.
     fn stale(&self, action: &Action) -> bool {
@@ -176,6 +193,11 @@ impl ModelPolicy {
     /// model's own answer is the answer offered.
     fn ranked(&self, obs: &Observation, mind: &mut Mind<'_>, instruction: &str) -> Result<NextAction> {
         let mut texts = candidates::goal_spans(mind.goal);
+        for t in self.earlier_facts(obs) {
+            if !texts.contains(&t) {
+                texts.push(t);
+            }
+        }
         let mut timing = CallTimings::default();
         let pool = |texts: &[String]| -> Vec<candidates::Candidate> {
             candidates::candidates(obs, texts)
@@ -242,6 +264,12 @@ impl ModelPolicy {
             action: choice.action.clone(),
             model: Some(call),
         })
+    }
+
+    /// The latest [`MAX_FACTS`] facts read on other pages than `obs`'s (by URL), oldest first.
+    fn earlier_facts(&self, obs: &Observation) -> Vec<String> {
+        let other: Vec<&String> = self.facts.iter().filter(|(u, _)| *u != obs.url).map(|(_, v)| v).collect();
+        other[other.len().saturating_sub(MAX_FACTS)..].iter().map(|v| (*v).clone()).collect()
     }
 
     /// The grammar constrained decoding holds this step's reply to: the page's actions in words
@@ -320,6 +348,23 @@ impl ModelPolicy {
 }
 
 impl Policy for ModelPolicy {
+    fn plan(&mut self, mind: &mut Mind<'_>) -> Result<Option<Planned>> {
+        if !self.plan {
+            return Ok(None);
+        }
+        // A plan the action cache holds for this goal over this window is taken as recorded.
+        if let Some(c) = mind.cache.as_deref()
+            && let Some(text) = c.plan(mind.goal, mind.view.text)?
+        {
+            return Ok(Some(Planned { text, model: None }));
+        }
+        let p = plan::write(mind.llm, &mut mind.view, mind.goal)?;
+        if let Some(c) = mind.cache.as_deref() {
+            c.record_plan(mind.goal, mind.view.text, &p.text)?;
+        }
+        Ok(Some(p))
+    }
+
     fn next(&mut self, _step: usize, obs: &Observation, mind: &mut Mind<'_>) -> Result<NextAction> {
         self.seen(obs);
         let instruction = self.prompt(obs, mind.goal);

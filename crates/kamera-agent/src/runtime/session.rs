@@ -324,11 +324,12 @@ impl Session {
         self.pinned_tokens
     }
 
-    /// Pins the prefix chunk (system turn, goal) at the front of the window. The window's budget
-    /// grows by its tokens, so pages keep `window_tokens`.
+    /// Pins a chunk at the front of the window, after those pinned before it: the prefix (system
+    /// turn, goal; it takes the BOS), then a plan. Pins come before any page. The window's
+    /// budget grows by its tokens, so pages keep `window_tokens`.
     pub fn pin(&mut self, text: &str) -> Result<Applied> {
         self.settle()?;
-        let tokens = self.tokenize(text, true)?;
+        let tokens = self.tokenize(text, self.pinned_tokens == 0)?;
         let id = ChunkId::of(&tokens_bytes(&tokens), "prefix:v1", self.fp);
         self.learn(id, text, tokens.clone(), false);
         let n = tokens.len();
