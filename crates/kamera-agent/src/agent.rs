@@ -580,8 +580,8 @@ impl Run<'_, '_> {
             t.write(&Line::End(self.summary.end.clone()))?;
         }
         self.summary.session = self.agent.session.stats().since(&self.stats0);
-        self.summary.model_calls =
-            self.summary.steps.iter().filter(|s| s.model.is_some()).count() + usize::from(self.summary.plan.as_ref().is_some_and(|p| p.model.is_some()));
+        self.summary.model_calls = self.summary.steps.iter().filter(|s| s.model.is_some()).count()
+            + usize::from(self.summary.plan.as_ref().is_some_and(|p| p.model.is_some()));
         if let Some(c) = self.opts.action_cache.as_mut() {
             c.finish()?;
             let st = c.stats().clone();

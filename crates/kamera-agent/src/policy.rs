@@ -1,7 +1,7 @@
 //! Policies pick the next action: [`ScriptedPolicy`] follows a scenario's steps and asks the
-//! model only the scenario's questions; [`ModelPolicy`] prompts the model with an action grammar
-//! and takes its JSON when it names a valid action, else ranks the page's valid actions by the
-//! model's likelihood, so every step ends with an action the page can take.
+//! model only the scenario's questions; [`ModelPolicy`] writes a plan, then asks the model for
+//! each action among the page's actions in words (ranked by likelihood by default), so every
+//! step ends with an action the page can take.
 
 use kamera_browser::{Action, Observation};
 
@@ -17,8 +17,8 @@ mod plan;
 mod scripted;
 mod words;
 pub use model::{ACTION_GRAMMAR, Decoding, ModelPolicy, valid};
-pub use scripted::{ScriptedPolicy, resolve_target};
 pub use plan::Planned;
+pub use scripted::{ScriptedPolicy, resolve_target};
 pub use words::Words;
 
 /// What a policy sees of the model: the model to ask (the local [`crate::Llm`] unless one was

@@ -146,7 +146,11 @@ impl Grammar for Lines<'_> {
             return None;
         }
         let body = reply.trim_end_matches([' ', '\n']);
-        let closed = if self.max_lines == 1 { format!("{body}\n") } else { format!("{body}\n\n") };
+        let closed = if self.max_lines == 1 {
+            format!("{body}\n")
+        } else {
+            format!("{body}\n\n")
+        };
         (self.fit(&closed) == Fit::Complete).then_some(closed)
     }
 }
@@ -366,7 +370,10 @@ mod tests {
     /// no control characters, no over-long line, no empty text.
     #[test]
     fn lines_end_at_a_blank_line_or_the_last_line() {
-        let g = Lines { lead: "P:\n1.", max_lines: 5 };
+        let g = Lines {
+            lead: "P:\n1.",
+            max_lines: 5,
+        };
         assert_eq!(g.fit("P:\n1. Open the orders"), Fit::Open);
         assert_eq!(g.fit("P:\n1. Open the orders.\n2. Read"), Fit::Open);
         assert_eq!(g.fit("P:\n1. Open the orders.\n2. Read it.\n\n"), Fit::Complete);
@@ -378,10 +385,16 @@ mod tests {
         let five = "P:\n1. a\n2. b\n3. c\n4. d\n5. e\n";
         assert_eq!(g.fit(five), Fit::Complete);
         assert_eq!(g.fit(&format!("{five}6")), Fit::Dead);
-        assert_eq!(g.close("P:\n1. Open the orders\n").as_deref(), Some("P:\n1. Open the orders\n\n"));
+        assert_eq!(
+            g.close("P:\n1. Open the orders\n").as_deref(),
+            Some("P:\n1. Open the orders\n\n")
+        );
         assert_eq!(g.close("P:\n1. "), None, "nothing written: nothing to close");
         assert_eq!(g.close(five), None);
-        let one = Lines { lead: "T:", max_lines: 1 };
+        let one = Lines {
+            lead: "T:",
+            max_lines: 1,
+        };
         assert_eq!(one.fit("T: open it"), Fit::Open);
         assert_eq!(one.fit("T: open it\n"), Fit::Complete);
         assert_eq!(one.fit("T:\n"), Fit::Dead);

@@ -34,7 +34,11 @@ async fn a_second_agent_replays_the_model_policy_from_the_cache() -> Result<()> 
         first.steps.len() + 1,
         "the plan and every model-policy step ask the model"
     );
-    assert!(first.plan.as_ref().is_some_and(|p| p.model.is_some()), "{:?}", first.plan);
+    assert!(
+        first.plan.as_ref().is_some_and(|p| p.model.is_some()),
+        "{:?}",
+        first.plan
+    );
     assert_eq!(
         second.plan.as_ref().map(|p| (&p.text, p.model.is_none())),
         first.plan.as_ref().map(|p| (&p.text, true)),

@@ -120,7 +120,11 @@ fn plans(a: &AgentArgs) -> Result<Vec<bool>> {
 /// Who acts in a group of episodes: the model policy with a decoding, or a baseline.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Actor {
-    Model { name: String, decoding: Decoding, plan: bool },
+    Model {
+        name: String,
+        decoding: Decoding,
+        plan: bool,
+    },
     Baseline(String),
 }
 
@@ -328,7 +332,10 @@ impl Servers {
         let server = self.sites.get(&seed).context("no local site for this seed")?;
         let orders = kamera_site::data(seed).orders;
         let o = &orders[seed as usize % orders.len()];
-        sc.goal = format!("Find the shipping status of order {}, then answer with the status.", o.id);
+        sc.goal = format!(
+            "Find the shipping status of order {}, then answer with the status.",
+            o.id
+        );
         sc.success.answer = Some(o.status.clone());
         browser.navigate(&server.url("/")).await?;
         Ok(Env {

@@ -1,7 +1,9 @@
 //! Qwen2.5-VL parity against HF transformers 4.57.6 (torch 2.9.1, CPU, f32) on the tiny seeded
 //! random-weight checkpoint of scripts/qwen25vl_golden.py: tokenizer ids, vision tower, merged
 //! image embeddings, 3-D position ids, logits at every position (mean KL <= 1e-6, same argmax);
-//! the bf16 precision against the same goldens.
+//! the bf16 precision against the same goldens. And a second checkpoint saved by transformers
+//! 5.25.0 (scripts/qwen25vl_golden_tf5.py: its config layout, `rope_parameters`, another
+//! geometry, rotary base 5e5, tied head) against that version's goldens.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -15,20 +17,48 @@ fn golden_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden")
 }
 
+/// A tiny checkpoint and the goldens HF made from it (directories under tests/golden).
+struct Checkpoint {
+    model: &'static str,
+    goldens: &'static str,
+}
+
+/// Saved by transformers 4.57.6 (scripts/qwen25vl_golden.py).
+const TF4: Checkpoint = Checkpoint {
+    model: "qwen25vl-tiny",
+    goldens: "qwen25vl-golden",
+};
+
+/// Saved by transformers 5.25.0 (scripts/qwen25vl_golden_tf5.py).
+const TF5: Checkpoint = Checkpoint {
+    model: "qwen25vl-tiny-tf5",
+    goldens: "qwen25vl-golden-tf5",
+};
+
+impl Checkpoint {
+    fn load(&self) -> Result<Model> {
+        Ok(Model::load(&golden_dir().join(self.model))?)
+    }
+    fn goldens(&self) -> Result<HashMap<String, Tensor>> {
+        let file = golden_dir().join(self.goldens).join("golden.safetensors");
+        Ok(candle_core::safetensors::load(file, &Device::Cpu)?)
+    }
+    fn meta(&self) -> Result<serde_json::Value> {
+        let text = std::fs::read_to_string(golden_dir().join(self.goldens).join("golden.json"))?;
+        Ok(serde_json::from_str(&text)?)
+    }
+}
+
 fn model() -> Result<Model> {
-    Ok(Model::load(&golden_dir().join("qwen25vl-tiny"))?)
+    TF4.load()
 }
 
 fn goldens() -> Result<HashMap<String, Tensor>> {
-    Ok(candle_core::safetensors::load(
-        golden_dir().join("qwen25vl-golden/golden.safetensors"),
-        &Device::Cpu,
-    )?)
+    TF4.goldens()
 }
 
 fn meta() -> Result<serde_json::Value> {
-    let text = std::fs::read_to_string(golden_dir().join("qwen25vl-golden/golden.json"))?;
-    Ok(serde_json::from_str(&text)?)
+    TF4.meta()
 }
 
 fn f32s(g: &HashMap<String, Tensor>, k: &str) -> Result<Vec<f32>> {
@@ -102,7 +132,34 @@ fn vision_tower_matches_hf() -> Result<()> {
 
 #[test]
 fn logits_and_positions_match_hf() -> Result<()> {
-    let (kl, same) = logits_kl_to_hf(&model()?)?;
+    let (kl, same) = logits_kl_to_hf(&model()?, &TF4)?;
+    assert!(kl <= 1e-6 && same == 1.0, "mean KL {kl}, same argmax at {same}");
+    Ok(())
+}
+
+/// The checkpoint transformers 5 saved loads (its `rope_parameters` layout, rotary base 5e5,
+/// tied head, three vision blocks) and matches that version's goldens: merged image embeddings,
+/// 3-D positions and logits at every position.
+#[test]
+fn a_transformers5_checkpoint_matches_its_goldens() -> Result<()> {
+    let m = TF5.load()?;
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(golden_dir().join(TF5.model).join("config.json"))?)?;
+    assert!(
+        config["text_config"]["rope_parameters"]["rope_theta"].as_f64() == Some(500_000.0)
+            && config["text_config"].get("rope_scaling").is_none(),
+        "the checkpoint is in transformers 5's layout: {}",
+        config["text_config"]
+    );
+    let vision = m.vision().context("a VLM has a vision tower")?;
+    let g = TF5.goldens()?;
+    for img in ["img0", "img1", "img2"] {
+        let out = vision.encode(&f32s(&g, &format!("{img}.pixel_values"))?, grid(&g, img)?)?;
+        let embeds = rel_err(&out.embeds, &f32s(&g, &format!("{img}.image_embeds"))?);
+        println!("{img}: embeds rel err {embeds:.2e}");
+        assert!(embeds < 1e-5, "{img}: {embeds}");
+    }
+    let (kl, same) = logits_kl_to_hf(&m, &TF5)?;
     assert!(kl <= 1e-6 && same == 1.0, "mean KL {kl}, same argmax at {same}");
     Ok(())
 }
@@ -135,17 +192,17 @@ fn bf16_tower_and_prefill_stay_close_to_hf() -> Result<()> {
         println!("{img}: bf16 embeds rel err {embeds:.2e}");
         assert!(embeds < 2e-2, "{img}: {embeds}");
     }
-    let (kl, same) = logits_kl_to_hf(&m)?;
+    let (kl, same) = logits_kl_to_hf(&m, &TF4)?;
     assert!(kl <= 1e-4 && same >= 0.95, "bf16: mean KL {kl}, same argmax at {same}");
     Ok(())
 }
 
-/// Checks `m`'s 3-D position ids on every golden prompt against HF's, and returns the largest
-/// prompt's mean KL(HF ‖ ours) over its positions and the share of positions whose argmax is
-/// HF's (the random model's logits are close to flat, so rounding can flip near ties).
-fn logits_kl_to_hf(m: &Model) -> Result<(f64, f64)> {
+/// Checks `m`'s 3-D position ids on every prompt of `set`'s goldens against HF's, and returns
+/// the largest prompt's mean KL(HF ‖ ours) over its positions and the share of positions whose
+/// argmax is HF's (the random model's logits are close to flat, so rounding can flip near ties).
+fn logits_kl_to_hf(m: &Model, set: &Checkpoint) -> Result<(f64, f64)> {
     let vision = m.vision().context("vision")?;
-    let (g, meta) = (goldens()?, meta()?);
+    let (g, meta) = (set.goldens()?, set.meta()?);
     let merge = vision.config().merge_size;
     let (mut worst, mut same, mut total) = (0f64, 0usize, 0usize);
     for (name, p) in meta["prompts"].as_object().context("prompts")? {

@@ -1,10 +1,12 @@
-//! The model policy: asks the model for each action among the page's actions written in words
-//! (ranked by likelihood by default, or greedy under a token mask, or free JSON with retries).
-//! Each prompt carries a recorded example from another task ([`example`]), what was done so far
-//! and whether each action changed the page (the check after each action). It never offers again
-//! an action that did nothing on an unchanged page, the last action right after itself, or typing
-//! into a field that already holds what it typed. Texts to type are the task's own quoted strings
-//! ([`candidates::goal_spans`]) and what the model writes.
+//! The model policy: writes a plan before the first page ([`plan`], pinned in the window), then
+//! asks the model for each action among the page's actions written in words (ranked by
+//! likelihood by default, or greedy under a token mask, or free JSON with retries). Each prompt
+//! carries a recorded example from another task ([`example`]), what was done so far and whether
+//! each action changed the page (the check after each action). It never offers again an action
+//! already taken on this same page (it did nothing, or it would go round a loop), the last action
+//! right after itself, or typing into a field that already holds what it typed. Texts to type are
+//! the task's own quoted strings ([`candidates::goal_spans`]), the facts read on earlier pages
+//! ([`candidates::facts`]) and what the model writes.
 
 use kamera_browser::{Action, Element, Observation};
 use serde::{Deserialize, Serialize};
@@ -143,8 +145,8 @@ impl ModelPolicy {
         }
     }
 
-    /// Notes the page of this step; a changed page forgets the actions taken on the last one.
-    /// The last action learns whether it changed the page.
+    /// Notes the page of this step and the facts on it; the last action learns whether it
+    /// changed the page.
     fn seen(&mut self, obs: &Observation) {
         for f in candidates::facts(&obs.text) {
             if !self.facts.iter().any(|(_, v)| *v == f) {
@@ -268,8 +270,16 @@ impl ModelPolicy {
 
     /// The latest [`MAX_FACTS`] facts read on other pages than `obs`'s (by URL), oldest first.
     fn earlier_facts(&self, obs: &Observation) -> Vec<String> {
-        let other: Vec<&String> = self.facts.iter().filter(|(u, _)| *u != obs.url).map(|(_, v)| v).collect();
-        other[other.len().saturating_sub(MAX_FACTS)..].iter().map(|v| (*v).clone()).collect()
+        let other: Vec<&String> = self
+            .facts
+            .iter()
+            .filter(|(u, _)| *u != obs.url)
+            .map(|(_, v)| v)
+            .collect();
+        other[other.len().saturating_sub(MAX_FACTS)..]
+            .iter()
+            .map(|v| (*v).clone())
+            .collect()
     }
 
     /// The grammar constrained decoding holds this step's reply to: the page's actions in words
