@@ -200,10 +200,14 @@ impl Run<'_, '_> {
         }
         // A session that works several tasks keeps the prefix it pinned first (pages follow it);
         // each model call's instruction names the current goal.
+        let prefix = self.llm.prefix_text(&self.scenario.goal);
         if self.agent.session.pinned_tokens() == 0 {
-            let prefix = self.llm.prefix_text(&self.scenario.goal);
             let session = &mut *self.agent.session;
             blocking(|| session.pin(&prefix))?;
+        }
+        // The plan follows a prefix that names this goal, before any page (an app pins its
+        // standing goal itself; a session's later tasks keep the first one's pins and plan none).
+        if self.agent.session.holds_only_pinned(&prefix)? {
             self.plan()?;
         }
         // An empty start URL continues on the current page (a session's next task).

@@ -7,7 +7,9 @@
 //! parts ([`url_key`]) and the kind of entry; its value is one of
 //! - `target`: a scripted step's target, by its features ([`Target`]), and the page it led to;
 //! - `action`: the model policy's action, its targets by their features, and the page it led to;
-//! - `answer`: a question's answer, with a hash of the window the model read it from.
+//! - `answer`: a question's answer, with a hash of the window the model read it from;
+//! - `plan`: the model policy's plan for its task (no URL), with a hash of the window it was
+//!   written over; used only over that very window, and not counted as a step's hit.
 //!
 //! An entry is used as recorded when the page's interactive structure ([`structure_hash`]) is the
 //! recorded one and its targets are found unchanged (a **hit**: no model call). Where the page
@@ -84,6 +86,11 @@ enum Value {
         window: String,
         answer: String,
     },
+    /// The model policy's plan for a goal, written over `window` (its sha256).
+    Plan {
+        window: String,
+        plan: String,
+    },
 }
 
 impl Value {
@@ -92,19 +99,20 @@ impl Value {
             Value::Target { .. } => "target",
             Value::Action { .. } => "action",
             Value::Answer { .. } => "answer",
+            Value::Plan { .. } => "plan",
         }
     }
     /// The interactive structure of the page the entry acts on (targets and actions).
     fn structure(&self) -> Option<&str> {
         match self {
             Value::Target { structure, .. } | Value::Action { structure, .. } => Some(structure),
-            Value::Answer { .. } => None,
+            Value::Answer { .. } | Value::Plan { .. } => None,
         }
     }
     fn after_mut(&mut self) -> Option<&mut Option<PageSig>> {
         match self {
             Value::Target { after, .. } | Value::Action { after, .. } => Some(after),
-            Value::Answer { .. } => None,
+            Value::Answer { .. } | Value::Plan { .. } => None,
         }
     }
 }
@@ -372,7 +380,7 @@ impl ActionCache {
         let (_, rec) = self.lookup("plan", goal, "")?;
         let w = crate::trace::sha256_hex(window.as_bytes());
         Ok(match rec.map(|r| r.value) {
-            Some(Value::Answer { window, answer }) if window == w => Some(answer),
+            Some(Value::Plan { window, plan }) if window == w => Some(plan),
             _ => None,
         })
     }
@@ -383,9 +391,9 @@ impl ActionCache {
             version: ACTION_CACHE_VERSION,
             instruction: goal.to_string(),
             url: String::new(),
-            value: Value::Answer {
+            value: Value::Plan {
                 window: crate::trace::sha256_hex(window.as_bytes()),
-                answer: plan.to_string(),
+                plan: plan.to_string(),
             },
             stale: false,
         };

@@ -143,8 +143,9 @@ fn logits_and_positions_match_hf() -> Result<()> {
 #[test]
 fn a_transformers5_checkpoint_matches_its_goldens() -> Result<()> {
     let m = TF5.load()?;
-    let config: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(golden_dir().join(TF5.model).join("config.json"))?)?;
+    let config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(
+        golden_dir().join(TF5.model).join("config.json"),
+    )?)?;
     assert!(
         config["text_config"]["rope_parameters"]["rope_theta"].as_f64() == Some(500_000.0)
             && config["text_config"].get("rope_scaling").is_none(),

@@ -341,6 +341,15 @@ impl Session {
         self.apply(Some(id), None, plan)
     }
 
+    /// Whether the window holds `text` as its only chunk, pinned (the prefix, before any page
+    /// or plan): what a run checks before it pins a plan after it.
+    pub fn holds_only_pinned(&self, text: &str) -> Result<bool> {
+        let [slot] = self.window.slots() else {
+            return Ok(false);
+        };
+        Ok(slot.pinned && self.chunk_tokens(&slot.chunk) == Some(self.tokenize(text, true)?.as_slice()))
+    }
+
     /// A page observed: its chunk (`text`, the page's chunk text) is met by the window
     /// ([`Window::visit`]) and the plan is executed.
     pub fn observe(&mut self, text: &str) -> Result<Applied> {
