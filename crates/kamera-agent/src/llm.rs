@@ -43,6 +43,11 @@ pub struct ModelCall {
     /// Per-choice mean log-likelihood, when choices were scored.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub scores: Vec<(String, f32)>,
+    /// Per choice, its tokens and each token's log-probability (the local model's `rank`; empty
+    /// for a model that gives only `scores`): what the policy needs to weigh the choices as a
+    /// token trie ([`crate::Decoding::Restricted`]). Not written to traces.
+    #[serde(skip)]
+    pub token_scores: Vec<(String, Vec<(u32, f32)>)>,
     pub timings: CallTimings,
 }
 
@@ -177,6 +182,7 @@ impl Llm {
             output: reply,
             output_tokens: out,
             scores: Vec::new(),
+            token_scores: Vec::new(),
             timings: CallTimings {
                 reuse_ms: 0.0,
                 prefill_ms,
@@ -265,12 +271,14 @@ impl Llm {
         let prefill_ms = ms(t1);
         let t2 = Instant::now();
         let mut scores = Vec::new();
+        let mut token_scores = Vec::new();
         for c in candidates {
             let ct = self.tokens(c, false)?;
             let Some(&first) = ct.first() else {
                 continue;
             };
             let mut lp = log_softmax_at(&q.logits, first);
+            let mut per_token = vec![(first, lp)];
             if ct.len() > 1 {
                 let out = self
                     .model
@@ -284,10 +292,13 @@ impl Llm {
                 let all = out.all_logits.unwrap_or_default();
                 let vocab = q.logits.len();
                 for (i, &tok) in ct[1..].iter().enumerate() {
-                    lp += log_softmax_at(&all[i * vocab..(i + 1) * vocab], tok);
+                    let t = log_softmax_at(&all[i * vocab..(i + 1) * vocab], tok);
+                    per_token.push((tok, t));
+                    lp += t;
                 }
             }
             scores.push((c.clone(), lp / ct.len() as f32));
+            token_scores.push((c.clone(), per_token));
         }
         let best = scores
             .iter()
@@ -303,6 +314,7 @@ impl Llm {
             output: best,
             output_tokens,
             scores,
+            token_scores,
             timings: CallTimings {
                 reuse_ms,
                 prefill_ms,
@@ -379,6 +391,7 @@ impl Llm {
             output,
             output_tokens: out,
             scores: Vec::new(),
+            token_scores: Vec::new(),
             timings: CallTimings {
                 reuse_ms,
                 prefill_ms,

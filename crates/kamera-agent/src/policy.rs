@@ -14,6 +14,7 @@ mod candidates;
 mod example;
 mod model;
 mod plan;
+mod restricted;
 mod scripted;
 mod words;
 pub use model::{ACTION_GRAMMAR, Decoding, ModelPolicy, valid};

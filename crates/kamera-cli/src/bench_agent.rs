@@ -73,7 +73,7 @@ pub struct AgentArgs {
     /// Models: built-in names, names added with `kamera models add` or .gguf paths.
     #[arg(long, value_delimiter = ',', default_values_t = ["smollm2-135m".to_string(), "qwen2.5-0.5b".to_string(), "gemma3-270m".to_string()])]
     pub models: Vec<String>,
-    /// How the model policy decodes its action: constrained, ranked, free.
+    /// How the model policy decodes its action: constrained, ranked, restricted, free.
     #[arg(long, value_delimiter = ',', default_values_t = ["constrained".to_string(), "ranked".to_string()])]
     pub decodings: Vec<String>,
     /// MiniWoB++ episode time limit (its reward decays linearly over it).
@@ -225,7 +225,7 @@ fn first_pass() -> usize {
 
 fn decoding(s: &str) -> Result<Decoding> {
     serde_json::from_value(serde_json::Value::String(s.to_string()))
-        .with_context(|| format!("--decodings: {s:?} is not one of constrained, ranked, free"))
+        .with_context(|| format!("--decodings: {s:?} is not one of constrained, ranked, restricted, free"))
 }
 
 /// The local servers an episode may need: MiniWoB++'s pages and one local site per seed.

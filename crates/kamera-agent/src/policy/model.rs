@@ -12,7 +12,7 @@ use kamera_browser::{Action, Element, Observation};
 use serde::{Deserialize, Serialize};
 
 use super::words::Words;
-use super::{Mind, NextAction, Planned, Policy, candidates, example, plan};
+use super::{Mind, NextAction, Planned, Policy, candidates, example, plan, restricted};
 use crate::cache::Use;
 use crate::error::{Error, Result};
 use crate::llm::{CallTimings, ModelCall, parse_action};
@@ -37,6 +37,10 @@ pub enum Decoding {
     /// default: it measured better than greedy decoding (bench/agent/README.md).
     #[default]
     Ranked,
+    /// As [`Decoding::Ranked`], each choice weighed by the model's probability restricted to the
+    /// choices ([`restricted`]: renormalised where their tokens branch) instead of the mean
+    /// token log-likelihood.
+    Restricted,
     /// Free JSON (greedy, then `retries` seeded samples); when no reply is a valid action, ranked.
     Free,
 }
@@ -117,7 +121,7 @@ impl ModelPolicy {
     pub fn prompt(&self, obs: &Observation, goal: &str) -> String {
         let done = example::done_so_far(self.history.iter().map(|t| (t.words.as_str(), t.changed)));
         match self.decoding {
-            Decoding::Ranked | Decoding::Constrained => format!(
+            Decoding::Ranked | Decoding::Restricted | Decoding::Constrained => format!(
                 "{}\nNow this task.\n{}{done}{RANKED_FORM}",
                 example::example(),
                 page_and_goal(obs, goal)
@@ -221,7 +225,7 @@ impl ModelPolicy {
         verbs.dedup();
         let kind = mind.llm.rank(&mut mind.view, instruction, example::NEXT, &verbs)?;
         tracing::trace!(scores = ?kind.scores, "ranked kinds");
-        let kind = kind.output.strip_prefix(example::NEXT).unwrap_or_default().to_string();
+        let kind = self.choice(&kind).to_string();
         if kind == " answer" {
             let lead = format!("{} answer \"", example::NEXT);
             let (answer, call) = self.write(mind, instruction, &lead)?;
@@ -253,7 +257,7 @@ impl ModelPolicy {
         }
         let mut call = mind.llm.rank(&mut mind.view, instruction, example::NEXT, &words)?;
         tracing::trace!(scores = ?call.scores, "ranked candidates");
-        let reply = call.output.strip_prefix(example::NEXT).unwrap_or_default().trim_start();
+        let reply = self.choice(&call).trim_start().to_string();
         let Some(choice) = cands.iter().find(|c| c.text == reply) else {
             return Err(Error::Policy {
                 tries: 1,
@@ -280,6 +284,16 @@ impl ModelPolicy {
             .iter()
             .map(|v| (*v).clone())
             .collect()
+    }
+
+    /// The choice a `rank` call after [`example::NEXT`] made: the highest mean token
+    /// log-likelihood (the call's output), or with [`Decoding::Restricted`] the highest
+    /// probability restricted to the choices, where the model reported its tokens.
+    fn choice<'c>(&self, call: &'c ModelCall) -> &'c str {
+        let restricted = (self.decoding == Decoding::Restricted)
+            .then(|| restricted::best(&call.token_scores))
+            .flatten();
+        restricted.unwrap_or_else(|| call.output.strip_prefix(example::NEXT).unwrap_or_default())
     }
 
     /// The grammar constrained decoding holds this step's reply to: the page's actions in words
@@ -391,7 +405,7 @@ impl Policy for ModelPolicy {
         }
         let decision = match self.decoding {
             Decoding::Constrained => self.constrained(obs, mind, &instruction)?,
-            Decoding::Ranked => self.ranked(obs, mind, &instruction)?,
+            Decoding::Ranked | Decoding::Restricted => self.ranked(obs, mind, &instruction)?,
             Decoding::Free => self.free_or_ranked(obs, mind, &instruction)?,
         };
         if let Some(c) = mind.cache.as_deref_mut() {
