@@ -112,6 +112,45 @@ def make_images() -> dict:
     return out
 
 
+def vision_config(depth: int, intermediate_size: int, fullatt_block_indexes: list) -> dict:
+    """A tiny vision tower: 64 wide, 4 heads, 14-pixel patches merged 2x2, window 56."""
+    return dict(
+        depth=depth,
+        hidden_size=64,
+        intermediate_size=intermediate_size,
+        num_heads=4,
+        patch_size=14,
+        spatial_merge_size=2,
+        temporal_patch_size=2,
+        window_size=56,
+        out_hidden_size=64,
+        fullatt_block_indexes=fullatt_block_indexes,
+        tokens_per_second=2,
+    )
+
+
+def randomize(model) -> None:
+    """Random init draws small weights; scale them up so that the tiny model's logits are far
+    from uniform and parity tests measure something."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 1.0 / np.sqrt(p.shape[-1]) if "embed" not in name else 1.0)
+            elif "norm" in name or "ln_q" in name:
+                p.uniform_(0.5, 1.5)
+            else:
+                p.normal_(0.0, 0.1)
+
+
+def expand(text: str, grids: list) -> str:
+    """Each <|image_pad|> expanded to its image's merged token count, as the processor does."""
+    parts = text.split("<|image_pad|>")
+    expanded = parts[0]
+    for g, rest in zip(grids, parts[1:]):
+        expanded += "<|image_pad|>" * int(g.prod() // 4) + rest
+    return expanded
+
+
 def main() -> None:
     torch.manual_seed(SEED)
     tokenizer = make_tokenizer()
@@ -131,19 +170,7 @@ def main() -> None:
             tie_word_embeddings=False,
             rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]},
         ),
-        vision_config=dict(
-            depth=2,
-            hidden_size=64,
-            intermediate_size=128,
-            num_heads=4,
-            patch_size=14,
-            spatial_merge_size=2,
-            temporal_patch_size=2,
-            window_size=56,
-            out_hidden_size=64,
-            fullatt_block_indexes=[1],
-            tokens_per_second=2,
-        ),
+        vision_config=vision_config(depth=2, intermediate_size=128, fullatt_block_indexes=[1]),
         image_token_id=ids["<|image_pad|>"],
         video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"],
@@ -152,16 +179,7 @@ def main() -> None:
         attn_implementation="eager",
     )
     model = Qwen2_5_VLForConditionalGeneration(cfg).eval()
-    # Random init draws small weights; scale them up so that the tiny model's logits are far from
-    # uniform and parity tests measure something.
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, 1.0 / np.sqrt(p.shape[-1]) if "embed" not in name else 1.0)
-            elif "norm" in name or "ln_q" in name:
-                p.uniform_(0.5, 1.5)
-            else:
-                p.normal_(0.0, 0.1)
+    randomize(model)
 
     shutil.rmtree(MODEL_DIR, ignore_errors=True)
     shutil.rmtree(GOLDEN_DIR, ignore_errors=True)
@@ -202,11 +220,7 @@ def main() -> None:
         for pname, text in PROMPTS.items():
             names = PROMPT_IMAGES[pname]
             grids = [tensors[f"{n}.grid_thw"][0] for n in names]
-            # Expand each <|image_pad|> to its merged token count, as the processor does.
-            parts = text.split("<|image_pad|>")
-            expanded = parts[0]
-            for g, rest in zip(grids, parts[1:]):
-                expanded += "<|image_pad|>" * int(g.prod() // 4) + rest
+            expanded = expand(text, grids)
             input_ids = torch.tensor([tokenizer(expanded)["input_ids"]])
             kwargs = {}
             if names:

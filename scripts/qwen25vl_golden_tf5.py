@@ -22,7 +22,6 @@ import shutil
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch
 import transformers
 from PIL import Image
@@ -31,7 +30,18 @@ from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from qwen25vl_golden import PROMPT_IMAGES, PROMPTS, ROOT, SEED, SPECIALS, make_images, make_tokenizer  # noqa: E402
+from qwen25vl_golden import (  # noqa: E402
+    PROMPT_IMAGES,
+    PROMPTS,
+    ROOT,
+    SEED,
+    SPECIALS,
+    expand,
+    make_images,
+    make_tokenizer,
+    randomize,
+    vision_config,
+)
 
 MODEL_DIR = ROOT / "qwen25vl-tiny-tf5"
 GOLDEN_DIR = ROOT / "qwen25vl-golden-tf5"
@@ -58,19 +68,7 @@ def main() -> None:
             tie_word_embeddings=True,
             rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA, "mrope_section": [2, 2, 4]},
         ),
-        vision_config=dict(
-            depth=3,
-            hidden_size=64,
-            intermediate_size=96,
-            num_heads=4,
-            patch_size=14,
-            spatial_merge_size=2,
-            temporal_patch_size=2,
-            window_size=56,
-            out_hidden_size=64,
-            fullatt_block_indexes=[2],
-            tokens_per_second=2,
-        ),
+        vision_config=vision_config(depth=3, intermediate_size=96, fullatt_block_indexes=[2]),
         image_token_id=ids["<|image_pad|>"],
         video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"],
@@ -79,14 +77,7 @@ def main() -> None:
         attn_implementation="eager",
     )
     model = Qwen2_5_VLForConditionalGeneration(cfg).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, 1.0 / np.sqrt(p.shape[-1]) if "embed" not in name else 1.0)
-            elif "norm" in name or "ln_q" in name:
-                p.uniform_(0.5, 1.5)
-            else:
-                p.normal_(0.0, 0.1)
+    randomize(model)
 
     shutil.rmtree(MODEL_DIR, ignore_errors=True)
     shutil.rmtree(GOLDEN_DIR, ignore_errors=True)
@@ -124,10 +115,7 @@ def main() -> None:
         for pname, text in PROMPTS.items():
             names = PROMPT_IMAGES[pname]
             grids = [tensors[f"{n}.grid_thw"][0] for n in names]
-            parts = text.split("<|image_pad|>")
-            expanded = parts[0]
-            for g, rest in zip(grids, parts[1:]):
-                expanded += "<|image_pad|>" * int(g.prod() // 4) + rest
+            expanded = expand(text, grids)
             input_ids = torch.tensor([tokenizer(expanded)["input_ids"]])
             kwargs = {}
             if names:

@@ -223,6 +223,21 @@ impl Run<'_, '_> {
     /// The policy's plan, when it writes one: pinned after the goal as a chunk of its own
     /// (before any page, as pins must be).
     fn plan(&mut self) -> Result<()> {
+        let (planned, _) = self.with_mind(|policy, mind| policy.plan(mind));
+        let Some(p) = planned? else {
+            return Ok(());
+        };
+        let session = &mut *self.agent.session;
+        blocking(|| session.pin(&p.text))?;
+        tracing::info!(plan = %p.text.trim_end(), "planned");
+        self.summary.plan = Some(p);
+        Ok(())
+    }
+
+    /// Runs `f` with the policy and a [`Mind`] over the window as it stands (the plugged model or
+    /// the local one, the action cache, the goal), on the blocking thread; also returns the
+    /// milliseconds spent bringing the window's context up to date (a re-prefill without reuse).
+    fn with_mind<T>(&mut self, f: impl FnOnce(&mut dyn Policy, &mut Mind<'_>) -> Result<T>) -> (Result<T>, f64) {
         let session = &mut *self.agent.session;
         let policy = &mut *self.agent.policy;
         let llm: &dyn LanguageModel = match &self.opts.language_model {
@@ -230,9 +245,10 @@ impl Run<'_, '_> {
             None => &self.llm,
         };
         let (goal, max_new) = (&self.scenario.goal, self.scenario.budget.max_new_tokens);
-        let origin = &self.env.origin;
         let cache = self.opts.action_cache.as_mut();
-        let planned = blocking(|| -> Result<Option<Planned>> {
+        let origin = &self.env.origin;
+        let mut context_ms = 0.0;
+        let r = blocking(|| {
             let text = crate::language_model::window_text(session)?;
             let mut mind = Mind {
                 llm,
@@ -242,17 +258,11 @@ impl Run<'_, '_> {
                 cache,
                 origin,
             };
-            let Some(p) = policy.plan(&mut mind)? else {
-                return Ok(None);
-            };
-            session.pin(&p.text)?;
-            Ok(Some(p))
-        })?;
-        if let Some(p) = planned {
-            tracing::info!(plan = %p.text.trim_end(), "planned");
-            self.summary.plan = Some(p);
-        }
-        Ok(())
+            let r = f(policy, &mut mind);
+            context_ms = mind.view.context_ms;
+            r
+        });
+        (r, context_ms)
     }
 
     /// One step: observe, plan + execute, decide, act. `Err` before a record exists; a record
@@ -389,38 +399,16 @@ impl Run<'_, '_> {
     /// The policy's decision over the window's live context, and the milliseconds bringing that
     /// context up to date took (a full re-prefill without reuse).
     fn decide(&mut self, step: usize, obs: &Observation) -> (Result<NextAction>, f64) {
-        let session = &mut *self.agent.session;
-        let policy = &mut *self.agent.policy;
-        let llm: &dyn LanguageModel = match &self.opts.language_model {
-            Some(m) => m.as_ref(),
-            None => &self.llm,
-        };
-        let (goal, max_new) = (&self.scenario.goal, self.scenario.budget.max_new_tokens);
-        let mut context_ms = 0.0;
-        let mut cache = self.opts.action_cache.as_mut();
-        let origin = &self.env.origin;
-        let d = blocking(|| {
+        self.with_mind(|policy, mind| {
             // The last step's cache entry, checked against the page it led to: a replayed step
             // that did nothing is taken again, re-inferred.
-            if let Some(c) = cache.as_deref_mut()
-                && c.observed(obs, origin)?
+            if let Some(c) = mind.cache.as_deref_mut()
+                && c.observed(obs, mind.origin)?
             {
                 policy.retry_last();
             }
-            let text = crate::language_model::window_text(session)?;
-            let mut mind = Mind {
-                llm,
-                view: View::new(session, &text),
-                goal,
-                max_new_tokens: max_new,
-                cache,
-                origin,
-            };
-            let d = policy.next(step, obs, &mut mind);
-            context_ms = mind.view.context_ms;
-            d
-        });
-        (d, context_ms)
+            policy.next(step, obs, mind)
+        })
     }
 
     /// Carries out a decision: `done` answers (and times the baseline when asked), anything else
