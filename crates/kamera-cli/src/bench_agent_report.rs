@@ -66,6 +66,9 @@ pub struct Report {
     pub flow_steps: usize,
     pub models: Vec<String>,
     pub decodings: Vec<String>,
+    /// `--plan`: whether the model policy planned (`on`, `off` or both).
+    #[serde(default)]
+    pub plan: Vec<String>,
     /// The trivial policies scored beside the models (rows of model `baseline`), and the model
     /// whose session they ran over.
     #[serde(default)]
@@ -138,6 +141,7 @@ impl Report {
             } else {
                 a.decodings.clone()
             },
+            plan: if a.baselines_only { Vec::new() } else { a.plan.clone() },
             baseline_session_model: (!baselines.is_empty()).then(|| a.models[0].clone()),
             baselines,
             episode_ms: a.episode_ms,
@@ -185,7 +189,7 @@ fn load(x: Option<f64>) -> String {
 /// model x decoding and the task's mean steps and wall time over all of them.
 pub fn markdown(r: &Report) -> String {
     let mut s = format!(
-        "`{}` ({} UTC, {} cores, load {} -> {}, {:.0} s): {} episodes = {} tasks x {} seeds x ({} models x {} decodings x {} passes + {} baselines), at most {} steps ({} for order-status), MiniWoB++ episodes of {} s\n\n",
+        "`{}` ({} UTC, {} cores, load {} -> {}, {:.0} s): {} episodes = {} tasks x {} seeds x ({} models x {} decodings x {} plans x {} passes + {} baselines), at most {} steps ({} for order-status), MiniWoB++ episodes of {} s\n\n",
         r.command,
         r.date,
         r.cores,
@@ -197,6 +201,7 @@ pub fn markdown(r: &Report) -> String {
         r.seeds,
         r.models.len(),
         r.decodings.len(),
+        r.plan.len().max(1),
         r.passes,
         r.baselines.len(),
         r.max_steps,
