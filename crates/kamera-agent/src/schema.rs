@@ -104,9 +104,9 @@ impl Grammar for QuotedText<'_> {
     }
 }
 
-/// Lines of plain text after `lead` (a plan, a thought): at most `max_lines` lines, each at most
-/// [`MAX_LINE_CHARS`] long, no control characters but the line break; complete at a blank line,
-/// or when line `max_lines` ends. The lead opens line 1.
+/// Lines of plain text after `lead` (the model policy's plan): at most `max_lines` lines, each
+/// at most [`MAX_LINE_CHARS`] long, no control characters but the line break; complete at a
+/// blank line, or when line `max_lines` ends. The lead opens line 1.
 pub struct Lines<'a> {
     pub lead: &'a str,
     pub max_lines: usize,

@@ -33,8 +33,9 @@ pub enum Decoding {
     Constrained,
     /// The kind of action (click, type, select, press, answer) ranked by likelihood, then the
     /// page's actions of that kind in words by mean token log-likelihood; the texts offered to
-    /// type are the task's quoted strings and one the model writes, an answer is written. The
-    /// default: it measured better than greedy decoding (bench/agent/README.md).
+    /// type are the task's quoted strings, facts read on earlier pages and one the model writes,
+    /// an answer is written. The default: it measured better than greedy decoding and than
+    /// [`Decoding::Restricted`] (bench/agent/README.md).
     #[default]
     Ranked,
     /// As [`Decoding::Ranked`], each choice weighed by the model's probability restricted to the
@@ -195,8 +196,8 @@ impl ModelPolicy {
     }
 
     /// The page's action the model finds most likely, in words ([`candidates`]): the task's
-    /// quoted strings and one text the model writes itself are the texts offered to type; the
-    /// model's own answer is the answer offered.
+    /// quoted strings, the facts read on earlier pages and one text the model writes itself are
+    /// the texts offered to type; the model's own answer is the answer offered.
     fn ranked(&self, obs: &Observation, mind: &mut Mind<'_>, instruction: &str) -> Result<NextAction> {
         let mut texts = candidates::goal_spans(mind.goal);
         for t in self.earlier_facts(obs) {

@@ -37,6 +37,8 @@ pub fn write(llm: &dyn LanguageModel, view: &mut View<'_>, goal: &str) -> Result
         max_lines: MAX_LINES,
     };
     let model = llm.decode(view, &instruction, &grammar, MAX_TOKENS)?;
+    // A reply cut short is closed where it stands; one with no step at all (a plugged model
+    // whose reply leaves the grammar at once) becomes the goal as the plan's one step.
     let mut text = match grammar.fit(&model.output) {
         Fit::Complete => model.output.clone(),
         _ => grammar
