@@ -129,6 +129,28 @@ def vision_config(depth: int, intermediate_size: int, fullatt_block_indexes: lis
     )
 
 
+def special_ids(ids: dict) -> dict:
+    """The config's image, video and vision start / end token ids, from the tokenizer's."""
+    return dict(
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+    )
+
+
+def save_checkpoint(model, tokenizer, processor, model_dir: Path, golden_dir: Path) -> None:
+    """Empties both folders, then saves the checkpoint in the Hugging Face layout (shards of
+    800 KB, safetensors) with its tokenizer and image processor."""
+    shutil.rmtree(model_dir, ignore_errors=True)
+    shutil.rmtree(golden_dir, ignore_errors=True)
+    model_dir.mkdir(parents=True)
+    golden_dir.mkdir(parents=True)
+    model.save_pretrained(model_dir, max_shard_size="800KB")
+    tokenizer.save_pretrained(model_dir)
+    processor.save_pretrained(model_dir)
+
+
 def randomize(model) -> None:
     """Random init draws small weights; scale them up so that the tiny model's logits are far
     from uniform and parity tests measure something."""
@@ -171,24 +193,14 @@ def main() -> None:
             rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]},
         ),
         vision_config=vision_config(depth=2, intermediate_size=128, fullatt_block_indexes=[1]),
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
+        **special_ids(ids),
         tie_word_embeddings=False,
         attn_implementation="eager",
     )
     model = Qwen2_5_VLForConditionalGeneration(cfg).eval()
     randomize(model)
-
-    shutil.rmtree(MODEL_DIR, ignore_errors=True)
-    shutil.rmtree(GOLDEN_DIR, ignore_errors=True)
-    MODEL_DIR.mkdir(parents=True)
-    GOLDEN_DIR.mkdir(parents=True)
-    model.save_pretrained(MODEL_DIR, safe_serialization=True, max_shard_size="800KB")
-    tokenizer.save_pretrained(MODEL_DIR)
     processor = Qwen2VLImageProcessor(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16)
-    processor.save_pretrained(MODEL_DIR)
+    save_checkpoint(model, tokenizer, processor, MODEL_DIR, GOLDEN_DIR)
 
     images = make_images()
     tensors: dict = {}

@@ -18,7 +18,6 @@ Setup (once; pinned): transformers 5 beside the 4.x venv's torch:
 Usage: PYTHONPATH=~/.cache/kamera/tf5-site ~/.cache/kamera/venv-vl/bin/python scripts/qwen25vl_golden_tf5.py
 """
 import json
-import shutil
 import sys
 from pathlib import Path
 
@@ -40,6 +39,8 @@ from qwen25vl_golden import (  # noqa: E402
     make_images,
     make_tokenizer,
     randomize,
+    save_checkpoint,
+    special_ids,
     vision_config,
 )
 
@@ -69,24 +70,14 @@ def main() -> None:
             rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA, "mrope_section": [2, 2, 4]},
         ),
         vision_config=vision_config(depth=3, intermediate_size=96, fullatt_block_indexes=[2]),
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
+        **special_ids(ids),
         tie_word_embeddings=True,
         attn_implementation="eager",
     )
     model = Qwen2_5_VLForConditionalGeneration(cfg).eval()
     randomize(model)
-
-    shutil.rmtree(MODEL_DIR, ignore_errors=True)
-    shutil.rmtree(GOLDEN_DIR, ignore_errors=True)
-    MODEL_DIR.mkdir(parents=True)
-    GOLDEN_DIR.mkdir(parents=True)
-    model.save_pretrained(MODEL_DIR, max_shard_size="800KB")
-    tokenizer.save_pretrained(MODEL_DIR)
     processor = Qwen2VLImageProcessorPil(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16)
-    processor.save_pretrained(MODEL_DIR)
+    save_checkpoint(model, tokenizer, processor, MODEL_DIR, GOLDEN_DIR)
     saved = json.loads((MODEL_DIR / "config.json").read_text())
     text = saved.get("text_config", saved)
     assert "rope_parameters" in text and "rope_scaling" not in text, "not the transformers 5 layout"
