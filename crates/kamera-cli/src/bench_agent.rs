@@ -153,10 +153,11 @@ pub fn groups(a: &AgentArgs) -> Result<Vec<Group>> {
     }
     let mut g = Vec::new();
     if !a.baselines_only {
+        let plans = plans(a)?;
         for m in &a.models {
             for pass in 1..=a.passes {
                 for d in &a.decodings {
-                    for &plan in &plans(a)? {
+                    for &plan in &plans {
                         let mut label = d.clone();
                         if !plan {
                             label.push_str(", no plan");

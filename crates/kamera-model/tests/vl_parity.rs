@@ -49,18 +49,6 @@ impl Checkpoint {
     }
 }
 
-fn model() -> Result<Model> {
-    TF4.load()
-}
-
-fn goldens() -> Result<HashMap<String, Tensor>> {
-    TF4.goldens()
-}
-
-fn meta() -> Result<serde_json::Value> {
-    TF4.meta()
-}
-
 fn f32s(g: &HashMap<String, Tensor>, k: &str) -> Result<Vec<f32>> {
     Ok(g.get(k)
         .with_context(|| k.to_string())?
@@ -99,8 +87,8 @@ fn argmax(row: &[f32]) -> usize {
 
 #[test]
 fn tokenizer_matches_hf() -> Result<()> {
-    let m = model()?;
-    let meta = meta()?;
+    let m = TF4.load()?;
+    let meta = TF4.meta()?;
     for case in meta["tokenizer"].as_array().context("tokenizer cases")? {
         let text = case["text"].as_str().context("text")?;
         let want: Vec<u32> = case["ids"]
@@ -117,9 +105,9 @@ fn tokenizer_matches_hf() -> Result<()> {
 
 #[test]
 fn vision_tower_matches_hf() -> Result<()> {
-    let m = model()?;
+    let m = TF4.load()?;
     let vision = m.vision().context("a VLM has a vision tower")?;
-    let g = goldens()?;
+    let g = TF4.goldens()?;
     for img in ["img0", "img1", "img2"] {
         let out = vision.encode(&f32s(&g, &format!("{img}.pixel_values"))?, grid(&g, img)?)?;
         let blocks = rel_err(&out.blocks_out, &f32s(&g, &format!("{img}.vision_blocks_out"))?);
@@ -132,7 +120,7 @@ fn vision_tower_matches_hf() -> Result<()> {
 
 #[test]
 fn logits_and_positions_match_hf() -> Result<()> {
-    let (kl, same) = logits_kl_to_hf(&model()?, &TF4)?;
+    let (kl, same) = logits_kl_to_hf(&TF4.load()?, &TF4)?;
     assert!(kl <= 1e-6 && same == 1.0, "mean KL {kl}, same argmax at {same}");
     Ok(())
 }
@@ -176,9 +164,9 @@ fn bf16_tower_and_prefill_stay_close_to_hf() -> Result<()> {
         );
         return Ok(());
     }
-    let m = Model::load_with_precision(&golden_dir().join("qwen25vl-tiny"), PrefillPrecision::Bf16)?;
+    let m = Model::load_with_precision(&golden_dir().join(TF4.model), PrefillPrecision::Bf16)?;
     assert_eq!(m.prefill_precision(), PrefillPrecision::Bf16);
-    let f32_bytes = model()?.weight_bytes().total;
+    let f32_bytes = TF4.load()?.weight_bytes().total;
     let bytes = m.weight_bytes().total;
     println!("weights: {bytes} bytes in bf16, {f32_bytes} in f32");
     assert!(
@@ -186,7 +174,7 @@ fn bf16_tower_and_prefill_stay_close_to_hf() -> Result<()> {
         "matrices held in bf16: {bytes} vs {f32_bytes}"
     );
     let vision = m.vision().context("vision")?;
-    let g = goldens()?;
+    let g = TF4.goldens()?;
     for img in ["img0", "img1", "img2"] {
         let out = vision.encode(&f32s(&g, &format!("{img}.pixel_values"))?, grid(&g, img)?)?;
         let embeds = rel_err(&out.embeds, &f32s(&g, &format!("{img}.image_embeds"))?);
@@ -271,11 +259,11 @@ fn logits_kl_to_hf(m: &Model, set: &Checkpoint) -> Result<(f64, f64)> {
 
 #[test]
 fn png_to_image_embeddings_matches_hf() -> Result<()> {
-    let m = model()?;
+    let m = TF4.load()?;
     let vision = m.vision().context("vision")?;
-    let g = goldens()?;
+    let g = TF4.goldens()?;
     for img in ["img0", "img1", "img2"] {
-        let png = std::fs::read(golden_dir().join(format!("qwen25vl-golden/{img}.png")))?;
+        let png = std::fs::read(golden_dir().join(TF4.goldens).join(format!("{img}.png")))?;
         let image = kamera_model::vision::RgbImage::decode_png(&png)?;
         let (patches, out) = vision.encode_image(&image, None)?;
         assert_eq!(patches.grid_thw, grid(&g, img)?, "{img}");

@@ -226,10 +226,14 @@ impl ModelPolicy {
         verbs.dedup();
         let kind = mind.llm.rank(&mut mind.view, instruction, example::NEXT, &verbs)?;
         tracing::trace!(scores = ?kind.scores, "ranked kinds");
+        timing.prefill_ms += kind.timings.prefill_ms;
+        timing.decode_ms += kind.timings.decode_ms;
         let kind = self.choice(&kind).to_string();
         if kind == " answer" {
             let lead = format!("{} answer \"", example::NEXT);
-            let (answer, call) = self.write(mind, instruction, &lead)?;
+            let (answer, mut call) = self.write(mind, instruction, &lead)?;
+            call.timings.prefill_ms += timing.prefill_ms;
+            call.timings.decode_ms += timing.decode_ms;
             // An empty answer is not a valid one: the placeholder free texts take.
             let answer = if answer.is_empty() { "-".to_string() } else { answer };
             return Ok(NextAction {
@@ -384,10 +388,10 @@ impl Policy for ModelPolicy {
             return Ok(Some(Planned { text, model: None }));
         }
         let p = plan::write(mind.llm, &mut mind.view, mind.goal)?;
-        if let Some(c) = mind.cache.as_deref() {
+        if let (Some(c), Some(p)) = (mind.cache.as_deref(), &p) {
             c.record_plan(mind.goal, mind.view.text, &p.text)?;
         }
-        Ok(Some(p))
+        Ok(p)
     }
 
     fn next(&mut self, _step: usize, obs: &Observation, mind: &mut Mind<'_>) -> Result<NextAction> {

@@ -5,10 +5,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::language_model::{LanguageModel, View};
 use crate::llm::ModelCall;
-use crate::schema::{Fit, Grammar, Lines};
+use crate::schema::Lines;
 
 /// How the plan's reply starts (the model writes step 1's text next).
 pub const PLAN_LEAD: &str = "Plan for the goal:\n1.";
@@ -29,28 +29,30 @@ pub struct Planned {
 }
 
 /// The plan for `goal`: the model writes the steps, greedy under [`Lines`], over the window as
-/// it stands (the goal, no page yet).
-pub fn write(llm: &dyn LanguageModel, view: &mut View<'_>, goal: &str) -> Result<Planned> {
+/// it stands (the goal, no page yet). `None` when its reply holds no step (a plan is optional:
+/// the run goes on without one).
+pub fn write(llm: &dyn LanguageModel, view: &mut View<'_>, goal: &str) -> Result<Option<Planned>> {
     let instruction = format!("Goal: {goal}\nWrite the steps that reach the goal, one short line each.");
     let grammar = Lines {
         lead: PLAN_LEAD,
         max_lines: MAX_LINES,
     };
-    let model = llm.decode(view, &instruction, &grammar, MAX_TOKENS)?;
-    // A reply cut short is closed where it stands; one with no step at all (a plugged model
-    // whose reply leaves the grammar at once) becomes the goal as the plan's one step.
-    let mut text = match grammar.fit(&model.output) {
-        Fit::Complete => model.output.clone(),
-        _ => grammar
-            .close(&model.output)
-            .unwrap_or_else(|| format!("{PLAN_LEAD} {goal}\n\n")),
+    // `decode` gives a complete reply of the grammar (closed where the token budget ended it).
+    let model = match llm.decode(view, &instruction, &grammar, MAX_TOKENS) {
+        Ok(m) => m,
+        Err(Error::Policy { last, .. }) => {
+            tracing::debug!(reply = %last, "the model wrote no plan");
+            return Ok(None);
+        }
+        Err(e) => return Err(e),
     };
+    let mut text = model.output.clone();
     // Five full lines end with one line break: the chunk ends with a blank line either way.
     if !text.ends_with("\n\n") {
         text.push('\n');
     }
-    Ok(Planned {
+    Ok(Some(Planned {
         text,
         model: Some(model),
-    })
+    }))
 }

@@ -15,21 +15,22 @@ pub fn log_probs(cands: &[&[(u32, f32)]]) -> Vec<f32> {
     cands
         .iter()
         .map(|c| {
+            // The candidates sharing c's tokens so far, narrowed at each token.
+            let mut sharing: Vec<&[(u32, f32)]> = cands.to_vec();
             let mut lp = 0.0f32;
-            for (i, &(_, t)) in c.iter().enumerate() {
-                // The distinct tokens that candidates sharing c's first i tokens continue with.
+            for (i, &(tok, t)) in c.iter().enumerate() {
+                sharing.retain(|o| o.len() > i);
+                // The distinct tokens the sharing candidates continue with: the branch.
                 let mut branch: Vec<(u32, f32)> = Vec::new();
-                for o in cands {
-                    if o.len() > i
-                        && o[..i].iter().zip(&c[..i]).all(|(a, b)| a.0 == b.0)
-                        && !branch.iter().any(|b| b.0 == o[i].0)
-                    {
+                for o in &sharing {
+                    if !branch.iter().any(|b| b.0 == o[i].0) {
                         branch.push(o[i]);
                     }
                 }
                 let m = branch.iter().fold(f32::NEG_INFINITY, |m, b| m.max(b.1));
                 let z = m + branch.iter().map(|b| (b.1 - m).exp()).sum::<f32>().ln();
                 lp += t - z;
+                sharing.retain(|o| o[i].0 == tok);
             }
             lp
         })
