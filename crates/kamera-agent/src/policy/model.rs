@@ -507,6 +507,26 @@ mod tests {
         assert!(!p.stale(&Action::Done { answer: "x".into() }));
     }
 
+    /// An action taken on a page stays stale at a later visit of the same page (it would go
+    /// round the same loop); on another page it is offered.
+    #[test]
+    fn an_action_is_not_repeated_at_a_revisit() {
+        let mut p = ModelPolicy::default();
+        let (list, other) = (form(""), form("x"));
+        p.seen(&list);
+        p.taken(&Action::Click { id: 2 }, &list);
+        p.seen(&other);
+        p.taken(&Action::Key { key: "Enter".into() }, &other);
+        p.seen(&other);
+        assert!(!p.stale(&Action::Click { id: 2 }), "not taken on this page");
+        p.taken(&Action::Scroll { dy: 300.0 }, &other);
+        p.seen(&list);
+        assert!(
+            p.stale(&Action::Click { id: 2 }),
+            "taken at the first visit of this page"
+        );
+    }
+
     /// A page whose text changes only in a countdown line (MiniWoB++'s timer) is the same page:
     /// a click that did nothing stays stale. A changed element makes it a new page.
     #[test]
