@@ -8,6 +8,8 @@
 #[cfg(target_arch = "x86_64")]
 mod amx;
 #[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod bf16;
 mod dense;
 mod dot;
@@ -312,6 +314,19 @@ impl QMatrix {
 
     /// Row `r` dequantized into `out` (`cols` values).
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        assert_eq!(out.len(), self.cols, "dequantize_row: output length");
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU has AVX2 and FMA; `out` holds one row; `r` is checked here.
+            assert!(r < self.rows, "dequantize_row: row {r} of {}", self.rows);
+            unsafe { avx2::dequantize_row(self, r, out) };
+            return;
+        }
+        self.dequantize_row_portable(r, out);
+    }
+
+    /// [`QMatrix::dequantize_row`] in plain loops (the reference; CPUs without AVX2).
+    pub fn dequantize_row_portable(&self, r: usize, out: &mut [f32]) {
         let (g, gpr) = (self.group, self.groups_per_row());
         for (j, o) in out.chunks_exact_mut(g).enumerate() {
             let gi = r * gpr + j;

@@ -1,6 +1,6 @@
 //! Matrix-vector products on the codes (decode): `y_r = Σ_g scale_rg · Σ_{i∈g} code_i x_i +
-//! offset_rg · Σ_{i∈g} x_i`, AVX-512 where the CPU has it (chosen at run time), else portable
-//! code the compiler vectorises; rows split over the rayon pool.
+//! offset_rg · Σ_{i∈g} x_i`, AVX-512 or AVX2 where the CPU has it (chosen at run time), else
+//! portable code the compiler vectorises; rows split over the rayon pool.
 
 use rayon::prelude::*;
 
@@ -101,15 +101,9 @@ pub(crate) fn scaled_code_dot(kind: &Codes, group: usize, codes: &[u8], scales: 
     }
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-        // SAFETY: the CPU has AVX2 and FMA.
-        return unsafe { portable_avx2(kind, group, codes, scales, x) };
+        // SAFETY: the CPU has AVX2 and FMA; slices as above.
+        return unsafe { super::avx2::scaled_code_dot(kind, group, codes, scales, x) };
     }
-    portable(kind, group, codes, scales, x)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn portable_avx2(kind: &Codes, group: usize, codes: &[u8], scales: &[f32], x: &[f32]) -> f32 {
     portable(kind, group, codes, scales, x)
 }
 

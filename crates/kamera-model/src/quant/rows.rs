@@ -63,6 +63,12 @@ fn row_times_block(q: &QMatrix, r: usize, xb: &[f32], nb: usize, acc: &mut [f32;
         }
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has AVX2 and FMA; `xb` holds `nb` rows of `q.cols` values.
+        unsafe { super::avx2::row_block(q, r, xb, nb, acc) };
+        return;
+    }
     portable(q, r, xb, nb, acc);
 }
 

@@ -421,3 +421,55 @@ fn int8_decode_products_stay_within_the_inputs_rounding() {
         assert!(rel < 1e-2, "{dtype:?}: int8 products {rel} from f32");
     }
 }
+
+/// The AVX2 kernels (the path on x86 hosts without AVX-512) against the portable references,
+/// called directly so that an AVX-512 host checks them too.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx2_kernels_equal_the_portable_ones_for_every_block_type() {
+    if !(std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")) {
+        kamera_ops::testkit::skip(
+            "quant::tests::avx2_kernels_equal_the_portable_ones_for_every_block_type",
+            "the CPU has no AVX2 + FMA",
+        );
+        return;
+    }
+    let close = |a: f32, b: f32| (a - b).abs() <= 1e-5 * b.abs().max(1.0);
+    let mut rng = StdRng::seed_from_u64(23);
+    for (i, dtype) in TYPES.into_iter().enumerate() {
+        // Three rows of groups per row odd and even (tails of the two-accumulator loop).
+        let cols = if dtype.block_size() == 256 { 768 } else { 800 };
+        let (q, _) = quantized(dtype, 9, cols, 60 + i as u64);
+        let gpr = cols / q.group;
+        let x: Vec<f32> = (0..rows::BLOCK * cols).map(|_| rng.random_range(-1.0..1.0)).collect();
+        for r in [0, 4, 8] {
+            let codes = dot::row_codes(&q, r);
+            let scales = &q.scales[r * gpr..(r + 1) * gpr];
+            // SAFETY: the CPU has AVX2 and FMA (checked above); one row's slices.
+            let simd = unsafe { super::avx2::scaled_code_dot(&q.codes, q.group, codes, scales, &x[..cols]) };
+            let want = dot::portable(&q.codes, q.group, codes, scales, &x[..cols]);
+            assert!(close(simd, want), "{dtype:?} row {r} dot: {simd} vs {want}");
+            for nb in 1..=rows::BLOCK {
+                let (mut got, mut want) = ([0f32; rows::BLOCK], [0f32; rows::BLOCK]);
+                // SAFETY: as above; `x` holds `nb ≤ BLOCK` rows of `cols`.
+                unsafe { super::avx2::row_block(&q, r, &x[..nb * cols], nb, &mut got) };
+                rows::portable(&q, r, &x[..nb * cols], nb, &mut want);
+                for k in 0..nb {
+                    assert!(
+                        close(got[k], want[k]),
+                        "{dtype:?} row {r}, {nb} rows, row {k}: {} vs {}",
+                        got[k],
+                        want[k]
+                    );
+                }
+            }
+            let (mut got, mut want) = (vec![0f32; cols], vec![0f32; cols]);
+            // SAFETY: as above; `got` holds one row.
+            unsafe { super::avx2::dequantize_row(&q, r, &mut got) };
+            q.dequantize_row_portable(r, &mut want);
+            for (c, (a, b)) in got.iter().zip(&want).enumerate() {
+                assert!(close(*a, *b), "{dtype:?} row {r} col {c} dequantized: {a} vs {b}");
+            }
+        }
+    }
+}
