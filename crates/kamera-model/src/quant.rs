@@ -406,7 +406,7 @@ impl Linear {
         Ok(Linear::Dense(w))
     }
 
-    /// `x @ wᵀ` for `x: [n, in]`: one row on the codes, up to [`rows::MAX_ROWS`] rows by
+    /// `x @ wᵀ` for `x: [n, in]`: one row on the codes, up to [`rows::max_rows`] rows by
     /// blocks of rows on the codes, more by a GEMM over dequantized panels.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         const OP: &str = "linear";
@@ -465,7 +465,7 @@ impl Linear {
                     dot::matvec(q, &xs, &mut y);
                 } else if q.precision == PrefillPrecision::Bf16 && n >= BF16_MIN_ROWS {
                     bf16_matmul(q, &xs, n, &mut y)?;
-                } else if n <= rows::MAX_ROWS {
+                } else if n <= rows::max_rows(q) {
                     rows::product(q, &xs, n, &mut y);
                 } else {
                     matmul::matmul(q, &xs, n, &mut y);

@@ -255,3 +255,69 @@ unsafe fn dequantize<const K: u8>(q: &QMatrix, r: usize, out: &mut [f32]) {
         }
     }
 }
+
+/// Input rows of [`pair_block`]: two weight rows x four input rows keep eight accumulators,
+/// the two rows' weights, scales and offsets in the sixteen registers.
+pub(super) const PAIR_ROWS: usize = 4;
+
+/// `[Σ_c w[ra, c] · x[i, c], Σ_c w[rb, c] · x[i, c]]` for the `nb ≤ PAIR_ROWS` rows of `xb`:
+/// every input load feeds two FMAs (one per weight row), so the loads no longer bind as in
+/// [`row_block`] (one FMA per load). `ra == rb` is allowed (an odd last row).
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; `xb` holds `nb` rows of `q.cols` values; `ra, rb < q.rows`.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn pair_block(q: &QMatrix, ra: usize, rb: usize, xb: &[f32], nb: usize) -> [[f32; PAIR_ROWS]; 2] {
+    unsafe {
+        match kind(&q.codes) {
+            U8 => pair_kind::<U8>(q, ra, rb, xb, nb),
+            I8 => pair_kind::<I8>(q, ra, rb, xb, nb),
+            U4 => pair_kind::<U4>(q, ra, rb, xb, nb),
+            _ => pair_kind::<U5>(q, ra, rb, xb, nb),
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn pair_kind<const K: u8>(q: &QMatrix, ra: usize, rb: usize, xb: &[f32], nb: usize) -> [[f32; PAIR_ROWS]; 2] {
+    unsafe {
+        match nb {
+            4 => pair::<K, 4>(q, ra, rb, xb),
+            3 => pair::<K, 3>(q, ra, rb, xb),
+            2 => pair::<K, 2>(q, ra, rb, xb),
+            _ => pair::<K, 1>(q, ra, rb, xb),
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn pair<const K: u8, const R: usize>(q: &QMatrix, ra: usize, rb: usize, xb: &[f32]) -> [[f32; PAIR_ROWS]; 2] {
+    unsafe {
+        let (g, cols) = (q.group, q.cols);
+        let (gpr, gb) = (cols / g, group_bytes::<K>(g));
+        let (base, xp) = (code_bytes(&q.codes), xb.as_ptr());
+        let (mut a, mut b) = ([_mm256_setzero_ps(); R], [_mm256_setzero_ps(); R]);
+        for j in 0..gpr {
+            let (ga, gbi) = (ra * gpr + j, rb * gpr + j);
+            let ((sa, oa), (sb, ob)) = (scale_offset(q, ga), scale_offset(q, gbi));
+            let wa = group::<K>(base.add(ga * gb), g);
+            let wb = group::<K>(base.add(gbi * gb), g);
+            for k in 0..g / 8 {
+                let va = _mm256_fmadd_ps(wa[k], _mm256_set1_ps(sa), _mm256_set1_ps(oa));
+                let vb = _mm256_fmadd_ps(wb[k], _mm256_set1_ps(sb), _mm256_set1_ps(ob));
+                let at = j * g + 8 * k;
+                for i in 0..R {
+                    let x = _mm256_loadu_ps(xp.add(i * cols + at));
+                    a[i] = _mm256_fmadd_ps(va, x, a[i]);
+                    b[i] = _mm256_fmadd_ps(vb, x, b[i]);
+                }
+            }
+        }
+        let mut out = [[0f32; PAIR_ROWS]; 2];
+        for i in 0..R {
+            out[0][i] = hsum(a[i]);
+            out[1][i] = hsum(b[i]);
+        }
+        out
+    }
+}

@@ -8,10 +8,33 @@ use super::{Codes, Offsets, Out, QMatrix};
 
 /// Input rows sharing one pass over a weight row's codes.
 pub(crate) const BLOCK: usize = 8;
-/// Input rows up to which [`super::Linear::forward`] multiplies on the codes (more go through
-/// dequantized panels and a GEMM): where the two cross on this project's machine, measured with
-/// the ignored `quant::tests::matvec_speed` probe.
-pub(crate) const MAX_ROWS: usize = 256;
+/// Input rows up to which [`super::Linear::forward`] multiplies `q` on its codes (more go
+/// through dequantized panels and a GEMM): where the two cross, measured per instruction set
+/// with the ignored `quant::tests::matvec_speed` probe (2 threads, 4864 x 1024). With AVX-512
+/// (this project's Xeon and Zen 4 EPYC): 256. With AVX2 only (a Zen 3 EPYC, 2026-12-05) the
+/// panels climb from 52-68 GFLOP/s at 32 rows to 77-99 at 64 and 105-128 at 128, while the
+/// 4- and 5-bit row blocks run flat at 53-100 from 8 rows on (widening the codes binds them)
+/// and the byte codes' weight-row pairs at 90-110: 48 rows for the first, 96 for the second.
+pub(crate) fn max_rows(q: &QMatrix) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if !std::arch::is_x86_feature_detected!("avx512f") {
+        return if avx2_pairs(q) { 96 } else { 48 };
+    }
+    let _ = q;
+    256
+}
+
+/// Whether `q`'s row products run as AVX2 weight-row pairs (`avx2::pair_block`): byte codes on
+/// a CPU with AVX2 + FMA and no AVX-512. The 4- and 5-bit codes stay on [`BLOCK`]-row blocks,
+/// where each widened group feeds twice the input rows (pairs measured 10-30% slower there).
+#[cfg(target_arch = "x86_64")]
+fn avx2_pairs(q: &QMatrix) -> bool {
+    matches!(q.codes, Codes::U8(_) | Codes::I8(_))
+        && !std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("fma")
+}
+
 /// Weight rows per parallel task.
 const TASK_ROWS: usize = 32;
 
@@ -20,8 +43,31 @@ pub(crate) fn product(q: &QMatrix, x: &[f32], n: usize, y: &mut [f32]) {
     let (rows, cols) = (q.rows, q.cols);
     assert_eq!((x.len(), y.len()), (n * cols, n * rows), "rows::product shapes");
     let out = Out(y.as_mut_ptr());
+    #[cfg(target_arch = "x86_64")]
+    let pairs = avx2_pairs(q);
     let task = |t: usize| {
         let (r0, r1) = (t * TASK_ROWS, ((t + 1) * TASK_ROWS).min(rows));
+        #[cfg(target_arch = "x86_64")]
+        if pairs {
+            // AVX2: two weight rows against four input rows at a time (`avx2::pair_block`).
+            const P: usize = super::avx2::PAIR_ROWS;
+            for b0 in (0..n).step_by(P) {
+                let nb = P.min(n - b0);
+                let xb = &x[b0 * cols..(b0 + nb) * cols];
+                for ra in (r0..r1).step_by(2) {
+                    let rb = (ra + 1).min(r1 - 1);
+                    // SAFETY: the CPU has AVX2 and FMA; `xb` holds `nb` rows; ra, rb < rows.
+                    let acc = unsafe { super::avx2::pair_block(q, ra, rb, xb, nb) };
+                    for (r, acc) in [(ra, acc[0]), (rb, acc[1])] {
+                        for (i, &a) in acc[..nb].iter().enumerate() {
+                            // SAFETY: as below: (b0 + i, r) is inside y, column r is this task's.
+                            unsafe { *out.at((b0 + i) * rows + r) = a };
+                        }
+                    }
+                }
+            }
+            return;
+        }
         let mut acc = [0f32; BLOCK];
         for b0 in (0..n).step_by(BLOCK) {
             let nb = BLOCK.min(n - b0);

@@ -144,7 +144,8 @@ fn panel_gemm_matches_matvec_and_linear_picks_either() {
         // More rows than one panel holds, so the panel loop and its tail run.
         let (rows, cols) = (1100, 512);
         let (q, _) = quantized(dtype, rows, cols, 21);
-        let n = rows::MAX_ROWS + 3;
+        let max = rows::max_rows(&q);
+        let n = max + 3;
         let x: Vec<f32> = (0..n * cols).map(|_| rng.random_range(-1.0..1.0)).collect();
         let mut by_gemm = vec![0f32; n * rows];
         matmul::matmul(&q, &x, n, &mut by_gemm);
@@ -155,7 +156,7 @@ fn panel_gemm_matches_matvec_and_linear_picks_either() {
         let err = max_rel(&by_gemm, &by_matvec);
         assert!(err < 1e-5, "{dtype:?}: panel GEMM vs matvec {err:e}");
         let lin = Linear::Quant(q);
-        for m in [1, 2, rows::MAX_ROWS, n] {
+        for m in [1, 2, max, n] {
             let xt = Tensor::from_slice(&x[..m * cols], (m, cols), &Device::Cpu).unwrap();
             let y = lin
                 .forward(&xt)
@@ -177,7 +178,8 @@ fn panel_gemm_matches_matvec_and_linear_picks_either() {
 fn row_block_product_matches_matvec_for_every_block_type_and_block_size() {
     let mut rng = StdRng::seed_from_u64(17);
     for (i, dtype) in TYPES.into_iter().enumerate() {
-        let (r, cols) = (70, 512);
+        // An odd number of weight rows: the last task ends on an unpaired row.
+        let (r, cols) = (71, 512);
         let (q, _) = quantized(dtype, r, cols, 40 + i as u64);
         // 1..8 rows (every kernel width) and 19 (two full blocks and a tail).
         for n in [1, 2, 3, 4, 5, 6, 7, 8, 19] {
@@ -260,7 +262,7 @@ fn matvec_speed() {
             q.dequantize_row(r, &mut row);
         }
         let d = t.elapsed().as_secs_f64();
-        for n in [8, 32, 128, 512, 2048] {
+        for n in [8, 16, 32, 64, 128, 256, 512, 2048] {
             let xs: Vec<f32> = (0..n * cols).map(|i| (i as f32).cos()).collect();
             let mut ys = vec![0f32; n * rows];
             let t = std::time::Instant::now();
@@ -461,6 +463,22 @@ fn avx2_kernels_equal_the_portable_ones_for_every_block_type() {
                         got[k],
                         want[k]
                     );
+                }
+            }
+            for nb in 1..=super::avx2::PAIR_ROWS {
+                // SAFETY: as above; rows r and 8 - r exist.
+                let got = unsafe { super::avx2::pair_block(&q, r, 8 - r, &x[..nb * cols], nb) };
+                for (w, row) in [(0, r), (1, 8 - r)] {
+                    let mut want = [0f32; rows::BLOCK];
+                    rows::portable(&q, row, &x[..nb * cols], nb, &mut want);
+                    for k in 0..nb {
+                        assert!(
+                            close(got[w][k], want[k]),
+                            "{dtype:?} pair row {row}, {nb} rows, row {k}: {} vs {}",
+                            got[w][k],
+                            want[k]
+                        );
+                    }
                 }
             }
             let (mut got, mut want) = (vec![0f32; cols], vec![0f32; cols]);
