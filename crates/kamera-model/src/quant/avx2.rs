@@ -54,17 +54,6 @@ unsafe fn b8x8<const K: u8>(p: *const u8) -> __m256 {
     }
 }
 
-/// Eight 4-bit codes (the low half of `v`) plus 16 where bit `k` of `high`'s low byte is set.
-#[inline(always)]
-unsafe fn u5x8(v: __m128i, high: i32) -> __m256 {
-    unsafe {
-        let bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
-        let set = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(high), bits), bits);
-        let c = _mm256_add_epi32(_mm256_cvtepu8_epi32(v), _mm256_and_si256(set, _mm256_set1_epi32(16)));
-        _mm256_cvtepi32_ps(c)
-    }
-}
-
 /// The group at `p` widened to f32, eight codes a vector: all four for a group of 32, the
 /// first two for a group of 16 (byte codes only; 4- and 5-bit groups are always 32).
 #[inline(always)]
@@ -74,21 +63,30 @@ unsafe fn group<const K: u8>(p: *const u8, g: usize) -> [__m256; 4] {
             U4 | U5 => {
                 let v = _mm_loadu_si128(p as *const __m128i);
                 let m = _mm_set1_epi8(15);
-                let lo = _mm_and_si128(v, m);
-                let hi = _mm_and_si128(_mm_srli_epi16(v, 4), m);
-                let (lo1, hi1) = (_mm_srli_si128(lo, 8), _mm_srli_si128(hi, 8));
+                let (mut lo, mut hi) = (_mm_and_si128(v, m), _mm_and_si128(_mm_srli_epi16(v, 4), m));
                 if K == U5 {
-                    // Bit j of the little-endian u32 after the nibbles is code j's fifth bit.
+                    // Bit j of the little-endian u32 after the nibbles is code j's fifth bit:
+                    // byte j of `b` gets the u32's byte j / 8, then the bit j % 8 is tested.
                     let high = (p.add(16) as *const u32).read_unaligned() as i32;
-                    [
-                        u5x8(lo, high),
-                        u5x8(lo1, high >> 8),
-                        u5x8(hi, high >> 16),
-                        u5x8(hi1, high >> 24),
-                    ]
-                } else {
-                    [u8x8(lo), u8x8(lo1), u8x8(hi), u8x8(hi1)]
+                    let b = _mm256_shuffle_epi8(
+                        _mm256_set1_epi32(high),
+                        _mm256_setr_epi8(
+                            0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3,
+                            3, 3,
+                        ),
+                    );
+                    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
+                    let set = _mm256_cmpeq_epi8(_mm256_and_si256(b, bit), bit);
+                    let sixteen = _mm256_and_si256(set, _mm256_set1_epi8(16));
+                    lo = _mm_or_si128(lo, _mm256_castsi256_si128(sixteen));
+                    hi = _mm_or_si128(hi, _mm256_extracti128_si256::<1>(sixteen));
                 }
+                [
+                    u8x8(lo),
+                    u8x8(_mm_srli_si128(lo, 8)),
+                    u8x8(hi),
+                    u8x8(_mm_srli_si128(hi, 8)),
+                ]
             }
             _ if g == 32 => [
                 b8x8::<K>(p),
