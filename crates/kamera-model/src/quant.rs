@@ -10,6 +10,8 @@ mod amx;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
+mod avx2_int8;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod bf16;
 mod dense;
 mod dot;

@@ -366,14 +366,15 @@ fn bf16_tiles_match_rounded_reference() {
     }
 }
 
-/// The int8 decode kernel (VNNI) against its integer reference, for every block type, with
-/// rows that end on half a 64-value step (9 groups of 32) where the block allows it.
+/// The int8 decode kernels (VNNI where the CPU has it, else AVX2; the AVX2 one also called
+/// directly, so a VNNI host checks both) against their integer reference, for every block type,
+/// with rows that end on half a 64-value step (9 groups of 32) where the block allows it.
 #[test]
 fn int8_decode_kernel_equals_its_reference_for_every_block_type() {
     if !vnni::available() {
         kamera_ops::testkit::skip(
             "quant::tests::int8_decode_kernel_equals_its_reference_for_every_block_type",
-            "this CPU has no AVX512-VNNI",
+            "this CPU has neither AVX512-VNNI nor AVX2",
         );
         return;
     }
@@ -389,6 +390,15 @@ fn int8_decode_kernel_equals_its_reference_for_every_block_type() {
                 (got - want).abs() <= 1e-5 * want.abs().max(1e-3),
                 "{dtype:?} row {r}: kernel {got}, reference {want}"
             );
+            #[cfg(target_arch = "x86_64")]
+            if vnni::has_avx2() {
+                // SAFETY: the CPU has AVX2 + FMA; row r of q; x8 has q.cols values.
+                let avx2 = unsafe { super::avx2_int8::code_dot(&q, r, &x8) };
+                assert!(
+                    (avx2 - want).abs() <= 1e-5 * want.abs().max(1e-3),
+                    "{dtype:?} row {r}: AVX2 kernel {avx2}, reference {want}"
+                );
+            }
         }
     }
 }

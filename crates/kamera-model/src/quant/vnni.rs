@@ -90,8 +90,8 @@ pub(crate) fn reads(m: &QMatrix) -> bool {
     }
 }
 
-/// Whether this CPU has the instructions (AVX-512 F/BW and VNNI).
-pub(crate) fn available() -> bool {
+/// Whether this CPU has AVX-512 F/BW and VNNI (`vpdpbusd`).
+fn has_vnni() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         std::arch::is_x86_feature_detected!("avx512f")
@@ -104,18 +104,47 @@ pub(crate) fn available() -> bool {
     }
 }
 
+/// Whether this CPU has AVX2 and FMA (`vpmaddubsw` + `vpmaddwd`, the int8 kernel of hosts
+/// without AVX-512, `avx2_int8.rs`).
+pub(crate) fn has_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Whether this CPU runs an int8 kernel: AVX512-VNNI, or AVX2 + FMA.
+pub(crate) fn available() -> bool {
+    has_vnni() || has_avx2()
+}
+
 /// `Σ_g scale_g · Σ_{i∈g} code_i · dx_i q_i` over row `r` of `m` (≈ `Σ_g scale_g Σ code_i x_i`).
 /// The caller checked [`available`] and that `x` has `m.cols` values.
 pub(crate) fn code_dot(m: &QMatrix, r: usize, x: &Q8Input) -> f32 {
     debug_assert_eq!(x.cols, m.cols);
     #[cfg(target_arch = "x86_64")]
     {
-        // SAFETY: the caller checked `available()`; the row's codes and scales are in bounds
-        // (row `r` of `m`) and `x` is padded to whole 64-value steps.
-        unsafe { avx512::code_dot(m, r, x) }
+        if has_vnni() {
+            // SAFETY: the CPU has AVX-512 F/BW and VNNI; the row's codes and scales are in
+            // bounds (row `r` of `m`) and `x` is padded to whole 64-value steps.
+            return unsafe { avx512::code_dot(m, r, x) };
+        }
+        // SAFETY: the caller checked `available()`, so without VNNI the CPU has AVX2 + FMA;
+        // bounds as above.
+        unsafe { super::avx2_int8::code_dot(m, r, x) }
     }
     #[cfg(not(target_arch = "x86_64"))]
     reference(m, r, x)
+}
+
+/// The parts of a [`Q8Input`] a kernel reads: the rounded values, each block's `dx`.
+#[cfg(target_arch = "x86_64")]
+pub(super) fn parts(x: &Q8Input) -> (&[i8], &[f32]) {
+    (&x.q, &x.dxv)
 }
 
 /// [`code_dot`] in plain integer loops: the reference the kernel is tested against.
