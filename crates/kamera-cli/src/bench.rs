@@ -66,7 +66,7 @@ pub struct ModelArgs {
     #[arg(long)]
     pub prefill_precision: Option<kamera_model::PrefillPrecision>,
     /// Arithmetic of decode steps on quantized weights: `f32` (the reference) or `int8` (the
-    /// input row rounded to int8, AVX512-VNNI CPUs; opt-in: the runtime decodes in f32, since
+    /// input row rounded to int8, AVX512-VNNI or AVX2 CPUs; opt-in: the runtime decodes in f32, since
     /// the Session reuses decoded tokens' rows in the next prompt); default f32.
     /// With int8 the bench also prints KL(f32 ‖ int8) over the decoded tokens.
     #[arg(long)]

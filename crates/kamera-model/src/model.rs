@@ -573,7 +573,7 @@ impl Model {
         if !p.available() {
             return Err(crate::Error::Invalid {
                 op: "Model::set_decode_precision",
-                detail: format!("{p} decode needs a CPU with AVX-512F, AVX512BW and AVX512-VNNI"),
+                detail: format!("{p} decode needs an x86-64 CPU with AVX512-VNNI (and AVX-512F/BW) or AVX2 + FMA"),
             });
         }
         self.decode_precision = p;

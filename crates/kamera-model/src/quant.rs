@@ -3,7 +3,8 @@
 //! Decode multiplies on the codes (`dot.rs`), short prefills too (`rows.rs`); long prefills
 //! dequantize cache-sized panels into a GEMM (`matmul.rs`), or into bf16 tiles where the CPU
 //! has AVX512_BF16 and the model asks for it (`bf16.rs`). Decode may quantize its input row to
-//! int8 and multiply with VNNI (`vnni.rs`).
+//! int8 and multiply with VNNI (`vnni.rs`) or AVX2 (`avx2_int8.rs`); the other code products
+//! have AVX2 kernels for hosts without AVX-512 (`avx2.rs`).
 
 #[cfg(target_arch = "x86_64")]
 mod amx;
@@ -222,8 +223,9 @@ pub enum DecodePrecision {
     #[default]
     F32,
     /// The input row quantized to int8 in blocks of 4 values, integer dot products with
-    /// AVX512-VNNI, each lane scaled by its group's scale and its block's (after llama.cpp):
-    /// about half the instructions per weight, at the input's rounding (`vnni.rs`).
+    /// AVX512-VNNI (`vnni.rs`) or AVX2 (`avx2_int8.rs`), each lane scaled by its group's scale
+    /// and its block's (after llama.cpp): about half the instructions per weight, at the
+    /// input's rounding.
     Int8,
 }
 

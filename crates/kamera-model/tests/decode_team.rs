@@ -1,6 +1,6 @@
 //! The decode team on a real model: on an idle machine its steps run as a team (the guard
 //! that sends steps to one thread after a contended one must not fire: issue 36 found it
-//! firing on every step of an idle 2-core VM), and int8 decode (VNNI) stays next to f32.
+//! firing on every step of an idle 2-core VM), and int8 decode (VNNI or AVX2) stays next to f32.
 //! One binary of its own, so no other test shares the cores while it runs.
 
 mod common;
@@ -54,7 +54,7 @@ fn an_idle_machine_decodes_as_a_team_and_int8_stays_next_to_f32() -> Result<()> 
     if !DecodePrecision::Int8.available() {
         kamera_ops::testkit::skip(
             "decode_team::an_idle_machine_decodes_as_a_team_and_int8_stays_next_to_f32 (int8 part)",
-            "this CPU has no AVX512-VNNI",
+            "this CPU has neither AVX512-VNNI nor AVX2",
         );
         return Ok(());
     }
