@@ -1,8 +1,9 @@
 //! The code products on AVX2 + FMA (x86 hosts without AVX-512: AMD Zen 1-3, Intel client
 //! cores): a group's codes widened to f32 eight at a time, then the same three products as the
-//! AVX-512 kernels — decode's row dot (`dot.rs`), short prefills' row blocks (`rows.rs`) and the
-//! panel dequantization of long prefills (`matmul.rs`). The compiler's own vectorisation of the
-//! portable loops leaves the code widening scalar (4-5x slower, measured on a Zen 3 EPYC).
+//! AVX-512 kernels — decode's row dot (`dot.rs`), short prefills' row blocks (`rows.rs`; byte
+//! codes as weight-row pairs) and the panel dequantization of long prefills (`matmul.rs`).
+//! Before them the portable loops ran there, with the code widening left scalar: prefills of
+//! 16-96 tokens were 3.3-6.7x slower, decode 1.2-1.3x (`bench/model/avx2-zen3-2026-12-05.md`).
 
 use std::arch::x86_64::*;
 
