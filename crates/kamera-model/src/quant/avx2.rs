@@ -11,19 +11,21 @@ use super::rows::{BLOCK, scale_offset};
 use super::{Codes, QMatrix, U5_GROUP_BYTES};
 
 /// Code kinds as const parameters, so a kernel's inner loop holds no match.
-pub(super) const U8: u8 = 0;
-pub(super) const I8: u8 = 1;
-pub(super) const U4: u8 = 2;
-pub(super) const U5: u8 = 3;
+const U8: u8 = 0;
+const I8: u8 = 1;
+const U4: u8 = 2;
+const U5: u8 = 3;
 
-/// The const kind of `codes`.
-pub(super) fn kind(codes: &Codes) -> u8 {
-    match codes {
-        Codes::U8(_) => U8,
-        Codes::I8(_) => I8,
-        Codes::U4(_) => U4,
-        Codes::U5(_) => U5,
-    }
+/// `$f::<K>(args)` with `K` the const kind of `$codes` (the kernels' one dispatch).
+macro_rules! by_kind {
+    ($codes:expr, $f:ident($($arg:expr),*)) => {
+        match $codes {
+            Codes::U8(_) => $f::<U8>($($arg),*),
+            Codes::I8(_) => $f::<I8>($($arg),*),
+            Codes::U4(_) => $f::<U4>($($arg),*),
+            Codes::U5(_) => $f::<U5>($($arg),*),
+        }
+    };
 }
 
 /// Bytes a group of `g` codes of kind `K` takes.
@@ -119,14 +121,7 @@ unsafe fn hsum(v: __m256) -> f32 {
 /// The CPU has AVX2 and FMA; `codes`, `scales` and `x` are one row's (`x`: `scales.len()` groups).
 #[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn scaled_code_dot(kind: &Codes, g: usize, codes: &[u8], scales: &[f32], x: &[f32]) -> f32 {
-    unsafe {
-        match kind {
-            Codes::U8(_) => row_dot::<U8>(g, codes, scales, x),
-            Codes::I8(_) => row_dot::<I8>(g, codes, scales, x),
-            Codes::U4(_) => row_dot::<U4>(g, codes, scales, x),
-            Codes::U5(_) => row_dot::<U5>(g, codes, scales, x),
-        }
-    }
+    unsafe { by_kind!(kind, row_dot(g, codes, scales, x)) }
 }
 
 #[inline(always)]
@@ -159,14 +154,7 @@ unsafe fn row_dot<const K: u8>(g: usize, codes: &[u8], scales: &[f32], x: &[f32]
 /// The CPU has AVX2 and FMA; `xb` holds `nb` rows of `q.cols` values; `r < q.rows`.
 #[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn row_block(q: &QMatrix, r: usize, xb: &[f32], nb: usize, acc: &mut [f32; BLOCK]) {
-    unsafe {
-        match kind(&q.codes) {
-            U8 => row_block_kind::<U8>(q, r, xb, nb, acc),
-            I8 => row_block_kind::<I8>(q, r, xb, nb, acc),
-            U4 => row_block_kind::<U4>(q, r, xb, nb, acc),
-            _ => row_block_kind::<U5>(q, r, xb, nb, acc),
-        }
-    }
+    unsafe { by_kind!(&q.codes, row_block_kind(q, r, xb, nb, acc)) }
 }
 
 #[inline(always)]
@@ -227,14 +215,7 @@ unsafe fn row<const K: u8, const R: usize>(q: &QMatrix, r: usize, xb: &[f32], ac
 /// The CPU has AVX2 and FMA; `out.len() == q.cols`; `r < q.rows`.
 #[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn dequantize_row(q: &QMatrix, r: usize, out: &mut [f32]) {
-    unsafe {
-        match kind(&q.codes) {
-            U8 => dequantize::<U8>(q, r, out),
-            I8 => dequantize::<I8>(q, r, out),
-            U4 => dequantize::<U4>(q, r, out),
-            _ => dequantize::<U5>(q, r, out),
-        }
-    }
+    unsafe { by_kind!(&q.codes, dequantize(q, r, out)) }
 }
 
 #[inline(always)]
@@ -267,14 +248,7 @@ pub(super) const PAIR_ROWS: usize = 4;
 /// The CPU has AVX2 and FMA; `xb` holds `nb` rows of `q.cols` values; `ra, rb < q.rows`.
 #[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn pair_block(q: &QMatrix, ra: usize, rb: usize, xb: &[f32], nb: usize) -> [[f32; PAIR_ROWS]; 2] {
-    unsafe {
-        match kind(&q.codes) {
-            U8 => pair_kind::<U8>(q, ra, rb, xb, nb),
-            I8 => pair_kind::<I8>(q, ra, rb, xb, nb),
-            U4 => pair_kind::<U4>(q, ra, rb, xb, nb),
-            _ => pair_kind::<U5>(q, ra, rb, xb, nb),
-        }
-    }
+    unsafe { by_kind!(&q.codes, pair_kind(q, ra, rb, xb, nb)) }
 }
 
 #[inline(always)]
