@@ -320,7 +320,7 @@ impl QMatrix {
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         assert_eq!(out.len(), self.cols, "dequantize_row: output length");
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        if avx2::available() {
             // SAFETY: the CPU has AVX2 and FMA; `out` holds one row; `r` is checked here.
             assert!(r < self.rows, "dequantize_row: row {r} of {}", self.rows);
             unsafe { avx2::dequantize_row(self, r, out) };

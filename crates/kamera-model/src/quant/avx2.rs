@@ -28,6 +28,12 @@ macro_rules! by_kind {
     };
 }
 
+/// Whether this CPU has AVX2 and FMA: the one check before any kernel here (or in
+/// `avx2_int8.rs`) is called.
+pub(super) fn available() -> bool {
+    std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+}
+
 /// Bytes a group of `g` codes of kind `K` takes.
 #[inline(always)]
 const fn group_bytes<const K: u8>(g: usize) -> usize {
@@ -57,6 +63,36 @@ unsafe fn b8x8<const K: u8>(p: *const u8) -> __m256 {
     }
 }
 
+/// A group of 32 4-bit codes (16 bytes at `p`) as bytes: (codes 0..16, codes 16..32), the low
+/// nibbles then the high ones.
+#[inline(always)]
+pub(super) unsafe fn nibbles(p: *const u8) -> (__m128i, __m128i) {
+    unsafe {
+        let v = _mm_loadu_si128(p as *const __m128i);
+        let m = _mm_set1_epi8(15);
+        (_mm_and_si128(v, m), _mm_and_si128(_mm_srli_epi16(v, 4), m))
+    }
+}
+
+/// The fifth bits of a [`Codes::U5`] group (20 bytes at `p`) as 16 in byte j where code j has
+/// it: bit j of the little-endian u32 after the nibbles; byte j gets the u32's byte j / 8, then
+/// bit j % 8 is tested.
+#[inline(always)]
+pub(super) unsafe fn fifth_bits(p: *const u8) -> __m256i {
+    unsafe {
+        let high = (p.add(16) as *const u32).read_unaligned() as i32;
+        let b = _mm256_shuffle_epi8(
+            _mm256_set1_epi32(high),
+            _mm256_setr_epi8(
+                0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
+            ),
+        );
+        let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
+        let set = _mm256_cmpeq_epi8(_mm256_and_si256(b, bit), bit);
+        _mm256_and_si256(set, _mm256_set1_epi8(16))
+    }
+}
+
 /// The group at `p` widened to f32, eight codes a vector: all four for a group of 32, the
 /// first two for a group of 16 (byte codes only; 4- and 5-bit groups are always 32).
 #[inline(always)]
@@ -64,23 +100,9 @@ unsafe fn group<const K: u8>(p: *const u8, g: usize) -> [__m256; 4] {
     unsafe {
         match K {
             U4 | U5 => {
-                let v = _mm_loadu_si128(p as *const __m128i);
-                let m = _mm_set1_epi8(15);
-                let (mut lo, mut hi) = (_mm_and_si128(v, m), _mm_and_si128(_mm_srli_epi16(v, 4), m));
+                let (mut lo, mut hi) = nibbles(p);
                 if K == U5 {
-                    // Bit j of the little-endian u32 after the nibbles is code j's fifth bit:
-                    // byte j of `b` gets the u32's byte j / 8, then the bit j % 8 is tested.
-                    let high = (p.add(16) as *const u32).read_unaligned() as i32;
-                    let b = _mm256_shuffle_epi8(
-                        _mm256_set1_epi32(high),
-                        _mm256_setr_epi8(
-                            0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3,
-                            3, 3,
-                        ),
-                    );
-                    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
-                    let set = _mm256_cmpeq_epi8(_mm256_and_si256(b, bit), bit);
-                    let sixteen = _mm256_and_si256(set, _mm256_set1_epi8(16));
+                    let sixteen = fifth_bits(p);
                     lo = _mm_or_si128(lo, _mm256_castsi256_si128(sixteen));
                     hi = _mm_or_si128(hi, _mm256_extracti128_si256::<1>(sixteen));
                 }
@@ -107,7 +129,7 @@ unsafe fn group<const K: u8>(p: *const u8, g: usize) -> [__m256; 4] {
 
 /// The sum of the eight lanes.
 #[inline(always)]
-unsafe fn hsum(v: __m256) -> f32 {
+pub(super) unsafe fn hsum(v: __m256) -> f32 {
     unsafe {
         let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
         let s = _mm_add_ps(s, _mm_movehl_ps(s, s));

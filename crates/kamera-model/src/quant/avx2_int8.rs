@@ -7,7 +7,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{Codes, Q8Input, QMatrix, U5_GROUP_BYTES};
+use super::{Codes, Q8Input, QMatrix, U5_GROUP_BYTES, avx2};
 
 /// `Σ_g scale_g · Σ_{i∈g} code_i · dx_i q_i` over row `r` of `m` (`vnni::code_dot`).
 ///
@@ -44,10 +44,7 @@ pub(super) unsafe fn code_dot(m: &QMatrix, r: usize, x: &Q8Input) -> f32 {
             let scale = _mm256_mul_ps(sv, _mm256_loadu_ps(dxv.as_ptr().add(8 * h)));
             acc[h % 2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dp), scale, acc[h % 2]);
         }
-        let v = _mm256_add_ps(acc[0], acc[1]);
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+        avx2::hsum(_mm256_add_ps(acc[0], acc[1]))
     }
 }
 
@@ -69,26 +66,14 @@ unsafe fn bytes32(base: *const u8, row: usize, h: usize, cols: usize) -> __m256i
 #[inline(always)]
 unsafe fn nibbles32(p: *const u8) -> __m256i {
     unsafe {
-        let v = _mm_loadu_si128(p as *const __m128i);
-        let m = _mm_set1_epi8(15);
-        _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m))
+        let (lo, hi) = avx2::nibbles(p);
+        _mm256_set_m128i(hi, lo)
     }
 }
 
 /// A group of 32 5-bit codes (`Codes::U5`, 20 bytes at `p`) as 32 bytes: the nibbles, plus 16
-/// where bit j of the little-endian u32 after them is set (byte j gets the u32's byte j / 8).
+/// where the code's fifth bit is set.
 #[inline(always)]
 unsafe fn fives32(p: *const u8) -> __m256i {
-    unsafe {
-        let high = (p.add(16) as *const u32).read_unaligned() as i32;
-        let b = _mm256_shuffle_epi8(
-            _mm256_set1_epi32(high),
-            _mm256_setr_epi8(
-                0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
-            ),
-        );
-        let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
-        let set = _mm256_cmpeq_epi8(_mm256_and_si256(b, bit), bit);
-        _mm256_or_si256(nibbles32(p), _mm256_and_si256(set, _mm256_set1_epi8(16)))
-    }
+    unsafe { _mm256_or_si256(nibbles32(p), avx2::fifth_bits(p)) }
 }

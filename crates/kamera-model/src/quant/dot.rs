@@ -100,7 +100,7 @@ pub(crate) fn scaled_code_dot(kind: &Codes, group: usize, codes: &[u8], scales: 
         };
     }
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+    if super::avx2::available() {
         // SAFETY: the CPU has AVX2 and FMA; slices as above.
         return unsafe { super::avx2::scaled_code_dot(kind, group, codes, scales, x) };
     }

@@ -31,8 +31,7 @@ pub(crate) fn max_rows(q: &QMatrix) -> usize {
 fn avx2_pairs(q: &QMatrix) -> bool {
     matches!(q.codes, Codes::U8(_) | Codes::I8(_))
         && !std::arch::is_x86_feature_detected!("avx512f")
-        && std::arch::is_x86_feature_detected!("avx2")
-        && std::arch::is_x86_feature_detected!("fma")
+        && super::avx2::available()
 }
 
 /// Weight rows per parallel task.
@@ -110,7 +109,7 @@ fn row_times_block(q: &QMatrix, r: usize, xb: &[f32], nb: usize, acc: &mut [f32;
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+    if super::avx2::available() {
         // SAFETY: the CPU has AVX2 and FMA; `xb` holds `nb` rows of `q.cols` values.
         unsafe { super::avx2::row_block(q, r, xb, nb, acc) };
         return;

@@ -391,7 +391,7 @@ fn int8_decode_kernel_equals_its_reference_for_every_block_type() {
                 "{dtype:?} row {r}: kernel {got}, reference {want}"
             );
             #[cfg(target_arch = "x86_64")]
-            if vnni::has_avx2() {
+            if super::avx2::available() {
                 // SAFETY: the CPU has AVX2 + FMA; row r of q; x8 has q.cols values.
                 let avx2 = unsafe { super::avx2_int8::code_dot(&q, r, &x8) };
                 assert!(
@@ -439,7 +439,7 @@ fn int8_decode_products_stay_within_the_inputs_rounding() {
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn avx2_kernels_equal_the_portable_ones_for_every_block_type() {
-    if !(std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")) {
+    if !super::avx2::available() {
         kamera_ops::testkit::skip(
             "quant::tests::avx2_kernels_equal_the_portable_ones_for_every_block_type",
             "the CPU has no AVX2 + FMA",

@@ -91,35 +91,23 @@ pub(crate) fn reads(m: &QMatrix) -> bool {
 }
 
 /// Whether this CPU has AVX-512 F/BW and VNNI (`vpdpbusd`).
+#[cfg(target_arch = "x86_64")]
 fn has_vnni() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("avx512vnni")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
-/// Whether this CPU has AVX2 and FMA (`vpmaddubsw` + `vpmaddwd`, the int8 kernel of hosts
-/// without AVX-512, `avx2_int8.rs`).
-pub(crate) fn has_avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512bw")
+        && std::arch::is_x86_feature_detected!("avx512vnni")
 }
 
 /// Whether this CPU runs an int8 kernel: AVX512-VNNI, or AVX2 + FMA.
 pub(crate) fn available() -> bool {
-    has_vnni() || has_avx2()
+    #[cfg(target_arch = "x86_64")]
+    {
+        has_vnni() || super::avx2::available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 /// `Σ_g scale_g · Σ_{i∈g} code_i · dx_i q_i` over row `r` of `m` (≈ `Σ_g scale_g Σ code_i x_i`).
