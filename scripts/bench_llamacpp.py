@@ -7,9 +7,13 @@ llama.cpp runs as at its best: flash attention on (upstream's default is auto; t
 binding's is off), ggml's extra CPU buffer types (AMX, REPACK) on. Greedy decode reads the last
 token's logits from the context (`Llama.scores` stays unfilled without logits_all).
 Prints one JSON line with tokens/s and peak resident memory (VmHWM) of this process.
+With --golden FILE (crates/kamera-model/tests/golden/<model>.json, HF transformers' logits on the
+same prompts) it times nothing: it prints llama.cpp's KL to those logits at every position of
+the prompts, over the reference's top-K plus one tail bucket (kamera_model::bucketed_kl).
 
 Usage: python bench_llamacpp.py --gguf FILE [--prefill 512,2048] [--decode 64] [--decode-after 128]
                                 [--reps 2] [--threads 2] [--no-extra-bufts] [--no-flash-attn]
+       python bench_llamacpp.py --gguf FILE --golden FILE [--threads 2]
 """
 import argparse
 import json
@@ -38,7 +42,10 @@ def main() -> int:
     ap.add_argument("--no-extra-bufts", action="store_true",
                     help="load without ggml's extra CPU buffer types (AMX, REPACK)")
     ap.add_argument("--no-flash-attn", action="store_true", help="flash attention off")
+    ap.add_argument("--golden", help="score against this golden logits file instead of timing")
     args = ap.parse_args()
+    if args.golden:
+        return golden_score(args)
     import numpy as np
     import llama_cpp
     import llama_cpp.llama
@@ -109,6 +116,56 @@ def main() -> int:
         "peak_rss_mb": status_mb("VmHWM"),
         "rss_mb": status_mb("VmRSS"),
         "baseline_rss_mb": base_mb,
+    }))
+    return 0
+
+
+def golden_score(args) -> int:
+    """KL(reference || llama.cpp) per position, bucketed as kamera_model::bucketed_kl does."""
+    import numpy as np
+    import llama_cpp
+
+    with open(args.golden) as f:
+        golden = json.load(f)
+    cases = golden["cases"]
+    llm = llama_cpp.Llama(
+        model_path=args.gguf,
+        n_ctx=max(len(c["ids"]) for c in cases) + 16,
+        n_threads=args.threads,
+        n_threads_batch=args.threads,
+        flash_attn=not args.no_flash_attn,
+        logits_all=True,
+        verbose=False,
+    )
+    kls, top1, last_ok = [], 0, True
+    for c in cases:
+        ids = c["ids"]
+        llm.reset()
+        llm.eval(ids)
+        rows = np.asarray(llm.scores[: len(ids)], dtype=np.float64)
+        for t, row in enumerate(rows):
+            m = row.max()
+            lq_all = row - (m + np.log(np.exp(row - m).sum()))
+            top = np.asarray(c["top_ids"][t])
+            lp = np.asarray(c["top_logits"][t]) - c["lse"][t]
+            lq = lq_all[top]
+            kl = float((np.exp(lp) * (lp - lq)).sum())
+            pt = max(1.0 - float(np.exp(lp).sum()), 1e-30)
+            qt = max(1.0 - float(np.exp(lq).sum()), 1e-30)
+            kls.append(max(kl + pt * np.log(pt / qt), 0.0))
+            equal = int(np.argmax(row)) == int(top[0])
+            top1 += equal
+            if t + 1 == len(ids):
+                last_ok &= equal
+    print(json.dumps({
+        "engine": "llama.cpp",
+        "golden": {
+            "mean_kl": float(np.mean(kls)),
+            "max_kl": float(np.max(kls)),
+            "top1_equal": top1,
+            "positions": len(kls),
+            "last_top1_equal": bool(last_ok),
+        },
     }))
     return 0
 

@@ -56,6 +56,11 @@ pub struct ModelArgs {
     /// (`llama.cpp`: builds llama-cpp-python once with scripts/llamacpp-venv.sh).
     #[arg(long)]
     pub against: Option<String>,
+    /// With --against llama.cpp: run both engines on the model's GGUF requantized by llama.cpp's
+    /// own quantize (`q4_0` or `q8_0`: types llama.cpp has its fast x86 kernels for), made once
+    /// and cached beside the model as `<name>.<type>.gguf`.
+    #[arg(long, value_parser = ["q4_0", "q8_0"])]
+    pub requant: Option<String>,
     /// Rounds of (ours, theirs) with --against; each figure is the median over rounds, with
     /// its range and the median of the rounds' paired ratios.
     #[arg(long, default_value_t = 5)]
@@ -183,6 +188,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
         BenchCommand::Agent(s) => crate::bench_agent::run(s),
         BenchCommand::Model(m) if m.against.is_some() => crate::bench_llamacpp::run(m),
         BenchCommand::Model(m) => {
+            if let Some(ty) = &m.requant {
+                anyhow::bail!(
+                    "--requant {ty}: the requantized file is made by llama.cpp's quantize for the comparison; add --against llama.cpp"
+                );
+            }
             let mut model = crate::models::load(&m.model)?;
             let kl = set_precision(&mut model, &m, m.prefill.first().copied().unwrap_or(512))?;
             let decode_kl = set_decode_precision(&mut model, &m, m.decode_after.first().copied().unwrap_or(128))?;

@@ -2,13 +2,16 @@
 //! source, scripts/llamacpp-venv.sh) on the same GGUF, prompts and threads, alternating in one
 //! run (llama.cpp with flash attention and its extra CPU buffer types, real greedy decoding);
 //! prints each figure's median over rounds with its range, the median of the rounds' paired
-//! ratios ours / theirs, both engines' resident memory, our precisions with their KL, and the
-//! machine (CPU, load, commit).
+//! ratios ours / theirs, both engines' resident memory, our precisions with their KL, both
+//! engines' KL to HF transformers' logits on the golden prompts (built-in models), and the
+//! machine (CPU, load, commit). `--requant q4_0|q8_0` runs both on the GGUF requantized by
+//! llama.cpp's own quantize.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context as _, Result, bail};
+use kamera_model::{Golden, GoldenScore};
 
 use crate::bench::{ModelArgs, measure, memory};
 
@@ -50,6 +53,94 @@ pub(crate) fn venv_python(scripts: &std::path::Path, script: &str) -> Result<Pat
     Ok(PathBuf::from(python))
 }
 
+/// `gguf` requantized to `ty` by llama.cpp's quantize (scripts/llamacpp_quantize.py), made once
+/// beside it as `<stem>.<ty>.gguf`.
+fn requantized(python: &Path, scripts: &Path, gguf: &Path, ty: &str) -> Result<PathBuf> {
+    let stem = gguf.file_stem().and_then(|s| s.to_str()).unwrap_or("model");
+    let out = gguf.with_file_name(format!("{stem}.{ty}.gguf"));
+    if out.is_file() {
+        return Ok(out);
+    }
+    eprintln!(
+        "requantizing {} to {ty} with llama.cpp's quantize -> {}",
+        gguf.display(),
+        out.display()
+    );
+    let run = Command::new(python)
+        .arg(scripts.join("llamacpp_quantize.py"))
+        .args([
+            "--gguf",
+            &gguf.display().to_string(),
+            "--out",
+            &out.display().to_string(),
+        ])
+        .args(["--type", ty, "--threads", &threads().to_string()])
+        .output()
+        .context("running scripts/llamacpp_quantize.py")?;
+    if !run.status.success() || !out.is_file() {
+        let log = String::from_utf8_lossy(&run.stderr);
+        let tail: Vec<&str> = log.lines().rev().take(5).collect();
+        bail!(
+            "llama.cpp's quantize could not make {} from {} ({}): {}",
+            out.display(),
+            gguf.display(),
+            run.status,
+            tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+        );
+    }
+    Ok(out)
+}
+
+/// Both engines' KL to HF transformers' logits on the golden prompts of built-in `model`
+/// (`None` for a model without a golden file).
+fn golden_scores(
+    python: &Path,
+    scripts: &Path,
+    gguf: &Path,
+    model: &str,
+    ours: &kamera_model::Model,
+) -> Result<Option<(String, GoldenScore, GoldenScore)>> {
+    let Ok(name) = model.parse::<kamera_model::ModelName>() else {
+        return Ok(None);
+    };
+    let path = Golden::path(name);
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let golden = Golden::read(&path)?;
+    let kamera = golden.score(ours)?;
+    let out = Command::new(python)
+        .arg(scripts.join("bench_llamacpp.py"))
+        .args([
+            "--gguf",
+            &gguf.display().to_string(),
+            "--golden",
+            &path.display().to_string(),
+        ])
+        .args(["--threads", &threads().to_string()])
+        .output()
+        .context("running scripts/bench_llamacpp.py --golden")?;
+    if !out.status.success() {
+        bail!(
+            "bench_llamacpp.py --golden failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let line = String::from_utf8_lossy(&out.stdout);
+    let v: serde_json::Value = serde_json::from_str(line.lines().last().unwrap_or(""))
+        .with_context(|| format!("bench_llamacpp.py --golden printed {line:?}"))?;
+    let g = &v["golden"];
+    let f = |k: &str| g[k].as_f64().unwrap_or(f64::NAN);
+    let theirs = GoldenScore {
+        mean_kl: f("mean_kl"),
+        max_kl: f("max_kl"),
+        top1_equal: g["top1_equal"].as_u64().unwrap_or(0) as usize,
+        positions: g["positions"].as_u64().unwrap_or(0) as usize,
+        last_top1_equal: g["last_top1_equal"].as_bool().unwrap_or(false),
+    };
+    Ok(Some((golden.source, kamera, theirs)))
+}
+
 fn run_llamacpp(
     python: &std::path::Path,
     scripts: &std::path::Path,
@@ -88,15 +179,23 @@ pub fn run(m: ModelArgs) -> Result<()> {
             m.against.as_deref().unwrap_or("")
         );
     }
-    let gguf = crate::models::resolve(&m.model)?;
-    if gguf.extension().is_none_or(|e| e != "gguf") {
-        bail!("--against llama.cpp needs a GGUF model; {} is not one", gguf.display());
+    let shipped = crate::models::resolve(&m.model)?;
+    if shipped.extension().is_none_or(|e| e != "gguf") {
+        bail!(
+            "--against llama.cpp needs a GGUF model; {} is not one",
+            shipped.display()
+        );
     }
     let scripts = scripts_dir();
     let python = llamacpp_python(&scripts)?;
-    let mut model = crate::models::load(&m.model)?;
+    let gguf = match &m.requant {
+        Some(ty) => requantized(&python, &scripts, &shipped, ty)?,
+        None => shipped,
+    };
+    let mut model = crate::models::load(&gguf.display().to_string())?;
     let kl = crate::bench::set_precision(&mut model, &m, m.prefill.first().copied().unwrap_or(512))?;
     let decode_kl = crate::bench::set_decode_precision(&mut model, &m, m.decode_after.first().copied().unwrap_or(128))?;
+    let golden = golden_scores(&python, &scripts, &gguf, &m.model, &model)?;
     let machine = crate::bench_session_report::Machine::now();
     // Every round's figure per engine, in the order of the rounds.
     let (mut ours, mut theirs): (Rounds, Rounds) = Default::default();
@@ -148,8 +247,12 @@ pub fn run(m: ModelArgs) -> Result<()> {
     let by = |f: fn(&Figure) -> serde_json::Value| -> serde_json::Map<String, serde_json::Value> {
         figures.iter().map(|x| (x.key.clone(), f(x))).collect()
     };
+    let golden_json = golden
+        .as_ref()
+        .map(|(source, k, l)| serde_json::json!({ "source": source, "kamera": k, "llama.cpp": l }));
     let report = serde_json::json!({
-        "model": m.model, "gguf_mb": gguf_mb, "rounds": rounds, "threads": threads(),
+        "model": m.model, "gguf": gguf.display().to_string(), "requant": m.requant, "gguf_mb": gguf_mb,
+        "kl_to_hf": golden_json, "rounds": rounds, "threads": threads(),
         "statistic": "median over alternating rounds; spread [min, max]; ratio: median of the rounds' paired ratios",
         "prefill_precision": m.precision().to_string(), "kl_f32_vs_prefill_precision": kl,
         "decode_precision": model.decode_precision().to_string(),
@@ -165,8 +268,12 @@ pub fn run(m: ModelArgs) -> Result<()> {
         return Ok(());
     }
     println!(
-        "{} ({gguf_mb:.1} MB GGUF), medians of {rounds} alternating rounds [min-max], {} threads on both; llama.cpp flash attention {}",
+        "{}{} ({gguf_mb:.1} MB GGUF), medians of {rounds} alternating rounds [min-max], {} threads on both; llama.cpp flash attention {}",
         m.model,
+        m.requant
+            .as_deref()
+            .map(|t| format!(" requantized to {t} by llama.cpp's quantize"))
+            .unwrap_or_default(),
         threads(),
         if their_mem["flash_attn"].as_bool() == Some(true) {
             "on"
@@ -187,6 +294,19 @@ pub fn run(m: ModelArgs) -> Result<()> {
         "kamera {}",
         crate::bench::decode_precision_line(model.decode_precision(), decode_kl)
     );
+    if let Some((source, k, l)) = &golden {
+        let line = |s: &GoldenScore| {
+            format!(
+                "mean {:.2e}, max {:.2e}, top-1 equal {}/{}",
+                s.mean_kl, s.max_kl, s.top1_equal, s.positions
+            )
+        };
+        println!(
+            "KL to HF transformers on the golden prompts ({source}): kamera {}; llama.cpp {}",
+            line(k),
+            line(l)
+        );
+    }
     println!("| figure | kamera | llama.cpp | kamera / llama.cpp |\n|---|---:|---:|---:|");
     for f in &figures {
         println!(

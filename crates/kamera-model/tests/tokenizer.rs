@@ -17,7 +17,7 @@ struct Case {
 
 #[test]
 fn tokenizers_match_reference() -> Result<()> {
-    let path = common::golden_path(ModelName::Smollm2_135m).with_file_name("tokenizer.json");
+    let path = kamera_model::Golden::path(ModelName::Smollm2_135m).with_file_name("tokenizer.json");
     let golden: HashMap<String, Vec<Case>> = serde_json::from_str(&std::fs::read_to_string(path)?)?;
     for name in ModelName::ALL {
         let m = common::load(name)?;

@@ -7,58 +7,74 @@
 
 use std::arch::x86_64::*;
 
-use super::{Codes, Q8Input, QMatrix, U5_GROUP_BYTES, avx2};
+use super::avx2::{I8, U4, U5, U8, by_kind};
+use super::{Codes, Q8Input, QMatrix, U5_GROUP_BYTES, avx2, dot};
 
-/// `Σ_g scale_g · Σ_{i∈g} code_i · dx_i q_i` over row `r` of `m` (`vnni::code_dot`).
+/// `out[i] = Σ_g scale_g · Σ_{i∈g} code_i · dx_i q_i` over rows `r0 + i` of `m`
+/// (`vnni::code_rows`): one dispatch for the rows, each row's bytes asked for
+/// [`avx2::PREFETCH_ROWS`] ahead. Q5_0 streamed from memory on one Zen 3 core: 14.5 G weights/s,
+/// against 8.0 with a call and no prefetch per row.
 ///
 /// # Safety
-/// The CPU has AVX2 and FMA; `r < m.rows`; `x` has `m.cols` values (padded to 64).
+/// The CPU has AVX2 and FMA; `r0 + out.len() <= m.rows`; `x` has `m.cols` values (padded to 64).
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn code_dot(m: &QMatrix, r: usize, x: &Q8Input) -> f32 {
+pub(super) unsafe fn code_rows(m: &QMatrix, r0: usize, x: &Q8Input, out: &mut [f32]) {
+    unsafe { by_kind!(&m.codes, code_rows_kind(m, r0, x, out)) }
+}
+
+#[inline(always)]
+unsafe fn code_rows_kind<const K: u8>(m: &QMatrix, r0: usize, x: &Q8Input, out: &mut [f32]) {
     unsafe {
-        let (q, dxv) = super::vnni::parts(x);
-        let (g, cols) = (m.group, m.cols);
-        let gpr = cols / g;
-        let scales = &m.scales[r * gpr..(r + 1) * gpr];
-        let ones = _mm256_set1_epi16(1);
-        let mut acc = [_mm256_setzero_ps(); 2];
-        for h in 0..cols.div_ceil(32) {
-            let xs = _mm256_loadu_si256(q.as_ptr().add(32 * h) as *const __m256i);
-            let pairs = match &m.codes {
-                Codes::I8(c) => {
-                    let w = bytes32(c.as_ptr() as *const u8, r * cols, h, cols);
-                    _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xs, w))
-                }
-                Codes::U8(c) => _mm256_maddubs_epi16(bytes32(c.as_ptr(), r * cols, h, cols), xs),
-                Codes::U4(c) => _mm256_maddubs_epi16(nibbles32(c.as_ptr().add((r * gpr + h) * 16)), xs),
-                Codes::U5(c) => _mm256_maddubs_epi16(fives32(c.as_ptr().add((r * gpr + h) * U5_GROUP_BYTES)), xs),
-            };
-            let dp = _mm256_madd_epi16(pairs, ones);
-            // Lane l reads values 32h + 4l ..: group h (groups of 32) or 2h, 2h + 1 (of 16).
-            let sv = if g == 32 {
-                _mm256_set1_ps(scales[h])
-            } else {
-                let s1 = scales.get(2 * h + 1).copied().unwrap_or(0.0);
-                _mm256_setr_m128(_mm_set1_ps(scales[2 * h]), _mm_set1_ps(s1))
-            };
-            let scale = _mm256_mul_ps(sv, _mm256_loadu_ps(dxv.as_ptr().add(8 * h)));
-            acc[h % 2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dp), scale, acc[h % 2]);
+        for (i, o) in out.iter_mut().enumerate() {
+            avx2::prefetch_row(m, r0 + i + avx2::PREFETCH_ROWS);
+            *o = row::<K>(m, r0 + i, x);
         }
-        avx2::hsum(_mm256_add_ps(acc[0], acc[1]))
     }
 }
 
-/// Byte codes `32h..32h + 32` of the row starting at `row` (zeros past `cols`).
+/// Row `r` of [`code_rows`]: each 32-value step's codes as bytes times the rounded inputs, its
+/// eight lanes of four scaled by their group's scale and their block's `dx`.
 #[inline(always)]
-unsafe fn bytes32(base: *const u8, row: usize, h: usize, cols: usize) -> __m256i {
+unsafe fn row<const K: u8>(m: &QMatrix, r: usize, x: &Q8Input) -> f32 {
     unsafe {
-        let at = base.add(row + 32 * h);
-        if 32 * h + 32 <= cols {
-            return _mm256_loadu_si256(at as *const __m256i);
+        let (q, dxv) = super::vnni::parts(x);
+        let (g, cols) = (m.group, m.cols);
+        let codes = dot::row_codes(m, r).as_ptr();
+        let scales = m.scales.as_ptr().add(r * (cols / g));
+        let ones = _mm256_set1_epi16(1);
+        let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        // Lane l of step h reads values 32h + 4l ..: group h (groups of 32) or 2h, 2h + 1 (of
+        // 16); a row of byte codes in groups of 16 may end on half a step, whose upper half is
+        // then zeros (the input's padding is zeros; codes past the row are not read).
+        for h in 0..cols.div_ceil(32) {
+            let half = 32 * h + 32 > cols;
+            let xs = _mm256_loadu_si256(q.as_ptr().add(32 * h) as *const __m256i);
+            let w = match K {
+                U4 => nibbles32(codes.add(16 * h)),
+                U5 => fives32(codes.add(U5_GROUP_BYTES * h)),
+                _ if half => _mm256_zextsi128_si256(_mm_loadu_si128(codes.add(32 * h) as *const __m128i)),
+                _ => _mm256_loadu_si256(codes.add(32 * h) as *const __m256i),
+            };
+            let pairs = if K == I8 {
+                _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xs, w))
+            } else {
+                _mm256_maddubs_epi16(w, xs)
+            };
+            let lanes = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
+            let sv = if g == 32 {
+                _mm256_broadcast_ss(&*scales.add(h))
+            } else {
+                let s1 = if half { 0.0 } else { *scales.add(2 * h + 1) };
+                _mm256_setr_m128(_mm_broadcast_ss(&*scales.add(2 * h)), _mm_set1_ps(s1))
+            };
+            let scale = _mm256_mul_ps(sv, _mm256_loadu_ps(dxv.as_ptr().add(8 * h)));
+            if h % 2 == 0 {
+                a0 = _mm256_fmadd_ps(lanes, scale, a0);
+            } else {
+                a1 = _mm256_fmadd_ps(lanes, scale, a1);
+            }
         }
-        let mut tail = [0u8; 32];
-        std::ptr::copy_nonoverlapping(at, tail.as_mut_ptr(), cols - 32 * h);
-        _mm256_loadu_si256(tail.as_ptr() as *const __m256i)
+        avx2::hsum(_mm256_add_ps(a0, a1))
     }
 }
 

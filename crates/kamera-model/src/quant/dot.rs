@@ -35,6 +35,15 @@ pub(crate) fn group_sums(q: &QMatrix, x: &[f32]) -> Vec<f32> {
 /// Rows `r0..r0 + out.len()` of `W x` into `out`, on the calling thread; `xsum` from
 /// [`group_sums`].
 pub(crate) fn rows_into(q: &QMatrix, x: &[f32], xsum: &[f32], r0: usize, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if !std::arch::is_x86_feature_detected!("avx512f") && super::avx2::available() {
+        // SAFETY: the CPU has AVX2 and FMA; rows r0.. of q (the caller's `out` is within them).
+        unsafe { super::avx2::code_rows(q, r0, x, out) };
+        for (i, o) in out.iter_mut().enumerate() {
+            *o += offset_dot(q, r0 + i, xsum);
+        }
+        return;
+    }
     for (i, o) in out.iter_mut().enumerate() {
         *o = row_dot(q, r0 + i, x, xsum);
     }
@@ -60,8 +69,9 @@ pub(crate) fn row_codes(q: &QMatrix, r: usize) -> &[u8] {
 /// Rows `r0..r0 + out.len()` of `W x` into `out` with `x` quantized to int8 (`vnni.rs`),
 /// on the calling thread; `xsum` from [`super::vnni::Q8Input::group_sums`].
 pub(crate) fn rows_into_q8(q: &QMatrix, x: &super::vnni::Q8Input, xsum: &[f32], r0: usize, out: &mut [f32]) {
+    super::vnni::code_rows(q, r0, x, out);
     for (i, o) in out.iter_mut().enumerate() {
-        *o = super::vnni::code_dot(q, r0 + i, x) + offset_dot(q, r0 + i, xsum);
+        *o += offset_dot(q, r0 + i, xsum);
     }
 }
 
@@ -98,11 +108,6 @@ pub(crate) fn scaled_code_dot(kind: &Codes, group: usize, codes: &[u8], scales: 
                 (Codes::U5(_), _) => avx512::u5_g32(codes, scales, x),
             }
         };
-    }
-    #[cfg(target_arch = "x86_64")]
-    if super::avx2::available() {
-        // SAFETY: the CPU has AVX2 and FMA; slices as above.
-        return unsafe { super::avx2::scaled_code_dot(kind, group, codes, scales, x) };
     }
     portable(kind, group, codes, scales, x)
 }

@@ -384,16 +384,27 @@ fn int8_decode_kernel_equals_its_reference_for_every_block_type() {
         assert!(vnni::reads(&q), "{dtype:?}");
         let x = random(1, cols, 32);
         let x8 = vnni::Q8Input::quantize(&x).expect("whole blocks");
-        for r in 0..q.rows {
-            let (got, want) = (vnni::code_dot(&q, r, &x8), vnni::reference(&q, r, &x8));
+        // Rows 1..6: a block of four and one row alone (the AVX2 kernel's two paths).
+        let mut got = vec![0f32; q.rows - 1];
+        vnni::code_rows(&q, 1, &x8, &mut got);
+        #[cfg(target_arch = "x86_64")]
+        let avx2 = super::avx2::available().then(|| {
+            let mut out = vec![0f32; q.rows - 1];
+            // SAFETY: the CPU has AVX2 + FMA; rows 1..6 of q; x8 has q.cols values.
+            unsafe { super::avx2_int8::code_rows(&q, 1, &x8, &mut out) };
+            out
+        });
+        #[cfg(not(target_arch = "x86_64"))]
+        let avx2: Option<Vec<f32>> = None;
+        for r in 1..q.rows {
+            let want = vnni::reference(&q, r, &x8);
+            let got = got[r - 1];
             assert!(
                 (got - want).abs() <= 1e-5 * want.abs().max(1e-3),
                 "{dtype:?} row {r}: kernel {got}, reference {want}"
             );
-            #[cfg(target_arch = "x86_64")]
-            if super::avx2::available() {
-                // SAFETY: the CPU has AVX2 + FMA; row r of q; x8 has q.cols values.
-                let avx2 = unsafe { super::avx2_int8::code_dot(&q, r, &x8) };
+            if let Some(avx2) = &avx2 {
+                let avx2 = avx2[r - 1];
                 assert!(
                     (avx2 - want).abs() <= 1e-5 * want.abs().max(1e-3),
                     "{dtype:?} row {r}: AVX2 kernel {avx2}, reference {want}"
@@ -454,13 +465,16 @@ fn avx2_kernels_equal_the_portable_ones_for_every_block_type() {
         let (q, _) = quantized(dtype, 9, cols, 60 + i as u64);
         let gpr = cols / q.group;
         let x: Vec<f32> = (0..rows::BLOCK * cols).map(|_| rng.random_range(-1.0..1.0)).collect();
-        for r in [0, 4, 8] {
-            let codes = dot::row_codes(&q, r);
-            let scales = &q.scales[r * gpr..(r + 1) * gpr];
-            // SAFETY: the CPU has AVX2 and FMA (checked above); one row's slices.
-            let simd = unsafe { super::avx2::scaled_code_dot(&q.codes, q.group, codes, scales, &x[..cols]) };
+        // Decode's rows 1..8: a block of four, then three alone.
+        let mut dots = [0f32; 7];
+        // SAFETY: the CPU has AVX2 and FMA (checked above); rows 1..8 of q, x has q.cols values.
+        unsafe { super::avx2::code_rows(&q, 1, &x[..cols], &mut dots) };
+        for (r, &simd) in (1..8).zip(&dots) {
+            let (codes, scales) = (dot::row_codes(&q, r), &q.scales[r * gpr..(r + 1) * gpr]);
             let want = dot::portable(&q.codes, q.group, codes, scales, &x[..cols]);
             assert!(close(simd, want), "{dtype:?} row {r} dot: {simd} vs {want}");
+        }
+        for r in [0, 4, 8] {
             for nb in 1..=rows::BLOCK {
                 let (mut got, mut want) = ([0f32; rows::BLOCK], [0f32; rows::BLOCK]);
                 // SAFETY: as above; `x` holds `nb ≤ BLOCK` rows of `cols`.
@@ -499,5 +513,48 @@ fn avx2_kernels_equal_the_portable_ones_for_every_block_type() {
                 assert!(close(*a, *b), "{dtype:?} row {r} col {c} dequantized: {a} vs {b}");
             }
         }
+    }
+}
+
+/// Not a test: `cargo test --release -p kamera-model quant::tests::decode_rows_speed -- --ignored
+/// --nocapture` prints decode's products on one thread (f32 and int8 input, G weights/s and GB/s
+/// of codes and scales read), each block type at a row width of the Qwen2.5/SmolLM2 models,
+/// on a matrix too large for the cache (65,536 rows), as a decode step streams its weights.
+#[test]
+#[ignore = "a speed probe, not a test"]
+fn decode_rows_speed() {
+    for dtype in [
+        GgmlDType::Q5_0,
+        GgmlDType::Q4K,
+        GgmlDType::Q6K,
+        GgmlDType::Q8_0,
+        GgmlDType::Q4_1,
+    ] {
+        let cols = if dtype.block_size() == 256 { 1024 } else { 896 };
+        let rows = 65_536;
+        let (q, _) = quantized(dtype, rows, cols, 1);
+        let x: Vec<f32> = (0..cols).map(|i| (i as f32).sin()).collect();
+        let mut y = vec![0f32; rows];
+        let xsum = dot::group_sums(&q, &x);
+        let x8 = vnni::Q8Input::quantize(&x).expect("whole groups");
+        let xs8 = x8.group_sums(q.group);
+        let best = |f: &mut dyn FnMut()| {
+            (0..5)
+                .map(|_| {
+                    let t = std::time::Instant::now();
+                    f();
+                    t.elapsed().as_secs_f64()
+                })
+                .fold(f64::MAX, f64::min)
+        };
+        let f32_s = best(&mut || dot::rows_into(&q, &x, &xsum, 0, &mut y));
+        let int8_s = vnni::available().then(|| best(&mut || dot::rows_into_q8(&q, &x8, &xs8, 0, &mut y)));
+        let w = (rows * cols) as f64;
+        let rate = |s: f64| format!("{:.1} G weights/s, {:.1} GB/s", w / s / 1e9, q.bytes() as f64 / s / 1e9);
+        println!(
+            "{dtype:?} {rows}x{cols}: f32 {}; int8 {}",
+            rate(f32_s),
+            int8_s.map_or("not on this CPU".into(), rate)
+        );
     }
 }

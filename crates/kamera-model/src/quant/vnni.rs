@@ -110,23 +110,30 @@ pub(crate) fn available() -> bool {
     }
 }
 
-/// `Σ_g scale_g · Σ_{i∈g} code_i · dx_i q_i` over row `r` of `m` (≈ `Σ_g scale_g Σ code_i x_i`).
-/// The caller checked [`available`] and that `x` has `m.cols` values.
-pub(crate) fn code_dot(m: &QMatrix, r: usize, x: &Q8Input) -> f32 {
+/// `out[i] = Σ_g scale_g · Σ_{i∈g} code_i · dx_i q_i` over rows `r0 + i` of `m` (≈ the rows'
+/// `Σ_g scale_g Σ code_i x_i`). The caller checked [`available`] and that `x` has `m.cols`
+/// values.
+pub(crate) fn code_rows(m: &QMatrix, r0: usize, x: &Q8Input, out: &mut [f32]) {
     debug_assert_eq!(x.cols, m.cols);
+    debug_assert!(r0 + out.len() <= m.rows);
     #[cfg(target_arch = "x86_64")]
     {
         if has_vnni() {
-            // SAFETY: the CPU has AVX-512 F/BW and VNNI; the row's codes and scales are in
-            // bounds (row `r` of `m`) and `x` is padded to whole 64-value steps.
-            return unsafe { avx512::code_dot(m, r, x) };
+            for (i, o) in out.iter_mut().enumerate() {
+                // SAFETY: the CPU has AVX-512 F/BW and VNNI; the row's codes and scales are in
+                // bounds (row `r0 + i` of `m`) and `x` is padded to whole 64-value steps.
+                *o = unsafe { avx512::code_dot(m, r0 + i, x) };
+            }
+            return;
         }
         // SAFETY: the caller checked `available()`, so without VNNI the CPU has AVX2 + FMA;
         // bounds as above.
-        unsafe { super::avx2_int8::code_dot(m, r, x) }
+        unsafe { super::avx2_int8::code_rows(m, r0, x, out) }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    reference(m, r, x)
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = reference(m, r0 + i, x);
+    }
 }
 
 /// The parts of a [`Q8Input`] a kernel reads: the rounded values, each block's `dx`.

@@ -16,12 +16,6 @@ pub fn load(name: ModelName) -> Result<Model> {
     Model::load(&path).with_context(|| format!("loading {}", path.display()))
 }
 
-pub fn golden_path(name: ModelName) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/golden")
-        .join(format!("{}.json", name.as_str()))
-}
-
 pub fn log_softmax(x: &[f32]) -> Vec<f64> {
     let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
     let lse = m + x.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln();
