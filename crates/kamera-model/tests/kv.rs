@@ -315,3 +315,29 @@ fn decode_past_the_sliding_window_matches_prefill_gemma3() -> Result<()> {
     anyhow::ensure!(seq.len() > 600, "the test must cross the window: {} tokens", seq.len());
     Ok(())
 }
+
+/// A prefill longer than the MLP's row blocks (512 rows: 1,100 tokens run as 512 + 512 + 76)
+/// gives the logits and K/V of the same tokens run as 600 then 500 (each one block).
+#[test]
+fn a_long_prefill_equals_the_same_tokens_in_shorter_pieces() -> Result<()> {
+    let m = common::load(ModelName::Smollm2_135m)?;
+    let text = [A, B, C].concat().repeat(40);
+    let ids: Vec<u32> = toks(&m, &text)?.into_iter().take(1100).collect();
+    anyhow::ensure!(ids.len() == 1100, "the text has only {} tokens", ids.len());
+    let whole = m.prefill(&ids, 0, &m.empty_context())?;
+    let mut ctx = m.empty_context();
+    m.extend(&ids[..600], &mut ctx)?;
+    let pieces = m.extend(&ids[600..], &mut ctx)?;
+    let kl = common::kl(&whole.logits, &pieces.logits);
+    let (mut ek, mut ev) = (0f32, 0f32);
+    for (w, p) in whole.chunk.layers().iter().zip(pieces.chunk.layers()) {
+        let (wk, wv) = (w.k.to_f32_vec(), w.v.to_f32_vec());
+        let at = wk.len() / 1100 * 600;
+        ek = ek.max(common::max_abs(&wk[at..], &p.k.to_f32_vec()));
+        ev = ev.max(common::max_abs(&wv[at..], &p.v.to_f32_vec()));
+    }
+    eprintln!("1,100 tokens whole vs 600 + 500: next-token KL {kl:.2e}, max |dK| {ek:.2e}, max |dV| {ev:.2e}");
+    anyhow::ensure!(kl < 1e-6, "next-token KL {kl:.3e} >= 1e-6");
+    anyhow::ensure!(ek < 1e-3 && ev < 1e-3, "K/V differ: {ek:.3e} / {ev:.3e}");
+    Ok(())
+}
