@@ -109,61 +109,53 @@ fn golden_scores(
     }
     let golden = Golden::read(&path)?;
     let kamera = golden.score(ours)?;
-    let out = Command::new(python)
-        .arg(scripts.join("bench_llamacpp.py"))
-        .args([
-            "--gguf",
-            &gguf.display().to_string(),
-            "--golden",
-            &path.display().to_string(),
-        ])
-        .args(["--threads", &threads().to_string()])
-        .output()
-        .context("running scripts/bench_llamacpp.py --golden")?;
-    if !out.status.success() {
-        bail!(
-            "bench_llamacpp.py --golden failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    let line = String::from_utf8_lossy(&out.stdout);
-    let v: serde_json::Value = serde_json::from_str(line.lines().last().unwrap_or(""))
-        .with_context(|| format!("bench_llamacpp.py --golden printed {line:?}"))?;
-    let g = &v["golden"];
-    let f = |k: &str| g[k].as_f64().unwrap_or(f64::NAN);
-    let theirs = GoldenScore {
-        mean_kl: f("mean_kl"),
-        max_kl: f("max_kl"),
-        top1_equal: g["top1_equal"].as_u64().unwrap_or(0) as usize,
-        positions: g["positions"].as_u64().unwrap_or(0) as usize,
-        last_top1_equal: g["last_top1_equal"].as_bool().unwrap_or(false),
-    };
+    let v = bench_script(
+        python,
+        scripts,
+        &[
+            "--gguf".into(),
+            gguf.display().to_string(),
+            "--golden".into(),
+            path.display().to_string(),
+        ],
+    )?;
+    let theirs: GoldenScore = serde_json::from_value(v["golden"].clone())
+        .with_context(|| format!("bench_llamacpp.py --golden printed no score: {v}"))?;
     Ok(Some((golden.source, kamera, theirs)))
 }
 
-fn run_llamacpp(
-    python: &std::path::Path,
-    scripts: &std::path::Path,
-    gguf: &std::path::Path,
-    m: &ModelArgs,
-) -> Result<serde_json::Value> {
+fn run_llamacpp(python: &Path, scripts: &Path, gguf: &Path, m: &ModelArgs) -> Result<serde_json::Value> {
     let join = |v: &[usize]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(",");
+    let mut args: Vec<String> = vec![
+        "--gguf".into(),
+        gguf.display().to_string(),
+        "--prefill".into(),
+        join(&m.prefill),
+        "--decode".into(),
+        m.decode.to_string(),
+        "--decode-after".into(),
+        m.decode_after.first().copied().unwrap_or(128).to_string(),
+        "--reps".into(),
+        m.reps.to_string(),
+    ];
+    if std::env::var_os("KAMERA_LLAMACPP_NO_EXTRA_BUFTS").is_some() {
+        args.push("--no-extra-bufts".into());
+    }
+    bench_script(python, scripts, &args)
+}
+
+/// `scripts/bench_llamacpp.py ARGS --threads N` in the venv: the JSON line it prints last.
+fn bench_script(python: &Path, scripts: &Path, args: &[String]) -> Result<serde_json::Value> {
     let out = Command::new(python)
         .arg(scripts.join("bench_llamacpp.py"))
-        .args(["--gguf", &gguf.display().to_string(), "--prefill", &join(&m.prefill)])
-        .args([
-            "--decode",
-            &m.decode.to_string(),
-            "--decode-after",
-            &m.decode_after.first().copied().unwrap_or(128).to_string(),
-        ])
-        .args(["--reps", &m.reps.to_string(), "--threads", &threads().to_string()])
-        .args(std::env::var_os("KAMERA_LLAMACPP_NO_EXTRA_BUFTS").map(|_| "--no-extra-bufts"))
+        .args(args)
+        .args(["--threads", &threads().to_string()])
         .output()
         .context("running scripts/bench_llamacpp.py")?;
     if !out.status.success() {
         bail!(
-            "bench_llamacpp.py failed: {}",
+            "bench_llamacpp.py {} failed: {}",
+            args.join(" "),
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }

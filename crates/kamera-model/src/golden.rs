@@ -35,7 +35,7 @@ pub struct GoldenCase {
 }
 
 /// How close a model's logits are to a [`Golden`]'s over every position of its prompts.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, Deserialize)]
 pub struct GoldenScore {
     /// Mean of [`bucketed_kl`] over the positions (nats).
     pub mean_kl: f64,
