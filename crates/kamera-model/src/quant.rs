@@ -602,7 +602,8 @@ impl View<'_> {
     }
 
     /// What the products of one input `x` share: the group sums for the offsets, and `x8`
-    /// ([`quantize_input`]) where the int8 kernel reads these codes (else the products are f32).
+    /// ([`quantize_input`]) where the int8 kernel reads these codes (else the products are f32,
+    /// on `x` in lane order where the AVX2 kernel for 4- and 5-bit codes reads it).
     pub fn prepare<'a>(&self, x: &[f32], x8: Option<&'a Q8Input>) -> Prepared<'a> {
         match self {
             View::Codes(q) => {
@@ -611,11 +612,13 @@ impl View<'_> {
                     (Some(x8), Offsets::Zero(_) | Offsets::PerGroup(_)) => x8.group_sums(q.group),
                     _ => dot::group_sums(q, x),
                 };
-                Prepared { sums, q8 }
+                let lanes = if q8.is_none() { dot::lane_input(q, x) } else { None };
+                Prepared { sums, q8, lanes }
             }
             View::Bf16(_) | View::Dense { .. } => Prepared {
                 sums: Vec::new(),
                 q8: None,
+                lanes: None,
             },
         }
     }
@@ -625,7 +628,7 @@ impl View<'_> {
         match self {
             View::Codes(q) => match prep.q8 {
                 Some(x8) => dot::rows_into_q8(q, x8, &prep.sums, r0, out),
-                None => dot::rows_into(q, x, &prep.sums, r0, out),
+                None => dot::rows_into(q, x, prep.lanes.as_deref(), &prep.sums, r0, out),
             },
             View::Bf16(m) => m.rows_into(x, r0, out),
             View::Dense { w, cols } => {
@@ -641,6 +644,8 @@ impl View<'_> {
 pub(crate) struct Prepared<'a> {
     sums: Vec<f32>,
     q8: Option<&'a Q8Input>,
+    /// `x` in lane order where the f32 kernel reads it so ([`dot::lane_input`]).
+    lanes: Option<Vec<f32>>,
 }
 
 /// `x` rounded for the int8 decode products when `precision` asks for them: once per input,

@@ -80,7 +80,7 @@ unsafe fn row<const K: u8>(m: &QMatrix, r: usize, x: &Q8Input) -> f32 {
 
 /// A group of 32 4-bit codes (16 bytes at `p`) as 32 bytes in order: low nibbles, then high.
 #[inline(always)]
-unsafe fn nibbles32(p: *const u8) -> __m256i {
+pub(super) unsafe fn nibbles32(p: *const u8) -> __m256i {
     unsafe {
         let (lo, hi) = avx2::nibbles(p);
         _mm256_set_m128i(hi, lo)
@@ -90,6 +90,6 @@ unsafe fn nibbles32(p: *const u8) -> __m256i {
 /// A group of 32 5-bit codes (`Codes::U5`, 20 bytes at `p`) as 32 bytes: the nibbles, plus 16
 /// where the code's fifth bit is set.
 #[inline(always)]
-unsafe fn fives32(p: *const u8) -> __m256i {
+pub(super) unsafe fn fives32(p: *const u8) -> __m256i {
     unsafe { _mm256_or_si256(nibbles32(p), avx2::fifth_bits(p)) }
 }

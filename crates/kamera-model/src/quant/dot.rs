@@ -14,13 +14,14 @@ const TASK_WEIGHTS: usize = 1 << 18;
 pub(crate) fn matvec(q: &QMatrix, x: &[f32], y: &mut [f32]) {
     debug_assert_eq!((x.len(), y.len()), (q.cols, q.rows));
     let xsum = group_sums(q, x);
+    let xl = lane_input(q, x);
     let rows_per_task = (TASK_WEIGHTS / q.cols).max(8);
     if q.rows <= rows_per_task {
-        rows_into(q, x, &xsum, 0, y);
+        rows_into(q, x, xl.as_deref(), &xsum, 0, y);
     } else {
         y.par_chunks_mut(rows_per_task)
             .enumerate()
-            .for_each(|(t, out)| rows_into(q, x, &xsum, t * rows_per_task, out));
+            .for_each(|(t, out)| rows_into(q, x, xl.as_deref(), &xsum, t * rows_per_task, out));
     }
 }
 
@@ -32,18 +33,40 @@ pub(crate) fn group_sums(q: &QMatrix, x: &[f32]) -> Vec<f32> {
     }
 }
 
-/// Rows `r0..r0 + out.len()` of `W x` into `out`, on the calling thread; `xsum` from
-/// [`group_sums`].
-pub(crate) fn rows_into(q: &QMatrix, x: &[f32], xsum: &[f32], r0: usize, out: &mut [f32]) {
+/// `x` in the order the AVX2 kernel for 4- and 5-bit codes reads it (`avx2::lane_order`) where
+/// that kernel multiplies `q` (x86 hosts with AVX2 and no AVX-512), else `None`: made once per
+/// input, read by every row.
+pub(crate) fn lane_input(q: &QMatrix, x: &[f32]) -> Option<Vec<f32>> {
+    #[cfg(target_arch = "x86_64")]
+    if matches!(q.codes, Codes::U4(_) | Codes::U5(_))
+        && q.group == 32
+        && x.len() == q.cols
+        && !std::arch::is_x86_feature_detected!("avx512f")
+        && super::avx2::available()
+    {
+        return Some(super::avx2::lane_order(x));
+    }
+    None
+}
+
+/// Rows `r0..r0 + out.len()` of `W x` into `out`, on the calling thread; `xl` from
+/// [`lane_input`], `xsum` from [`group_sums`].
+pub(crate) fn rows_into(q: &QMatrix, x: &[f32], xl: Option<&[f32]>, xsum: &[f32], r0: usize, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if !std::arch::is_x86_feature_detected!("avx512f") && super::avx2::available() {
-        // SAFETY: the CPU has AVX2 and FMA; rows r0.. of q (the caller's `out` is within them).
-        unsafe { super::avx2::code_rows(q, r0, x, out) };
+        match xl {
+            // SAFETY: the CPU has AVX2 and FMA; rows r0.. of q (the caller's `out` is within
+            // them); `xl` came from `lane_input`: 4- or 5-bit codes in groups of 32, q.cols values.
+            Some(xl) => unsafe { super::avx2::lanes_code_rows(q, r0, xl, out) },
+            // SAFETY: as above; x has q.cols values.
+            None => unsafe { super::avx2::code_rows(q, r0, x, out) },
+        }
         for (i, o) in out.iter_mut().enumerate() {
             *o += offset_dot(q, r0 + i, xsum);
         }
         return;
     }
+    let _ = xl;
     for (i, o) in out.iter_mut().enumerate() {
         *o = row_dot(q, r0 + i, x, xsum);
     }

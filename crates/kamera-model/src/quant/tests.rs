@@ -438,7 +438,7 @@ fn int8_decode_products_stay_within_the_inputs_rounding() {
     for dtype in TYPES {
         let (q, _) = quantized(dtype, 64, cols, 34);
         let (mut exact, mut int8) = (vec![0f32; 64], vec![0f32; 64]);
-        dot::rows_into(&q, &x, &dot::group_sums(&q, &x), 0, &mut exact);
+        dot::rows_into(&q, &x, None, &dot::group_sums(&q, &x), 0, &mut exact);
         dot::rows_into_q8(&q, &x8, &x8.group_sums(q.group), 0, &mut int8);
         let rel = max_rel(&int8, &exact);
         assert!(rel < 1e-2, "{dtype:?}: int8 products {rel} from f32");
@@ -465,14 +465,24 @@ fn avx2_kernels_equal_the_portable_ones_for_every_block_type() {
         let (q, _) = quantized(dtype, 9, cols, 60 + i as u64);
         let gpr = cols / q.group;
         let x: Vec<f32> = (0..rows::BLOCK * cols).map(|_| rng.random_range(-1.0..1.0)).collect();
-        // Decode's rows 1..8: a block of four, then three alone.
+        // Decode's rows 1..8, and (groups of 32) the same on the input in lane order.
         let mut dots = [0f32; 7];
         // SAFETY: the CPU has AVX2 and FMA (checked above); rows 1..8 of q, x has q.cols values.
         unsafe { super::avx2::code_rows(&q, 1, &x[..cols], &mut dots) };
-        for (r, &simd) in (1..8).zip(&dots) {
+        let mut lanes = [0f32; 7];
+        if q.group == 32 {
+            let xl = super::avx2::lane_order(&x[..cols]);
+            // SAFETY: as above; groups of 32, xl has q.cols values in lane order.
+            unsafe { super::avx2::lanes_code_rows(&q, 1, &xl, &mut lanes) };
+        }
+        for (r, (&simd, &lane)) in (1..8).zip(dots.iter().zip(&lanes)) {
             let (codes, scales) = (dot::row_codes(&q, r), &q.scales[r * gpr..(r + 1) * gpr]);
             let want = dot::portable(&q.codes, q.group, codes, scales, &x[..cols]);
             assert!(close(simd, want), "{dtype:?} row {r} dot: {simd} vs {want}");
+            assert!(
+                q.group != 32 || close(lane, want),
+                "{dtype:?} row {r} lane-order dot: {lane} vs {want}"
+            );
         }
         for r in [0, 4, 8] {
             for nb in 1..=rows::BLOCK {
@@ -547,7 +557,8 @@ fn decode_rows_speed() {
                 })
                 .fold(f64::MAX, f64::min)
         };
-        let f32_s = best(&mut || dot::rows_into(&q, &x, &xsum, 0, &mut y));
+        let xl = dot::lane_input(&q, &x);
+        let f32_s = best(&mut || dot::rows_into(&q, &x, xl.as_deref(), &xsum, 0, &mut y));
         let int8_s = vnni::available().then(|| best(&mut || dot::rows_into_q8(&q, &x8, &xs8, 0, &mut y)));
         let w = (rows * cols) as f64;
         let rate = |s: f64| format!("{:.1} G weights/s, {:.1} GB/s", w / s / 1e9, q.bytes() as f64 / s / 1e9);
