@@ -149,24 +149,31 @@ pub(super) const PREFETCH_ROWS: usize = 4;
 /// (Blocks of four rows sharing the input's loads were faster with the matrix in cache and
 /// slower streaming it from memory: Q8_0 10.6 against 14.5 G weights/s.)
 ///
+/// With `in_lane_order`, `x` is in [`lane_order`] and the rows go through [`lanes_row_dot`].
+///
 /// # Safety
-/// The CPU has AVX2 and FMA; `r0 + out.len() <= q.rows`; `x` has `q.cols` values.
+/// The CPU has AVX2 and FMA; `r0 + out.len() <= q.rows`; `x` has `q.cols` values; with
+/// `in_lane_order`, `q`'s groups are of 32.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn code_rows(q: &QMatrix, r0: usize, x: &[f32], out: &mut [f32]) {
-    unsafe { by_kind!(&q.codes, code_rows_kind(q, r0, x, out)) }
+pub(super) unsafe fn code_rows(q: &QMatrix, r0: usize, x: &[f32], in_lane_order: bool, out: &mut [f32]) {
+    unsafe { by_kind!(&q.codes, code_rows_kind(q, r0, x, in_lane_order, out)) }
 }
 
 #[inline(always)]
-unsafe fn code_rows_kind<const K: u8>(q: &QMatrix, r0: usize, x: &[f32], out: &mut [f32]) {
+unsafe fn code_rows_kind<const K: u8>(q: &QMatrix, r0: usize, x: &[f32], in_lane_order: bool, out: &mut [f32]) {
     unsafe {
         for (i, o) in out.iter_mut().enumerate() {
             prefetch_row(q, r0 + i + PREFETCH_ROWS);
-            *o = row_dot::<K>(q, r0 + i, x);
+            *o = if in_lane_order {
+                lanes_row_dot::<K>(q, r0 + i, x)
+            } else {
+                row_dot::<K>(q, r0 + i, x)
+            };
         }
     }
 }
 
-/// `x` reordered for [`lanes_code_rows`]: in each group of 32, the values at `16h + 4i + k` for
+/// `x` reordered for [`lanes_row_dot`]: in each group of 32, the values at `16h + 4i + k` for
 /// `k` in 0..4, then `h` in 0..2, then `i` in 0..4 (the order a group's code bytes come out of
 /// 32-bit lanes by shifts).
 pub(super) fn lane_order(x: &[f32]) -> Vec<f32> {
@@ -183,27 +190,12 @@ pub(super) fn lane_order(x: &[f32]) -> Vec<f32> {
     out
 }
 
-/// [`code_rows`] for groups of 32 on an input in [`lane_order`]: a group's 32 codes as bytes in
-/// one register, each fourth byte of its 32-bit lanes taken by a shift (and a mask or a sign
-/// extension) instead of a byte-to-lane widening, which runs on the shuffle units the 5-bit
-/// expansion also needs. From memory on one Zen 3 core: Q5_0 10.1 against 7.3 G weights/s, Q4_K
-/// 12.8 / 9.9, Q4_1 12.6 / 9.7; byte codes gain nothing (Q8_0 14.2 / 14.5), so decode routes
-/// only 4- and 5-bit codes here (`dot::lane_input`); every kind is correct (tested).
-#[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn lanes_code_rows(q: &QMatrix, r0: usize, xl: &[f32], out: &mut [f32]) {
-    unsafe { by_kind!(&q.codes, lanes_rows_kind(q, r0, xl, out)) }
-}
-
-#[inline(always)]
-unsafe fn lanes_rows_kind<const K: u8>(q: &QMatrix, r0: usize, xl: &[f32], out: &mut [f32]) {
-    unsafe {
-        for (i, o) in out.iter_mut().enumerate() {
-            prefetch_row(q, r0 + i + PREFETCH_ROWS);
-            *o = lanes_row_dot::<K>(q, r0 + i, xl);
-        }
-    }
-}
-
+/// Row `r` of [`code_rows`] for groups of 32 on an input in [`lane_order`]: a group's 32 codes
+/// as bytes in one register, each fourth byte of its 32-bit lanes taken by a shift (and a mask
+/// or a sign extension) instead of a byte-to-lane widening, which runs on the shuffle units the
+/// 5-bit expansion also needs. From memory on one Zen 3 core: Q5_0 10.1 against 7.3 G
+/// weights/s, Q4_K 12.8 / 9.9, Q4_1 12.6 / 9.7; byte codes gain nothing (Q8_0 14.2 / 14.5), so
+/// decode routes only 4- and 5-bit codes here (`dot::lane_input`); every kind is correct (tested).
 #[inline(always)]
 unsafe fn lanes_row_dot<const K: u8>(q: &QMatrix, r: usize, xl: &[f32]) -> f32 {
     unsafe {

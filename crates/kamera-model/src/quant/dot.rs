@@ -54,13 +54,9 @@ pub(crate) fn lane_input(q: &QMatrix, x: &[f32]) -> Option<Vec<f32>> {
 pub(crate) fn rows_into(q: &QMatrix, x: &[f32], xl: Option<&[f32]>, xsum: &[f32], r0: usize, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if !std::arch::is_x86_feature_detected!("avx512f") && super::avx2::available() {
-        match xl {
-            // SAFETY: the CPU has AVX2 and FMA; rows r0.. of q (the caller's `out` is within
-            // them); `xl` came from `lane_input`: 4- or 5-bit codes in groups of 32, q.cols values.
-            Some(xl) => unsafe { super::avx2::lanes_code_rows(q, r0, xl, out) },
-            // SAFETY: as above; x has q.cols values.
-            None => unsafe { super::avx2::code_rows(q, r0, x, out) },
-        }
+        // SAFETY: the CPU has AVX2 and FMA; rows r0.. of q (the caller's `out` is within them);
+        // x has q.cols values; `xl` came from `lane_input`: groups of 32, q.cols values.
+        unsafe { super::avx2::code_rows(q, r0, xl.unwrap_or(x), xl.is_some(), out) };
         for (i, o) in out.iter_mut().enumerate() {
             *o += offset_dot(q, r0 + i, xsum);
         }

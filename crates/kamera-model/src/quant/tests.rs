@@ -468,12 +468,12 @@ fn avx2_kernels_equal_the_portable_ones_for_every_block_type() {
         // Decode's rows 1..8, and (groups of 32) the same on the input in lane order.
         let mut dots = [0f32; 7];
         // SAFETY: the CPU has AVX2 and FMA (checked above); rows 1..8 of q, x has q.cols values.
-        unsafe { super::avx2::code_rows(&q, 1, &x[..cols], &mut dots) };
+        unsafe { super::avx2::code_rows(&q, 1, &x[..cols], false, &mut dots) };
         let mut lanes = [0f32; 7];
         if q.group == 32 {
             let xl = super::avx2::lane_order(&x[..cols]);
             // SAFETY: as above; groups of 32, xl has q.cols values in lane order.
-            unsafe { super::avx2::lanes_code_rows(&q, 1, &xl, &mut lanes) };
+            unsafe { super::avx2::code_rows(&q, 1, &xl, true, &mut lanes) };
         }
         for (r, (&simd, &lane)) in (1..8).zip(dots.iter().zip(&lanes)) {
             let (codes, scales) = (dot::row_codes(&q, r), &q.scales[r * gpr..(r + 1) * gpr]);
