@@ -105,6 +105,10 @@ fn golden_scores(
     };
     let path = Golden::path(name);
     if !path.is_file() {
+        eprintln!(
+            "no golden logits at {} (this binary's source tree): KL to HF not measured",
+            path.display()
+        );
         return Ok(None);
     }
     let golden = Golden::read(&path)?;

@@ -54,6 +54,15 @@ pub(crate) fn lane_input(q: &QMatrix, x: &[f32]) -> Option<Vec<f32>> {
 pub(crate) fn rows_into(q: &QMatrix, x: &[f32], xl: Option<&[f32]>, xsum: &[f32], r0: usize, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if !std::arch::is_x86_feature_detected!("avx512f") && super::avx2::available() {
+        // The kernel reads through pointers: a caller's shape error stops here, not in memory.
+        assert!(
+            r0 + out.len() <= q.rows && x.len() == q.cols && xl.is_none_or(|xl| xl.len() == q.cols),
+            "rows {r0}..{} of a [{}, {}] matrix against an input of {}",
+            r0 + out.len(),
+            q.rows,
+            q.cols,
+            x.len()
+        );
         // SAFETY: the CPU has AVX2 and FMA; rows r0.. of q (the caller's `out` is within them);
         // x has q.cols values; `xl` came from `lane_input`: groups of 32, q.cols values.
         unsafe { super::avx2::code_rows(q, r0, xl.unwrap_or(x), xl.is_some(), out) };

@@ -114,8 +114,15 @@ pub(crate) fn available() -> bool {
 /// `Σ_g scale_g Σ code_i x_i`). The caller checked [`available`] and that `x` has `m.cols`
 /// values.
 pub(crate) fn code_rows(m: &QMatrix, r0: usize, x: &Q8Input, out: &mut [f32]) {
-    debug_assert_eq!(x.cols, m.cols);
-    debug_assert!(r0 + out.len() <= m.rows);
+    // The kernels read through pointers: a caller's shape error stops here, not in memory.
+    assert!(
+        x.cols == m.cols && r0 + out.len() <= m.rows,
+        "rows {r0}..{} of a [{}, {}] matrix against an int8 input of {}",
+        r0 + out.len(),
+        m.rows,
+        m.cols,
+        x.cols
+    );
     #[cfg(target_arch = "x86_64")]
     {
         if has_vnni() {
