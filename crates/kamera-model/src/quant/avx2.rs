@@ -94,6 +94,22 @@ pub(super) unsafe fn fifth_bits(p: *const u8) -> __m256i {
     }
 }
 
+/// A group of 32 4-bit codes (16 bytes at `p`) as 32 bytes in order: low nibbles, then high.
+#[inline(always)]
+pub(super) unsafe fn nibbles32(p: *const u8) -> __m256i {
+    unsafe {
+        let (lo, hi) = nibbles(p);
+        _mm256_set_m128i(hi, lo)
+    }
+}
+
+/// A group of 32 5-bit codes (`Codes::U5`, 20 bytes at `p`) as 32 bytes: the nibbles, plus 16
+/// where the code's fifth bit is set.
+#[inline(always)]
+pub(super) unsafe fn fives32(p: *const u8) -> __m256i {
+    unsafe { _mm256_or_si256(nibbles32(p), fifth_bits(p)) }
+}
+
 /// The group at `p` widened to f32, eight codes a vector: all four for a group of 32, the
 /// first two for a group of 16 (byte codes only; 4- and 5-bit groups are always 32).
 #[inline(always)]
@@ -163,7 +179,7 @@ pub(super) unsafe fn code_rows(q: &QMatrix, r0: usize, x: &[f32], in_lane_order:
 unsafe fn code_rows_kind<const K: u8>(q: &QMatrix, r0: usize, x: &[f32], in_lane_order: bool, out: &mut [f32]) {
     unsafe {
         for (i, o) in out.iter_mut().enumerate() {
-            prefetch_row(q, r0 + i + PREFETCH_ROWS);
+            prefetch_row::<K>(q, r0 + i + PREFETCH_ROWS);
             *o = if in_lane_order {
                 lanes_row_dot::<K>(q, r0 + i, x)
             } else {
@@ -208,8 +224,8 @@ unsafe fn lanes_row_dot<const K: u8>(q: &QMatrix, r: usize, xl: &[f32]) -> f32 {
         for j in 0..gpr {
             let p = c.add(j * gb);
             let w = match K {
-                U4 => super::avx2_int8::nibbles32(p),
-                U5 => super::avx2_int8::fives32(p),
+                U4 => nibbles32(p),
+                U5 => fives32(p),
                 _ => _mm256_loadu_si256(p as *const __m256i),
             };
             let (v0, v1, v2, v3) = if K == I8 {
@@ -246,17 +262,13 @@ unsafe fn lanes_row_dot<const K: u8>(q: &QMatrix, r: usize, xl: &[f32]) -> f32 {
     }
 }
 
-/// Asks for row `r` of `q` (its codes, scales and offsets) to be brought into the cache; a
-/// row past the matrix's end asks for nothing (software prefetches do not fault).
+/// Asks for row `r` of `q` (its codes, of kind `K`, scales and offsets) to be brought into the
+/// cache; a row past the matrix's end asks for nothing (software prefetches do not fault).
 #[inline(always)]
-pub(super) unsafe fn prefetch_row(q: &QMatrix, r: usize) {
+pub(super) unsafe fn prefetch_row<const K: u8>(q: &QMatrix, r: usize) {
     unsafe {
-        let row_bytes = match q.codes {
-            Codes::U4(_) => q.cols / 2,
-            Codes::U5(_) => q.cols / 32 * U5_GROUP_BYTES,
-            Codes::U8(_) | Codes::I8(_) => q.cols,
-        };
         let gpr = q.cols / q.group;
+        let row_bytes = gpr * group_bytes::<K>(q.group);
         prefetch(code_bytes(&q.codes).wrapping_add(r * row_bytes), row_bytes);
         prefetch(q.scales.as_ptr().wrapping_add(r * gpr) as *const u8, 4 * gpr);
         if let super::Offsets::PerGroup(o) = &q.offsets {

@@ -26,7 +26,7 @@ pub(super) unsafe fn code_rows(m: &QMatrix, r0: usize, x: &Q8Input, out: &mut [f
 unsafe fn code_rows_kind<const K: u8>(m: &QMatrix, r0: usize, x: &Q8Input, out: &mut [f32]) {
     unsafe {
         for (i, o) in out.iter_mut().enumerate() {
-            avx2::prefetch_row(m, r0 + i + avx2::PREFETCH_ROWS);
+            avx2::prefetch_row::<K>(m, r0 + i + avx2::PREFETCH_ROWS);
             *o = row::<K>(m, r0 + i, x);
         }
     }
@@ -50,8 +50,8 @@ unsafe fn row<const K: u8>(m: &QMatrix, r: usize, x: &Q8Input) -> f32 {
             let half = 32 * h + 32 > cols;
             let xs = _mm256_loadu_si256(q.as_ptr().add(32 * h) as *const __m256i);
             let w = match K {
-                U4 => nibbles32(codes.add(16 * h)),
-                U5 => fives32(codes.add(U5_GROUP_BYTES * h)),
+                U4 => avx2::nibbles32(codes.add(16 * h)),
+                U5 => avx2::fives32(codes.add(U5_GROUP_BYTES * h)),
                 _ if half => _mm256_zextsi128_si256(_mm_loadu_si128(codes.add(32 * h) as *const __m128i)),
                 _ => _mm256_loadu_si256(codes.add(32 * h) as *const __m256i),
             };
@@ -76,20 +76,4 @@ unsafe fn row<const K: u8>(m: &QMatrix, r: usize, x: &Q8Input) -> f32 {
         }
         avx2::hsum(_mm256_add_ps(a0, a1))
     }
-}
-
-/// A group of 32 4-bit codes (16 bytes at `p`) as 32 bytes in order: low nibbles, then high.
-#[inline(always)]
-pub(super) unsafe fn nibbles32(p: *const u8) -> __m256i {
-    unsafe {
-        let (lo, hi) = avx2::nibbles(p);
-        _mm256_set_m128i(hi, lo)
-    }
-}
-
-/// A group of 32 5-bit codes (`Codes::U5`, 20 bytes at `p`) as 32 bytes: the nibbles, plus 16
-/// where the code's fifth bit is set.
-#[inline(always)]
-pub(super) unsafe fn fives32(p: *const u8) -> __m256i {
-    unsafe { _mm256_or_si256(nibbles32(p), avx2::fifth_bits(p)) }
 }
