@@ -198,3 +198,89 @@ fn a_screenshot_over_the_budget_becomes_bands_of_image_chunks() -> Result<()> {
     assert_eq!(s.stats().images_encoded, 4);
     Ok(())
 }
+
+/// The no-reuse baseline (`kamera run --no-reuse`) with screenshots: the window decides as with
+/// reuse, and every read re-encodes it from scratch, each screenshot through the vision tower
+/// again (two reads of two screenshots: four encodings), to the logits of one prefill of the
+/// window.
+#[test]
+fn the_no_reuse_baseline_re_encodes_screenshots_every_read() -> Result<()> {
+    let m = Arc::new(Model::load(&golden().join("qwen25vl-tiny"))?);
+    let cfg = SessionConfig {
+        window_tokens: 64,
+        image_max_pixels: 28 * 28 * 16,
+        reuse: false,
+        ..SessionConfig::default()
+    };
+    let mut s = Session::new(
+        m.clone(),
+        Arc::new(kamera_store::MemStore::new()),
+        Box::new(CpuBackend),
+        cfg,
+    );
+    s.pin("<|im_start|>system\nYou read web pages.<|im_end|>\n")?;
+    s.observe_image(&png("img0")?)?;
+    s.observe_image(&png("img1")?)?;
+    let q = "<|im_start|>user\nWhere is the order?<|im_end|>\n";
+    let err = compare(&mut s, &m, &["img0", "img1"], q)?;
+    assert!(err < 1e-5, "no-reuse window vs one prefill: {err}");
+    assert_eq!(s.stats().images_encoded, 2);
+    let err = compare(&mut s, &m, &["img0", "img1"], q)?;
+    assert!(err < 1e-5, "{err}");
+    assert_eq!(s.stats().images_encoded, 4, "each read encodes every screenshot again");
+    // Reencoding for a bench touches neither the counters nor the live context.
+    let w = s.reencode_window()?;
+    assert_eq!((w.images, s.stats().images_encoded), (2, 4));
+    assert_eq!(w.tokens, s.window_tokens().len());
+    assert_eq!(w.ctx.rotary_end(), s.window().end());
+    Ok(())
+}
+
+/// A prompt's rows kept over a window that holds a screenshot come back when the window returns
+/// to that layout (their rotary positions start at the screenshot's span's end, where the
+/// context ends), and the logits equal one prefill of the window and the prompt.
+#[test]
+fn prompt_rows_after_a_screenshot_come_back_with_its_layout() -> Result<()> {
+    let m = Arc::new(Model::load(&golden().join("qwen25vl-tiny"))?);
+    let cfg = SessionConfig {
+        window_tokens: 64,
+        image_max_pixels: 28 * 28 * 16,
+        ..SessionConfig::default()
+    };
+    let mut s = Session::new(
+        m.clone(),
+        Arc::new(kamera_store::MemStore::new()),
+        Box::new(CpuBackend),
+        cfg,
+    );
+    s.pin("<|im_start|>system\nYou read web pages.<|im_end|>\n")?;
+    let q = m
+        .tokenizer()
+        .encode("<|im_start|>user\nWhere is the order?<|im_end|>\n")?;
+    s.observe_image(&png("img0")?)?;
+    let (first, reused) = s.live()?.prompt(&m, &q)?;
+    assert_eq!(reused, 0);
+    let img1 = s.observe_image(&png("img1")?)?.chunk.context("img1")?;
+    s.live()?.prompt(&m, &q)?;
+    s.evict(&img1)?;
+    let (back, reused) = s.live()?.prompt(&m, &q)?;
+    assert!(
+        reused >= q.len() - 1,
+        "the rows kept for [prefix, img0] came back: {reused} of {}",
+        q.len()
+    );
+    let diff = common_max_abs(&first.logits, &back.logits);
+    assert!(diff < 1e-5, "kept rows give the same logits: {diff}");
+    let err = compare(
+        &mut s,
+        &m,
+        &["img0"],
+        "<|im_start|>user\nWhere is the order?<|im_end|>\n",
+    )?;
+    assert!(err < 1e-5, "{err}");
+    Ok(())
+}
+
+fn common_max_abs(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()))
+}

@@ -82,7 +82,7 @@ pub use policy::{
     ACTION_GRAMMAR, Decoding, Mind, ModelPolicy, NextAction, Policy, ScriptedPolicy, Words, resolve_target, valid,
 };
 pub use runtime::{
-    Applied, ApplyTimings, Block, CHUNK_TOKENS_MAX, ObservedPage, PROMPT_ROWS_TOKENS, Relevance, Session,
+    Applied, ApplyTimings, Block, CHUNK_TOKENS_MAX, ObservedPage, PROMPT_ROWS_TOKENS, Reencoded, Relevance, Session,
     SessionConfig, SessionStats, split_page,
 };
 pub use scenario::{

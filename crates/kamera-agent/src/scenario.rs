@@ -78,6 +78,28 @@ impl Observe {
     }
 }
 
+impl std::fmt::Display for Observe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Observe::Text => "text",
+            Observe::Screenshot => "screenshot",
+            Observe::Both => "both",
+        })
+    }
+}
+
+impl std::str::FromStr for Observe {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Observe, String> {
+        match s {
+            "text" => Ok(Observe::Text),
+            "screenshot" => Ok(Observe::Screenshot),
+            "both" => Ok(Observe::Both),
+            _ => Err(format!("observe {s:?}: expected text, screenshot or both")),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PolicyKind {

@@ -87,7 +87,7 @@ pub fn run(a: ReuseArgs) -> Result<()> {
     eprintln!("{}: prefill precision {}", a.model, model.prefill_precision());
     let mut json = serde_json::Map::new();
     if model.vision().is_some() {
-        let size = parse_size(&a.image_size)?;
+        let size = parse_size("--image-size", &a.image_size)?;
         let r = crate::bench_image::run(
             &model,
             size,
@@ -328,10 +328,10 @@ fn write_json(
     Ok(())
 }
 
-/// `--image-size WIDTHxHEIGHT`.
-pub(crate) fn parse_size(s: &str) -> Result<[usize; 2]> {
+/// A `WIDTHxHEIGHT` flag (`--image-size`, `--viewport`).
+pub(crate) fn parse_size(flag: &str, s: &str) -> Result<[usize; 2]> {
     s.split_once('x')
         .and_then(|(w, h)| Some([w.parse().ok()?, h.parse().ok()?]))
         .filter(|[w, h]: &[usize; 2]| *w > 0 && *h > 0)
-        .with_context(|| format!("--image-size {s:?}: expected WIDTHxHEIGHT, e.g. 1280x720"))
+        .with_context(|| format!("{flag} {s:?}: expected WIDTHxHEIGHT, e.g. 1280x720"))
 }

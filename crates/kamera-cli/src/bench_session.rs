@@ -2,7 +2,9 @@
 //! back-and-forth, questions along the way) under a tight window, every method on the same step
 //! prompts in one process: the Kamera session, a radix prefix cache (a token trie over every
 //! request, LRU by bytes) on its own transcript layout, a full re-prefill of Kamera's window every
-//! step, and with `--against-llamacpp` llama.cpp's prompt cache and context shift on the same GGUF.
+//! step (the no-reuse baseline's re-encode: screenshots through the vision tower again), and with
+//! `--against-llamacpp` llama.cpp's prompt cache and context shift on the same GGUF. Pages are
+//! read as text, as screenshots (image chunks of a vision-language model) or both (`--observe`).
 //! Per step and method: time to first token, total work (deferred work included), tokens
 //! prefilled, KL of the next-token distribution to the full re-prefill of the same sequence, and
 //! whether the chosen token (the chosen answer on question steps) is the same.
@@ -23,7 +25,7 @@ use std::time::Instant;
 
 use anyhow::{Context as _, Result};
 use clap::Args;
-use kamera_agent::{Llm, Session};
+use kamera_agent::{Llm, Observe, Session};
 use kamera_gpu::CpuBackend;
 use kamera_store::{ChunkStore, MemStore};
 use serde::Serialize;
@@ -80,9 +82,19 @@ pub struct SessionArgs {
     /// window, every distinct page once and `PROMPT_ROWS_TOKENS` prompt rows), fixed at its start.
     #[arg(long)]
     radix_bytes: Option<usize>,
-    /// Also run llama.cpp (prompt cache, context shift) through scripts/bench_session_llamacpp.py.
+    /// Also run llama.cpp (prompt cache, context shift) through scripts/bench_session_llamacpp.py
+    /// (text models: `--observe text`).
     #[arg(long)]
     against_llamacpp: bool,
+    /// What each method reads of a page: `text` (its chunk text), `screenshot` (its viewport
+    /// screenshot as an image chunk; needs a vision-language model, `--model DIR` of a
+    /// Qwen2.5-VL) or `both` (the text, then the screenshot, as `kamera run` observes).
+    #[arg(long, default_value = "text")]
+    observe: Observe,
+    /// Chromium's viewport, WIDTHxHEIGHT: the screenshots' size before the session's resize to
+    /// its pixel budget (`Budget::screenshot_pixels`).
+    #[arg(long, default_value = "1280x720")]
+    viewport: String,
     /// Folder for session.json, session.md and session.svg.
     #[arg(long, default_value = "bench-session")]
     out: PathBuf,
@@ -107,6 +119,8 @@ pub struct MethodStep {
     pub answer: Option<String>,
     /// Kamera: the plan's execution; the radix cache: copying matched rows from the trie.
     pub setup_ms: Option<f64>,
+    /// Screenshots run through the vision tower (resize + tower) in this step's work.
+    pub images_encoded: Option<usize>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -149,21 +163,34 @@ struct KameraStep {
     deferred_ms: f64,
     plan_ms: f64,
     prefilled: usize,
+    images: usize,
     visit: String,
 }
 
+/// Kamera's step on `page`, read as `observe` says (`both`: the text's chunks, then the
+/// screenshot's, as the agent loop does; the question recalls from the text's).
 fn kamera_step(
     session: &mut Session,
     model: &kamera_model::Model,
-    text: &str,
+    page: &walk::Page,
+    observe: Observe,
     question: Option<&str>,
     ptoks: &[u32],
 ) -> Result<KameraStep> {
-    let prefilled0 = session.stats().prefill_tokens;
+    let before = session.stats().clone();
     let t0 = Instant::now();
-    let page = session.observe_page(text)?;
-    if let Some(q) = question {
-        session.recall_relevant_page(q, &page.chunks)?;
+    let text = if observe.text() {
+        Some(session.observe_page(&page.text)?)
+    } else {
+        None
+    };
+    let shot = if observe.screenshot() {
+        Some(session.observe_screenshot(&page.png)?)
+    } else {
+        None
+    };
+    if let (Some(q), Some(p)) = (question, &text) {
+        session.recall_relevant_page(q, &p.chunks)?;
     }
     let plan_ms = ms(t0);
     let (out, reused) = session.live()?.prompt(model, ptoks)?;
@@ -171,18 +198,30 @@ fn kamera_step(
     let ttft_ms = ms(t0);
     let d1 = session.stats().deferred_ms;
     session.settle()?;
+    let done = session.stats().since(&before);
+    let visit = text.as_ref().or(shot.as_ref()).and_then(|p| p.applied.visit);
     Ok(KameraStep {
         logits,
         ttft_ms,
         deferred_ms: session.stats().deferred_ms - d1,
         plan_ms,
-        prefilled: session.stats().prefill_tokens - prefilled0 + ptoks.len() - reused,
-        visit: page
-            .applied
-            .visit
-            .map(|v| format!("{v:?}").to_lowercase())
-            .unwrap_or_default(),
+        prefilled: done.prefill_tokens + ptoks.len() - reused,
+        images: done.images_encoded,
+        visit: visit.map(|v| format!("{v:?}").to_lowercase()).unwrap_or_default(),
     })
+}
+
+/// A full re-encode of `session`'s window (its no-reuse baseline's) and then the prompt: the
+/// logits, the time and the tokens prefilled and screenshots encoded.
+fn full_reencode(
+    session: &mut Session,
+    model: &kamera_model::Model,
+    ptoks: &[u32],
+) -> Result<(Vec<f32>, f64, usize, usize)> {
+    let t0 = Instant::now();
+    let mut w = session.reencode_window()?;
+    let logits = model.extend(ptoks, &mut w.ctx)?.logits;
+    Ok((logits, ms(t0), w.tokens + ptoks.len(), w.images))
 }
 
 impl KameraStep {
@@ -197,6 +236,7 @@ impl KameraStep {
             agree,
             answer,
             setup_ms: Some(self.plan_ms),
+            images_encoded: Some(self.images),
         })
     }
 }
@@ -217,14 +257,31 @@ fn judge(
 // order and timing of the methods would be spread over several functions.
 pub fn run(a: SessionArgs) -> Result<()> {
     let env = report::Machine::now();
+    let viewport = crate::bench_reuse::parse_size("--viewport", &a.viewport)?;
     let model = Arc::new(crate::models::load(&a.model)?);
+    if a.observe.screenshot() {
+        anyhow::ensure!(
+            model.vision().is_some(),
+            "--observe {} needs a vision-language model (--model DIR of a Qwen2.5-VL); {} reads text only",
+            a.observe,
+            a.model
+        );
+        anyhow::ensure!(
+            !a.against_llamacpp,
+            "--against-llamacpp runs llama.cpp on a GGUF text model: give --observe text"
+        );
+    }
     let llm = Llm::new(model.clone());
     let threads = threads();
     eprintln!("threads: {threads} (candle's rayon pool; llama.cpp's n_threads is the same)");
     let walk = walk::walk(a.seed, a.steps, a.orders);
     eprintln!("observing {} pages on Chromium...", walk.len());
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    let pages = rt.block_on(walk::observe_pages(a.seed, &walk))?;
+    let pages = rt.block_on(walk::observe_pages(
+        a.seed,
+        &walk,
+        [viewport[0] as u32, viewport[1] as u32],
+    ))?;
     let goal = "Answer questions about orders and their shipments.";
     let choices: Vec<String> = kamera_site::STATUSES.iter().map(|s| s.to_string()).collect();
     let mut cost = kamera_agent::cost_model(
@@ -268,21 +325,22 @@ pub fn run(a: SessionArgs) -> Result<()> {
     let pinned = llm.tokens(&prefix_text, true)?;
     let layout = model.layout();
     let kv_per_token = 4 * layout.n_layers * (layout.k_features() + layout.v_features());
+    // Each page as the radix cache's requests hold it (text tokens, then the screenshot).
+    let max_pixels = session.config().image_max_pixels;
+    let pieces = page_pieces(&llm, &model, &pages, a.observe, max_pixels)?;
     // Kamera holds its window, a store with every page's canonical KV and the prompt rows it
     // keeps per window layout: the same bytes for the radix cache by default (the window's
     // tokens + every distinct page's tokens once + those prompt rows).
-    let mut distinct: Vec<&String> = pages.iter().collect();
-    distinct.sort();
-    distinct.dedup();
-    let mut page_tokens = 0;
-    for p in distinct {
-        page_tokens += llm.tokens(p, false)?.len();
+    let mut distinct: BTreeMap<&str, usize> = BTreeMap::new();
+    for (w, p) in walk.iter().zip(&pieces) {
+        distinct.insert(&w.path, p.iter().map(|x| x.tokens().len()).sum());
     }
+    let page_tokens: usize = distinct.values().sum();
     // llama.cpp's prompt cache is sized once, at its start: the bound Kamera's holdings may reach.
     let budget = a
         .radix_bytes
         .unwrap_or(kv_per_token * (a.window + pinned.len() + page_tokens + kamera_agent::PROMPT_ROWS_TOKENS));
-    let mut radix = prefix::RadixCache::new(a.radix_bytes.unwrap_or(0));
+    let mut radix = prefix::RadixCache::new(a.radix_bytes.unwrap_or(0), max_pixels);
     let mut held = HeldBytes::default();
     // The longest sequence either layout sends: the pinned prefix, a full window and a prompt.
     let n_ctx = pinned.len() + a.window + 256;
@@ -299,7 +357,9 @@ pub fn run(a: SessionArgs) -> Result<()> {
             Err(e) => llama_status = Err(format!("not run: {e:#}")),
         }
     }
-    for (i, (w, text)) in walk.iter().zip(&pages).enumerate() {
+    // The radix layout's last reference (its full re-encode), kept while the request is the same.
+    let mut radix_reference: Option<(Vec<u32>, Vec<f32>)> = None;
+    for (i, (w, page)) in walk.iter().zip(&pages).enumerate() {
         let prompt = match &w.question {
             Some(q) => llm.question_prompt(q, &choices),
             // As the model policy asks: the instruction names the current page.
@@ -308,7 +368,7 @@ pub fn run(a: SessionArgs) -> Result<()> {
         let ptoks = llm.tokens(&prompt, false)?;
         let asks = w.question.as_ref().map(|_| choices.as_slice());
         let question = w.question.as_ref().map(|q| format!("{goal}\n{q}"));
-        let k = kamera_step(&mut session, &model, text, question.as_deref(), &ptoks)?;
+        let k = kamera_step(&mut session, &model, page, a.observe, question.as_deref(), &ptoks)?;
         let (k_ttft, k_deferred) = (k.ttft_ms, k.deferred_ms);
         let peak = held.measure(&session, store.as_ref(), kv_per_token)?;
         if a.radix_bytes.is_none() {
@@ -317,31 +377,31 @@ pub fn run(a: SessionArgs) -> Result<()> {
         let mut seq = session.window_tokens();
         let window_tokens = seq.len();
         seq.extend(&ptoks);
-        // Full re-prefill of Kamera's window.
-        let t0 = Instant::now();
-        let f_logits = llm.full_prefill(&seq)?;
-        let f_ttft = ms(t0);
-        // The radix cache on its own layout, and the full re-prefill of that layout (reference).
-        let change = transcript.visit(text, &llm.tokens(text, false)?);
-        let mut rseq = transcript.tokens();
-        let radix_tokens = rseq.len();
-        rseq.extend(&ptoks);
-        let r = radix.run(&model, &rseq)?;
-        let rf_logits = if rseq == seq {
-            f_logits.clone()
-        } else {
-            llm.full_prefill(&rseq)?
+        // Full re-encode of Kamera's window.
+        let (f_logits, f_ttft, f_tokens, f_images) = full_reencode(&mut session, &model, &ptoks)?;
+        // The radix cache on its own layout, and the full re-encode of that layout (reference).
+        let change = transcript.visit(&w.path, &pieces[i]);
+        let mut request = transcript.pieces();
+        let radix_tokens = request.iter().map(|p| p.tokens().len()).sum();
+        request.push(prefix::Piece::Text(ptoks.clone()));
+        let rseq: Vec<u32> = request.iter().flat_map(|p| p.tokens().to_vec()).collect();
+        let r = radix.run(&model, &request)?;
+        let rkeys = prefix::keys(&request);
+        let rf_logits = match &radix_reference {
+            // Tokens alone name a sequence only without screenshots (one grid's pads are alike).
+            _ if !a.observe.screenshot() && rseq == seq => f_logits.clone(),
+            Some((keys, logits)) if *keys == rkeys => logits.clone(),
+            _ => prefix::extend(&model, &request, 0, max_pixels, &mut model.empty_context())?,
         };
+        radix_reference = Some((rkeys, rf_logits.clone()));
         let mut methods = BTreeMap::new();
         methods.insert(METHODS[0], k.judged(&llm, &f_logits, asks)?);
         for (name, other) in &mut others {
-            let o = kamera_step(other, &model, text, question.as_deref(), &ptoks)?;
-            let mut oseq = other.window_tokens();
-            oseq.extend(&ptoks);
-            let reference = if oseq == seq {
+            let o = kamera_step(other, &model, page, a.observe, question.as_deref(), &ptoks)?;
+            let reference = if other.window_chunks() == session.window_chunks() {
                 f_logits.clone()
             } else {
-                llm.full_prefill(&oseq)?
+                full_reencode(other, &model, &ptoks)?.0
             };
             methods.insert(*name, o.judged(&llm, &reference, asks)?);
         }
@@ -357,6 +417,7 @@ pub fn run(a: SessionArgs) -> Result<()> {
                 agree,
                 answer,
                 setup_ms: Some(r.copy_ms),
+                images_encoded: Some(r.images),
             },
         );
         let (_, _, answer) = judge(&llm, &f_logits, &f_logits, asks)?;
@@ -365,12 +426,13 @@ pub fn run(a: SessionArgs) -> Result<()> {
             MethodStep {
                 ttft_ms: f_ttft,
                 work_ms: f_ttft,
-                prefill_tokens: Some(seq.len()),
+                prefill_tokens: Some(f_tokens),
                 kl: 0.0,
                 kl_own_engine: None,
                 agree: true,
                 answer,
                 setup_ms: None,
+                images_encoded: Some(f_images),
             },
         );
         let kl_k = methods[METHODS[0]].kl;
@@ -382,7 +444,7 @@ pub fn run(a: SessionArgs) -> Result<()> {
             k_deferred,
             r.ttft_ms,
             r.reused,
-            rseq.len(),
+            r.reused + r.prefilled,
             f_ttft,
             kl_k,
             methods[METHODS[1]].kl,
@@ -431,9 +493,12 @@ pub fn run(a: SessionArgs) -> Result<()> {
         radix_bytes_end: radix.trie.bytes(),
         kamera_store_bytes_end: held.store_bytes(),
         kamera_window_bytes: kv_per_token * (a.window + transcript.prefix_len()),
+        peak_rss_mb: crate::bench::proc_status_mb("VmHWM"),
     };
     let params = report::Params {
         model: a.model.clone(),
+        observe: a.observe.to_string(),
+        viewport: a.viewport.clone(),
         window: a.window,
         orders: a.orders,
         // What the sessions form, from the one function that decides it.
@@ -473,6 +538,45 @@ pub fn run(a: SessionArgs) -> Result<()> {
     Ok(())
 }
 
+/// Each page's pieces as the radix cache's requests hold them: its text's tokens, its
+/// screenshot (decoded once per distinct PNG), or both in that order, as `observe` says.
+fn page_pieces(
+    llm: &Llm,
+    model: &kamera_model::Model,
+    pages: &[walk::Page],
+    observe: Observe,
+    max_pixels: usize,
+) -> Result<Vec<Vec<prefix::Piece>>> {
+    let mut shots: BTreeMap<&[u8], Arc<prefix::Screenshot>> = BTreeMap::new();
+    let mut out = Vec::with_capacity(pages.len());
+    for p in pages {
+        let mut pieces = Vec::new();
+        if observe.text() {
+            pieces.push(prefix::Piece::Text(llm.tokens(&p.text, false)?));
+        }
+        if observe.screenshot() {
+            let shot = match shots.get(p.png.as_slice()) {
+                Some(s) => s.clone(),
+                None => {
+                    let s = Arc::new(prefix::Screenshot::new(model, &p.png, max_pixels)?);
+                    shots.insert(&p.png, s.clone());
+                    s
+                }
+            };
+            pieces.push(prefix::Piece::Image(shot));
+        }
+        out.push(pieces);
+    }
+    let mut keys: Vec<u32> = shots.values().map(|s| s.key).collect();
+    keys.sort_unstable();
+    keys.dedup();
+    anyhow::ensure!(
+        keys.len() == shots.len(),
+        "two distinct screenshots share a radix key (a 31-bit hash collision): rerun with another --seed"
+    );
+    Ok(out)
+}
+
 /// Starts llama.cpp's step server on the model's GGUF.
 fn start_llamacpp(
     a: &SessionArgs,
@@ -502,6 +606,7 @@ fn llama_judged(llm: &Llm, s: &llama::LlamaStep, reference: &[f32], asks: Option
         agree,
         answer,
         setup_ms: None,
+        images_encoded: None,
     })
 }
 

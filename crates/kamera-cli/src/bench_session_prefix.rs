@@ -1,36 +1,218 @@
 //! The radix cache's side of `kamera bench session`: its own layout (pages appended in visit
 //! order after the pinned prefix, the oldest half of the window dropped in one batch when it
 //! overflows, as llama.cpp's context shift does) and the radix trie of `bench_session_radix`
-//! holding real KV rows (`ChunkKv` cut from the model's `Context`).
+//! holding real KV rows (`ChunkKv` cut from the model's `Context`). A request is a list of
+//! pieces, text runs and screenshots; the trie keys text by its tokens and a screenshot by one
+//! key from its content hash (SGLang's radix cache pads image tokens with the image's hash the
+//! same way), so a screenshot is matched whole or not at all and its rows are never split.
 
+use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::Result;
-use kamera_model::{Context, Model};
+use anyhow::{Context as _, Result};
+use kamera_model::vision::RgbImage;
+use kamera_model::vl::Grid;
+use kamera_model::{Context, Input, Model};
 use kamera_ops::ChunkKv;
 
 use super::radix::{Payload, RadixTrie};
 
-impl Payload for ChunkKv {
-    fn bytes(&self) -> usize {
-        self.kv_bytes()
+/// A screenshot in a request: its pixels, its patch grid at the session's pixel budget, its
+/// chunk tokens (vision markers and pads) and the one trie key it is matched by.
+#[derive(Debug)]
+pub struct Screenshot {
+    pub key: u32,
+    pub image: RgbImage,
+    pub grid: Grid,
+    pub tokens: Vec<u32>,
+}
+
+/// Trie keys of screenshots have the top bit set: no text token id reaches it.
+const IMAGE_KEY: u32 = 1 << 31;
+
+impl Screenshot {
+    /// Decodes `png` and sizes it as the session does (`max_pixels`).
+    pub fn new(model: &Model, png: &[u8], max_pixels: usize) -> Result<Screenshot> {
+        let vision = model.vision().context("a screenshot needs a vision-language model")?;
+        let image = RgbImage::decode_png(png)?;
+        let grid = vision
+            .preprocess_config()
+            .clone()
+            .with_max_pixels(max_pixels)
+            .grid(image.height(), image.width())?;
+        let digest = kamera_agent::sha256_hex(png);
+        let key = IMAGE_KEY | (u32::from_str_radix(&digest[..8], 16)? & !IMAGE_KEY);
+        Ok(Screenshot {
+            key,
+            tokens: vision.chunk_tokens(grid),
+            image,
+            grid,
+        })
     }
-    fn split_off(&mut self, at: usize) -> Result<ChunkKv> {
-        let ctx = Context::from_chunk(self)?;
-        let tail = ctx.rows_chunk(at, self.n_tokens() - at)?;
-        *self = ctx.rows_chunk(0, at)?;
-        Ok(tail)
+}
+
+/// A run of a request: text tokens, or one screenshot.
+#[derive(Debug, Clone)]
+pub enum Piece {
+    Text(Vec<u32>),
+    Image(Arc<Screenshot>),
+}
+
+impl Piece {
+    /// Trie keys: a text run's tokens, a screenshot's one key.
+    fn keys(&self) -> usize {
+        match self {
+            Piece::Text(t) => t.len(),
+            Piece::Image(_) => 1,
+        }
+    }
+    /// Rows (tokens) in the model's context.
+    fn rows(&self) -> usize {
+        match self {
+            Piece::Text(t) => t.len(),
+            Piece::Image(s) => s.tokens.len(),
+        }
+    }
+    pub fn tokens(&self) -> &[u32] {
+        match self {
+            Piece::Text(t) => t,
+            Piece::Image(s) => &s.tokens,
+        }
+    }
+}
+
+/// The trie keys of `pieces`, in order.
+pub fn keys(pieces: &[Piece]) -> Vec<u32> {
+    let mut out = Vec::new();
+    for p in pieces {
+        match p {
+            Piece::Text(t) => out.extend(t),
+            Piece::Image(s) => out.push(s.key),
+        }
+    }
+    out
+}
+
+/// Context rows of the first `n` keys of `pieces`.
+fn rows_of(pieces: &[Piece], mut n: usize) -> usize {
+    let mut rows = 0;
+    for p in pieces {
+        let k = p.keys().min(n);
+        rows += if k == p.keys() { p.rows() } else { k };
+        n -= k;
+    }
+    rows
+}
+
+/// Appends `pieces` from key `from` on to `ctx` (which holds the rows of the keys before it):
+/// text by the model's prefill, each screenshot resized, run through the vision tower and
+/// prefilled at its 3-D positions. Returns the last token's logits.
+pub fn extend(model: &Model, pieces: &[Piece], from: usize, max_pixels: usize, ctx: &mut Context) -> Result<Vec<f32>> {
+    let mut logits = Vec::new();
+    let mut at = 0;
+    for p in pieces {
+        let (start, end) = (at, at + p.keys());
+        at = end;
+        if end <= from {
+            continue;
+        }
+        logits = match p {
+            Piece::Text(t) => model.extend(&t[from.saturating_sub(start)..], ctx)?.logits,
+            Piece::Image(s) => {
+                anyhow::ensure!(from <= start, "radix cache: a screenshot matched in part");
+                let vision = model.vision().context("a screenshot needs a vision-language model")?;
+                let (_, out) = vision.encode_image(&s.image, Some(max_pixels))?;
+                let x = vision.splice(&s.tokens, model.embed_tokens(&s.tokens)?, &[&out.embeds])?;
+                let rot = vision.chunk_positions(s.grid, ctx.rotary_end());
+                let n = s.tokens.len();
+                let out = model.extend_rotary(Input::Embeddings { data: &x, n }, &rot, ctx)?;
+                ctx.mark_span(n, vision.chunk_span(s.grid))?;
+                out.logits
+            }
+        };
+    }
+    anyhow::ensure!(!logits.is_empty(), "radix cache: nothing to prefill after key {from}");
+    Ok(logits)
+}
+
+/// A trie node's rows: runs of text rows, and whole screenshots' rows with their spans.
+pub struct Rows {
+    parts: Vec<(ChunkKv, Option<i64>)>,
+}
+
+impl Rows {
+    /// The rows of keys `a..b` of `pieces`, cut from `ctx` (which holds at least them).
+    fn cut(model: &Model, pieces: &[Piece], a: usize, b: usize, ctx: &Context) -> Result<Rows> {
+        let mut parts = Vec::new();
+        let (mut key, mut row) = (0, 0);
+        for p in pieces {
+            let (k0, k1) = (key.max(a), (key + p.keys()).min(b));
+            if k0 < k1 {
+                match p {
+                    Piece::Text(_) => parts.push((ctx.rows_chunk(row + k0 - key, k1 - k0)?, None)),
+                    Piece::Image(s) => {
+                        let span = model.vision().context("a vision-language model")?.chunk_span(s.grid);
+                        parts.push((ctx.rows_chunk(row, p.rows())?, Some(span)));
+                    }
+                }
+            }
+            key += p.keys();
+            row += p.rows();
+        }
+        Ok(Rows { parts })
+    }
+
+    /// Appends the rows to `ctx`.
+    fn push_into(&self, ctx: &mut Context) -> Result<()> {
+        for (kv, span) in &self.parts {
+            match span {
+                Some(s) => ctx.push_spanned(kv, *s)?,
+                None => ctx.push(kv)?,
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Payload for Rows {
+    fn bytes(&self) -> usize {
+        self.parts.iter().map(|p| p.0.kv_bytes()).sum()
+    }
+    /// Splits after `at` keys: a text run is cut between rows, a screenshot never.
+    fn split_off(&mut self, mut at: usize) -> Result<Rows> {
+        let mut i = 0;
+        while i < self.parts.len() {
+            let keys = if self.parts[i].1.is_some() {
+                1
+            } else {
+                self.parts[i].0.n_tokens()
+            };
+            if at < keys {
+                break;
+            }
+            at -= keys;
+            i += 1;
+        }
+        let mut tail = self.parts.split_off(i);
+        if at > 0 {
+            let (kv, span) = &mut tail[0];
+            anyhow::ensure!(span.is_none(), "radix split inside a screenshot");
+            let ctx = Context::from_chunk(kv)?;
+            self.parts.push((ctx.rows_chunk(0, at)?, None));
+            *kv = ctx.rows_chunk(at, kv.n_tokens() - at)?;
+        }
+        Ok(Rows { parts: tail })
     }
 }
 
 /// The pages a transcript-style agent keeps: the pinned prefix, then each page the first time it
 /// is seen (a page still in the list is not appended again: the layout that serves a prefix
-/// cache best). When a new page does not fit the window's page budget, the oldest pages are
-/// dropped in one batch freeing at least half of it.
+/// cache best). When a new page does not fit the window's page budget (in tokens, a
+/// screenshot's counted), the oldest pages are dropped in one batch freeing at least half of it.
 pub struct AppendLayout {
     prefix: Vec<u32>,
     budget: usize,
-    pages: Vec<(String, Vec<u32>)>,
+    pages: Vec<(String, Vec<Piece>)>,
 }
 
 /// What a visit did to the layout.
@@ -40,6 +222,10 @@ pub struct LayoutChange {
     pub hit: bool,
     /// Tokens dropped right after the pinned prefix (a context shift), if any.
     pub dropped: usize,
+}
+
+fn tokens_of(pieces: &[Piece]) -> usize {
+    pieces.iter().map(Piece::rows).sum()
 }
 
 impl AppendLayout {
@@ -55,39 +241,41 @@ impl AppendLayout {
         self.prefix.len()
     }
 
-    fn used(&self) -> usize {
-        self.pages.iter().map(|p| p.1.len()).sum()
+    fn used_after(&self, n: usize) -> usize {
+        self.pages[n..].iter().map(|p| tokens_of(&p.1)).sum()
     }
 
-    pub fn visit(&mut self, key: &str, tokens: &[u32]) -> LayoutChange {
+    pub fn visit(&mut self, key: &str, page: &[Piece]) -> LayoutChange {
         if self.pages.iter().any(|p| p.0 == key) {
             return LayoutChange { hit: true, dropped: 0 };
         }
+        let n = tokens_of(page);
         let mut dropped = 0;
-        if self.used() + tokens.len() > self.budget {
-            let mut n = 0;
-            while n < self.pages.len() && (dropped < self.budget / 2 || self.used_after(n) + tokens.len() > self.budget)
-            {
-                dropped += self.pages[n].1.len();
-                n += 1;
+        if self.used_after(0) + n > self.budget {
+            let mut k = 0;
+            while k < self.pages.len() && (dropped < self.budget / 2 || self.used_after(k) + n > self.budget) {
+                dropped += tokens_of(&self.pages[k].1);
+                k += 1;
             }
-            self.pages.drain(..n);
+            self.pages.drain(..k);
         }
-        self.pages.push((key.to_string(), tokens.to_vec()));
+        self.pages.push((key.to_string(), page.to_vec()));
         LayoutChange { hit: false, dropped }
     }
 
-    fn used_after(&self, n: usize) -> usize {
-        self.pages[n..].iter().map(|p| p.1.len()).sum()
-    }
-
     /// The prefix and the pages, in order.
-    pub fn tokens(&self) -> Vec<u32> {
-        let mut out = self.prefix.clone();
+    pub fn pieces(&self) -> Vec<Piece> {
+        let mut out = vec![Piece::Text(self.prefix.clone())];
         for p in &self.pages {
-            out.extend_from_slice(&p.1);
+            out.extend(p.1.iter().cloned());
         }
         out
+    }
+
+    /// The prefix's and the pages' tokens, in order.
+    #[cfg(test)]
+    fn tokens(&self) -> Vec<u32> {
+        self.pieces().iter().flat_map(|p| p.tokens().to_vec()).collect()
     }
 }
 
@@ -95,13 +283,16 @@ impl AppendLayout {
 /// request (reused in place when it holds the matched prefix, as a paged cache would; otherwise
 /// the matched rows are copied from the trie's nodes, counted in the time to first token).
 pub struct RadixCache {
-    pub trie: RadixTrie<ChunkKv>,
+    pub trie: RadixTrie<Rows>,
+    /// A screenshot's pixel budget (the session's).
+    max_pixels: usize,
     live: Option<(Vec<u32>, Context)>,
 }
 
 /// One request served by the radix cache.
 pub struct RadixRun {
     pub logits: Vec<f32>,
+    /// Tokens (context rows) reused and prefilled.
     pub reused: usize,
     pub prefilled: usize,
     pub ttft_ms: f64,
@@ -109,6 +300,8 @@ pub struct RadixRun {
     pub work_ms: f64,
     /// Of the time to first token, copying matched rows out of the trie.
     pub copy_ms: f64,
+    /// Screenshots run through the vision tower (those after the matched prefix).
+    pub images: usize,
 }
 
 fn ms(t: Instant) -> f64 {
@@ -116,65 +309,82 @@ fn ms(t: Instant) -> f64 {
 }
 
 impl RadixCache {
-    pub fn new(budget_bytes: usize) -> RadixCache {
+    pub fn new(budget_bytes: usize, max_pixels: usize) -> RadixCache {
         RadixCache {
             trie: RadixTrie::new(budget_bytes),
+            max_pixels,
             live: None,
         }
     }
 
-    pub fn run(&mut self, model: &Model, seq: &[u32]) -> Result<RadixRun> {
+    pub fn run(&mut self, model: &Model, request: &[Piece]) -> Result<RadixRun> {
+        let seq = keys(request);
         anyhow::ensure!(!seq.is_empty(), "radix cache: an empty request");
         let t0 = Instant::now();
-        let (matched, path) = self.trie.match_prefix(seq)?;
-        // At least the last token runs, for its logits.
+        let (matched, path) = self.trie.match_prefix(&seq)?;
+        // At least the last key runs, for its logits.
         let keep = matched.min(seq.len() - 1);
-        let lcp = |a: &[u32]| a.iter().zip(seq).take_while(|(x, y)| x == y).count();
+        let lcp = |a: &[u32]| a.iter().zip(&seq).take_while(|(x, y)| x == y).count();
         let mut copy_ms = 0.0;
         let mut ctx = match self.live.take() {
-            Some((toks, ctx)) if lcp(&toks) >= matched && ctx.len() >= matched => ctx,
+            Some((keys, ctx)) if lcp(&keys) >= matched && ctx.len() >= rows_of(request, matched) => ctx,
             _ => {
                 let tc = Instant::now();
                 let mut ctx = model.empty_context();
                 for p in self.trie.payloads(&path) {
-                    ctx.push(p)?;
+                    p.push_into(&mut ctx)?;
                 }
                 copy_ms = ms(tc);
                 ctx
             }
         };
-        ctx.truncate(keep);
-        let logits = model.extend(&seq[keep..], &mut ctx)?.logits;
+        let reused = rows_of(request, keep);
+        ctx.truncate(reused);
+        let logits = extend(model, request, keep, self.max_pixels, &mut ctx)?;
         let ttft_ms = ms(t0);
         self.trie
-            .insert(seq, matched, &path, |a, b| Ok(ctx.rows_chunk(a, b - a)?))?;
-        self.live = Some((seq.to_vec(), ctx));
+            .insert(&seq, matched, &path, |a, b| Rows::cut(model, request, a, b, &ctx))?;
+        let prefilled = ctx.len() - reused;
+        let mut key = 0;
+        let images = request
+            .iter()
+            .filter(|p| {
+                key += p.keys();
+                matches!(p, Piece::Image(_)) && key > keep
+            })
+            .count();
+        self.live = Some((seq, ctx));
         Ok(RadixRun {
             logits,
-            reused: keep,
-            prefilled: seq.len() - keep,
+            reused,
+            prefilled,
             ttft_ms,
             work_ms: ms(t0),
             copy_ms,
+            images,
         })
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::AppendLayout;
+    use super::{AppendLayout, Piece};
+
+    fn page(t: u32) -> [Piece; 1] {
+        [Piece::Text(vec![t; 3])]
+    }
 
     #[test]
     fn layout_appends_new_pages_and_drops_half_in_one_batch() {
         let mut l = AppendLayout::new(vec![0], 10);
-        assert!(!l.visit("a", &[1, 1, 1]).hit);
-        assert!(!l.visit("b", &[2, 2, 2]).hit);
-        assert!(l.visit("a", &[1, 1, 1]).hit);
-        assert_eq!(l.visit("c", &[3, 3, 3]).dropped, 0);
+        assert!(!l.visit("a", &page(1)).hit);
+        assert!(!l.visit("b", &page(2)).hit);
+        assert!(l.visit("a", &page(1)).hit);
+        assert_eq!(l.visit("c", &page(3)).dropped, 0);
         // 9 + 3 > 10: a and b go (6 >= 5 freed), c stays.
-        let ch = l.visit("d", &[4, 4, 4]);
+        let ch = l.visit("d", &page(4));
         assert_eq!((ch.hit, ch.dropped), (false, 6));
         assert_eq!(l.tokens(), vec![0, 3, 3, 3, 4, 4, 4]);
-        assert!(!l.visit("a", &[1, 1, 1]).hit, "a dropped page comes back at the end");
+        assert!(!l.visit("a", &page(1)).hit, "a dropped page comes back at the end");
     }
 }

@@ -78,6 +78,10 @@ impl Machine {
 #[derive(Debug, Clone, Serialize)]
 pub struct Params {
     pub model: String,
+    /// What the methods read of a page: text, screenshot or both.
+    pub observe: String,
+    /// Chromium's viewport (the screenshots' size before the resize).
+    pub viewport: String,
     pub window: usize,
     pub orders: usize,
     /// The patches the sessions form: `--rank R` (f32 factors) or the cost model's point.
@@ -106,6 +110,8 @@ pub struct Memory {
     pub kamera_store_bytes_end: usize,
     /// Kamera's window at its budget (pinned prefix + pages).
     pub kamera_window_bytes: usize,
+    /// The bench process's peak resident memory (every method runs in it, the model loaded once).
+    pub peak_rss_mb: f64,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -133,6 +139,8 @@ pub struct MethodSummary {
     /// Question steps answered with the site's true status.
     pub correct: Option<usize>,
     pub prefill_tokens: Option<usize>,
+    /// Screenshots run through the vision tower, over every step.
+    pub images_encoded: Option<usize>,
     /// This method / Kamera, same run.
     pub ttft_p50_vs_kamera: Option<f64>,
     pub work_mean_vs_kamera: Option<f64>,
@@ -184,6 +192,7 @@ fn method(name: &'static str, rows: &[StepRow], not_run: Option<&str>) -> Method
     let kls: Vec<f64> = steps.iter().map(|s| s.kl).collect();
     let own: Vec<f64> = steps.iter().filter_map(|s| s.kl_own_engine).collect();
     let prefill: Option<usize> = steps.iter().map(|s| s.prefill_tokens).sum();
+    let images: Option<usize> = steps.iter().map(|s| s.images_encoded).sum();
     MethodSummary {
         name,
         status: "run".into(),
@@ -205,6 +214,7 @@ fn method(name: &'static str, rows: &[StepRow], not_run: Option<&str>) -> Method
                 .count(),
         ),
         prefill_tokens: prefill,
+        images_encoded: images,
         ttft_p50_vs_kamera: None,
         work_mean_vs_kamera: None,
     }
@@ -276,8 +286,10 @@ pub fn markdown(s: &Summary) -> String {
     let p = &s.params;
     let _ = writeln!(
         m,
-        "`kamera bench session --model {} --steps {} --window {} --orders {} --seed {}` ({} patches; blind placements predicted at KL {:.1e} (recall) / {:.1e} (survivors) / {:.1e} (a question's read); {} question steps; {} threads on both engines)\n",
+        "`kamera bench session --model {} --observe {} --viewport {} --steps {} --window {} --orders {} --seed {}` ({} patches; blind placements predicted at KL {:.1e} (recall) / {:.1e} (survivors) / {:.1e} (a question's read); {} question steps; {} threads on both engines)\n",
         p.model,
+        p.observe,
+        p.viewport,
         s.steps,
         p.window,
         p.orders,
@@ -291,12 +303,12 @@ pub fn markdown(s: &Summary) -> String {
     );
     let _ = writeln!(
         m,
-        "| method | TTFT p50 [p25, p75] | TTFT p95 | work mean (TTFT + deferred) | TTFT p50 / kamera | work / kamera | tokens prefilled | KL to full re-prefill, mean / max | same choice as full | correct answers |"
+        "| method | TTFT p50 [p25, p75] | TTFT p95 | work mean (TTFT + deferred) | TTFT p50 / kamera | work / kamera | tokens prefilled | screenshots encoded | KL to full re-prefill, mean / max | same choice as full | correct answers |"
     );
-    let _ = writeln!(m, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(m, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for x in s.methods.iter().chain(&s.policies) {
         if x.status != "run" {
-            let _ = writeln!(m, "| {} | {} | | | | | | | | |", x.name, x.status);
+            let _ = writeln!(m, "| {} | {} | | | | | | | | | |", x.name, x.status);
             continue;
         }
         let own = x
@@ -305,7 +317,7 @@ pub fn markdown(s: &Summary) -> String {
             .unwrap_or_default();
         let _ = writeln!(
             m,
-            "| {} | {} ms [{}, {}] | {} ms | {} ms | {}x | {}x | {} | {} / {}{own} | {}% | {}/{} |",
+            "| {} | {} ms [{}, {}] | {} ms | {} ms | {}x | {}x | {} | {} | {} / {}{own} | {}% | {}/{} |",
             x.name,
             f(x.ttft_p50_ms, 0),
             f(x.ttft_p25_ms, 0),
@@ -315,6 +327,7 @@ pub fn markdown(s: &Summary) -> String {
             f(x.ttft_p50_vs_kamera, 2),
             f(x.work_mean_vs_kamera, 2),
             x.prefill_tokens.map_or("-".into(), |t| t.to_string()),
+            x.images_encoded.map_or("-".into(), |t| t.to_string()),
             e(x.mean_kl),
             e(x.max_kl),
             f(x.action_agreement.map(|a| 100.0 * a), 0),
@@ -363,8 +376,8 @@ pub fn markdown(s: &Summary) -> String {
     );
     let _ = writeln!(
         m,
-        "Machine: {}; load {} at the start, {} at the end; commit {}.",
-        s.machine.cpu, s.machine.loadavg_start, s.machine.loadavg_end, s.machine.commit
+        "Machine: {}; load {} at the start, {} at the end; commit {}; peak resident memory of the bench process {:.0} MB.",
+        s.machine.cpu, s.machine.loadavg_start, s.machine.loadavg_end, s.machine.commit, mem.peak_rss_mb
     );
     m
 }

@@ -56,17 +56,27 @@ pub fn walk(seed: u64, n: usize, orders: usize) -> Vec<WalkStep> {
     out
 }
 
-/// Observes every page of the walk once on real Chromium: the chunk text of each.
-pub async fn observe_pages(seed: u64, walk: &[WalkStep]) -> Result<Vec<String>> {
+/// A page as observed: its chunk text and its viewport screenshot (PNG).
+pub struct Page {
+    pub text: String,
+    pub png: Vec<u8>,
+}
+
+/// Observes every page of the walk once on real Chromium at a `viewport` of [width, height].
+pub async fn observe_pages(seed: u64, walk: &[WalkStep], viewport: [u32; 2]) -> Result<Vec<Page>> {
     let server = Server::start(Content::Memory(kamera_site::generate(seed))).await?;
     let origin = server.origin();
-    let mut browser =
-        ChromiumBrowser::launch(ChromiumConfig::new(Origins::new(std::slice::from_ref(&origin))?)).await?;
+    let mut cfg = ChromiumConfig::new(Origins::new(std::slice::from_ref(&origin))?);
+    [cfg.width, cfg.height] = viewport;
+    let mut browser = ChromiumBrowser::launch(cfg).await?;
     let mut out = Vec::new();
     for w in walk {
         browser.navigate(&server.url(&w.path)).await?;
         let obs = browser.observe().await?;
-        out.push(kamera_agent::chunk_text(&obs, &origin));
+        out.push(Page {
+            text: kamera_agent::chunk_text(&obs, &origin),
+            png: obs.screenshot_png,
+        });
     }
     browser.close().await?;
     Ok(out)

@@ -92,7 +92,7 @@ pub fn run(a: VisionArgs) -> Result<()> {
     if a.rounds < 3 {
         bail!("--rounds {}: at least 3 (medians and quartiles)", a.rounds);
     }
-    let size = crate::bench_reuse::parse_size(&a.image_size)?;
+    let size = crate::bench_reuse::parse_size("--image-size", &a.image_size)?;
     let machine = Machine::now();
     let path = crate::models::resolve(&a.model)?;
     let model = crate::models::load_with(&a.model, a.prefill_precision)?;

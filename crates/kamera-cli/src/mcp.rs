@@ -32,8 +32,8 @@ pub struct McpArgs {
     allow: Vec<String>,
     /// What the session reads of each observed page (text; screenshot or both need a
     /// vision-language model), and what the `observe` tool returns when a call names no mode.
-    #[arg(long, default_value = "text", value_parser = ["text", "screenshot", "both"])]
-    observe: String,
+    #[arg(long, default_value = "text")]
+    observe: Observe,
     /// Serve streamable HTTP at http://ADDR/mcp instead of stdio; ADDR on loopback
     /// (`127.0.0.1:PORT`, port 0 picks a free one; the address is printed on stderr).
     #[arg(long, value_name = "ADDR")]
@@ -55,11 +55,7 @@ pub fn run(a: McpArgs) -> Result<()> {
     {
         bail!("--http serves on loopback only: give 127.0.0.1:PORT or [::1]:PORT (got {addr})");
     }
-    let observe = match a.observe.as_str() {
-        "screenshot" => Observe::Screenshot,
-        "both" => Observe::Both,
-        _ => Observe::Text,
-    };
+    let observe = a.observe;
     crate::run::ensure_chromium()?;
     let model = load_model(&a.model)?;
     if observe.screenshot() && model.vision().is_none() {

@@ -101,3 +101,124 @@ fn bench_session_reports_every_method_and_the_front() {
     assert!(md.contains("Pareto front"), "{md}");
     assert!(md.contains("| kamera@kl1 |"), "{md}");
 }
+
+/// The tiny random-weight Qwen2.5-VL checkpoint kamera-model's parity tests use.
+fn tiny_vl() -> String {
+    format!(
+        "{}/../kamera-model/tests/golden/qwen25vl-tiny",
+        env!("CARGO_MANIFEST_DIR")
+    )
+}
+
+/// `--observe screenshot` on a tiny VLM: each page's 1280x720 screenshot is an image chunk. Kamera
+/// runs each distinct screenshot through the tower once; the full re-encode runs every
+/// screenshot in its window every step; the radix cache (screenshots keyed by content) is exact
+/// and encodes only what follows its match; on the steps that revisit a page Kamera's time to
+/// first token is below the full re-encode's.
+#[test]
+fn bench_session_on_screenshots() {
+    let dir = tempfile::tempdir().unwrap();
+    let tiny = tiny_vl();
+    let out = kamera(
+        &[],
+        &[
+            "bench",
+            "session",
+            "--model",
+            &tiny,
+            "--observe",
+            "screenshot",
+            "--steps",
+            "14",
+            "--window",
+            "600",
+            "--out",
+            dir.path().to_str().unwrap(),
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let j: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("session.json")).unwrap()).unwrap();
+    let s = &j["summary"];
+    assert_eq!(s["params"]["observe"], "screenshot");
+    let steps = j["steps"].as_array().unwrap();
+    let mut paths: Vec<&str> = steps.iter().map(|r| r["path"].as_str().unwrap()).collect();
+    paths.sort_unstable();
+    paths.dedup();
+    let m = |i: usize, f: &str| s["methods"][i][f].clone();
+    assert_eq!(
+        m(0, "images_encoded"),
+        paths.len(),
+        "Kamera encodes each distinct page's screenshot once"
+    );
+    let full_images: u64 = steps
+        .iter()
+        .map(|r| r["methods"]["full-reprefill"]["images_encoded"].as_u64().unwrap())
+        .sum();
+    assert_eq!(m(2, "images_encoded"), full_images);
+    assert!(
+        full_images >= steps.len() as u64,
+        "the full re-encode encodes at least the step's screenshot every step"
+    );
+    assert!(m(1, "images_encoded").as_u64().unwrap() <= steps.len() as u64);
+    assert!(
+        m(1, "max_kl").as_f64().unwrap() < 1e-9,
+        "the radix cache is exact: {}",
+        m(1, "max_kl")
+    );
+    assert_eq!(m(2, "mean_kl"), 0.0);
+    let k_kl = m(0, "max_kl").as_f64().unwrap();
+    assert!(
+        k_kl.is_finite() && k_kl < 0.05,
+        "Kamera's KL to the full re-encode: {k_kl}"
+    );
+    // Revisits (hit, recall): Kamera places stored KV, the full re-encode runs the tower.
+    let ttft = |r: &serde_json::Value, n: &str| r["methods"][n]["ttft_ms"].as_f64().unwrap();
+    let revisits: Vec<&serde_json::Value> = steps
+        .iter()
+        .filter(|r| matches!(r["visit"].as_str(), Some("hit" | "recall")))
+        .collect();
+    assert!(revisits.len() >= 4, "the walk revisits pages: {}", revisits.len());
+    let mut ratio: Vec<f64> = revisits
+        .iter()
+        .map(|r| ttft(r, "full-reprefill") / ttft(r, "kamera"))
+        .collect();
+    ratio.sort_by(f64::total_cmp);
+    assert!(
+        ratio[ratio.len() / 2] > 2.0,
+        "median revisit TTFT ratio full / kamera: {ratio:?}"
+    );
+    let md = std::fs::read_to_string(dir.path().join("session.md")).unwrap();
+    assert!(md.contains("--observe screenshot"), "{md}");
+    assert!(md.contains("screenshots encoded"), "{md}");
+
+    // Screenshots with llama.cpp: refused before any work, naming the flag.
+    let refused = kamera(
+        &[],
+        &[
+            "bench",
+            "session",
+            "--model",
+            &tiny,
+            "--observe",
+            "both",
+            "--against-llamacpp",
+        ],
+    );
+    assert!(!refused.status.success());
+    assert!(text(&refused).contains("--against-llamacpp"), "{}", text(&refused));
+    let refused = kamera(&[], &["bench", "session", "--observe", "screenshot"]);
+    assert!(!refused.status.success());
+    assert!(
+        text(&refused).contains("needs a vision-language model"),
+        "{}",
+        text(&refused)
+    );
+    let refused = kamera(&[], &["bench", "session", "--observe", "pixels"]);
+    assert!(!refused.status.success());
+    assert!(
+        text(&refused).contains("expected text, screenshot or both"),
+        "{}",
+        text(&refused)
+    );
+}

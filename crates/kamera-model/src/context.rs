@@ -187,6 +187,11 @@ impl Context {
         self.shifts.last().map_or(0, |s| s.1)
     }
 
+    /// Rotary position minus row position of row `row`.
+    fn shift_at(&self, row: usize) -> i64 {
+        self.shifts.iter().rev().find(|s| s.0 <= row).map_or(0, |s| s.1)
+    }
+
     /// Rotary position of the next token appended: [`Context::end`] unless the context holds a
     /// chunk pushed with [`Context::push_spanned`] whose span is not its token count.
     pub fn rotary_end(&self) -> i64 {
@@ -391,9 +396,10 @@ impl Context {
         self.rows_chunk(0, self.len)
     }
 
-    /// Rows `start..start + n` copied out as one chunk at position [`Context::offset`] + `start`
-    /// (a prefix cache keeps a run of tokens' KV this way and pushes it back with
-    /// [`Context::push`]). Errors when the rows are not all valid.
+    /// Rows `start..start + n` copied out as one chunk at the rotary position of row `start`
+    /// ([`Context::offset`] + `start`, shifted past any spanned chunk before it), so a prefix
+    /// cache can keep a run of tokens' KV this way and push it back with [`Context::push`] (or
+    /// [`Context::push_spanned`] for an image's rows). Errors when the rows are not all valid.
     pub fn rows_chunk(&self, start: usize, n: usize) -> Result<ChunkKv> {
         if start.checked_add(n).is_none_or(|end| end > self.len) {
             return Err(Error::Invalid {
@@ -427,7 +433,7 @@ impl Context {
             };
             layers.push(LayerKv { k, v });
         }
-        ChunkKv::new(self.layout, self.offset + start as i64, layers).ops("Context::rows_chunk")
+        ChunkKv::new(self.layout, self.offset + start as i64 + self.shift_at(start), layers).ops("Context::rows_chunk")
     }
 }
 
@@ -558,6 +564,32 @@ mod tests {
         let mut back = Context::from_chunk(&a).unwrap();
         back.push(&b).unwrap();
         assert_eq!(back.to_chunk().unwrap(), whole);
+        // After a spanned chunk (4 rows over 2 positions), rows carry their rotary positions:
+        // text, the image's rows, text after it, pushed back piece by piece.
+        let mut spanned = Context::from_chunk(&a).unwrap();
+        spanned.push_spanned(&ctx.rows_chunk(4, 4).unwrap(), 2).unwrap();
+        let tail = ChunkKv::new(
+            layout,
+            spanned.rotary_end(),
+            ctx.rows_chunk(8, 2).unwrap().layers().to_vec(),
+        )
+        .unwrap();
+        spanned.push(&tail).unwrap();
+        let (t, i, r) = (
+            spanned.rows_chunk(0, 4).unwrap(),
+            spanned.rows_chunk(4, 4).unwrap(),
+            spanned.rows_chunk(8, 2).unwrap(),
+        );
+        assert_eq!(
+            (t.offset(), i.offset(), r.offset()),
+            (5, 9, 11),
+            "rows after the image start at its span's end"
+        );
+        let mut rebuilt = Context::from_chunk(&t).unwrap();
+        rebuilt.push_spanned(&i, 2).unwrap();
+        rebuilt.push(&r).unwrap();
+        assert_eq!((rebuilt.len(), rebuilt.rotary_end()), (10, 13));
+        assert_eq!(rebuilt.rows_chunk(8, 2).unwrap(), r);
         assert!(ctx.rows_chunk(4, 7).is_err());
         assert!(ctx.rows_chunk(usize::MAX, 2).is_err());
     }

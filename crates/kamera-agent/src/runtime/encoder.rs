@@ -115,9 +115,9 @@ impl SessionEncoder {
     }
 
     /// What a prefill of `chunk` at rotary position `at` takes: the input embeddings (image
-    /// chunks: the tower's output spliced in, computed once) and, for M-RoPE models, the 3-D
-    /// rotary ids of its tokens.
-    fn chunk_input(&mut self, op: &'static str, chunk: &ChunkId, at: i64) -> Result<ChunkInput> {
+    /// chunks: the tower's output spliced in, computed once, or again when `fresh`) and, for
+    /// M-RoPE models, the 3-D rotary ids of its tokens.
+    fn chunk_input(&mut self, op: &'static str, chunk: &ChunkId, at: i64, fresh: bool) -> Result<ChunkInput> {
         let (n, image) = {
             let c = self.content_of(op, chunk)?;
             (c.tokens.len(), c.image.clone())
@@ -131,14 +131,20 @@ impl SessionEncoder {
             op,
             detail: "an image chunk needs a vision-language model".into(),
         })?;
-        let embeds = match img.embeds.get() {
+        let encoded;
+        let embeds = match img.embeds.get().filter(|_| !fresh) {
             Some(e) => e,
             None => {
                 let (_, out) = vision
                     .encode_image(&img.image, Some(self.image_max_pixels))
                     .map_err(model("vision tower"))?;
-                self.images_encoded += 1;
-                img.embeds.get_or_init(|| out.embeds)
+                if fresh {
+                    encoded = out.embeds;
+                    &encoded
+                } else {
+                    self.images_encoded += 1;
+                    img.embeds.get_or_init(|| out.embeds)
+                }
             }
         };
         let tokens = &self.content_of(op, chunk)?.tokens;
@@ -148,10 +154,40 @@ impl SessionEncoder {
         Ok((Some(x), Some(rot)))
     }
 
+    /// `chunks` prefilled from scratch in order from position 0, as an engine without reuse
+    /// does: each screenshot resized and run through the vision tower again (the embeddings
+    /// kept for reuse are not used, nor counted in `images_encoded`), each run of text in one
+    /// call. The live context is not touched. Returns the context, the tokens prefilled and the
+    /// images encoded.
+    pub fn reencode(&mut self, chunks: &[ChunkId]) -> Result<(Context, usize, usize)> {
+        let op = "re-encode";
+        let mut ctx = self.model.empty_context();
+        let mut text: Vec<u32> = Vec::new();
+        let (mut n_tokens, mut images) = (0, 0);
+        for id in chunks {
+            let c = self.content_of(op, id)?;
+            n_tokens += c.tokens.len();
+            if c.image.is_none() {
+                text.extend(&c.tokens);
+                continue;
+            }
+            if !text.is_empty() {
+                self.model.extend(&text, &mut ctx).map_err(model(op))?;
+                text.clear();
+            }
+            self.extend_into(op, id, &mut ctx, true)?;
+            images += 1;
+        }
+        if !text.is_empty() {
+            self.model.extend(&text, &mut ctx).map_err(model(op))?;
+        }
+        Ok((ctx, n_tokens, images))
+    }
+
     /// Prefills `chunk` alone at position 0 (its canonical KV); the live context is untouched.
     fn prefill_alone_kv(&mut self, op: &'static str, chunk: &ChunkId) -> Result<Prefill> {
         let empty = self.model.empty_context();
-        let (embeds, rot) = self.chunk_input(op, chunk, 0)?;
+        let (embeds, rot) = self.chunk_input(op, chunk, 0, false)?;
         let c = self.content_of(op, chunk)?;
         let input = match &embeds {
             Some(x) => Input::Embeddings {
@@ -171,19 +207,26 @@ impl SessionEncoder {
 
     /// Appends `chunk` to the live context in place (at its rotary end), recording its span.
     fn extend_chunk(&mut self, op: &'static str, chunk: &ChunkId) -> Result<Prefill> {
-        let at = self.ctx.rotary_end();
-        let (embeds, rot) = self.chunk_input(op, chunk, at)?;
+        let mut ctx = std::mem::replace(&mut self.ctx, self.model.empty_context());
+        let out = self.extend_into(op, chunk, &mut ctx, false);
+        self.ctx = ctx;
+        out
+    }
+
+    /// Appends `chunk` to `ctx` at its rotary end, recording its span (its image encoded again
+    /// when `fresh`).
+    fn extend_into(&mut self, op: &'static str, chunk: &ChunkId, ctx: &mut Context, fresh: bool) -> Result<Prefill> {
+        let at = ctx.rotary_end();
+        let (embeds, rot) = self.chunk_input(op, chunk, at, fresh)?;
         let tokens = self.content_of(op, chunk)?.tokens.clone();
         let n = tokens.len();
         let span = self.span(chunk, n);
         let out = match (&embeds, rot) {
-            (Some(x), Some(rot)) => self
-                .model
-                .extend_rotary(Input::Embeddings { data: x, n }, &rot, &mut self.ctx),
-            _ => self.model.extend(&tokens, &mut self.ctx),
+            (Some(x), Some(rot)) => self.model.extend_rotary(Input::Embeddings { data: x, n }, &rot, ctx),
+            _ => self.model.extend(&tokens, ctx),
         }
         .map_err(model(op))?;
-        self.ctx.mark_span(n, span).map_err(model(op))?;
+        ctx.mark_span(n, span).map_err(model(op))?;
         Ok(out)
     }
 
@@ -238,7 +281,7 @@ impl SessionEncoder {
     }
 
     /// Puts back the prompt rows kept for the window the context now holds, if any (and if they
-    /// start where it ends: rows kept over a window with images are not put back).
+    /// start where it ends).
     fn bring_prompt_back(&mut self) -> Result<()> {
         let Some((tokens, kv)) = self.prompt_rows.take(layout_key(&self.ctx_chunks)) else {
             return Ok(());

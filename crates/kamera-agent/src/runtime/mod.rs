@@ -9,6 +9,7 @@ pub(crate) mod prompt_rows;
 mod relevance;
 mod session;
 
+pub use no_reuse::Reencoded;
 pub use pages::{Block, CHUNK_TOKENS_MAX, ObservedPage, split_page};
 pub use prompt_rows::PROMPT_ROWS_TOKENS;
 pub use relevance::Relevance;

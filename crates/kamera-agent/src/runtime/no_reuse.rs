@@ -8,7 +8,7 @@ use std::time::Instant;
 use kamera_sched::{Plan, Visit};
 use kamera_store::ChunkId;
 
-use crate::error::{Error, Result, model};
+use crate::error::Result;
 use crate::runtime::session::{Applied, ApplyTimings, Session};
 
 impl Session {
@@ -30,33 +30,39 @@ impl Session {
         })
     }
 
-    /// The window's context prefilled from scratch: every token of every chunk in the window,
-    /// at positions from 0, as a full re-prefill does.
+    /// The window's context encoded from scratch: every token of every chunk in the window, at
+    /// positions from 0, each screenshot through the vision tower again, as an engine without
+    /// reuse does.
     pub(crate) fn context_no_reuse(&mut self) -> Result<&mut kamera_model::Context> {
-        if self.window.slots().iter().any(|s| {
-            self.exec
-                .encoder()
-                .content
-                .get(&s.chunk)
-                .is_some_and(|c| c.image.is_some())
-        }) {
-            return Err(Error::Runtime {
-                op: "Session::context (no reuse)",
-                detail: "the no-reuse baseline prefills text chunks only; this window holds a screenshot".into(),
-            });
-        }
-        let tokens = self.window_tokens();
         let t = Instant::now();
-        let mut ctx = self.model.empty_context();
-        if !tokens.is_empty() {
-            self.model.extend(&tokens, &mut ctx).map_err(model("prefill"))?;
-        }
-        self.stats.prefill_tokens += tokens.len();
+        let w = self.reencode_window()?;
+        self.stats.prefill_tokens += w.tokens;
+        self.stats.images_encoded += w.images;
         tracing::debug!(
-            tokens = tokens.len(),
+            tokens = w.tokens,
+            images = w.images,
             ms = crate::ms(t),
-            "no reuse: window re-prefilled"
+            "no reuse: window re-encoded"
         );
-        Ok(self.exec.encoder_mut().replace_context(ctx))
+        Ok(self.exec.encoder_mut().replace_context(w.ctx))
     }
+
+    /// The window encoded from scratch, as the no-reuse baseline's context is (and `kamera bench
+    /// session`'s full re-encode): each text token prefilled and each screenshot resized and run
+    /// through the vision tower again, at positions from 0. Neither the live context nor the
+    /// session's counters are touched.
+    pub fn reencode_window(&mut self) -> Result<Reencoded> {
+        let chunks = self.window_chunks();
+        let (ctx, tokens, images) = self.exec.encoder_mut().reencode(&chunks)?;
+        Ok(Reencoded { ctx, tokens, images })
+    }
+}
+
+/// A window encoded from scratch ([`Session::reencode_window`]).
+pub struct Reencoded {
+    pub ctx: kamera_model::Context,
+    /// Tokens prefilled.
+    pub tokens: usize,
+    /// Screenshots run through the vision tower.
+    pub images: usize,
 }

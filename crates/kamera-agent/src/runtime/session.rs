@@ -435,6 +435,11 @@ impl Session {
         Ok(())
     }
 
+    /// The window's chunks in order.
+    pub fn window_chunks(&self) -> Vec<ChunkId> {
+        self.window.slots().iter().map(|s| s.chunk).collect()
+    }
+
     /// The tokens of the window's chunks in order (what a full re-prefill would run).
     pub fn window_tokens(&self) -> Vec<u32> {
         self.window
