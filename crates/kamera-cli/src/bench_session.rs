@@ -82,6 +82,10 @@ pub struct SessionArgs {
     /// window, every distinct page once and `PROMPT_ROWS_TOKENS` prompt rows), fixed at its start.
     #[arg(long)]
     radix_bytes: Option<usize>,
+    /// MB of vision-tower outputs the radix cache keeps by screenshot (SGLang's
+    /// `SGLANG_VLM_CACHE_SIZE_MB`, whose default is 100), apart from its KV budget.
+    #[arg(long, default_value_t = 100)]
+    radix_tower_mb: usize,
     /// Also run llama.cpp (prompt cache, context shift) through scripts/bench_session_llamacpp.py
     /// (text models: `--observe text`).
     #[arg(long)]
@@ -340,7 +344,9 @@ pub fn run(a: SessionArgs) -> Result<()> {
     let budget = a
         .radix_bytes
         .unwrap_or(kv_per_token * (a.window + pinned.len() + page_tokens + kamera_agent::PROMPT_ROWS_TOKENS));
-    let mut radix = prefix::RadixCache::new(a.radix_bytes.unwrap_or(0), max_pixels);
+    let mut radix = prefix::RadixCache::new(a.radix_bytes.unwrap_or(0), a.radix_tower_mb << 20, max_pixels);
+    // The references' tower outputs (untimed; one image's are the same every time).
+    let mut reference_tower = prefix::TowerCache::new(usize::MAX);
     let mut held = HeldBytes::default();
     // The longest sequence either layout sends: the pinned prefix, a full window and a prompt.
     let n_ctx = pinned.len() + a.window + 256;
@@ -391,7 +397,14 @@ pub fn run(a: SessionArgs) -> Result<()> {
             // Tokens alone name a sequence only without screenshots (one grid's pads are alike).
             _ if !a.observe.screenshot() && rseq == seq => f_logits.clone(),
             Some((keys, logits)) if *keys == rkeys => logits.clone(),
-            _ => prefix::extend(&model, &request, 0, max_pixels, &mut model.empty_context())?,
+            _ => prefix::extend(
+                &model,
+                &request,
+                0,
+                max_pixels,
+                &mut reference_tower,
+                &mut model.empty_context(),
+            )?,
         };
         radix_reference = Some((rkeys, rf_logits.clone()));
         let mut methods = BTreeMap::new();
@@ -491,6 +504,9 @@ pub fn run(a: SessionArgs) -> Result<()> {
         llamacpp_cache_bytes: budget,
         radix_peak_note: "the trie's bytes never exceed the budget after a request; each method also holds one live context",
         radix_bytes_end: radix.trie.bytes(),
+        radix_tower_budget_bytes: a.radix_tower_mb << 20,
+        radix_tower_encoded: radix.tower.encoded,
+        radix_tower_hits: radix.tower.hits,
         kamera_store_bytes_end: held.store_bytes(),
         kamera_window_bytes: kv_per_token * (a.window + transcript.prefix_len()),
         peak_rss_mb: crate::bench::proc_status_mb("VmHWM"),

@@ -4,7 +4,10 @@
 //! holding real KV rows (`ChunkKv` cut from the model's `Context`). A request is a list of
 //! pieces, text runs and screenshots; the trie keys text by its tokens and a screenshot by one
 //! key from its content hash (SGLang's radix cache pads image tokens with the image's hash the
-//! same way), so a screenshot is matched whole or not at all and its rows are never split.
+//! same way), so a screenshot is matched whole or not at all and its rows are never split. Like
+//! SGLang's `MultiModalCache`, it keeps the vision tower's outputs by image, least recently used
+//! out first past a byte budget (SGLang's default: 100 MB), so a screenshot whose rows were
+//! evicted is prefilled again without the tower.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -104,10 +107,66 @@ fn rows_of(pieces: &[Piece], mut n: usize) -> usize {
     rows
 }
 
+/// The vision tower's outputs by screenshot key, least recently used out first past a budget of
+/// bytes (f32 embeddings).
+pub struct TowerCache {
+    budget: usize,
+    clock: u64,
+    held: std::collections::HashMap<u32, (u64, Arc<Vec<f32>>)>,
+    /// Screenshots run through the tower, and those served from the cache.
+    pub encoded: usize,
+    pub hits: usize,
+}
+
+impl TowerCache {
+    pub fn new(budget_bytes: usize) -> TowerCache {
+        TowerCache {
+            budget: budget_bytes,
+            clock: 0,
+            held: Default::default(),
+            encoded: 0,
+            hits: 0,
+        }
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.held.values().map(|e| 4 * e.1.len()).sum()
+    }
+
+    /// `s`'s tower output: from the cache, or resized and encoded (then kept within the budget).
+    fn embeds(&mut self, model: &Model, s: &Screenshot, max_pixels: usize) -> Result<Arc<Vec<f32>>> {
+        self.clock += 1;
+        if let Some(e) = self.held.get_mut(&s.key) {
+            e.0 = self.clock;
+            self.hits += 1;
+            return Ok(e.1.clone());
+        }
+        let vision = model.vision().context("a screenshot needs a vision-language model")?;
+        let (_, out) = vision.encode_image(&s.image, Some(max_pixels))?;
+        self.encoded += 1;
+        let e = Arc::new(out.embeds);
+        self.held.insert(s.key, (self.clock, e.clone()));
+        while self.bytes() > self.budget {
+            let Some((&k, _)) = self.held.iter().min_by_key(|(_, v)| v.0) else {
+                break;
+            };
+            self.held.remove(&k);
+        }
+        Ok(e)
+    }
+}
+
 /// Appends `pieces` from key `from` on to `ctx` (which holds the rows of the keys before it):
-/// text by the model's prefill, each screenshot resized, run through the vision tower and
-/// prefilled at its 3-D positions. Returns the last token's logits.
-pub fn extend(model: &Model, pieces: &[Piece], from: usize, max_pixels: usize, ctx: &mut Context) -> Result<Vec<f32>> {
+/// text by the model's prefill, each screenshot's tower output (from `tower`, or resized and
+/// encoded) prefilled at its 3-D positions. Returns the last token's logits.
+pub fn extend(
+    model: &Model,
+    pieces: &[Piece],
+    from: usize,
+    max_pixels: usize,
+    tower: &mut TowerCache,
+    ctx: &mut Context,
+) -> Result<Vec<f32>> {
     let mut logits = Vec::new();
     let mut at = 0;
     for p in pieces {
@@ -121,8 +180,8 @@ pub fn extend(model: &Model, pieces: &[Piece], from: usize, max_pixels: usize, c
             Piece::Image(s) => {
                 anyhow::ensure!(from <= start, "radix cache: a screenshot matched in part");
                 let vision = model.vision().context("a screenshot needs a vision-language model")?;
-                let (_, out) = vision.encode_image(&s.image, Some(max_pixels))?;
-                let x = vision.splice(&s.tokens, model.embed_tokens(&s.tokens)?, &[&out.embeds])?;
+                let embeds = tower.embeds(model, s, max_pixels)?;
+                let x = vision.splice(&s.tokens, model.embed_tokens(&s.tokens)?, &[embeds.as_slice()])?;
                 let rot = vision.chunk_positions(s.grid, ctx.rotary_end());
                 let n = s.tokens.len();
                 let out = model.extend_rotary(Input::Embeddings { data: &x, n }, &rot, ctx)?;
@@ -284,6 +343,7 @@ impl AppendLayout {
 /// the matched rows are copied from the trie's nodes, counted in the time to first token).
 pub struct RadixCache {
     pub trie: RadixTrie<Rows>,
+    pub tower: TowerCache,
     /// A screenshot's pixel budget (the session's).
     max_pixels: usize,
     live: Option<(Vec<u32>, Context)>,
@@ -300,7 +360,8 @@ pub struct RadixRun {
     pub work_ms: f64,
     /// Of the time to first token, copying matched rows out of the trie.
     pub copy_ms: f64,
-    /// Screenshots run through the vision tower (those after the matched prefix).
+    /// Screenshots run through the vision tower (after the matched prefix, not in the tower's
+    /// cache).
     pub images: usize,
 }
 
@@ -309,9 +370,10 @@ fn ms(t: Instant) -> f64 {
 }
 
 impl RadixCache {
-    pub fn new(budget_bytes: usize, max_pixels: usize) -> RadixCache {
+    pub fn new(budget_bytes: usize, tower_bytes: usize, max_pixels: usize) -> RadixCache {
         RadixCache {
             trie: RadixTrie::new(budget_bytes),
+            tower: TowerCache::new(tower_bytes),
             max_pixels,
             live: None,
         }
@@ -340,19 +402,13 @@ impl RadixCache {
         };
         let reused = rows_of(request, keep);
         ctx.truncate(reused);
-        let logits = extend(model, request, keep, self.max_pixels, &mut ctx)?;
+        let encoded = self.tower.encoded;
+        let logits = extend(model, request, keep, self.max_pixels, &mut self.tower, &mut ctx)?;
         let ttft_ms = ms(t0);
         self.trie
             .insert(&seq, matched, &path, |a, b| Rows::cut(model, request, a, b, &ctx))?;
         let prefilled = ctx.len() - reused;
-        let mut key = 0;
-        let images = request
-            .iter()
-            .filter(|p| {
-                key += p.keys();
-                matches!(p, Piece::Image(_)) && key > keep
-            })
-            .count();
+        let images = self.tower.encoded - encoded;
         self.live = Some((seq, ctx));
         Ok(RadixRun {
             logits,

@@ -106,6 +106,11 @@ pub struct Memory {
     /// The RAM given to llama.cpp's prompt cache.
     pub llamacpp_cache_bytes: usize,
     pub radix_bytes_end: usize,
+    /// The radix cache's cache of vision-tower outputs (SGLang's `MultiModalCache`): its budget,
+    /// screenshots encoded and served from it.
+    pub radix_tower_budget_bytes: usize,
+    pub radix_tower_encoded: usize,
+    pub radix_tower_hits: usize,
     /// Kamera's store (canonical KV and patches of every page met) at the end.
     pub kamera_store_bytes_end: usize,
     /// Kamera's window at its budget (pinned prefix + pages).
@@ -374,6 +379,15 @@ pub fn markdown(s: &Summary) -> String {
         mem.kamera_store_bytes_end as f64 / 1e6,
         mem.kamera_window_bytes as f64 / 1e6,
     );
+    if p.observe != "text" {
+        let _ = writeln!(
+            m,
+            "Radix cache's tower outputs (SGLang's MultiModalCache, {:.0} MB): {} screenshots encoded, {} served from it.",
+            mem.radix_tower_budget_bytes as f64 / (1 << 20) as f64,
+            mem.radix_tower_encoded,
+            mem.radix_tower_hits,
+        );
+    }
     let _ = writeln!(
         m,
         "Machine: {}; load {} at the start, {} at the end; commit {}; peak resident memory of the bench process {:.0} MB.",
