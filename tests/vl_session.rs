@@ -66,6 +66,18 @@ fn compare_images(s: &mut Session, m: &Model, images_in_window: &[RgbImage], que
     Ok(full.iter().zip(&ours).fold(0f32, |a, (x, y)| a.max((x - y).abs())) / scale)
 }
 
+/// A session over `m` with `cfg` and an in-memory store, the system line pinned.
+fn tiny_session(m: &Arc<Model>, cfg: SessionConfig) -> Result<Session> {
+    let mut s = Session::new(
+        m.clone(),
+        Arc::new(kamera_store::MemStore::new()),
+        Box::new(CpuBackend),
+        cfg,
+    );
+    s.pin("<|im_start|>system\nYou read web pages.<|im_end|>\n")?;
+    Ok(s)
+}
+
 #[test]
 fn screenshots_are_encoded_once_relocated_and_recalled() -> Result<()> {
     let m = Arc::new(Model::load(&golden().join("qwen25vl-tiny"))?);
@@ -159,13 +171,7 @@ fn a_screenshot_over_the_budget_becomes_bands_of_image_chunks() -> Result<()> {
         screenshot_tiles: 4,
         ..SessionConfig::default()
     };
-    let mut s = Session::new(
-        m.clone(),
-        Arc::new(kamera_store::MemStore::new()),
-        Box::new(CpuBackend),
-        cfg,
-    );
-    s.pin("<|im_start|>system\nYou read web pages.<|im_end|>\n")?;
+    let mut s = tiny_session(&m, cfg)?;
     // img2 is 400 x 300: 120,000 pixels over a budget of 12,544; four bands of 84 rows (whole
     // 28-pixel rows), the last 48.
     let shot = s.observe_screenshot(&png("img2")?)?;
@@ -212,13 +218,7 @@ fn the_no_reuse_baseline_re_encodes_screenshots_every_read() -> Result<()> {
         reuse: false,
         ..SessionConfig::default()
     };
-    let mut s = Session::new(
-        m.clone(),
-        Arc::new(kamera_store::MemStore::new()),
-        Box::new(CpuBackend),
-        cfg,
-    );
-    s.pin("<|im_start|>system\nYou read web pages.<|im_end|>\n")?;
+    let mut s = tiny_session(&m, cfg)?;
     s.observe_image(&png("img0")?)?;
     s.observe_image(&png("img1")?)?;
     let q = "<|im_start|>user\nWhere is the order?<|im_end|>\n";
@@ -247,13 +247,7 @@ fn prompt_rows_after_a_screenshot_come_back_with_its_layout() -> Result<()> {
         image_max_pixels: 28 * 28 * 16,
         ..SessionConfig::default()
     };
-    let mut s = Session::new(
-        m.clone(),
-        Arc::new(kamera_store::MemStore::new()),
-        Box::new(CpuBackend),
-        cfg,
-    );
-    s.pin("<|im_start|>system\nYou read web pages.<|im_end|>\n")?;
+    let mut s = tiny_session(&m, cfg)?;
     let q = m
         .tokenizer()
         .encode("<|im_start|>user\nWhere is the order?<|im_end|>\n")?;
