@@ -118,9 +118,7 @@ pub fn run(
         ctx.truncate(base);
         let p = kamera_model::vision::preprocess(&image, &cfg)?;
         let o = vision.encode(&p.pixel_values, grid)?;
-        let x = vision.splice(&ids, model.embed_tokens(&ids)?, &[&o.embeds])?;
-        model.extend_rotary(Input::Embeddings { data: &x, n: ids.len() }, &rot(at), &mut ctx)?;
-        ctx.mark_span(ids.len(), span)?;
+        model.extend_image(grid, &o.embeds, &mut ctx)?;
         Ok(model.extend(&q_ids, &mut ctx)?)
     })?;
     let encode = preprocess_ms + tower_ms + prefill_ms;

@@ -15,7 +15,7 @@ use std::time::Instant;
 use anyhow::{Context as _, Result};
 use kamera_model::vision::RgbImage;
 use kamera_model::vl::Grid;
-use kamera_model::{Context, Input, Model};
+use kamera_model::{Context, Model};
 use kamera_ops::ChunkKv;
 
 use super::radix::{Payload, RadixTrie};
@@ -28,6 +28,8 @@ pub struct Screenshot {
     pub image: RgbImage,
     pub grid: Grid,
     pub tokens: Vec<u32>,
+    /// Positions the chunk spans.
+    pub span: i64,
 }
 
 /// Trie keys of screenshots have the top bit set: no text token id reaches it.
@@ -48,6 +50,7 @@ impl Screenshot {
         Ok(Screenshot {
             key,
             tokens: vision.chunk_tokens(grid),
+            span: vision.chunk_span(grid),
             image,
             grid,
         })
@@ -111,6 +114,7 @@ fn rows_of(pieces: &[Piece], mut n: usize) -> usize {
 /// bytes (f32 embeddings).
 pub struct TowerCache {
     budget: usize,
+    bytes: usize,
     clock: u64,
     held: std::collections::HashMap<u32, (u64, Arc<Vec<f32>>)>,
     /// Screenshots run through the tower, and those served from the cache.
@@ -122,15 +126,12 @@ impl TowerCache {
     pub fn new(budget_bytes: usize) -> TowerCache {
         TowerCache {
             budget: budget_bytes,
+            bytes: 0,
             clock: 0,
             held: Default::default(),
             encoded: 0,
             hits: 0,
         }
-    }
-
-    pub fn bytes(&self) -> usize {
-        self.held.values().map(|e| 4 * e.1.len()).sum()
     }
 
     /// `s`'s tower output: from the cache, or resized and encoded (then kept within the budget).
@@ -145,12 +146,15 @@ impl TowerCache {
         let (_, out) = vision.encode_image(&s.image, Some(max_pixels))?;
         self.encoded += 1;
         let e = Arc::new(out.embeds);
+        self.bytes += 4 * e.len();
         self.held.insert(s.key, (self.clock, e.clone()));
-        while self.bytes() > self.budget {
+        while self.bytes > self.budget {
             let Some((&k, _)) = self.held.iter().min_by_key(|(_, v)| v.0) else {
                 break;
             };
-            self.held.remove(&k);
+            if let Some((_, gone)) = self.held.remove(&k) {
+                self.bytes -= 4 * gone.len();
+            }
         }
         Ok(e)
     }
@@ -179,14 +183,8 @@ pub fn extend(
             Piece::Text(t) => model.extend(&t[from.saturating_sub(start)..], ctx)?.logits,
             Piece::Image(s) => {
                 anyhow::ensure!(from <= start, "radix cache: a screenshot matched in part");
-                let vision = model.vision().context("a screenshot needs a vision-language model")?;
                 let embeds = tower.embeds(model, s, max_pixels)?;
-                let x = vision.splice(&s.tokens, model.embed_tokens(&s.tokens)?, &[embeds.as_slice()])?;
-                let rot = vision.chunk_positions(s.grid, ctx.rotary_end());
-                let n = s.tokens.len();
-                let out = model.extend_rotary(Input::Embeddings { data: &x, n }, &rot, ctx)?;
-                ctx.mark_span(n, vision.chunk_span(s.grid))?;
-                out.logits
+                model.extend_image(s.grid, &embeds, ctx)?.logits
             }
         };
     }
@@ -201,7 +199,7 @@ pub struct Rows {
 
 impl Rows {
     /// The rows of keys `a..b` of `pieces`, cut from `ctx` (which holds at least them).
-    fn cut(model: &Model, pieces: &[Piece], a: usize, b: usize, ctx: &Context) -> Result<Rows> {
+    fn cut(pieces: &[Piece], a: usize, b: usize, ctx: &Context) -> Result<Rows> {
         let mut parts = Vec::new();
         let (mut key, mut row) = (0, 0);
         for p in pieces {
@@ -209,10 +207,7 @@ impl Rows {
             if k0 < k1 {
                 match p {
                     Piece::Text(_) => parts.push((ctx.rows_chunk(row + k0 - key, k1 - k0)?, None)),
-                    Piece::Image(s) => {
-                        let span = model.vision().context("a vision-language model")?.chunk_span(s.grid);
-                        parts.push((ctx.rows_chunk(row, p.rows())?, Some(span)));
-                    }
+                    Piece::Image(s) => parts.push((ctx.rows_chunk(row, p.rows())?, Some(s.span))),
                 }
             }
             key += p.keys();
@@ -406,7 +401,7 @@ impl RadixCache {
         let logits = extend(model, request, keep, self.max_pixels, &mut self.tower, &mut ctx)?;
         let ttft_ms = ms(t0);
         self.trie
-            .insert(&seq, matched, &path, |a, b| Rows::cut(model, request, a, b, &ctx))?;
+            .insert(&seq, matched, &path, |a, b| Rows::cut(request, a, b, &ctx))?;
         let prefilled = ctx.len() - reused;
         let images = self.tower.encoded - encoded;
         self.live = Some((seq, ctx));

@@ -360,6 +360,24 @@ impl Model {
         self.extend_with(input, Some(rotary), context)
     }
 
+    /// Appends one image chunk (`<|vision_start|>`, its merged tokens, `<|vision_end|>`) of patch
+    /// grid `grid` to `context` at its rotary end: the tower's output `embeds` spliced into the
+    /// chunk's token embeddings, prefilled at the image's 3-D rotary ids, its span recorded so
+    /// what follows rotates from its end.
+    pub fn extend_image(&self, grid: crate::vl::Grid, embeds: &[f32], context: &mut Context) -> Result<Prefill> {
+        let vision = self.vision().ok_or_else(|| Error::Invalid {
+            op: "Model::extend_image",
+            detail: "an image chunk needs a vision-language model".into(),
+        })?;
+        let tokens = vision.chunk_tokens(grid);
+        let n = tokens.len();
+        let x = vision.splice(&tokens, self.embed_tokens(&tokens)?, &[embeds])?;
+        let rot = vision.chunk_positions(grid, context.rotary_end());
+        let out = self.extend_rotary(Input::Embeddings { data: &x, n }, &rot, context)?;
+        context.mark_span(n, vision.chunk_span(grid))?;
+        Ok(out)
+    }
+
     fn extend_with(&self, input: Input<'_>, rotary: Option<&[[i64; 3]]>, context: &mut Context) -> Result<Prefill> {
         const OP: &str = "Model::extend";
         self.check_layout(OP, context)?;

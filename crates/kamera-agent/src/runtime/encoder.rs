@@ -6,6 +6,7 @@
 //! call's prompt rows ([`crate::Live`]) while the window does not change, and sets them aside
 //! per window layout when it does ([`PromptRows`]).
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
@@ -114,10 +115,30 @@ impl SessionEncoder {
         })
     }
 
+    /// An image chunk's tower output: computed once and kept (counted in `images_encoded`), or
+    /// computed again and not kept when `fresh`.
+    fn tower_output<'a>(&mut self, img: &'a ImageContent, fresh: bool) -> Result<Cow<'a, [f32]>> {
+        if !fresh && let Some(e) = img.embeds.get() {
+            return Ok(Cow::Borrowed(e));
+        }
+        let vision = self.model.vision().ok_or_else(|| Error::Runtime {
+            op: "vision tower",
+            detail: "an image chunk needs a vision-language model".into(),
+        })?;
+        let (_, out) = vision
+            .encode_image(&img.image, Some(self.image_max_pixels))
+            .map_err(model("vision tower"))?;
+        if fresh {
+            return Ok(Cow::Owned(out.embeds));
+        }
+        self.images_encoded += 1;
+        Ok(Cow::Borrowed(img.embeds.get_or_init(|| out.embeds)))
+    }
+
     /// What a prefill of `chunk` at rotary position `at` takes: the input embeddings (image
-    /// chunks: the tower's output spliced in, computed once, or again when `fresh`) and, for
-    /// M-RoPE models, the 3-D rotary ids of its tokens.
-    fn chunk_input(&mut self, op: &'static str, chunk: &ChunkId, at: i64, fresh: bool) -> Result<ChunkInput> {
+    /// chunks: the tower's output spliced in, computed once) and, for M-RoPE models, the 3-D
+    /// rotary ids of its tokens.
+    fn chunk_input(&mut self, op: &'static str, chunk: &ChunkId, at: i64) -> Result<ChunkInput> {
         let (n, image) = {
             let c = self.content_of(op, chunk)?;
             (c.tokens.len(), c.image.clone())
@@ -127,29 +148,14 @@ impl SessionEncoder {
             let rot = mrope.then(|| (0..n as i64).map(|i| [at + i; 3]).collect());
             return Ok((None, rot));
         };
+        let embeds = self.tower_output(img, false)?;
         let vision = self.model.vision().ok_or_else(|| Error::Runtime {
             op,
             detail: "an image chunk needs a vision-language model".into(),
         })?;
-        let encoded;
-        let embeds = match img.embeds.get().filter(|_| !fresh) {
-            Some(e) => e,
-            None => {
-                let (_, out) = vision
-                    .encode_image(&img.image, Some(self.image_max_pixels))
-                    .map_err(model("vision tower"))?;
-                if fresh {
-                    encoded = out.embeds;
-                    &encoded
-                } else {
-                    self.images_encoded += 1;
-                    img.embeds.get_or_init(|| out.embeds)
-                }
-            }
-        };
         let tokens = &self.content_of(op, chunk)?.tokens;
         let x = self.model.embed_tokens(tokens).map_err(model(op))?;
-        let x = vision.splice(tokens, x, &[embeds]).map_err(model(op))?;
+        let x = vision.splice(tokens, x, &[&embeds]).map_err(model(op))?;
         let rot = vision.chunk_positions(img.grid, at);
         Ok((Some(x), Some(rot)))
     }
@@ -187,7 +193,7 @@ impl SessionEncoder {
     /// Prefills `chunk` alone at position 0 (its canonical KV); the live context is untouched.
     fn prefill_alone_kv(&mut self, op: &'static str, chunk: &ChunkId) -> Result<Prefill> {
         let empty = self.model.empty_context();
-        let (embeds, rot) = self.chunk_input(op, chunk, 0, false)?;
+        let (embeds, rot) = self.chunk_input(op, chunk, 0)?;
         let c = self.content_of(op, chunk)?;
         let input = match &embeds {
             Some(x) => Input::Embeddings {
@@ -213,21 +219,19 @@ impl SessionEncoder {
         out
     }
 
-    /// Appends `chunk` to `ctx` at its rotary end, recording its span (its image encoded again
-    /// when `fresh`).
+    /// Appends `chunk` to `ctx` at its rotary end (an image with its span: what follows
+    /// rotates from its end), its image encoded again when `fresh`.
     fn extend_into(&mut self, op: &'static str, chunk: &ChunkId, ctx: &mut Context, fresh: bool) -> Result<Prefill> {
-        let at = ctx.rotary_end();
-        let (embeds, rot) = self.chunk_input(op, chunk, at, fresh)?;
-        let tokens = self.content_of(op, chunk)?.tokens.clone();
-        let n = tokens.len();
-        let span = self.span(chunk, n);
-        let out = match (&embeds, rot) {
-            (Some(x), Some(rot)) => self.model.extend_rotary(Input::Embeddings { data: x, n }, &rot, ctx),
-            _ => self.model.extend(&tokens, ctx),
+        let c = self.content_of(op, chunk)?;
+        let (tokens, image) = (c.tokens.clone(), c.image.clone());
+        match &image {
+            Some(img) => {
+                let embeds = self.tower_output(img, fresh)?;
+                self.model.extend_image(img.grid, &embeds, ctx)
+            }
+            None => self.model.extend(&tokens, ctx),
         }
-        .map_err(model(op))?;
-        ctx.mark_span(n, span).map_err(model(op))?;
-        Ok(out)
+        .map_err(model(op))
     }
 
     /// Makes the live context hold exactly `prior`'s chunks: rows of the longest unchanged run
