@@ -315,6 +315,15 @@ pub fn memory(model: &Model, m: &ModelArgs) -> serde_json::Value {
     })
 }
 
+/// This process's command line as a report prints it: `kamera` and the arguments as given.
+pub fn command_line() -> String {
+    std::env::args()
+        .enumerate()
+        .map(|(i, s)| if i == 0 { "kamera".to_string() } else { s })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// A `kB` line of /proc/self/status in MB (NaN where there is none).
 pub fn proc_status_mb(key: &str) -> f64 {
     proc_kb("/proc/self/status", key).map_or(f64::NAN, |kb| kb / 1024.0)

@@ -122,10 +122,7 @@ impl Report {
             .map(|g| g.decoding.clone())
             .collect();
         Report {
-            command: std::env::args()
-                .map(|s| s.rsplit('/').next().unwrap_or(&s).to_string())
-                .collect::<Vec<_>>()
-                .join(" "),
+            command: crate::bench::command_line(),
             date: utc_now(),
             cores: std::thread::available_parallelism().map_or(0, |n| n.get()),
             load_start,

@@ -512,6 +512,7 @@ pub fn run(a: SessionArgs) -> Result<()> {
         peak_rss_mb: crate::bench::proc_status_mb("VmHWM"),
     };
     let params = report::Params {
+        command: crate::bench::command_line(),
         model: a.model.clone(),
         observe: a.observe.to_string(),
         viewport: a.viewport.clone(),

@@ -77,6 +77,8 @@ impl Machine {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Params {
+    /// The command that made the report, every flag as given.
+    pub command: String,
     pub model: String,
     /// What the methods read of a page: text, screenshot or both.
     pub observe: String,
@@ -291,8 +293,8 @@ pub fn markdown(s: &Summary) -> String {
     let p = &s.params;
     let _ = writeln!(
         m,
-        "`kamera bench session --model {} --observe {} --viewport {} --steps {} --window {} --orders {} --seed {}` ({} patches; blind placements predicted at KL {:.1e} (recall) / {:.1e} (survivors) / {:.1e} (a question's read); {} question steps; {} threads on both engines)\n",
-        p.model,
+        "`{}` (observe {}, viewport {}, {} steps, window {}, {} orders, seed {}; {} patches; blind placements predicted at KL {:.1e} (recall) / {:.1e} (survivors) / {:.1e} (a question's read); {} question steps; {} threads on both engines)\n",
+        p.command,
         p.observe,
         p.viewport,
         s.steps,

@@ -113,8 +113,13 @@ impl SafeDir {
                 detail: format!("tensor {name}: expected shape {shape:?}, found {:?}", view.shape()),
             });
         }
-        let t = self.st.load(name, &Device::Cpu).ctx("load safetensors")?;
-        t.to_dtype(DType::F32).ctx("load safetensors")
+        let t = self
+            .st
+            .load(name, &Device::Cpu)
+            .and_then(|t| t.to_dtype(DType::F32))
+            .ctx("load safetensors")?;
+        release(view.data());
+        Ok(t)
     }
 
     /// sha256 over every shard (in name order), hex.
@@ -125,6 +130,24 @@ impl SafeDir {
             std::io::copy(&mut file, &mut h).map_err(io("hash safetensors", f))?;
         }
         Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+    }
+}
+
+/// Hands a copied tensor's mapped pages back to the kernel (they are read again from the file if
+/// touched): the pages of a checkpoint being loaded would otherwise count in the process's
+/// resident memory beside the weights made from them (a 3B bf16 checkpoint: 7.5 GB more).
+fn release(bytes: &[u8]) {
+    #[cfg(unix)]
+    {
+        // SAFETY: the range lies in a read-only file mapping that stays mapped (widened to whole
+        // pages, which are file-backed too); MADV_DONTNEED on such a mapping only drops pages,
+        // later reads fault them in from the file unchanged. Failure is harmless (pages stay).
+        unsafe {
+            let page = libc::sysconf(libc::_SC_PAGESIZE).max(4096) as usize;
+            let start = bytes.as_ptr() as usize / page * page;
+            let end = (bytes.as_ptr() as usize + bytes.len()).next_multiple_of(page);
+            libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED);
+        }
     }
 }
 

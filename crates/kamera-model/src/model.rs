@@ -539,7 +539,7 @@ impl Model {
     }
 
     /// Resident bytes of the weights as held (quantized matrices as their codes, scales and
-    /// offsets; everything else f32), and the block types kept quantized with their bytes.
+    /// offsets; bf16 matrices in bf16; everything else f32), and the block types kept quantized with their bytes.
     pub fn weight_bytes(&self) -> WeightBytes {
         if let Some(mla) = &self.mla {
             let b = mla.weight_bytes();
@@ -554,7 +554,8 @@ impl Model {
 
     /// Sets how prefills of 32 tokens or more multiply by the weights (f32 by default): a
     /// GGUF's quantized weights keep their codes; a Hugging Face checkpoint's dense matrices (text
-    /// and tower) are held in bf16 (rounded) or f32. An error names what is missing when this CPU
+    /// and tower) go on the bf16 tiles (f32 ones rounded) or multiply in f32 (a bf16 checkpoint's
+    /// matrices stay bf16 either way: half the bytes, the f32 products). An error names what is missing when this CPU
     /// cannot run `p`.
     pub fn set_prefill_precision(&mut self, p: crate::PrefillPrecision) -> Result<()> {
         check_precision(p)?;

@@ -378,9 +378,9 @@ impl QMatrix {
     }
 }
 
-/// A linear layer's weight `[out, in]`: dense f32 (safetensors, f32/f16 GGUF tensors and block
-/// types without a repacking), dense bf16 (safetensors with the bf16 prefill precision) or
-/// quantized.
+/// A linear layer's weight `[out, in]`: dense f32 (f32 safetensors, f32/f16 GGUF tensors and
+/// block types without a repacking), dense bf16 (bf16 safetensors, or any with the bf16 prefill
+/// precision) or quantized.
 #[derive(Debug)]
 pub(crate) enum Linear {
     Dense(Tensor),
@@ -398,16 +398,21 @@ impl Linear {
         }
     }
 
-    /// A dense weight for the given prefill precision: bf16 where it asks for it and the kernel
-    /// takes the matrix (else f32).
+    /// A dense weight for the given prefill precision: rounded to bf16 on the tiles where it
+    /// asks for bf16 and the kernel takes the matrix; else held in bf16 exactly where every
+    /// value is one (a bf16 checkpoint: half the bytes, the same products), else f32.
     pub fn dense(w: Tensor, precision: PrefillPrecision) -> Result<Linear> {
+        const OP: &str = "Linear::dense";
+        let (rows, cols) = w.dims2().ctx(OP)?;
         if precision == PrefillPrecision::Bf16 {
-            let (rows, cols) = w.dims2().ctx("Linear::dense")?;
-            if let Some(m) = with_f32(&w, "Linear::dense", |d| Bf16Matrix::from_f32(d, rows, cols))? {
+            if let Some(m) = with_f32(&w, OP, |d| Bf16Matrix::from_f32(d, rows, cols))? {
                 return Ok(Linear::Bf16(m));
             }
         }
-        Ok(Linear::Dense(w))
+        Ok(match with_f32(&w, OP, |d| Bf16Matrix::exact(d, rows, cols))? {
+            Some(m) => Linear::Bf16(m),
+            None => Linear::Dense(w),
+        })
     }
 
     /// `x @ wᵀ` for `x: [n, in]`: one row on the codes, up to [`rows::max_rows`] rows by
@@ -479,40 +484,36 @@ impl Linear {
         }
     }
 
-    /// The arithmetic of this weight's long products (dense weights: f32).
+    /// The arithmetic of this weight's long products (dense f32 weights, and bf16 ones off the
+    /// tiles: f32).
     pub fn precision(&self) -> PrefillPrecision {
         match self {
             Linear::Quant(q) => q.precision,
-            Linear::Bf16(_) => PrefillPrecision::Bf16,
-            Linear::Dense(_) => PrefillPrecision::F32,
+            Linear::Bf16(m) if m.tiles() => PrefillPrecision::Bf16,
+            Linear::Bf16(_) | Linear::Dense(_) => PrefillPrecision::F32,
         }
     }
 
-    /// Sets the arithmetic of this weight's long products; whether it took it. With `dense`, a
-    /// dense weight becomes bf16 (rounded, half the bytes) or f32 again (the bf16 values,
-    /// exactly); one the bf16 kernel does not take (odd columns) stays f32. Without, dense
-    /// weights stay as they are (f32 takes, bf16 does not).
+    /// Sets the arithmetic of this weight's long products; whether it took it. With `dense`, an
+    /// f32 weight becomes bf16 (rounded, half the bytes) on the tiles; a bf16 weight moves on or
+    /// off the tiles, its values as they are (off: f32 products of the bf16 values, exactly);
+    /// one the bf16 kernel does not take (odd columns) stays f32. Without, dense weights stay
+    /// as they are (f32 takes, bf16 does not).
     pub fn set_precision(&mut self, p: PrefillPrecision, dense: bool) -> Result<bool> {
-        Ok(match (&mut *self, p) {
-            (Linear::Dense(_), PrefillPrecision::Bf16) if !dense => false,
-            (Linear::Quant(q), _) => {
+        let tiles = p == PrefillPrecision::Bf16;
+        Ok(match self {
+            Linear::Quant(q) => {
                 q.precision = p;
                 true
             }
-            (Linear::Dense(w), PrefillPrecision::Bf16) => {
+            Linear::Bf16(m) if tiles && !dense => m.tiles(),
+            Linear::Bf16(m) => m.set_tiles(tiles),
+            Linear::Dense(_) if tiles && !dense => false,
+            Linear::Dense(w) if tiles => {
                 *self = Linear::dense(w.clone(), p)?;
-                matches!(self, Linear::Bf16(_))
+                matches!(self, Linear::Bf16(m) if m.tiles())
             }
-            (Linear::Bf16(m), PrefillPrecision::F32) => {
-                let (rows, cols) = (m.rows, m.cols);
-                *self = Linear::Dense(
-                    Tensor::from_vec(m.to_f32(), (rows, cols), &candle_core::Device::Cpu)
-                        .ctx("Linear::set_precision")?,
-                );
-                true
-            }
-            (Linear::Bf16(_), PrefillPrecision::Bf16) => true,
-            (Linear::Dense(_), PrefillPrecision::F32) => true,
+            Linear::Dense(_) => true,
         })
     }
 

@@ -1,5 +1,5 @@
-//! Loading a Qwen2.5-VL directory: bf16 weights in one model.safetensors load and agree with the
-//! f32 sharded checkpoint; a missing or mis-shaped tensor is an error naming it and the shapes.
+//! Loading a Qwen2.5-VL directory: bf16 weights in one model.safetensors load, are held in bf16
+//! and agree with the f32 sharded checkpoint; a missing or mis-shaped tensor is an error naming it and the shapes.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -55,6 +55,15 @@ fn bf16_weights_load_and_agree() -> Result<()> {
     println!("bf16 vs f32 weights: last-position logits rel. diff {err:.2e}");
     assert_eq!(argmax(&la), argmax(&lb));
     assert!(err < 0.05 && err > 0.0, "{err}");
+    // A bf16 checkpoint's matrices stay bf16 at the f32 precision (exact values, f32 products).
+    let (fa, fb) = (a.weight_bytes(), b.weight_bytes());
+    assert_eq!(b.prefill_precision(), kamera_model::PrefillPrecision::F32);
+    assert!(
+        fb.total * 10 < fa.total * 6,
+        "bf16 checkpoint held in {} bytes, the f32 one in {}",
+        fb.total,
+        fa.total
+    );
     std::fs::remove_dir_all(dir)?;
     Ok(())
 }

@@ -1,8 +1,15 @@
 //! Dense weights held in bf16 (a Hugging Face checkpoint's own type): half the bytes of f32.
-//! Products of 2+ input rows run on AMX where the CPU has it (the weight rows are AMX's A
-//! operand as they lie, the input is packed instead; `amx::dense`), else on the AVX512_BF16
-//! tiles of `bf16.rs` (the rows transposed into tiles per product); one-row products are dot
-//! products over the pairs. Used with the bf16 prefill precision.
+//! Two kinds of arithmetic on the same storage:
+//! - *tiles* (the bf16 prefill precision, AVX512_BF16 only): products of 2+ input rows run on
+//!   AMX where the CPU has it (the weight rows are AMX's A operand as they lie, the input is
+//!   packed instead; `amx::dense`), else on the AVX512_BF16 tiles of `bf16.rs` (the rows
+//!   transposed into tiles per product), the input rounded to bf16 too;
+//! - *f32* (any CPU; a checkpoint stored in bf16 is held so, exactly, whatever the precision):
+//!   panels of rows widened to f32 into the f32 GEMM (`matmul::panels`), the input unrounded,
+//!   so the products equal those of the f32 matrix.
+//!
+//! One-row products are dot products over the pairs in f32 either way (AVX2 where the CPU has
+//! it).
 
 use rayon::prelude::*;
 
@@ -21,33 +28,73 @@ pub(crate) struct Bf16Matrix {
     pub cols: usize,
     stride: usize,
     pairs: Aligned<u32>,
+    /// Products of 2+ rows on the bf16 tiles (the input rounded to bf16), else in f32.
+    tiles: bool,
 }
 
 impl Bf16Matrix {
-    /// `w` (`rows · cols` f32, row-major) rounded to bf16 (nearest even); `None` where the bf16
-    /// kernel does not take it (an odd column count, or a CPU without AVX512_BF16).
+    /// `w` (`rows · cols` f32, row-major) rounded to bf16 (nearest even), multiplied on the
+    /// tiles; `None` where the bf16 kernel does not take it (an odd column count, or a CPU
+    /// without AVX512_BF16).
     pub fn from_f32(w: &[f32], rows: usize, cols: usize) -> Option<Bf16Matrix> {
         if cols % 2 != 0 || w.len() != rows * cols || !super::PrefillPrecision::Bf16.available() {
             return None;
         }
+        let mut m = Bf16Matrix::zeroed(rows, cols, true);
+        let stride = m.stride;
+        #[cfg(target_arch = "x86_64")]
+        m.pairs
+            .par_chunks_mut(stride)
+            .zip(w.par_chunks(cols))
+            .for_each(|(o, r)| super::bf16::round_pairs(r, &mut o[..cols / 2]));
+        Some(m)
+    }
+
+    /// `w` held in bf16 without rounding, multiplied in f32 (any CPU): `None` unless every value
+    /// is a bf16 (a checkpoint stored in bf16, widened on load) and the column count even.
+    pub fn exact(w: &[f32], rows: usize, cols: usize) -> Option<Bf16Matrix> {
+        if cols % 2 != 0 || w.len() != rows * cols || w.par_iter().any(|v| v.to_bits() & 0xffff != 0) {
+            return None;
+        }
+        let mut m = Bf16Matrix::zeroed(rows, cols, false);
+        let stride = m.stride;
+        m.pairs
+            .par_chunks_mut(stride)
+            .zip(w.par_chunks(cols))
+            .for_each(|(o, r)| {
+                for (p, v) in o.iter_mut().zip(r.chunks_exact(2)) {
+                    *p = (v[0].to_bits() >> 16) | (v[1].to_bits() & 0xffff_0000);
+                }
+            });
+        Some(m)
+    }
+
+    fn zeroed(rows: usize, cols: usize, tiles: bool) -> Bf16Matrix {
         let mut stride = (cols / 2).next_multiple_of(PAIR_BLOCK);
         // Rows a multiple of 4 KiB apart would all fall in one L1 set: one tile load's 16 rows
         // would evict each other.
         if stride % 1024 == 0 {
             stride += PAIR_BLOCK;
         }
-        let mut pairs = Aligned::zeroed(rows.next_multiple_of(ROW_BLOCK) * stride);
-        #[cfg(target_arch = "x86_64")]
-        pairs
-            .par_chunks_mut(stride)
-            .zip(w.par_chunks(cols))
-            .for_each(|(o, r)| super::bf16::round_pairs(r, &mut o[..cols / 2]));
-        Some(Bf16Matrix {
+        Bf16Matrix {
             rows,
             cols,
             stride,
-            pairs,
-        })
+            pairs: Aligned::zeroed(rows.next_multiple_of(ROW_BLOCK) * stride),
+            tiles,
+        }
+    }
+
+    /// Whether products of 2+ rows run on the bf16 tiles.
+    pub fn tiles(&self) -> bool {
+        self.tiles
+    }
+
+    /// Multiplies on the bf16 tiles (`true`, where the CPU has AVX512_BF16: whether it took it)
+    /// or in f32 from now on; the stored values stay as they are.
+    pub fn set_tiles(&mut self, tiles: bool) -> bool {
+        self.tiles = tiles && super::PrefillPrecision::Bf16.available();
+        self.tiles == tiles
     }
 
     /// Resident bytes.
@@ -77,6 +124,16 @@ impl Bf16Matrix {
 
     /// Rows `r0..r0 + out.len()` of `W x` for one input row, on the calling thread (decode).
     pub fn rows_into(&self, x: &[f32], r0: usize, out: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if super::avx2::available() {
+            let lanes = avx2::lane_order(x);
+            for (i, o) in out.iter_mut().enumerate() {
+                // SAFETY: AVX2 and FMA checked; the row holds `cols / 2` pairs, `lanes` and `x`
+                // `cols` values.
+                *o = unsafe { avx2::dot(self.row(r0 + i), &lanes, x) };
+            }
+            return;
+        }
         for (i, o) in out.iter_mut().enumerate() {
             // Eight partial sums, so the loop vectorizes.
             let mut acc = [0f32; 8];
@@ -91,8 +148,9 @@ impl Bf16Matrix {
         }
     }
 
-    /// `y = x Wᵀ` for `x: [n, cols]`: one row as dot products over the pool, more on AMX or
-    /// the bf16 tiles (the input rounded to bf16 too).
+    /// `y = x Wᵀ` for `x: [n, cols]`: one row as dot products over the pool; more on AMX or
+    /// the bf16 tiles (the input rounded to bf16 too) when [`Bf16Matrix::tiles`], else on f32
+    /// panels.
     #[cfg(test)]
     pub fn forward(&self, x: &[f32], n: usize, y: &mut [f32]) {
         self.forward_into(x, n, y, Epilogue::default());
@@ -107,7 +165,7 @@ impl Bf16Matrix {
             "Bf16Matrix::forward shapes"
         );
         #[cfg(target_arch = "x86_64")]
-        if n > 1 && super::amx::available() {
+        if n > 1 && self.tiles && super::amx::available() {
             super::amx::dense(&self.pairs, (self.rows, self.cols, self.stride), x, n, y, then);
             return;
         }
@@ -117,6 +175,8 @@ impl Bf16Matrix {
             y.par_chunks_mut(chunk)
                 .enumerate()
                 .for_each(|(c, out)| self.rows_into(x, c * chunk, out));
+        } else if !self.tiles {
+            super::matmul::panels((self.rows, self.cols), x, n, y, |r, row| self.row_into(r, row));
         } else {
             #[cfg(target_arch = "x86_64")]
             {
@@ -129,6 +189,53 @@ impl Bf16Matrix {
             unreachable!("a Bf16Matrix exists only where the bf16 kernel runs");
         }
         then.apply(y, self.rows, prev.as_deref());
+    }
+}
+
+/// The one-row products on AVX2 + FMA: eight pairs at a time, their even and odd columns
+/// widened by a shift and a mask, multiplied by the input in the same lane order.
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    /// `x` in the order the kernel reads it: per 16 values, the 8 even columns then the 8 odd.
+    pub fn lane_order(x: &[f32]) -> Vec<f32> {
+        let mut out = vec![0f32; x.len() / 16 * 16];
+        for (o, c) in out.chunks_exact_mut(16).zip(x.chunks_exact(16)) {
+            for i in 0..8 {
+                o[i] = c[2 * i];
+                o[8 + i] = c[2 * i + 1];
+            }
+        }
+        out
+    }
+
+    /// `Σ w·x` over one row's pairs; `lanes` = [`lane_order`] of `x` (the tail past its
+    /// whole blocks read from `x`).
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn dot(pairs: &[u32], lanes: &[f32], x: &[f32]) -> f32 {
+        let blocks = lanes.len() / 16;
+        unsafe {
+            let (mut ae, mut ao) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            let mask = _mm256_set1_epi32(0xffff_0000u32 as i32);
+            for b in 0..blocks {
+                let p = _mm256_loadu_si256(pairs.as_ptr().add(8 * b) as *const __m256i);
+                let even = _mm256_castsi256_ps(_mm256_slli_epi32(p, 16));
+                let odd = _mm256_castsi256_ps(_mm256_and_si256(p, mask));
+                ae = _mm256_fmadd_ps(even, _mm256_loadu_ps(lanes.as_ptr().add(16 * b)), ae);
+                ao = _mm256_fmadd_ps(odd, _mm256_loadu_ps(lanes.as_ptr().add(16 * b + 8)), ao);
+            }
+            let s = _mm256_add_ps(ae, ao);
+            let q = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+            let q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+            let q = _mm_add_ss(q, _mm_shuffle_ps(q, q, 1));
+            let mut sum = _mm_cvtss_f32(q);
+            for (i, &p) in pairs.iter().enumerate().skip(8 * blocks) {
+                let (a, b) = super::unpack(p);
+                sum += a * x[2 * i] + b * x[2 * i + 1];
+            }
+            sum
+        }
     }
 }
 
@@ -246,6 +353,65 @@ mod tests {
             Bf16Matrix::from_f32(&weights(4, 5), 4, 5).is_none(),
             "odd columns refused"
         );
+    }
+
+    /// `weights` rounded to bf16: what a bf16 checkpoint holds.
+    fn bf16_weights(rows: usize, cols: usize) -> Vec<f32> {
+        weights(rows, cols)
+            .iter()
+            .map(|v| f32::from_bits(v.to_bits() & 0xffff_0000))
+            .collect()
+    }
+
+    #[test]
+    fn exact_bf16_weights_multiply_like_their_f32_matrix_on_every_cpu() {
+        // Columns not a multiple of 16 (the dot's tail), 1 to 300 input rows (dots, panels).
+        for &(rows, cols) in &[(50, 64), (97, 1710), (3, 38), (130, 92)] {
+            let w = bf16_weights(rows, cols);
+            let m = Bf16Matrix::exact(&w, rows, cols).expect("every value is a bf16");
+            assert!(!m.tiles(), "exact matrices multiply in f32");
+            assert_eq!(m.to_f32(), w, "held without rounding");
+            for n in [1, 2, 9, 40, 300] {
+                let x: Vec<f32> = (0..n * cols).map(|i| ((i % 17) as f32 - 8.0) / 8.0 + 0.01).collect();
+                let mut y = vec![0f32; n * rows];
+                m.forward(&x, n, &mut y);
+                for i in 0..n {
+                    for j in 0..rows {
+                        let want: f64 = (0..cols).map(|k| w[j * cols + k] as f64 * x[i * cols + k] as f64).sum();
+                        let got = y[i * rows + j] as f64;
+                        assert!(
+                            (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                            "{rows}x{cols}, n {n}, [{i}, {j}]: {got} vs {want}"
+                        );
+                    }
+                }
+            }
+            // Bias and residual on the panels' path.
+            let n = 17;
+            let x: Vec<f32> = (0..n * cols).map(|i| ((i % 13) as f32 - 6.0) / 6.0).collect();
+            let bias: Vec<f32> = (0..rows).map(|j| j as f32 * 0.01 - 0.3).collect();
+            let mut plain = vec![0f32; n * rows];
+            m.forward(&x, n, &mut plain);
+            let y0: Vec<f32> = (0..n * rows).map(|i| (i % 7) as f32).collect();
+            let mut y = y0.clone();
+            m.forward_into(
+                &x,
+                n,
+                &mut y,
+                Epilogue {
+                    bias: Some(&bias),
+                    add: true,
+                },
+            );
+            for (i, &v) in y.iter().enumerate() {
+                let want = y0[i] + plain[i] + bias[i % rows];
+                assert!((v - want).abs() <= 1e-5 * (1.0 + want.abs()), "{rows}x{cols} at {i}: {v} vs {want}");
+            }
+        }
+        let mut w = bf16_weights(4, 6);
+        w[5] = 0.1;
+        assert!(Bf16Matrix::exact(&w, 4, 6).is_none(), "a value that is not a bf16 is refused");
+        assert!(Bf16Matrix::exact(&bf16_weights(4, 5), 4, 5).is_none(), "odd columns refused");
     }
 
     /// Speed probe (`cargo test --release -p kamera-model dense_speed -- --ignored --nocapture`):

@@ -1,6 +1,6 @@
-//! Prefill products on quantized weights: panels of rows dequantized into a cache-sized f32
-//! buffer, each multiplied by the `gemm` crate's f32 kernels straight into the output, panels
-//! over the rayon pool.
+//! Prefill products on weights not held in f32 (quantized codes, or bf16 multiplied in f32):
+//! panels of rows widened into a cache-sized f32 buffer, each multiplied by the `gemm` crate's
+//! f32 kernels straight into the output, panels over the rayon pool.
 
 use rayon::prelude::*;
 
@@ -13,7 +13,17 @@ const PANEL_VALUES: usize = 1 << 18;
 /// each thread dequantizes its own panel and multiplies it on its own, so no GEMM waits for
 /// the other core.
 pub(crate) fn matmul(q: &QMatrix, x: &[f32], n: usize, y: &mut [f32]) {
-    let (rows, cols) = (q.rows, q.cols);
+    panels((q.rows, q.cols), x, n, y, |r, row| q.dequantize_row(r, row));
+}
+
+/// [`matmul`] for any weight of `rows x cols` whose row `r` `widen` writes in f32.
+pub(crate) fn panels(
+    (rows, cols): (usize, usize),
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+    widen: impl Fn(usize, &mut [f32]) + Sync,
+) {
     assert_eq!((x.len(), y.len()), (n * cols, n * rows), "matmul shapes");
     let threads = rayon::current_num_threads().max(1);
     // Enough panels for every thread, each small enough to stay in L2 while the GEMM reads it.
@@ -26,7 +36,7 @@ pub(crate) fn matmul(q: &QMatrix, x: &[f32], n: usize, y: &mut [f32]) {
             let r0 = p * panel_rows;
             let pr = panel_rows.min(rows - r0);
             for (i, row) in panel[..pr * cols].chunks_exact_mut(cols).enumerate() {
-                q.dequantize_row(r0 + i, row);
+                widen(r0 + i, row);
             }
             // SAFETY: dst is the n x pr block of y at column r0 (row stride `rows`), written by
             // this task alone; lhs is x (n x cols), rhs is the panel read as its transpose

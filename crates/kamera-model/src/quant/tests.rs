@@ -569,3 +569,32 @@ fn decode_rows_speed() {
         );
     }
 }
+
+#[test]
+fn a_bf16_checkpoints_matrices_are_held_in_bf16_at_either_precision() {
+    use super::PrefillPrecision;
+    // Whole padding blocks (rows a multiple of 32, pairs of 16), so the bytes are exactly half.
+    let (rows, cols) = (64, 64);
+    let exact: Vec<f32> = random(rows, cols, 3)
+        .iter()
+        .map(|v| f32::from_bits(v.to_bits() & 0xffff_0000))
+        .collect();
+    let t = |w: &[f32]| Tensor::from_slice(w, (rows, cols), &Device::Cpu).unwrap();
+    let mut lin = Linear::dense(t(&exact), PrefillPrecision::F32).unwrap();
+    assert!(matches!(lin, Linear::Bf16(_)), "bf16 values are held in bf16");
+    assert_eq!(lin.precision(), PrefillPrecision::F32, "and multiplied in f32");
+    assert_eq!(lin.bytes(), rows * cols * 2, "half the bytes of f32");
+    assert_eq!(lin.to_f32().unwrap(), exact, "without rounding");
+    let x = Tensor::from_vec(random(5, cols, 4), (5, cols), &Device::Cpu).unwrap();
+    let want = x.matmul(&t(&exact).t().unwrap()).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    assert!(max_rel(&lin.forward_vec(&x).unwrap(), &want) < 1e-6, "the f32 matrix's products");
+    // On the tiles and back, where the CPU has them: the values stay.
+    let took = lin.set_precision(PrefillPrecision::Bf16, true).unwrap();
+    assert_eq!(took, PrefillPrecision::Bf16.available());
+    assert!(lin.set_precision(PrefillPrecision::F32, true).unwrap());
+    assert_eq!(lin.precision(), PrefillPrecision::F32);
+    assert_eq!(lin.to_f32().unwrap(), exact);
+    // Values that are not bf16 stay f32 (rounding them would change the model).
+    let f32_lin = Linear::dense(t(&random(rows, cols, 3)), PrefillPrecision::F32).unwrap();
+    assert!(matches!(f32_lin, Linear::Dense(_)));
+}

@@ -62,7 +62,8 @@ pub struct VisionOutput {
 }
 
 impl Tower {
-    /// The tower's weights under `prefix`, its matrices held for `precision` (bf16 or f32).
+    /// The tower's weights under `prefix`, its matrices held for `precision` (see
+    /// [`Linear::dense`]: a bf16 checkpoint's stay bf16 at either).
     pub fn load(st: &SafeDir, prefix: &str, cfg: &VisionConfig, precision: PrefillPrecision) -> Result<Tower> {
         let (h, f) = (cfg.hidden, cfg.intermediate);
         let m = h * cfg.merge_size * cfg.merge_size;
@@ -108,7 +109,8 @@ impl Tower {
         &self.cfg
     }
 
-    /// Holds the matrices for `p`: bf16 (rounded) or f32 (see [`Linear::set_precision`]).
+    /// Multiplies the matrices at `p`: on the bf16 tiles (f32 ones rounded) or in f32 (bf16 ones
+    /// kept as they are; see [`Linear::set_precision`]).
     pub fn set_precision(&mut self, p: PrefillPrecision) -> Result<()> {
         self.patch_embed.set_precision(p, true)?;
         for (w, _) in [&mut self.mlp0, &mut self.mlp2] {
