@@ -36,14 +36,14 @@ pub(crate) use vnni::Q8Input;
 /// A product's output shared by parallel tasks that each write their own elements (row blocks:
 /// a weight row's column; panels: a block of columns).
 #[derive(Clone, Copy)]
-struct Out(*mut f32);
+pub(crate) struct Out(pub(crate) *mut f32);
 // SAFETY: every task writes only its own elements of the output, which outlives the tasks.
 unsafe impl Send for Out {}
 unsafe impl Sync for Out {}
 
 impl Out {
     /// Element `i` (a method, so closures capture the whole `Out`, not its raw pointer).
-    fn at(self, i: usize) -> *mut f32 {
+    pub(crate) fn at(self, i: usize) -> *mut f32 {
         self.0.wrapping_add(i)
     }
 }

@@ -586,8 +586,17 @@ fn a_bf16_checkpoints_matrices_are_held_in_bf16_at_either_precision() {
     assert_eq!(lin.bytes(), rows * cols * 2, "half the bytes of f32");
     assert_eq!(lin.to_f32().unwrap(), exact, "without rounding");
     let x = Tensor::from_vec(random(5, cols, 4), (5, cols), &Device::Cpu).unwrap();
-    let want = x.matmul(&t(&exact).t().unwrap()).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
-    assert!(max_rel(&lin.forward_vec(&x).unwrap(), &want) < 1e-6, "the f32 matrix's products");
+    let want = x
+        .matmul(&t(&exact).t().unwrap())
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
+    assert!(
+        max_rel(&lin.forward_vec(&x).unwrap(), &want) < 1e-6,
+        "the f32 matrix's products"
+    );
     // On the tiles and back, where the CPU has them: the values stay.
     let took = lin.set_precision(PrefillPrecision::Bf16, true).unwrap();
     assert_eq!(took, PrefillPrecision::Bf16.available());

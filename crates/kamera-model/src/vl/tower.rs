@@ -48,7 +48,7 @@ pub(crate) struct Tower {
     mlp2: (Linear, Tensor),
 }
 
-/// Milliseconds of the bf16 blocks by phase: products, attention, norms and rotation, activation.
+/// Milliseconds of the in-place blocks by phase: products, attention, norms and rotation, activation.
 #[derive(Default)]
 struct Phases([f64; 4]);
 
@@ -131,8 +131,22 @@ impl Tower {
             .is_some_and(|b| b.qkv.0.precision() == PrefillPrecision::Bf16)
     }
 
+    /// Whether every block's matrices are held in bf16 (a bf16 checkpoint, or the bf16
+    /// precision): the blocks then run in place ([`Tower::block_in_place`]).
+    fn in_place(&self) -> bool {
+        self.blocks.iter().all(|b| {
+            [&b.qkv, &b.proj, &b.gate, &b.up, &b.down]
+                .iter()
+                .all(|(w, _)| matches!(w, Linear::Bf16(_)))
+        })
+    }
+
     /// Encodes one image's patches (`[t·h·w, C·T·P·P]` row-major, as the preprocessor makes them).
     pub fn forward(&self, pixel_values: &[f32], grid: Grid) -> Result<VisionOutput> {
+        self.run(pixel_values, grid, self.in_place())
+    }
+
+    fn run(&self, pixel_values: &[f32], grid: Grid, in_place: bool) -> Result<VisionOutput> {
         let cfg = &self.cfg;
         let [gt, gh, gw] = grid;
         let unit = cfg.merge_size * cfg.merge_size;
@@ -180,11 +194,11 @@ impl Tower {
                 &cu_win
             }
         };
-        if self.bf16() {
+        if in_place {
             let mut xs: Vec<f32> = x.flatten_all().ctx(OP)?.to_vec1().ctx(OP)?;
             let mut time = Phases::default();
             for (i, b) in self.blocks.iter().enumerate() {
-                self.block_bf16(b, &mut xs, (&sin, &cos), cu_of(i), &mut time)?;
+                self.block_in_place(b, &mut xs, (&sin, &cos), cu_of(i), &mut time)?;
             }
             let [products, attention, norms, activation] = time.0;
             tracing::debug!(
@@ -253,9 +267,9 @@ impl Tower {
     }
 
     /// One block on the bf16 weights in place on `x` (`[n, hidden]`), outside candle: each
-    /// product writes its bias (and the residual adds) as it writes its output, the windows'
-    /// attention on the bf16 tiles.
-    fn block_bf16(
+    /// product writes its bias (and the residual adds) as it writes its output; the windows'
+    /// attention on the bf16 tiles with the bf16 precision, else in f32 ([`windows_f32`]).
+    fn block_in_place(
         &self,
         b: &Block,
         x: &mut [f32],
@@ -271,7 +285,7 @@ impl Tower {
             let Linear::Bf16(m) = w else {
                 return Err(Error::Invalid {
                     op: OP,
-                    detail: "a bf16 tower holds every matrix in bf16".into(),
+                    detail: "an in-place tower holds every block matrix in bf16".into(),
                 });
             };
             let bias = vec(bias)?;
@@ -291,8 +305,11 @@ impl Tower {
         lap(0);
         rotate(&mut qkv, (heads, hd), (sin, cos));
         lap(2);
-        let att = windows_bf16(&qkv, (heads, hd), cu);
-        drop(qkv);
+        let att = if self.bf16() {
+            windows_bf16(&qkv, (heads, hd), cu)
+        } else {
+            windows_gemm(&qkv, (heads, hd), cu)
+        };
         lap(1);
         product(&b.proj, &att, x, true)?;
         lap(0);
@@ -346,6 +363,94 @@ fn windows_f32(qkv: Vec<f32>, (n, heads, hd): (usize, usize, usize), cu: &[usize
         outs.push(o);
     }
     Tensor::cat(&outs, 0).ctx(OP)
+}
+
+/// [`windows_f32`] in f32 without candle: every (window, head) a task of its own over the pool,
+/// its scores and output two GEMMs read straight from `qkv` through strides (nothing gathered),
+/// the softmax between them on [`crate::attention::softmax_row`]. `[n, heads·hd]`.
+fn windows_gemm(qkv: &[f32], (heads, hd): (usize, usize), cu: &[usize]) -> Vec<f32> {
+    let h = heads * hd;
+    let n = cu.last().copied().unwrap_or(0);
+    assert_eq!(qkv.len(), n * 3 * h, "windows_gemm: qkv is [n, 3, heads, hd]");
+    let mut out = vec![0f32; n * h];
+    // Each task writes only its own window's rows of its own head's columns.
+    let dst = crate::quant::Out(out.as_mut_ptr());
+    let scale = 1.0 / (hd as f32).sqrt();
+    let tasks: Vec<(usize, usize)> = cu
+        .windows(2)
+        .enumerate()
+        .flat_map(|(w, _)| (0..heads).map(move |head| (w, head)))
+        .collect();
+    tasks.into_par_iter().for_each_init(
+        || (Vec::new(), Vec::new()),
+        |(scores, probs): &mut (Vec<f32>, Vec<f32>), (w, head)| {
+            let (lo, len) = (cu[w], cu[w + 1] - cu[w]);
+            if len == 0 {
+                return;
+            }
+            scores.resize(len * len, 0.0);
+            probs.resize(len * len, 0.0);
+            let (q, k, v) = (
+                lo * 3 * h + head * hd,
+                lo * 3 * h + h + head * hd,
+                lo * 3 * h + 2 * h + head * hd,
+            );
+            let row = (3 * h) as isize;
+            // SAFETY: Q, K and V of rows lo..lo + len of this head lie in `qkv` at the offsets
+            // and strides given; scores and probs hold len x len; the output block (rows
+            // lo..lo + len, columns head·hd..) is this task's alone and inside `out`.
+            unsafe {
+                // scores = Q Kᵀ: [len, hd] x [hd, len].
+                gemm::gemm(
+                    len,
+                    len,
+                    hd,
+                    scores.as_mut_ptr(),
+                    1,
+                    len as isize,
+                    false,
+                    qkv.as_ptr().add(q),
+                    1,
+                    row,
+                    qkv.as_ptr().add(k),
+                    row,
+                    1,
+                    0.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
+                );
+                for (s, p) in scores.chunks_exact(len).zip(probs.chunks_exact_mut(len)) {
+                    crate::attention::softmax_row(s, p, scale);
+                }
+                // out = P V: [len, len] x [len, hd].
+                gemm::gemm(
+                    len,
+                    hd,
+                    len,
+                    dst.at(lo * h + head * hd),
+                    1,
+                    h as isize,
+                    false,
+                    probs.as_ptr(),
+                    1,
+                    len as isize,
+                    qkv.as_ptr().add(v),
+                    1,
+                    row,
+                    0.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
+                );
+            }
+        },
+    );
+    out
 }
 
 /// [`windows_f32`] on the bf16 tiles (`attention_bf16`): the windows in parallel, each window's
@@ -423,4 +528,51 @@ fn rms_norm(x: &[f32], w: &[f32], out: &mut [f32]) {
     out.par_chunks_mut(d)
         .zip(x.par_chunks(d))
         .for_each(|(o, xr)| crate::decode::rms_norm(xr, w, EPS as f32, o));
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::path::Path;
+
+    use candle_core::{DType, Device, Tensor};
+
+    /// The tiny golden checkpoint with every tensor in bf16: its tower runs in place (exact bf16
+    /// matrices, f32 products and attention); the candle blocks on the same matrices are the
+    /// reference.
+    #[test]
+    fn in_place_blocks_equal_the_candle_blocks_on_a_bf16_checkpoint() {
+        let tiny = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/qwen25vl-tiny");
+        let dir = tempfile::tempdir().unwrap();
+        let mut bf16: HashMap<String, Tensor> = HashMap::new();
+        for e in std::fs::read_dir(&tiny).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "safetensors") {
+                for (k, t) in candle_core::safetensors::load(&p, &Device::Cpu).unwrap() {
+                    bf16.insert(k, t.to_dtype(DType::BF16).unwrap());
+                }
+            } else if p.extension().is_some_and(|x| x == "json") {
+                std::fs::copy(&p, dir.path().join(p.file_name().unwrap())).unwrap();
+            }
+        }
+        let _ = std::fs::remove_file(dir.path().join("model.safetensors.index.json"));
+        candle_core::safetensors::save(&bf16, dir.path().join("model.safetensors")).unwrap();
+        let m = crate::Model::load(dir.path()).unwrap();
+        let tower = &m.vision().unwrap().tower;
+        assert!(tower.in_place() && !tower.bf16(), "exact bf16 matrices, f32 arithmetic");
+        // Two windows' worth of merged tokens and more, so window and full blocks both cut.
+        let grid = [1, 8, 12];
+        let pv: Vec<f32> = (0..96 * tower.cfg.patch_values())
+            .map(|i| ((i * 7919 % 1013) as f32 / 1013.0 - 0.5) * 2.0)
+            .collect();
+        let (a, b) = (tower.forward(&pv, grid).unwrap(), tower.run(&pv, grid, false).unwrap());
+        for (x, y, what) in [
+            (&a.blocks_out, &b.blocks_out, "blocks"),
+            (&a.embeds, &b.embeds, "embeds"),
+        ] {
+            let scale = y.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let err = x.iter().zip(y).fold(0f32, |m, (p, q)| m.max((p - q).abs())) / scale;
+            assert!(err < 1e-5, "{what}: in place vs candle, rel. err {err:.2e}");
+        }
+    }
 }
