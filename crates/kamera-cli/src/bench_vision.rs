@@ -43,6 +43,11 @@ pub struct VisionArgs {
     /// Our prefill precision (`f32` or `bf16`); default the fastest this CPU runs.
     #[arg(long)]
     prefill_precision: Option<kamera_model::PrefillPrecision>,
+    /// With --against: neither engine holds its model while the other runs; each round loads
+    /// its engine first (untimed) and lets it go after, for a machine that cannot hold both
+    /// (HF's f32 beside ours). Our peak RSS is then the bench process's, theirs each peer's.
+    #[arg(long)]
+    one_at_a_time: bool,
     /// Where to write the JSON.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -95,23 +100,38 @@ pub fn run(a: VisionArgs) -> Result<()> {
     let size = crate::bench_reuse::parse_size("--image-size", &a.image_size)?;
     let machine = Machine::now();
     let path = crate::models::resolve(&a.model)?;
-    let model = crate::models::load_with(&a.model, a.prefill_precision)?;
-    let vision = model.vision().with_context(|| {
-        format!(
-            "{}: bench vision needs a vision-language model directory",
-            path.display()
-        )
-    })?;
+    if a.one_at_a_time && a.against.is_none() {
+        bail!("--one-at-a-time alternates two engines' loads: it needs --against");
+    }
+    let load = || -> Result<Model> {
+        let model = crate::models::load_with(&a.model, a.prefill_precision)?;
+        if model.vision().is_none() {
+            bail!(
+                "{}: bench vision needs a vision-language model directory",
+                path.display()
+            );
+        }
+        Ok(model)
+    };
+    let mut held = Some(load()?);
+    let model = held.as_ref().expect("just loaded");
+    let vision = model.vision().expect("checked on load");
     let image = crate::bench_image::screenshot(size[0], size[1])?;
     let cfg = vision.preprocess_config().clone().with_max_pixels(a.pixels);
     let grid = kamera_model::vision::preprocess(&image, &cfg)?.grid_thw;
-    let ours = |last: &mut Vec<f32>| -> Result<Round> {
+    let image_tokens = vision.image_tokens(grid);
+    let our_detail = serde_json::json!({
+        "prefill_precision": model.prefill_precision().to_string(),
+        "weights_mb": model.weight_bytes().total as f64 / (1 << 20) as f64,
+    });
+    let ours = |model: &Model, last: &mut Vec<f32>| -> Result<Round> {
+        let vision = model.vision().expect("checked on load");
         let t0 = Instant::now();
         let p = kamera_model::vision::preprocess(&image, &cfg)?;
         let t1 = Instant::now();
         let out = vision.encode(&p.pixel_values, p.grid_thw)?;
         let t2 = Instant::now();
-        *last = prefill_chunk(&model, &out.embeds, p.grid_thw)?;
+        *last = prefill_chunk(model, &out.embeds, p.grid_thw)?;
         let t3 = Instant::now();
         let ms = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1e3;
         Ok(Round {
@@ -127,38 +147,72 @@ pub fn run(a: VisionArgs) -> Result<()> {
     match a.against.as_deref() {
         None => {
             for _ in 0..a.rounds {
-                our_rounds.push(ours(&mut our_logits)?);
+                our_rounds.push(ours(model, &mut our_logits)?);
             }
         }
         Some("transformers") => {
             let png = std::env::temp_dir().join(format!("kamera-bench-vision-{}.ppm", std::process::id()));
             write_ppm(&image, &png)?;
-            let mut peer = Torch::start(&path, &png, a.pixels, &a.torch_dtype)?;
-            let their_grid: Vec<usize> = serde_json::from_value(peer.ready["grid"].clone())?;
-            if their_grid != grid {
-                bail!("transformers resized the screenshot to grid {their_grid:?}, we to {grid:?}: not the same input");
-            }
+            let start = || -> Result<Torch> {
+                let peer = Torch::start(&path, &png, a.pixels, &a.torch_dtype)?;
+                let their_grid: Vec<usize> = serde_json::from_value(peer.ready["grid"].clone())?;
+                if their_grid != grid {
+                    bail!(
+                        "transformers resized the screenshot to grid {their_grid:?}, we to {grid:?}: not the same input"
+                    );
+                }
+                Ok(peer)
+            };
             eprintln!(
-                "bench vision: {} rounds of (kamera, transformers), alternating...",
-                a.rounds
-            );
-            paired(
+                "bench vision: {} rounds of (kamera, transformers), alternating{}...",
                 a.rounds,
-                || {
-                    let r = ours(&mut our_logits)?;
-                    our_rounds.push(r);
-                    Ok(r.encode_ms)
-                },
-                || {
-                    let r = peer.round()?;
-                    their_rounds.push(r);
-                    Ok(r.encode_ms)
-                },
-            )?;
-            let logits = peer.logits()?;
-            let peak = peer.peak_rss_mb();
-            theirs = Some((peer.ready.clone(), logits, peak));
-            drop(peer);
+                if a.one_at_a_time {
+                    ", each engine loaded for its round alone"
+                } else {
+                    ""
+                }
+            );
+            if a.one_at_a_time {
+                drop(held.take());
+                let (mut ready, mut logits, mut peak) = (serde_json::Value::Null, Vec::new(), 0f64);
+                paired(
+                    a.rounds,
+                    || {
+                        let model = load()?;
+                        let r = ours(&model, &mut our_logits)?;
+                        our_rounds.push(r);
+                        Ok(r.encode_ms)
+                    },
+                    || {
+                        let mut peer = start()?;
+                        let r = peer.round()?;
+                        their_rounds.push(r);
+                        logits = peer.logits()?;
+                        peak = peak.max(peer.peak_rss_mb());
+                        ready = peer.ready.clone();
+                        Ok(r.encode_ms)
+                    },
+                )?;
+                theirs = Some((ready, logits, peak));
+            } else {
+                let mut peer = start()?;
+                paired(
+                    a.rounds,
+                    || {
+                        let r = ours(model, &mut our_logits)?;
+                        our_rounds.push(r);
+                        Ok(r.encode_ms)
+                    },
+                    || {
+                        let r = peer.round()?;
+                        their_rounds.push(r);
+                        Ok(r.encode_ms)
+                    },
+                )?;
+                let logits = peer.logits()?;
+                let peak = peer.peak_rss_mb();
+                theirs = Some((peer.ready.clone(), logits, peak));
+            }
             let _ = std::fs::remove_file(&png);
         }
         Some(other) => bail!("--against {other:?}: expected transformers"),
@@ -176,10 +230,7 @@ pub fn run(a: VisionArgs) -> Result<()> {
         "kamera",
         &our_rounds,
         crate::bench::proc_status_mb("VmHWM"),
-        serde_json::json!({
-            "prefill_precision": model.prefill_precision().to_string(),
-            "weights_mb": model.weight_bytes().total as f64 / (1 << 20) as f64,
-        }),
+        our_detail,
     )];
     let ratio = |f: fn(&Round) -> f64| {
         Spread::of(
@@ -205,7 +256,7 @@ pub fn run(a: VisionArgs) -> Result<()> {
         image: size,
         pixels: a.pixels,
         grid,
-        image_tokens: vision.image_tokens(grid),
+        image_tokens,
         rounds: a.rounds,
         threads: rayon::current_num_threads(),
         engines,
