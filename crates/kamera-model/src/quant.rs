@@ -404,10 +404,10 @@ impl Linear {
     pub fn dense(w: Tensor, precision: PrefillPrecision) -> Result<Linear> {
         const OP: &str = "Linear::dense";
         let (rows, cols) = w.dims2().ctx(OP)?;
-        if precision == PrefillPrecision::Bf16 {
-            if let Some(m) = with_f32(&w, OP, |d| Bf16Matrix::from_f32(d, rows, cols))? {
-                return Ok(Linear::Bf16(m));
-            }
+        if precision == PrefillPrecision::Bf16
+            && let Some(m) = with_f32(&w, OP, |d| Bf16Matrix::from_f32(d, rows, cols))?
+        {
+            return Ok(Linear::Bf16(m));
         }
         Ok(match with_f32(&w, OP, |d| Bf16Matrix::exact(d, rows, cols))? {
             Some(m) => Linear::Bf16(m),
