@@ -16,7 +16,7 @@ mod avx2_int8;
 pub(crate) mod bf16;
 mod dense;
 mod dot;
-mod matmul;
+pub(crate) mod matmul;
 mod repack;
 mod rows;
 #[cfg(test)]
@@ -616,7 +616,12 @@ impl View<'_> {
                 let lanes = if q8.is_none() { dot::lane_input(q, x) } else { None };
                 Prepared { sums, q8, lanes }
             }
-            View::Bf16(_) | View::Dense { .. } => Prepared {
+            View::Bf16(_) => Prepared {
+                sums: Vec::new(),
+                q8: None,
+                lanes: Bf16Matrix::lane_input(x),
+            },
+            View::Dense { .. } => Prepared {
                 sums: Vec::new(),
                 q8: None,
                 lanes: None,
@@ -631,7 +636,7 @@ impl View<'_> {
                 Some(x8) => dot::rows_into_q8(q, x8, &prep.sums, r0, out),
                 None => dot::rows_into(q, x, prep.lanes.as_deref(), &prep.sums, r0, out),
             },
-            View::Bf16(m) => m.rows_into(x, r0, out),
+            View::Bf16(m) => m.rows_into(x, prep.lanes.as_deref(), r0, out),
             View::Dense { w, cols } => {
                 for (i, o) in out.iter_mut().enumerate() {
                     *o = crate::lanes::dot(&w[(r0 + i) * cols..(r0 + i + 1) * cols], x);
@@ -645,7 +650,8 @@ impl View<'_> {
 pub(crate) struct Prepared<'a> {
     sums: Vec<f32>,
     q8: Option<&'a Q8Input>,
-    /// `x` in lane order where the f32 kernel reads it so ([`dot::lane_input`]).
+    /// `x` in lane order where the f32 kernel reads it so ([`dot::lane_input`],
+    /// [`Bf16Matrix::lane_input`]).
     lanes: Option<Vec<f32>>,
 }
 

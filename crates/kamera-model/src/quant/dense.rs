@@ -122,18 +122,30 @@ impl Bf16Matrix {
         out
     }
 
-    /// Rows `r0..r0 + out.len()` of `W x` for one input row, on the calling thread (decode).
-    pub fn rows_into(&self, x: &[f32], r0: usize, out: &mut [f32]) {
+    /// `x` in the order the AVX2 one-row products read it, where the CPU has AVX2 + FMA (else
+    /// `None`): once per input, shared by every call of [`Bf16Matrix::rows_into`] on it.
+    pub fn lane_input(x: &[f32]) -> Option<Vec<f32>> {
         #[cfg(target_arch = "x86_64")]
         if super::avx2::available() {
-            let lanes = avx2::lane_order(x);
+            return Some(avx2::lane_order(x));
+        }
+        let _ = x;
+        None
+    }
+
+    /// Rows `r0..r0 + out.len()` of `W x` for one input row, on the calling thread (decode);
+    /// `lanes` = [`Bf16Matrix::lane_input`] of `x`.
+    pub fn rows_into(&self, x: &[f32], lanes: Option<&[f32]>, r0: usize, out: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(lanes) = lanes {
             for (i, o) in out.iter_mut().enumerate() {
-                // SAFETY: AVX2 and FMA checked; the row holds `cols / 2` pairs, `lanes` and `x`
-                // `cols` values.
-                *o = unsafe { avx2::dot(self.row(r0 + i), &lanes, x) };
+                // SAFETY: `lanes` exists only where the CPU has AVX2 and FMA; the row holds
+                // `cols / 2` pairs, `lanes` and `x` `cols` values.
+                *o = unsafe { avx2::dot(self.row(r0 + i), lanes, x) };
             }
             return;
         }
+        let _ = lanes;
         for (i, o) in out.iter_mut().enumerate() {
             // Eight partial sums, so the loop vectorizes.
             let mut acc = [0f32; 8];
@@ -172,9 +184,10 @@ impl Bf16Matrix {
         let prev = then.add.then(|| y.to_vec());
         if n == 1 {
             let chunk = self.rows.div_ceil(rayon::current_num_threads() * 4).max(16);
+            let lanes = Bf16Matrix::lane_input(x);
             y.par_chunks_mut(chunk)
                 .enumerate()
-                .for_each(|(c, out)| self.rows_into(x, c * chunk, out));
+                .for_each(|(c, out)| self.rows_into(x, lanes.as_deref(), c * chunk, out));
         } else if !self.tiles {
             super::matmul::panels((self.rows, self.cols), x, n, y, |r, row| self.row_into(r, row));
         } else {
@@ -325,34 +338,35 @@ mod tests {
         // Bias and residual in the product's pass: y0 + (x Wᵀ + b), every path (1 row, AMX or
         // tiles, partial blocks).
         for &(rows, cols, n) in &[(50, 64, 1), (97, 1710, 40), (130, 92, 17)] {
-            let m = Bf16Matrix::from_f32(&weights(rows, cols), rows, cols).unwrap();
-            let x: Vec<f32> = (0..n * cols).map(|i| ((i % 13) as f32 - 6.0) / 6.0).collect();
-            let bias: Vec<f32> = (0..rows).map(|j| j as f32 * 0.01 - 0.3).collect();
-            let mut plain = vec![0f32; n * rows];
-            m.forward(&x, n, &mut plain);
-            let y0: Vec<f32> = (0..n * rows).map(|i| (i % 7) as f32).collect();
-            let mut y = y0.clone();
-            m.forward_into(
-                &x,
-                n,
-                &mut y,
-                Epilogue {
-                    bias: Some(&bias),
-                    add: true,
-                },
-            );
-            for (i, &v) in y.iter().enumerate() {
-                let want = y0[i] + plain[i] + bias[i % rows];
-                assert!(
-                    (v - want).abs() <= 1e-5 * (1.0 + want.abs()),
-                    "{rows}x{cols} n {n} at {i}: {v} vs {want}"
-                );
-            }
+            check_epilogue(&Bf16Matrix::from_f32(&weights(rows, cols), rows, cols).unwrap(), n);
         }
         assert!(
             Bf16Matrix::from_f32(&weights(4, 5), 4, 5).is_none(),
             "odd columns refused"
         );
+    }
+
+    /// `forward_into` with a bias and the residual equals `y0 + (x Wᵀ + b)` from `forward`.
+    fn check_epilogue(m: &Bf16Matrix, n: usize) {
+        let (rows, cols) = (m.rows, m.cols);
+        let x: Vec<f32> = (0..n * cols).map(|i| ((i % 13) as f32 - 6.0) / 6.0).collect();
+        let bias: Vec<f32> = (0..rows).map(|j| j as f32 * 0.01 - 0.3).collect();
+        let mut plain = vec![0f32; n * rows];
+        m.forward(&x, n, &mut plain);
+        let y0: Vec<f32> = (0..n * rows).map(|i| (i % 7) as f32).collect();
+        let mut y = y0.clone();
+        let then = Epilogue {
+            bias: Some(&bias),
+            add: true,
+        };
+        m.forward_into(&x, n, &mut y, then);
+        for (i, &v) in y.iter().enumerate() {
+            let want = y0[i] + plain[i] + bias[i % rows];
+            assert!(
+                (v - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                "{rows}x{cols} n {n} at {i}: {v} vs {want}"
+            );
+        }
     }
 
     /// `weights` rounded to bf16: what a bf16 checkpoint holds.
@@ -386,30 +400,9 @@ mod tests {
                     }
                 }
             }
-            // Bias and residual on the panels' path.
-            let n = 17;
-            let x: Vec<f32> = (0..n * cols).map(|i| ((i % 13) as f32 - 6.0) / 6.0).collect();
-            let bias: Vec<f32> = (0..rows).map(|j| j as f32 * 0.01 - 0.3).collect();
-            let mut plain = vec![0f32; n * rows];
-            m.forward(&x, n, &mut plain);
-            let y0: Vec<f32> = (0..n * rows).map(|i| (i % 7) as f32).collect();
-            let mut y = y0.clone();
-            m.forward_into(
-                &x,
-                n,
-                &mut y,
-                Epilogue {
-                    bias: Some(&bias),
-                    add: true,
-                },
-            );
-            for (i, &v) in y.iter().enumerate() {
-                let want = y0[i] + plain[i] + bias[i % rows];
-                assert!(
-                    (v - want).abs() <= 1e-5 * (1.0 + want.abs()),
-                    "{rows}x{cols} at {i}: {v} vs {want}"
-                );
-            }
+            // Bias and residual on the panels' path and the dots'.
+            check_epilogue(&m, 17);
+            check_epilogue(&m, 1);
         }
         let mut w = bf16_weights(4, 6);
         w[5] = 0.1;

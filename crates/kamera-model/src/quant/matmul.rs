@@ -42,28 +42,55 @@ pub(crate) fn panels(
             // this task alone; lhs is x (n x cols), rhs is the panel read as its transpose
             // (cols x pr); all in bounds.
             unsafe {
-                gemm::gemm(
-                    n,
-                    pr,
-                    cols,
-                    out.at(r0),
-                    1,
-                    rows as isize,
-                    false,
-                    x.as_ptr(),
-                    1,
-                    cols as isize,
-                    panel.as_ptr(),
-                    cols as isize,
-                    1,
-                    0.0,
-                    1.0,
-                    false,
-                    false,
-                    false,
-                    gemm::Parallelism::None,
+                gemm_f32(
+                    (n, pr, cols),
+                    (out.at(r0), rows as isize, 1),
+                    (x.as_ptr(), cols as isize, 1),
+                    (panel.as_ptr(), 1, cols as isize),
                 );
             }
         },
     );
+}
+
+/// A matrix operand of [`gemm_f32`]: its first element and its row and column strides (elements).
+pub(crate) type Strided<P> = (P, isize, isize);
+
+/// `dst = lhs · rhs` (`[m, k] x [k, n]`) in f32 with the `gemm` crate's kernels on the calling
+/// thread, every operand read or written through its strides (transposes and interleaved
+/// layouts without a copy).
+///
+/// # Safety
+/// Every element the shapes and strides address lies in its operand's allocation, and no other
+/// thread touches `dst`'s elements during the call.
+pub(crate) unsafe fn gemm_f32(
+    (m, n, k): (usize, usize, usize),
+    (dst, dst_rs, dst_cs): Strided<*mut f32>,
+    (lhs, lhs_rs, lhs_cs): Strided<*const f32>,
+    (rhs, rhs_rs, rhs_cs): Strided<*const f32>,
+) {
+    // SAFETY: the caller's contract; alpha 0 with read_dst false: dst is only written.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst,
+            dst_cs,
+            dst_rs,
+            false,
+            lhs,
+            lhs_cs,
+            lhs_rs,
+            rhs,
+            rhs_cs,
+            rhs_rs,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
 }

@@ -597,6 +597,16 @@ fn a_bf16_checkpoints_matrices_are_held_in_bf16_at_either_precision() {
         max_rel(&lin.forward_vec(&x).unwrap(), &want) < 1e-6,
         "the f32 matrix's products"
     );
+    // Decode's view of it (one row, the input's lane order prepared once).
+    let x0 = &random(1, cols, 4);
+    let mut one = vec![0f32; rows];
+    Linear::with_views(&[&lin], |v| {
+        let prep = v[0].prepare(x0, None);
+        v[0].rows_into(x0, &prep, 0, &mut one[..rows / 2]);
+        v[0].rows_into(x0, &prep, rows / 2, &mut one[rows / 2..]);
+    })
+    .unwrap();
+    assert!(max_rel(&one, &want[..rows]) < 1e-6, "decode's one-row products");
     // On the tiles and back, where the CPU has them: the values stay.
     let took = lin.set_precision(PrefillPrecision::Bf16, true).unwrap();
     assert_eq!(took, PrefillPrecision::Bf16.available());

@@ -15,6 +15,7 @@ use crate::block::{linear, norm};
 use crate::config::Activation;
 use crate::error::{CandleCtx, Error, Result};
 use crate::hf::SafeDir;
+use crate::quant::matmul::gemm_f32;
 use crate::quant::{Epilogue, Linear};
 use crate::vl::config::VisionConfig;
 use crate::vl::positions::{Grid, patch_rows_cols, window_index};
@@ -400,52 +401,22 @@ fn windows_gemm(qkv: &[f32], (heads, hd): (usize, usize), cu: &[usize]) -> Vec<f
             // and strides given; scores and probs hold len x len; the output block (rows
             // lo..lo + len, columns head·hd..) is this task's alone and inside `out`.
             unsafe {
-                // scores = Q Kᵀ: [len, hd] x [hd, len].
-                gemm::gemm(
-                    len,
-                    len,
-                    hd,
-                    scores.as_mut_ptr(),
-                    1,
-                    len as isize,
-                    false,
-                    qkv.as_ptr().add(q),
-                    1,
-                    row,
-                    qkv.as_ptr().add(k),
-                    row,
-                    1,
-                    0.0,
-                    1.0,
-                    false,
-                    false,
-                    false,
-                    gemm::Parallelism::None,
+                // scores = Q Kᵀ: [len, hd] x [hd, len] (Kᵀ: K's rows read as columns).
+                gemm_f32(
+                    (len, len, hd),
+                    (scores.as_mut_ptr(), len as isize, 1),
+                    (qkv.as_ptr().add(q), row, 1),
+                    (qkv.as_ptr().add(k), 1, row),
                 );
                 for (s, p) in scores.chunks_exact(len).zip(probs.chunks_exact_mut(len)) {
                     crate::attention::softmax_row(s, p, scale);
                 }
                 // out = P V: [len, len] x [len, hd].
-                gemm::gemm(
-                    len,
-                    hd,
-                    len,
-                    dst.at(lo * h + head * hd),
-                    1,
-                    h as isize,
-                    false,
-                    probs.as_ptr(),
-                    1,
-                    len as isize,
-                    qkv.as_ptr().add(v),
-                    1,
-                    row,
-                    0.0,
-                    1.0,
-                    false,
-                    false,
-                    false,
-                    gemm::Parallelism::None,
+                gemm_f32(
+                    (len, hd, len),
+                    (dst.at(lo * h + head * hd), h as isize, 1),
+                    (probs.as_ptr(), len as isize, 1),
+                    (qkv.as_ptr().add(v), row, 1),
                 );
             }
         },
