@@ -269,7 +269,7 @@ impl Tower {
 
     /// One block on the bf16 weights in place on `x` (`[n, hidden]`), outside candle: each
     /// product writes its bias (and the residual adds) as it writes its output; the windows'
-    /// attention on the bf16 tiles with the bf16 precision, else in f32 ([`windows_f32`]).
+    /// attention on the bf16 tiles with the bf16 precision, else in f32 ([`windows_gemm`]).
     fn block_in_place(
         &self,
         b: &Block,
@@ -377,10 +377,8 @@ fn windows_gemm(qkv: &[f32], (heads, hd): (usize, usize), cu: &[usize]) -> Vec<f
     // Each task writes only its own window's rows of its own head's columns.
     let dst = crate::quant::Out(out.as_mut_ptr());
     let scale = 1.0 / (hd as f32).sqrt();
-    let tasks: Vec<(usize, usize)> = cu
-        .windows(2)
-        .enumerate()
-        .flat_map(|(w, _)| (0..heads).map(move |head| (w, head)))
+    let tasks: Vec<(usize, usize)> = (0..cu.len().saturating_sub(1))
+        .flat_map(|w| (0..heads).map(move |head| (w, head)))
         .collect();
     tasks.into_par_iter().for_each_init(
         || (Vec::new(), Vec::new()),
