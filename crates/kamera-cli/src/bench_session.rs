@@ -376,7 +376,7 @@ pub fn run(a: SessionArgs) -> Result<()> {
         let question = w.question.as_ref().map(|q| format!("{goal}\n{q}"));
         let k = kamera_step(&mut session, &model, page, a.observe, question.as_deref(), &ptoks)?;
         let (k_ttft, k_deferred) = (k.ttft_ms, k.deferred_ms);
-        let peak = held.measure(&session, store.as_ref(), kv_per_token)?;
+        let peak = held.measure(&session, ptoks.len(), store.as_ref(), kv_per_token)?;
         if a.radix_bytes.is_none() {
             radix.trie.set_budget(peak);
         }
@@ -450,7 +450,7 @@ pub fn run(a: SessionArgs) -> Result<()> {
         );
         let kl_k = methods[METHODS[0]].kl;
         eprintln!(
-            "step {i:>3} {:<22} {:<7} ttft kamera {:>6.0} ms (+{:>4.0} deferred), radix {:>6.0} ms ({} of {} reused), full {:>6.0} ms; KL kamera {:.1e} radix {:.1e}",
+            "step {i:>3} {:<22} {:<7} ttft kamera {:>6.0} ms (+{:>4.0} deferred), radix {:>6.0} ms ({} of {} reused; trie {:.1} of {:.1} MB), full {:>6.0} ms; KL kamera {:.1e} radix {:.1e}",
             w.path,
             k.visit,
             k_ttft,
@@ -458,6 +458,8 @@ pub fn run(a: SessionArgs) -> Result<()> {
             r.ttft_ms,
             r.reused,
             r.reused + r.prefilled,
+            radix.trie.bytes() as f64 / 1e6,
+            a.radix_bytes.unwrap_or(peak) as f64 / 1e6,
             f_ttft,
             kl_k,
             methods[METHODS[1]].kl,
@@ -499,7 +501,7 @@ pub fn run(a: SessionArgs) -> Result<()> {
         radix_budget_rule: if a.radix_bytes.is_some() {
             "fixed by --radix-bytes"
         } else {
-            "Kamera's measured peak so far (window + kept prompt rows + store), set before each trie step"
+            "Kamera's measured peak so far (live window and prompt + kept prompt rows + store), set before each trie step"
         },
         llamacpp_cache_bytes: budget,
         radix_peak_note: "the trie's bytes never exceed the budget after a request; each method also holds one live context",
@@ -637,8 +639,9 @@ fn threads() -> usize {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
-/// What Kamera holds, in bytes: its window's and kept prompt rows' f32 KV and every record in its
-/// store; the peak over the steps measured so far.
+/// What Kamera holds, in bytes: the f32 KV of its live context (the window and the prompt just
+/// read) and of its kept prompt rows, and every record in its store; the peak over the steps
+/// measured so far.
 #[derive(Default)]
 struct HeldBytes {
     records: std::collections::HashMap<kamera_store::Key, usize>,
@@ -646,8 +649,15 @@ struct HeldBytes {
 }
 
 impl HeldBytes {
-    /// Measures `session` (over `store`) now; returns the peak so far.
-    fn measure(&mut self, session: &Session, store: &dyn ChunkStore, kv_per_token: usize) -> Result<usize> {
+    /// Measures `session` (over `store`, `prompt` tokens read after its window) now; returns the
+    /// peak so far.
+    fn measure(
+        &mut self,
+        session: &Session,
+        prompt: usize,
+        store: &dyn ChunkStore,
+        kv_per_token: usize,
+    ) -> Result<usize> {
         let keys: std::collections::HashSet<kamera_store::Key> = store.keys(None)?.into_iter().collect();
         self.records.retain(|k, _| keys.contains(k));
         for k in keys {
@@ -657,7 +667,7 @@ impl HeldBytes {
                 self.records.insert(k, r.bytes());
             }
         }
-        let kv = kv_per_token * (session.window_tokens().len() + session.prompt_rows_tokens());
+        let kv = kv_per_token * (session.window_tokens().len() + prompt + session.prompt_rows_tokens());
         self.peak = self.peak.max(kv + self.store_bytes());
         Ok(self.peak)
     }

@@ -6,7 +6,9 @@
 //!   transposed into tiles per product), the input rounded to bf16 too;
 //! - *f32* (any CPU; a checkpoint stored in bf16 is held so, exactly, whatever the precision):
 //!   panels of rows widened to f32 into the f32 GEMM (`matmul::panels`), the input unrounded,
-//!   so the products equal those of the f32 matrix.
+//!   so the products equal those of the f32 matrix; up to [`FEW_ROWS`] input rows on AVX2,
+//!   register tiles straight from the pairs instead (a hit's or a question's prompt: 2.7x the
+//!   panels at 14 rows, 5x at 4).
 //!
 //! One-row products are dot products over the pairs in f32 either way (AVX2 where the CPU has
 //! it).
@@ -188,6 +190,9 @@ impl Bf16Matrix {
             y.par_chunks_mut(chunk)
                 .enumerate()
                 .for_each(|(c, out)| self.rows_into(x, lanes.as_deref(), c * chunk, out));
+        } else if !self.tiles && n <= FEW_ROWS && super::avx2::available() {
+            #[cfg(target_arch = "x86_64")]
+            self.few_rows(x, n, y);
         } else if !self.tiles {
             super::matmul::panels((self.rows, self.cols), x, n, y, |r, row| self.row_into(r, row));
         } else {
@@ -204,6 +209,32 @@ impl Bf16Matrix {
         then.apply(y, self.rows, prev.as_deref());
     }
 }
+
+impl Bf16Matrix {
+    /// `y = x Wᵀ` for a few input rows in f32 ([`FEW_ROWS`] at most, the CPU with AVX2 + FMA):
+    /// weight rows in chunks over the pool, each multiplied straight from its pairs.
+    #[cfg(target_arch = "x86_64")]
+    fn few_rows(&self, x: &[f32], n: usize, y: &mut [f32]) {
+        let lanes: Vec<f32> = x.chunks_exact(self.cols).flat_map(avx2::lane_order).collect();
+        let chunk = self
+            .rows
+            .div_ceil(rayon::current_num_threads() * 4)
+            .next_multiple_of(4)
+            .max(16);
+        let out = super::Out(y.as_mut_ptr());
+        let m = (&self.pairs[..], self.stride, self.cols);
+        (0..self.rows.div_ceil(chunk)).into_par_iter().for_each(|c| {
+            let rows = (c * chunk, ((c + 1) * chunk).min(self.rows));
+            // SAFETY: `few_rows` runs only where the CPU has AVX2 and FMA; each task writes its
+            // own columns of every output row; `lanes` holds `n` inputs in lane order.
+            unsafe { avx2::few_rows(m, &lanes, x, n, rows, out, self.rows) }
+        });
+    }
+}
+
+/// Input rows up to which f32 products skip the panels (below it the widening and the GEMM's
+/// packing cost more than the products; `dense_speed` measures both sides).
+const FEW_ROWS: usize = 64;
 
 /// The one-row products on AVX2 + FMA: eight pairs at a time, their even and odd columns
 /// widened by a shift and a mask, multiplied by the input in the same lane order.
@@ -238,16 +269,140 @@ mod avx2 {
                 ae = _mm256_fmadd_ps(even, _mm256_loadu_ps(lanes.as_ptr().add(16 * b)), ae);
                 ao = _mm256_fmadd_ps(odd, _mm256_loadu_ps(lanes.as_ptr().add(16 * b + 8)), ao);
             }
-            let s = _mm256_add_ps(ae, ao);
-            let q = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-            let q = _mm_add_ps(q, _mm_movehl_ps(q, q));
-            let q = _mm_add_ss(q, _mm_shuffle_ps(q, q, 1));
-            let mut sum = _mm_cvtss_f32(q);
-            for (i, &p) in pairs.iter().enumerate().skip(8 * blocks) {
-                let (a, b) = super::unpack(p);
-                sum += a * x[2 * i] + b * x[2 * i + 1];
+            hsum(_mm256_add_ps(ae, ao)) + tail(pairs, x, blocks)
+        }
+    }
+
+    /// The sum of `v`'s eight lanes.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn hsum(v: __m256) -> f32 {
+        let q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+        _mm_cvtss_f32(_mm_add_ss(q, _mm_shuffle_ps(q, q, 1)))
+    }
+
+    /// `Σ w·x` over the pairs past the first `blocks` whole blocks of eight.
+    fn tail(pairs: &[u32], x: &[f32], blocks: usize) -> f32 {
+        let mut sum = 0f32;
+        for (i, &p) in pairs.iter().enumerate().skip(8 * blocks) {
+            let (a, b) = super::unpack(p);
+            sum += a * x[2 * i] + b * x[2 * i + 1];
+        }
+        sum
+    }
+
+    /// Weight rows and input rows per register tile of [`few_rows`] (8 accumulators, the two
+    /// inputs' 16 columns and one weight row's: 14 of the 16 registers).
+    const TILE_W: usize = 4;
+    const TILE_X: usize = 2;
+    /// Blocks of 16 columns per pass over the inputs: a chunk of four weight rows (2 KiB) and
+    /// of every input row (1 KiB each) stays in L1 while the input pairs go by.
+    const CHUNK_BLOCKS: usize = 16;
+
+    /// Products of a few input rows (`n`, up to a few dozen) with weight rows `r0..r1`, straight
+    /// from the pairs (the panels' widening and the GEMM's packing cost more than the products
+    /// at so few rows): `y[i · y_stride + r] = W[r] · x[i]`. `lanes` holds the `n` inputs in
+    /// [`lane_order`], `cols / 16 · 16` values each; `x` the same inputs as they are.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA; `pairs` holds rows `r0..r1` `stride` pairs apart, `cols / 2`
+    /// each; `y` addresses `n` rows of `y_stride` values, columns `r0..r1` written by this call
+    /// alone.
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn few_rows(
+        (pairs, stride, cols): (&[u32], usize, usize),
+        lanes: &[f32],
+        x: &[f32],
+        n: usize,
+        (r0, r1): (usize, usize),
+        y: super::super::Out,
+        y_stride: usize,
+    ) {
+        let blocks = cols / 16;
+        let ln = blocks * 16;
+        let groups = n.div_ceil(TILE_X);
+        let mut acc = vec![_mm256_setzero_ps(); groups * TILE_W * TILE_X];
+        for g0 in (r0..r1).step_by(TILE_W) {
+            let rw = (r1 - g0).min(TILE_W);
+            acc.fill(_mm256_setzero_ps());
+            let w = pairs.as_ptr().wrapping_add(g0 * stride);
+            for c0 in (0..blocks).step_by(CHUNK_BLOCKS) {
+                let c = (c0, (c0 + CHUNK_BLOCKS).min(blocks));
+                for g in 0..groups {
+                    let i0 = g * TILE_X;
+                    let xs = lanes.as_ptr().wrapping_add(i0 * ln);
+                    let a = &mut acc[g * TILE_W * TILE_X..(g + 1) * TILE_W * TILE_X];
+                    // SAFETY: rows g0..g0 + rw and inputs i0..i0 + nx exist; blocks c.
+                    unsafe {
+                        match (rw, (n - i0).min(TILE_X)) {
+                            (4, 2) => tile::<4, 2>(w, stride, xs, ln, c, a),
+                            (4, _) => tile::<4, 1>(w, stride, xs, ln, c, a),
+                            (3, 2) => tile::<3, 2>(w, stride, xs, ln, c, a),
+                            (3, _) => tile::<3, 1>(w, stride, xs, ln, c, a),
+                            (2, 2) => tile::<2, 2>(w, stride, xs, ln, c, a),
+                            (2, _) => tile::<2, 1>(w, stride, xs, ln, c, a),
+                            (_, 2) => tile::<1, 2>(w, stride, xs, ln, c, a),
+                            _ => tile::<1, 1>(w, stride, xs, ln, c, a),
+                        }
+                    }
+                }
             }
-            sum
+            for i in 0..n {
+                let (g, j) = (i / TILE_X, i % TILE_X);
+                let xi = &x[i * cols..(i + 1) * cols];
+                for r in 0..rw {
+                    let row = &pairs[(g0 + r) * stride..(g0 + r) * stride + cols / 2];
+                    // SAFETY: the caller's contract on `y`.
+                    unsafe {
+                        *y.at(i * y_stride + g0 + r) = hsum(acc[(g * TILE_W + r) * TILE_X + j]) + tail(row, xi, blocks);
+                    }
+                }
+            }
+        }
+    }
+
+    /// `acc[r · TILE_X + j] += W[r] · x[j]` over blocks `c0..c1`, `R` weight rows from `w`
+    /// (`stride` pairs apart), `N` inputs from `xs` (`ln` apart, lane order).
+    #[inline(always)]
+    unsafe fn tile<const R: usize, const N: usize>(
+        w: *const u32,
+        stride: usize,
+        xs: *const f32,
+        ln: usize,
+        (c0, c1): (usize, usize),
+        acc: &mut [__m256],
+    ) {
+        unsafe {
+            let mask = _mm256_set1_epi32(0xffff_0000u32 as i32);
+            let mut a = [[_mm256_setzero_ps(); N]; R];
+            for r in 0..R {
+                for j in 0..N {
+                    a[r][j] = acc[r * TILE_X + j];
+                }
+            }
+            for b in c0..c1 {
+                let mut xe = [_mm256_setzero_ps(); N];
+                let mut xo = [_mm256_setzero_ps(); N];
+                for j in 0..N {
+                    xe[j] = _mm256_loadu_ps(xs.add(j * ln + 16 * b));
+                    xo[j] = _mm256_loadu_ps(xs.add(j * ln + 16 * b + 8));
+                }
+                for r in 0..R {
+                    let p = _mm256_loadu_si256(w.add(r * stride + 8 * b) as *const __m256i);
+                    let even = _mm256_castsi256_ps(_mm256_slli_epi32(p, 16));
+                    let odd = _mm256_castsi256_ps(_mm256_and_si256(p, mask));
+                    for j in 0..N {
+                        a[r][j] = _mm256_fmadd_ps(even, xe[j], a[r][j]);
+                        a[r][j] = _mm256_fmadd_ps(odd, xo[j], a[r][j]);
+                    }
+                }
+            }
+            for r in 0..R {
+                for j in 0..N {
+                    acc[r * TILE_X + j] = a[r][j];
+                }
+            }
         }
     }
 }
@@ -299,7 +454,7 @@ mod tests {
             for (b, &v) in back.iter().zip(&w[(rows - 1) * cols..]) {
                 assert_eq!(*b, super::super::bf16::round_bf16(v));
             }
-            for n in [1, 2, 9, 40, 300] {
+            for n in [1, 2, 9, 40, FEW_ROWS, FEW_ROWS + 1, 300] {
                 let x: Vec<f32> = (0..n * cols).map(|i| ((i % 17) as f32 - 8.0) / 8.0).collect();
                 let mut y = vec![0f32; n * rows];
                 m.forward(&x, n, &mut y);
@@ -379,13 +534,14 @@ mod tests {
 
     #[test]
     fn exact_bf16_weights_multiply_like_their_f32_matrix_on_every_cpu() {
-        // Columns not a multiple of 16 (the dot's tail), 1 to 300 input rows (dots, panels).
+        // Columns not a multiple of 16 (the kernels' tail), 1 to 300 input rows (dots, a few
+        // rows from the pairs up to FEW_ROWS on AVX2, panels past it).
         for &(rows, cols) in &[(50, 64), (97, 1710), (3, 38), (130, 92)] {
             let w = bf16_weights(rows, cols);
             let m = Bf16Matrix::exact(&w, rows, cols).expect("every value is a bf16");
             assert!(!m.tiles(), "exact matrices multiply in f32");
             assert_eq!(m.to_f32(), w, "held without rounding");
-            for n in [1, 2, 9, 40, 300] {
+            for n in [1, 2, 9, 40, FEW_ROWS, FEW_ROWS + 1, 300] {
                 let x: Vec<f32> = (0..n * cols).map(|i| ((i % 17) as f32 - 8.0) / 8.0 + 0.01).collect();
                 let mut y = vec![0f32; n * rows];
                 m.forward(&x, n, &mut y);
@@ -400,7 +556,8 @@ mod tests {
                     }
                 }
             }
-            // Bias and residual on the panels' path and the dots'.
+            // Bias and residual on the panels' path, a few rows' and the dots'.
+            check_epilogue(&m, 100);
             check_epilogue(&m, 17);
             check_epilogue(&m, 1);
         }
@@ -428,7 +585,14 @@ mod tests {
             (3840, 1280, 1016),
             (11008, 2048, 256),
             (2048, 2048, 256),
+            (11008, 2048, 4),
+            (11008, 2048, 14),
+            (2048, 2048, 14),
             (11008, 2048, 32),
+            (11008, 2048, 64),
+            (11008, 2048, 96),
+            (11008, 2048, 128),
+            (11008, 2048, 192),
         ] {
             let w = bf16_weights(rows, cols);
             let m = Bf16Matrix::from_f32(&w, rows, cols).unwrap_or_else(|| Bf16Matrix::exact(&w, rows, cols).unwrap());
@@ -443,6 +607,7 @@ mod tests {
                     })
                     .fold(f64::INFINITY, f64::min)
             };
+            let gf = |s: f64| 2.0 * (n * rows * cols) as f64 / s / 1e9;
             let b = best_of_6(&mut || m.forward(&x, n, &mut y));
             let bias = vec![0.5f32; rows];
             let then = Epilogue {
@@ -450,16 +615,28 @@ mod tests {
                 add: true,
             };
             let e = best_of_6(&mut || m.forward_into(&x, n, &mut y, then));
+            // Without the tiles, a few rows' two ways: straight from the pairs and on the panels.
+            #[cfg(target_arch = "x86_64")]
+            let few = if !m.tiles() && crate::quant::avx2::available() && n <= 256 {
+                let f = best_of_6(&mut || m.few_rows(&x, n, &mut y));
+                let p = best_of_6(&mut || {
+                    crate::quant::matmul::panels((rows, cols), &x, n, &mut y, |r, row| m.row_into(r, row))
+                });
+                format!(", {n} rows from the pairs {:.1} / on the panels {:.1}", gf(f), gf(p))
+            } else {
+                String::new()
+            };
+            #[cfg(not(target_arch = "x86_64"))]
+            let few = String::new();
             let wt = Tensor::from_vec(w, (rows, cols), &Device::Cpu).unwrap();
             let xt = Tensor::from_vec(x, (n, cols), &Device::Cpu).unwrap();
             let _ = xt.matmul(&wt.t().unwrap()).unwrap();
             let t = std::time::Instant::now();
             let _ = xt.matmul(&wt.t().unwrap()).unwrap();
             let f = t.elapsed().as_secs_f64();
-            let gf = |s: f64| 2.0 * (n * rows * cols) as f64 / s / 1e9;
             println!(
-                "[{rows}, {cols}] x {n} rows: {} (best of 6) {:.1} GFLOP/s, with bias and residual {:.1}, candle f32 {:.1} GFLOP/s",
-                if m.tiles() { "bf16 tiles" } else { "f32 panels" },
+                "[{rows}, {cols}] x {n} rows: {} (best of 6) {:.1} GFLOP/s, with bias and residual {:.1}, candle f32 {:.1} GFLOP/s{few}",
+                if m.tiles() { "bf16 tiles" } else { "f32" },
                 gf(b),
                 gf(e),
                 gf(f)
