@@ -159,6 +159,57 @@ fn screenshots_are_encoded_once_relocated_and_recalled() -> Result<()> {
     Ok(())
 }
 
+/// The tower's outputs are kept within `tower_cache_bytes`, least recently used out first: with
+/// none kept or room for one image, the walk of the test above (three screenshots, an eviction,
+/// a recall, a hit) holds no more than the budget after every step, runs the tower again where an
+/// image's output has gone (counted), and ends at the logits of one prefill of its window, as
+/// with the default budget (which encodes each image once).
+#[test]
+fn tower_outputs_stay_within_their_budget_and_are_computed_again_when_gone() -> Result<()> {
+    let m = Arc::new(Model::load(&golden().join("qwen25vl-tiny"))?);
+    // img1's output: 16 tokens, less the two markers, at the model's width.
+    let one = 4 * 14 * m.config().hidden;
+    let q = "<|im_start|>user\nWhere is the order?<|im_end|>\n";
+    for budget in [0, one, kamera_agent::TOWER_CACHE_BYTES] {
+        let cfg = SessionConfig {
+            window_tokens: 34,
+            image_max_pixels: 28 * 28 * 16,
+            tower_cache_bytes: budget,
+            ..SessionConfig::default()
+        };
+        let mut s = tiny_session(&m, cfg)?;
+        let mut order = Vec::new();
+        for name in ["img0", "img1", "img2", "img0", "img0"] {
+            let a = s.observe_image(&png(name)?)?;
+            s.context()?;
+            s.settle()?;
+            assert!(
+                s.tower_bytes() <= budget,
+                "budget {budget}: {} bytes held",
+                s.tower_bytes()
+            );
+            order.push((a.chunk.context("chunk")?, name));
+        }
+        let window: Vec<&str> = s
+            .window()
+            .slots()
+            .iter()
+            .skip(1)
+            .map(|sl| order.iter().find(|(id, _)| *id == sl.chunk).map_or("?", |(_, n)| *n))
+            .collect();
+        let err = compare(&mut s, &m, &window, q)?;
+        let encoded = s.stats().images_encoded;
+        println!("budget {budget}: window {window:?}, {encoded} tower runs, logits rel. diff {err:.2e}");
+        assert!(err < 1e-5, "budget {budget}: {err}");
+        if budget == kamera_agent::TOWER_CACHE_BYTES {
+            assert_eq!(encoded, 3, "each image through the tower once");
+        } else {
+            assert!(encoded > 3, "budget {budget}: images whose output left run again: {encoded}");
+        }
+    }
+    Ok(())
+}
+
 /// A screenshot over the pixel budget, cut into at most four bands: four image chunks in reading
 /// order, each encoded once and downscaled to the budget; seen again, every band is a hit; the
 /// live context gives the logits of one prefill of the four bands.

@@ -83,7 +83,7 @@ pub use policy::{
 };
 pub use runtime::{
     Applied, ApplyTimings, Block, CHUNK_TOKENS_MAX, ObservedPage, PROMPT_ROWS_TOKENS, Reencoded, Relevance, Session,
-    SessionConfig, SessionStats, split_page,
+    SessionConfig, SessionStats, TOWER_CACHE_BYTES, TowerCache, split_page,
 };
 pub use scenario::{
     Budget, DEFAULT_WAIT_MS, Episode, Observe, PolicyKind, Scenario, ScriptStep, SiteSpec, Success, resolve,

@@ -346,7 +346,7 @@ pub fn run(a: SessionArgs) -> Result<()> {
         .unwrap_or(kv_per_token * (a.window + pinned.len() + page_tokens + kamera_agent::PROMPT_ROWS_TOKENS));
     let mut radix = prefix::RadixCache::new(a.radix_bytes.unwrap_or(0), a.radix_tower_mb << 20, max_pixels);
     // The references' tower outputs (untimed; one image's are the same every time).
-    let mut reference_tower = prefix::TowerCache::new(usize::MAX);
+    let mut reference_tower = prefix::Towers::new(usize::MAX);
     let mut held = HeldBytes::default();
     // The longest sequence either layout sends: the pinned prefix, a full window and a prompt.
     let n_ctx = pinned.len() + a.window + 256;

@@ -110,25 +110,19 @@ fn rows_of(pieces: &[Piece], mut n: usize) -> usize {
     rows
 }
 
-/// The vision tower's outputs by screenshot key, least recently used out first past a budget of
-/// bytes (f32 embeddings).
-pub struct TowerCache {
-    budget: usize,
-    bytes: usize,
-    clock: u64,
-    held: std::collections::HashMap<u32, (u64, Arc<Vec<f32>>)>,
+/// The radix cache's vision-tower outputs by screenshot key, in the Session's own
+/// [`kamera_agent::TowerCache`] (least recently used out first past a budget of bytes).
+pub struct Towers {
+    cache: kamera_agent::TowerCache<u32>,
     /// Screenshots run through the tower, and those served from the cache.
     pub encoded: usize,
     pub hits: usize,
 }
 
-impl TowerCache {
-    pub fn new(budget_bytes: usize) -> TowerCache {
-        TowerCache {
-            budget: budget_bytes,
-            bytes: 0,
-            clock: 0,
-            held: Default::default(),
+impl Towers {
+    pub fn new(budget_bytes: usize) -> Towers {
+        Towers {
+            cache: kamera_agent::TowerCache::new(budget_bytes),
             encoded: 0,
             hits: 0,
         }
@@ -136,27 +130,14 @@ impl TowerCache {
 
     /// `s`'s tower output: from the cache, or resized and encoded (then kept within the budget).
     fn embeds(&mut self, model: &Model, s: &Screenshot, max_pixels: usize) -> Result<Arc<Vec<f32>>> {
-        self.clock += 1;
-        if let Some(e) = self.held.get_mut(&s.key) {
-            e.0 = self.clock;
+        if let Some(e) = self.cache.get(&s.key) {
             self.hits += 1;
-            return Ok(e.1.clone());
+            return Ok(e);
         }
         let vision = model.vision().context("a screenshot needs a vision-language model")?;
         let (_, out) = vision.encode_image(&s.image, Some(max_pixels))?;
         self.encoded += 1;
-        let e = Arc::new(out.embeds);
-        self.bytes += 4 * e.len();
-        self.held.insert(s.key, (self.clock, e.clone()));
-        while self.bytes > self.budget {
-            let Some((&k, _)) = self.held.iter().min_by_key(|(_, v)| v.0) else {
-                break;
-            };
-            if let Some((_, gone)) = self.held.remove(&k) {
-                self.bytes -= 4 * gone.len();
-            }
-        }
-        Ok(e)
+        Ok(self.cache.insert(s.key, out.embeds))
     }
 }
 
@@ -168,7 +149,7 @@ pub fn extend(
     pieces: &[Piece],
     from: usize,
     max_pixels: usize,
-    tower: &mut TowerCache,
+    tower: &mut Towers,
     ctx: &mut Context,
 ) -> Result<Vec<f32>> {
     let mut logits = Vec::new();
@@ -338,7 +319,7 @@ impl AppendLayout {
 /// the matched rows are copied from the trie's nodes, counted in the time to first token).
 pub struct RadixCache {
     pub trie: RadixTrie<Rows>,
-    pub tower: TowerCache,
+    pub tower: Towers,
     /// A screenshot's pixel budget (the session's).
     max_pixels: usize,
     live: Option<(Vec<u32>, Context)>,
@@ -368,7 +349,7 @@ impl RadixCache {
     pub fn new(budget_bytes: usize, tower_bytes: usize, max_pixels: usize) -> RadixCache {
         RadixCache {
             trie: RadixTrie::new(budget_bytes),
-            tower: TowerCache::new(tower_bytes),
+            tower: Towers::new(tower_bytes),
             max_pixels,
             live: None,
         }

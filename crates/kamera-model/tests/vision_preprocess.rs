@@ -81,6 +81,25 @@ fn png_decoding_matches_pil_convert_rgb() -> Result<()> {
     Ok(())
 }
 
+/// `encode_png` gives back every decoded image unchanged through `decode_png` (the Session keeps
+/// screenshots so).
+#[test]
+fn png_encoding_round_trips_every_decoded_image() -> Result<()> {
+    let dir = golden().join("qwen25vl-preprocess");
+    let mut n = 0;
+    for entry in std::fs::read_dir(&dir)? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "png") {
+            let image = RgbImage::decode_png(&read(&path)?)?;
+            let back = RgbImage::decode_png(&image.encode_png()?)?;
+            check_same(&format!("{} round trip", path.display()), &back, &image)?;
+            n += 1;
+        }
+    }
+    ensure!(n >= 20, "expected the 20 PNG kinds, found {n}");
+    Ok(())
+}
+
 #[test]
 fn bicubic_resize_matches_pil_byte_for_byte() -> Result<()> {
     let dir = golden().join("qwen25vl-preprocess");

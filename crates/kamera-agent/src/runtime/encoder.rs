@@ -2,13 +2,12 @@
 //! and the `Backend`. It keeps the model's live context, which holds the window's KV rows by
 //! (chunk, version) from position 0 and is only rewritten from the first chunk that changed; a
 //! prefill after the window appends to it in place; image chunks get the vision tower's
-//! embeddings (computed once) and 3-D rotary ids. After the window it keeps the last model
+//! embeddings (kept in a [`TowerCache`] within its budget) and 3-D rotary ids. After the window it keeps the last model
 //! call's prompt rows ([`crate::Live`]) while the window does not change, and sets them aside
 //! per window layout when it does ([`PromptRows`]).
 
-use std::borrow::Cow;
 use std::collections::HashMap;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use kamera_gpu::Backend;
 use kamera_model::vision::RgbImage;
@@ -19,23 +18,23 @@ use kamera_sched::{BoxError, Encoder, Prior};
 use kamera_store::ChunkId;
 
 use super::prompt_rows::{PromptRows, layout_key};
+use super::towers::TowerCache;
 use crate::error::{Error, Result, model};
 
 /// A chunk's content: what a prefill needs.
 #[derive(Debug, Clone)]
 pub(crate) struct Content {
     pub tokens: Vec<u32>,
-    /// An image chunk's pixels and tower output (its `tokens` are the vision markers and pads).
+    /// An image chunk's pixels (its `tokens` are the vision markers and pads).
     pub image: Option<Arc<ImageContent>>,
 }
 
-/// An image chunk's pixels and patch grid, and the tower's output once computed (resized and
-/// encoded only when a prefill of it is needed).
+/// An image chunk's pixels, kept as a PNG (a fraction of the raw bytes; decoded only when the
+/// tower runs on them), and its patch grid.
 #[derive(Debug)]
 pub(crate) struct ImageContent {
-    pub image: RgbImage,
+    pub png: Vec<u8>,
     pub grid: Grid,
-    pub embeds: OnceLock<Vec<f32>>,
 }
 
 /// A chunk's prefill input: embeddings to use instead of its tokens (image chunks), and 3-D
@@ -50,6 +49,8 @@ pub(crate) struct SessionEncoder {
     /// Position spans of chunks that do not occupy one position per token (images).
     pub spans: HashMap<ChunkId, i64>,
     pub image_max_pixels: usize,
+    /// The tower's outputs by image chunk, within [`crate::SessionConfig::tower_cache_bytes`].
+    pub towers: TowerCache<ChunkId>,
     pub ctx: Context,
     /// The chunks (id, version) whose rows the context holds, in order from position 0.
     ctx_chunks: Vec<(ChunkId, u64)>,
@@ -69,7 +70,12 @@ impl SessionEncoder {
         self.prompt_rows.tokens()
     }
 
-    pub fn new(model: Arc<Model>, backend: Box<dyn Backend + Send>, image_max_pixels: usize) -> SessionEncoder {
+    pub fn new(
+        model: Arc<Model>,
+        backend: Box<dyn Backend + Send>,
+        image_max_pixels: usize,
+        tower_cache_bytes: usize,
+    ) -> SessionEncoder {
         let ctx = model.empty_context();
         SessionEncoder {
             model,
@@ -77,6 +83,7 @@ impl SessionEncoder {
             content: HashMap::new(),
             spans: HashMap::new(),
             image_max_pixels,
+            towers: TowerCache::new(tower_cache_bytes),
             ctx,
             ctx_chunks: Vec::new(),
             prompt_tail: Vec::new(),
@@ -115,24 +122,25 @@ impl SessionEncoder {
         })
     }
 
-    /// An image chunk's tower output: computed once and kept (counted in `images_encoded`), or
-    /// computed again and not kept when `fresh`.
-    fn tower_output<'a>(&mut self, img: &'a ImageContent, fresh: bool) -> Result<Cow<'a, [f32]>> {
-        if !fresh && let Some(e) = img.embeds.get() {
-            return Ok(Cow::Borrowed(e));
+    /// An image chunk's tower output: from the tower cache, or computed and kept there (counted
+    /// in `images_encoded`); computed again and not kept when `fresh`.
+    fn tower_output(&mut self, chunk: &ChunkId, img: &ImageContent, fresh: bool) -> Result<Arc<Vec<f32>>> {
+        if !fresh && let Some(e) = self.towers.get(chunk) {
+            return Ok(e);
         }
         let vision = self.model.vision().ok_or_else(|| Error::Runtime {
             op: "vision tower",
             detail: "an image chunk needs a vision-language model".into(),
         })?;
+        let image = RgbImage::decode_png(&img.png).map_err(model("decode screenshot"))?;
         let (_, out) = vision
-            .encode_image(&img.image, Some(self.image_max_pixels))
+            .encode_image(&image, Some(self.image_max_pixels))
             .map_err(model("vision tower"))?;
         if fresh {
-            return Ok(Cow::Owned(out.embeds));
+            return Ok(Arc::new(out.embeds));
         }
         self.images_encoded += 1;
-        Ok(Cow::Borrowed(img.embeds.get_or_init(|| out.embeds)))
+        Ok(self.towers.insert(*chunk, out.embeds))
     }
 
     /// What a prefill of `chunk` at rotary position `at` takes: the input embeddings (image
@@ -148,14 +156,14 @@ impl SessionEncoder {
             let rot = mrope.then(|| (0..n as i64).map(|i| [at + i; 3]).collect());
             return Ok((None, rot));
         };
-        let embeds = self.tower_output(img, false)?;
+        let embeds = self.tower_output(chunk, img, false)?;
         let vision = self.model.vision().ok_or_else(|| Error::Runtime {
             op,
             detail: "an image chunk needs a vision-language model".into(),
         })?;
         let tokens = &self.content_of(op, chunk)?.tokens;
         let x = self.model.embed_tokens(tokens).map_err(model(op))?;
-        let x = vision.splice(tokens, x, &[&embeds]).map_err(model(op))?;
+        let x = vision.splice(tokens, x, &[embeds.as_slice()]).map_err(model(op))?;
         let rot = vision.chunk_positions(img.grid, at);
         Ok((Some(x), Some(rot)))
     }
@@ -226,7 +234,7 @@ impl SessionEncoder {
         let (tokens, image) = (c.tokens.clone(), c.image.clone());
         match &image {
             Some(img) => {
-                let embeds = self.tower_output(img, fresh)?;
+                let embeds = self.tower_output(chunk, img, fresh)?;
                 self.model.extend_image(img.grid, &embeds, ctx)
             }
             None => self.model.extend(&tokens, ctx),

@@ -5,7 +5,7 @@
 //! into horizontal bands, each its own content-addressed chunk (an unchanged band of a changed
 //! page stays a hit), in reading order, as a long page's text becomes several chunks.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use kamera_model::vision::RgbImage;
 use kamera_store::ChunkId;
@@ -26,7 +26,7 @@ impl Session {
     /// image chunk, like [`Session::observe`] does for page text. Needs a vision-language model.
     pub fn observe_image(&mut self, png: &[u8]) -> Result<Applied> {
         let image = RgbImage::decode_png(png).map_err(model("decode screenshot"))?;
-        self.observe_rgb(image)
+        self.observe_rgb(image, Some(png))
     }
 
     /// A screenshot observed (PNG bytes) as [`Session::observe_image`] does, or, where it is over
@@ -50,7 +50,7 @@ impl Session {
                 let data = image.data()[rows.start * row..rows.end * row].to_vec();
                 RgbImage::new(image.width(), rows.len(), data).map_err(model("cut screenshot"))?
             };
-            let a = self.observe_rgb(band)?;
+            let a = self.observe_rgb(band, (bands.len() == 1).then_some(png))?;
             let id = a.chunk.ok_or_else(|| Error::Runtime {
                 op: "observe screenshot",
                 detail: "the visit named no chunk".into(),
@@ -70,8 +70,9 @@ impl Session {
         Ok(shot)
     }
 
-    /// A decoded screenshot met by the window as one image chunk.
-    fn observe_rgb(&mut self, image: RgbImage) -> Result<Applied> {
+    /// A decoded screenshot met by the window as one image chunk; `png` is the file it was
+    /// decoded from, if it was decoded whole (kept as it is; else the pixels are encoded).
+    fn observe_rgb(&mut self, image: RgbImage, png: Option<&[u8]>) -> Result<Applied> {
         self.settle()?;
         let vision = self.model.vision().ok_or_else(|| Error::Runtime {
             op: "observe screenshot",
@@ -94,6 +95,10 @@ impl Session {
         let tokens = vision.chunk_tokens(grid);
         let n = tokens.len();
         if !self.exec.encoder().content.contains_key(&id) {
+            let png = match png {
+                Some(p) => p.to_vec(),
+                None => image.encode_png().map_err(model("keep screenshot"))?,
+            };
             let span = vision.chunk_span(grid);
             self.window.declare_span(id, span)?;
             self.exec.encoder_mut().spans.insert(id, span);
@@ -101,11 +106,7 @@ impl Session {
                 id,
                 Content {
                     tokens,
-                    image: Some(Arc::new(ImageContent {
-                        image,
-                        grid,
-                        embeds: OnceLock::new(),
-                    })),
+                    image: Some(Arc::new(ImageContent { png, grid })),
                 },
             );
         }

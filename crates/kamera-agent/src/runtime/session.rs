@@ -48,6 +48,11 @@ pub struct SessionConfig {
     /// Pixel budget of a screenshot chunk ([`Session::observe_image`]): larger screenshots are
     /// downscaled, as the model's preprocessor does, to fit (28x28 pixels per merged token).
     pub image_max_pixels: usize,
+    /// Bytes of vision-tower outputs kept by image chunk, least recently used out first
+    /// ([`TowerCache`](crate::TowerCache); SGLang's default, 100 MiB, unless set): an image
+    /// prefilled again after its output has gone runs through the tower again. Its pixels stay,
+    /// as a PNG.
+    pub tower_cache_bytes: usize,
     /// Most tiles a screenshot over [`SessionConfig::image_max_pixels`] is cut into
     /// ([`Session::observe_screenshot`]): horizontal bands, each its own image chunk at up to the
     /// pixel budget, so detail is kept at the cost of more image tokens; 1: the whole screenshot
@@ -81,6 +86,7 @@ impl Default for SessionConfig {
             defer: true,
             repair: true,
             image_max_pixels: 28 * 28 * 256,
+            tower_cache_bytes: crate::runtime::TOWER_CACHE_BYTES,
             screenshot_tiles: 1,
             chunk_tokens_max: crate::runtime::CHUNK_TOKENS_MAX,
             lazy: true,
@@ -222,7 +228,7 @@ impl Session {
         let mut wcfg = WindowConfig::new(cfg.window_tokens, fp);
         wcfg.cost = cfg.cost.clone();
         wcfg.evict = cfg.evict;
-        let enc = SessionEncoder::new(model.clone(), backend, cfg.image_max_pixels);
+        let enc = SessionEncoder::new(model.clone(), backend, cfg.image_max_pixels, cfg.tower_cache_bytes);
         let ecfg = ExecConfig {
             model: fp,
             patch: cfg.patch.clone(),
@@ -265,6 +271,11 @@ impl Session {
     /// window and store (at most [`crate::PROMPT_ROWS_TOKENS`]).
     pub fn prompt_rows_tokens(&self) -> usize {
         self.exec.encoder().prompt_rows_tokens()
+    }
+
+    /// Bytes of vision-tower outputs held now (at most [`SessionConfig::tower_cache_bytes`]).
+    pub fn tower_bytes(&self) -> usize {
+        self.exec.encoder().towers.bytes()
     }
 
     /// The backend's name (`cpu`, `cuda`).
