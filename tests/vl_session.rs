@@ -204,7 +204,10 @@ fn tower_outputs_stay_within_their_budget_and_are_computed_again_when_gone() -> 
         if budget == kamera_agent::TOWER_CACHE_BYTES {
             assert_eq!(encoded, 3, "each image through the tower once");
         } else {
-            assert!(encoded > 3, "budget {budget}: images whose output left run again: {encoded}");
+            assert!(
+                encoded > 3,
+                "budget {budget}: images whose output left run again: {encoded}"
+            );
         }
     }
     Ok(())

@@ -9,7 +9,7 @@
 #[cfg(target_arch = "x86_64")]
 mod amx;
 #[cfg(target_arch = "x86_64")]
-pub(crate) mod avx2;
+mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx2_int8;
 #[cfg(target_arch = "x86_64")]

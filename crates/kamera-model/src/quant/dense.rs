@@ -190,7 +190,7 @@ impl Bf16Matrix {
             y.par_chunks_mut(chunk)
                 .enumerate()
                 .for_each(|(c, out)| self.rows_into(x, lanes.as_deref(), c * chunk, out));
-        } else if !self.tiles && n <= FEW_ROWS && super::avx2::available() {
+        } else if !self.tiles && few(n) {
             #[cfg(target_arch = "x86_64")]
             self.few_rows(x, n, y);
         } else if !self.tiles {
@@ -208,9 +208,7 @@ impl Bf16Matrix {
         }
         then.apply(y, self.rows, prev.as_deref());
     }
-}
 
-impl Bf16Matrix {
     /// `y = x Wᵀ` for a few input rows in f32 ([`FEW_ROWS`] at most, the CPU with AVX2 + FMA):
     /// weight rows in chunks over the pool, each multiplied straight from its pairs.
     #[cfg(target_arch = "x86_64")]
@@ -235,6 +233,17 @@ impl Bf16Matrix {
 /// Input rows up to which f32 products skip the panels (below it the widening and the GEMM's
 /// packing cost more than the products; `dense_speed` measures both sides).
 const FEW_ROWS: usize = 64;
+
+/// Whether `n` input rows multiply through [`Bf16Matrix::few_rows`] on this CPU.
+fn few(n: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return n <= FEW_ROWS && super::avx2::available();
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = n;
+        false
+    }
+}
 
 /// The one-row products on AVX2 + FMA: eight pairs at a time, their even and odd columns
 /// widened by a shift and a mask, multiplied by the input in the same lane order.
@@ -292,7 +301,7 @@ mod avx2 {
     }
 
     /// Weight rows and input rows per register tile of [`few_rows`] (8 accumulators, the two
-    /// inputs' 16 columns and one weight row's: 14 of the 16 registers).
+    /// inputs' 16 columns, one weight row's and the mask: 15 of the 16 registers).
     const TILE_W: usize = 4;
     const TILE_X: usize = 2;
     /// Blocks of 16 columns per pass over the inputs: a chunk of four weight rows (2 KiB) and
