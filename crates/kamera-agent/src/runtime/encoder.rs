@@ -2,9 +2,9 @@
 //! and the `Backend`. It keeps the model's live context, which holds the window's KV rows by
 //! (chunk, version) from position 0 and is only rewritten from the first chunk that changed; a
 //! prefill after the window appends to it in place; image chunks get the vision tower's
-//! embeddings (kept in a [`TowerCache`] within its budget) and 3-D rotary ids. After the window it keeps the last model
-//! call's prompt rows ([`crate::Live`]) while the window does not change, and sets them aside
-//! per window layout when it does ([`PromptRows`]).
+//! embeddings (kept in a [`TowerCache`] within its budget) and 3-D rotary ids. After the window
+//! it keeps the last model call's prompt rows ([`crate::Live`]) while the window does not change,
+//! and sets them aside per window layout when it does ([`PromptRows`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
