@@ -161,6 +161,15 @@ fn bench_session_on_screenshots() {
         "the full re-encode encodes at least the step's screenshot every step"
     );
     assert!(m(1, "images_encoded").as_u64().unwrap() <= steps.len() as u64);
+    // The radix cache's budget counts Kamera's live prompt too, so its trie keeps the first
+    // request whole and step 1 (a new page appended) prefills only the new page.
+    let step1 = |method: &str| steps[1]["methods"][method]["prefill_tokens"].as_u64().unwrap();
+    assert!(
+        step1("radix-cache") < step1("full-reprefill"),
+        "the radix cache reuses step 0's request at step 1: {} of {} tokens prefilled",
+        step1("radix-cache"),
+        step1("full-reprefill")
+    );
     assert!(
         m(1, "max_kl").as_f64().unwrap() < 1e-9,
         "the radix cache is exact: {}",

@@ -251,6 +251,8 @@ fn few(n: usize) -> bool {
 mod avx2 {
     use std::arch::x86_64::*;
 
+    use super::super::avx2::hsum;
+
     /// `x` in the order the kernel reads it: per 16 values, the 8 even columns then the 8 odd.
     pub fn lane_order(x: &[f32]) -> Vec<f32> {
         let mut out = vec![0f32; x.len() / 16 * 16];
@@ -280,14 +282,6 @@ mod avx2 {
             }
             hsum(_mm256_add_ps(ae, ao)) + tail(pairs, x, blocks)
         }
-    }
-
-    /// The sum of `v`'s eight lanes.
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn hsum(v: __m256) -> f32 {
-        let q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        let q = _mm_add_ps(q, _mm_movehl_ps(q, q));
-        _mm_cvtss_f32(_mm_add_ss(q, _mm_shuffle_ps(q, q, 1)))
     }
 
     /// `Σ w·x` over the pairs past the first `blocks` whole blocks of eight.

@@ -30,7 +30,7 @@ pub(crate) fn panels(
     // 128 rows: the GEMM packs the whole input again for every panel, so the 23-row panels of a
     // down projection's 11008 columns ran at 122-127 GFLOP/s against 144-166 with 128 rows
     // (`dense_speed`, [2048, 11008] x 252 rows, Zen 3, 2 threads).
-    let panel_rows = (PANEL_VALUES / cols).max(128).clamp(16, rows.div_ceil(threads).max(16));
+    let panel_rows = (PANEL_VALUES / cols).max(128).min(rows.div_ceil(threads).max(16));
     let out = Out(y.as_mut_ptr());
     let panels = rows.div_ceil(panel_rows);
     (0..panels).into_par_iter().for_each_init(
