@@ -1,14 +1,19 @@
 //! A Hugging Face model directory: config.json, safetensors (one file or shards with their index),
-//! tokenizer.json. Tensors are read by name in f32 (stored f32, bf16 or f16), their shape checked.
+//! tokenizer.json. Tensors are read by name, their shape checked: in f32 (stored f32, bf16 or f16),
+//! or, for a linear weight stored in bf16, straight into the bf16 matrix that holds it
+//! ([`SafeDir::linear`]).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
+use safetensors::{Dtype, tensor::TensorView};
 use sha2::{Digest, Sha256};
 
+use crate::PrefillPrecision;
 use crate::error::{CandleCtx, Error, Result};
+use crate::quant::Linear;
 
 /// The safetensors weights of a model directory, memory-mapped (public for kamera-fuzz, which
 /// fuzzes this loader).
@@ -101,8 +106,8 @@ impl SafeDir {
         self.st.get(name).is_ok()
     }
 
-    /// Tensor `name` in f32, which must have `shape`.
-    pub fn f32(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
+    /// Tensor `name`'s view, which must have `shape`.
+    fn view(&self, name: &str, shape: &[usize]) -> Result<TensorView<'_>> {
         let view = self.st.get(name).map_err(|_| Error::MissingTensor {
             path: self.dir.clone(),
             name: name.to_string(),
@@ -113,6 +118,12 @@ impl SafeDir {
                 detail: format!("tensor {name}: expected shape {shape:?}, found {:?}", view.shape()),
             });
         }
+        Ok(view)
+    }
+
+    /// Tensor `name` in f32, which must have `shape`.
+    pub fn f32(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        let view = self.view(name, shape)?;
         let t = self
             .st
             .load(name, &Device::Cpu)
@@ -120,6 +131,27 @@ impl SafeDir {
             .ctx("load safetensors")?;
         release(view.data());
         Ok(t)
+    }
+
+    /// Tensor `name` (stored with `shape`, e.g. a convolution's) as a linear weight `[rows, cols]`
+    /// held for `precision`: a bf16 tensor goes from the file straight into bf16 pairs (no f32
+    /// copy, the same matrix [`Linear::dense`] makes of it widened), any other through f32.
+    pub(crate) fn linear(
+        &self,
+        name: &str,
+        shape: &[usize],
+        (rows, cols): (usize, usize),
+        precision: PrefillPrecision,
+    ) -> Result<Linear> {
+        let view = self.view(name, shape)?;
+        if view.dtype() == Dtype::BF16
+            && let Some(l) = Linear::bf16_bytes(view.data(), rows, cols, precision)
+        {
+            release(view.data());
+            return Ok(l);
+        }
+        let w = self.f32(name, shape)?.reshape((rows, cols)).ctx("load safetensors")?;
+        Linear::dense(w, precision)
     }
 
     /// sha256 over every shard (in name order), hex.

@@ -415,6 +415,14 @@ impl Linear {
         })
     }
 
+    /// A weight stored in bf16 (`bytes`: little-endian, row-major, as a safetensors file holds
+    /// it) kept as it is for `precision`: [`Linear::dense`]'s matrix for the widened values,
+    /// without making them. `None` where that would not be bf16 (an odd column count) or the
+    /// byte count is not the shape's.
+    pub fn bf16_bytes(bytes: &[u8], rows: usize, cols: usize, precision: PrefillPrecision) -> Option<Linear> {
+        Bf16Matrix::from_bf16_bytes(bytes, rows, cols, precision == PrefillPrecision::Bf16).map(Linear::Bf16)
+    }
+
     /// `x @ wᵀ` for `x: [n, in]`: one row on the codes, up to [`rows::max_rows`] rows by
     /// blocks of rows on the codes, more by a GEMM over dequantized panels.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {

@@ -71,6 +71,27 @@ impl Bf16Matrix {
         Some(m)
     }
 
+    /// A bf16 tensor's bytes (`rows · cols · 2`, little-endian, row-major: a safetensors
+    /// file's) held as they are, on the tiles where `tiles` asks and the CPU has them: a pair is
+    /// one little-endian `u32` of the bytes. `None` for an odd or zero column count or a byte
+    /// count that is not the shape's.
+    pub fn from_bf16_bytes(bytes: &[u8], rows: usize, cols: usize, tiles: bool) -> Option<Bf16Matrix> {
+        if cols == 0 || cols % 2 != 0 || Some(bytes.len()) != rows.checked_mul(cols * 2) {
+            return None;
+        }
+        let mut m = Bf16Matrix::zeroed(rows, cols, tiles && super::PrefillPrecision::Bf16.available());
+        let stride = m.stride;
+        m.pairs
+            .par_chunks_mut(stride)
+            .zip(bytes.par_chunks(cols * 2))
+            .for_each(|(o, r)| {
+                for (p, b) in o.iter_mut().zip(r.chunks_exact(4)) {
+                    *p = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                }
+            });
+        Some(m)
+    }
+
     fn zeroed(rows: usize, cols: usize, tiles: bool) -> Bf16Matrix {
         let mut stride = (cols / 2).next_multiple_of(PAIR_BLOCK);
         // Rows a multiple of 4 KiB apart would all fall in one L1 set: one tile load's 16 rows
@@ -573,6 +594,43 @@ mod tests {
         assert!(
             Bf16Matrix::exact(&bf16_weights(4, 5), 4, 5).is_none(),
             "odd columns refused"
+        );
+    }
+
+    #[test]
+    fn a_bf16_tensors_bytes_make_the_matrix_its_widened_values_make() {
+        for &(rows, cols) in &[(50, 64), (3, 38), (33, 2)] {
+            let w = bf16_weights(rows, cols);
+            let bytes: Vec<u8> = w
+                .iter()
+                .flat_map(|v| ((v.to_bits() >> 16) as u16).to_le_bytes())
+                .collect();
+            let from_bytes = Bf16Matrix::from_bf16_bytes(&bytes, rows, cols, false).expect("an even shape");
+            let widened = Bf16Matrix::exact(&w, rows, cols).expect("every value is a bf16");
+            assert_eq!(from_bytes.stride, widened.stride);
+            assert_eq!(
+                &from_bytes.pairs[..],
+                &widened.pairs[..],
+                "{rows}x{cols}: the same pairs, padding included"
+            );
+            assert!(!from_bytes.tiles());
+            let tiled = Bf16Matrix::from_bf16_bytes(&bytes, rows, cols, true).expect("an even shape");
+            assert_eq!(tiled.tiles(), super::super::PrefillPrecision::Bf16.available());
+        }
+        let bytes = vec![0u8; 4 * 5 * 2];
+        assert!(
+            Bf16Matrix::from_bf16_bytes(&bytes, 4, 5, false).is_none(),
+            "odd columns refused"
+        );
+        for n in [31, 33, 40] {
+            assert!(
+                Bf16Matrix::from_bf16_bytes(&bytes[..n], 4, 4, false).is_none(),
+                "{n} bytes for a 4x4 matrix refused"
+            );
+        }
+        assert!(
+            Bf16Matrix::from_bf16_bytes(&[], 0, 0, false).is_none(),
+            "no columns refused"
         );
     }
 

@@ -71,15 +71,15 @@ impl Tower {
         let t = |name: &str, shape: &[usize]| st.f32(&format!("{prefix}{name}"), shape);
         let lin = |name: &str, out: usize, inp: usize| -> Result<(Linear, Tensor)> {
             Ok((
-                Linear::dense(t(&format!("{name}.weight"), &[out, inp])?, precision)?,
+                st.linear(&format!("{prefix}{name}.weight"), &[out, inp], (out, inp), precision)?,
                 t(&format!("{name}.bias"), &[out])?,
             ))
         };
         let (c, tp, p) = (cfg.in_channels, cfg.temporal_patch_size, cfg.patch_size);
-        let patch_embed = Linear::dense(
-            t("patch_embed.proj.weight", &[h, c, tp, p, p])?
-                .reshape((h, cfg.patch_values()))
-                .ctx(OP)?,
+        let patch_embed = st.linear(
+            &format!("{prefix}patch_embed.proj.weight"),
+            &[h, c, tp, p, p],
+            (h, cfg.patch_values()),
             precision,
         )?;
         let blocks = (0..cfg.depth)
