@@ -133,16 +133,18 @@ impl SafeDir {
         Ok(t)
     }
 
-    /// Tensor `name` (stored with `shape`, e.g. a convolution's) as a linear weight `[rows, cols]`
-    /// held for `precision`: a bf16 tensor goes from the file straight into bf16 pairs (no f32
-    /// copy, the same matrix [`Linear::dense`] makes of it widened), any other through f32.
-    pub(crate) fn linear(
-        &self,
-        name: &str,
-        shape: &[usize],
-        (rows, cols): (usize, usize),
-        precision: PrefillPrecision,
-    ) -> Result<Linear> {
+    /// Tensor `name`, which must have `shape`, as a linear weight `[shape[0], the rest's product]`
+    /// (a convolution's kernel flattened per output channel) held for `precision`: a bf16 tensor
+    /// goes from the file straight into bf16 pairs (no f32 copy, the same matrix
+    /// [`Linear::dense`] makes of it widened), any other through f32.
+    pub(crate) fn linear(&self, name: &str, shape: &[usize], precision: PrefillPrecision) -> Result<Linear> {
+        let Some((&rows, rest)) = shape.split_first() else {
+            return Err(Error::Shape {
+                op: "load safetensors",
+                detail: format!("tensor {name}: a linear weight needs at least one dimension"),
+            });
+        };
+        let cols = rest.iter().product();
         let view = self.view(name, shape)?;
         if view.dtype() == Dtype::BF16
             && let Some(l) = Linear::bf16_bytes(view.data(), rows, cols, precision)

@@ -185,8 +185,7 @@ impl Weights {
         precision: crate::PrefillPrecision,
     ) -> Result<Weights> {
         let t = |name: &str, shape: &[usize]| st.f32(&format!("{prefix}{name}"), shape);
-        let lin =
-            |name: &str, shape: &[usize]| st.linear(&format!("{prefix}{name}"), shape, (shape[0], shape[1]), precision);
+        let lin = |name: &str, shape: &[usize]| st.linear(&format!("{prefix}{name}"), shape, precision);
         let (h, f, hd) = (cfg.hidden, cfg.ffn, cfg.head_dim);
         let (qd, kvd) = (cfg.heads * hd, cfg.kv_dim());
         let layers = (0..cfg.n_layers)
@@ -215,7 +214,7 @@ impl Weights {
         let lm_head = if tied {
             None
         } else {
-            Some(st.linear("lm_head.weight", &[cfg.vocab, h], (cfg.vocab, h), precision)?)
+            Some(st.linear("lm_head.weight", &[cfg.vocab, h], precision)?)
         };
         Ok(Weights {
             embed: lin("embed_tokens.weight", &[cfg.vocab, h])?,

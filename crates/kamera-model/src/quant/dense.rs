@@ -76,7 +76,7 @@ impl Bf16Matrix {
     /// one little-endian `u32` of the bytes. `None` for an odd or zero column count or a byte
     /// count that is not the shape's.
     pub fn from_bf16_bytes(bytes: &[u8], rows: usize, cols: usize, tiles: bool) -> Option<Bf16Matrix> {
-        if cols == 0 || cols % 2 != 0 || Some(bytes.len()) != rows.checked_mul(cols * 2) {
+        if cols == 0 || cols % 2 != 0 || Some(bytes.len()) != rows.checked_mul(cols).and_then(|n| n.checked_mul(2)) {
             return None;
         }
         let mut m = Bf16Matrix::zeroed(rows, cols, tiles && super::PrefillPrecision::Bf16.available());

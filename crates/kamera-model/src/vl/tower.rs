@@ -71,7 +71,7 @@ impl Tower {
         let t = |name: &str, shape: &[usize]| st.f32(&format!("{prefix}{name}"), shape);
         let lin = |name: &str, out: usize, inp: usize| -> Result<(Linear, Tensor)> {
             Ok((
-                st.linear(&format!("{prefix}{name}.weight"), &[out, inp], (out, inp), precision)?,
+                st.linear(&format!("{prefix}{name}.weight"), &[out, inp], precision)?,
                 t(&format!("{name}.bias"), &[out])?,
             ))
         };
@@ -79,7 +79,6 @@ impl Tower {
         let patch_embed = st.linear(
             &format!("{prefix}patch_embed.proj.weight"),
             &[h, c, tp, p, p],
-            (h, cfg.patch_values()),
             precision,
         )?;
         let blocks = (0..cfg.depth)
