@@ -208,7 +208,10 @@ mod tests {
     /// open, and refused when it leaves the grammar at once.
     #[test]
     fn free_replies_are_held_to_the_grammar() {
-        let g = QuotedText { lead: "Next: say \"" };
+        let g = QuotedText {
+            lead: "Next: say \"",
+            within: None,
+        };
         assert_eq!(
             held_to(&g, "Next: say \"hi\" and more").as_deref(),
             Some("Next: say \"hi\"")

@@ -11,7 +11,9 @@ use crate::language_model::{LanguageModel, View};
 use crate::llm::ModelCall;
 
 mod candidates;
+mod check;
 mod example;
+mod facts;
 mod model;
 mod plan;
 mod restricted;

@@ -78,8 +78,11 @@ impl Grammar for ActionSchema {
 
 /// A text after `lead` up to its closing quote, without backslashes or control characters (a
 /// text to type or an answer, as the ranked model policy writes it): decoding stops at the quote.
+/// With `within`, the text is a non-empty span of that text (a copy of the page, valid by
+/// construction).
 pub struct QuotedText<'a> {
     pub lead: &'a str,
+    pub within: Option<&'a str>,
 }
 
 impl Grammar for QuotedText<'_> {
@@ -92,8 +95,10 @@ impl Grammar for QuotedText<'_> {
         };
         // The free text of a template ([`free_char`]), closed by the quote and nothing after it.
         let (free, closing) = text.split_at(text.find('"').unwrap_or(text.len()));
+        let outside = |src: &str| !src.contains(free) || (free.trim().is_empty() && !closing.is_empty());
         match closing {
             _ if !free.chars().all(free_char) || free.chars().count() > MAX_FREE_CHARS => Fit::Dead,
+            _ if self.within.is_some_and(outside) => Fit::Dead,
             "" => Fit::Open,
             "\"" => Fit::Complete,
             _ => Fit::Dead,
@@ -353,7 +358,10 @@ mod tests {
     /// backslash or control character; an open one closes with the quote.
     #[test]
     fn quoted_texts_end_at_their_quote() {
-        let g = QuotedText { lead: "say \"" };
+        let g = QuotedText {
+            lead: "say \"",
+            within: None,
+        };
         assert_eq!(g.fit("say \"hello"), Fit::Open);
         assert_eq!(g.fit("say \"hello\""), Fit::Complete);
         assert_eq!(g.fit("say \"\""), Fit::Complete);
@@ -364,6 +372,16 @@ mod tests {
         assert_eq!(g.fit(&format!("say \"{}", "x".repeat(MAX_FREE_CHARS + 1))), Fit::Dead);
         assert_eq!(g.close("say \"hello").as_deref(), Some("say \"hello\""));
         assert_eq!(g.close("say \"hello\""), None);
+        let span = QuotedText {
+            lead: "say \"",
+            within: Some("Status: Awaiting pickup\nLast hub: Gdansk"),
+        };
+        assert_eq!(span.fit("say \"Await"), Fit::Open);
+        assert_eq!(span.fit("say \"Awaiting pickup\""), Fit::Complete);
+        assert_eq!(span.fit("say \"Send return request"), Fit::Dead, "not on the page");
+        assert_eq!(span.fit("say \"pickup Last"), Fit::Dead, "across a line");
+        assert_eq!(span.fit("say \"\""), Fit::Dead, "empty");
+        assert_eq!(span.fit("say \" \""), Fit::Dead, "blank");
     }
 
     /// Lines up to a blank line or the last allowed line's end; nothing after the blank line,

@@ -37,38 +37,6 @@ pub fn goal_spans(goal: &str) -> Vec<String> {
     spans
 }
 
-/// Most characters of a fact's label and of its value ([`facts`]).
-const MAX_FACT_LABEL: usize = 30;
-const MAX_FACT_VALUE: usize = 40;
-
-/// The values of a page's `Label: value` lines (`Tracking number: TRK-51234` gives
-/// `TRK-51234`): what a later page may ask to have typed. Element lines (`[N] ...`), headings
-/// and lines whose label or value is long or quoted are not facts.
-pub fn facts(text: &str) -> Vec<String> {
-    let mut out: Vec<String> = Vec::new();
-    for line in text.lines().map(str::trim) {
-        if line.starts_with(['[', '#']) {
-            continue;
-        }
-        let Some((label, value)) = line.split_once(": ") else {
-            continue;
-        };
-        let (label, value) = (label.trim(), value.trim());
-        let short = |s: &str, n: usize| !s.is_empty() && s.chars().count() <= n;
-        let plain = |s: &str| !s.contains(['"', '[', ']', '|']);
-        if short(label, MAX_FACT_LABEL)
-            && short(value, MAX_FACT_VALUE)
-            && plain(label)
-            && plain(value)
-            && label.starts_with(char::is_alphabetic)
-            && !out.iter().any(|v| v == value)
-        {
-            out.push(value.to_string());
-        }
-    }
-    out
-}
-
 /// Whether `e` is a radio button (its line in the page text says `input type=radio`, or its
 /// ARIA role does).
 fn radio(e: &Element, obs: &Observation) -> bool {
@@ -96,7 +64,7 @@ fn kind<'e>(e: &'e Element, obs: &Observation) -> &'e str {
 }
 
 /// The short text line just before `e`'s line in the page text (a field's label), if any.
-fn label(e: &Element, obs: &Observation) -> Option<String> {
+pub fn label(e: &Element, obs: &Observation) -> Option<String> {
     let marker = format!("[{}] ", e.id);
     let mut prev: Option<&str> = None;
     for line in obs.text.lines().map(str::trim) {
@@ -127,13 +95,34 @@ pub fn describe(e: &Element, obs: &Observation) -> String {
     d
 }
 
+/// Whether `e` is a link to the page it is on (a menu entry of the current page): following it
+/// only reloads the page, and clears what its form holds.
+fn links_here(e: &Element, obs: &Observation) -> bool {
+    let path = obs
+        .url
+        .split_once("://")
+        .and_then(|(_, rest)| rest.find('/').map(|i| &rest[i..]))
+        .unwrap_or("/");
+    e.tag == "a" && !e.href.is_empty() && (e.href == obs.url || (e.href.starts_with('/') && e.href == path))
+}
+
 /// Every action the model may rank on `obs`: click and select on each interactive element; each
-/// of `texts` typed into each editable one (unless it already holds it); and press Enter. (An
-/// answer is written, not chosen: the policy offers it as a kind of action.)
+/// of `texts` typed into each editable one (unless it already holds it); press Enter. A link to
+/// the page itself is not offered. On a page
+/// that lists nothing to act on (a dead end: "Not found"), go back alone. (An answer is
+/// written, not chosen: the policy offers it as a kind of action.)
 pub fn candidates(obs: &Observation, texts: &[String]) -> Vec<Candidate> {
     let mut out = Vec::new();
+    if obs.interactive().next().is_none() {
+        // Nothing to act on, nothing to press Enter in: the way on is back.
+        out.push(Candidate {
+            action: Action::Back,
+            text: "go back".into(),
+        });
+        return out;
+    }
     let mut push = |action: Action, text: String| out.push(Candidate { action, text });
-    for e in obs.interactive() {
+    for e in obs.interactive().filter(|e| !links_here(e, obs)) {
         let d = describe(e, obs);
         let id = e.id;
         // A checkbox or radio button is clicked like anything else (a click toggles it; its
@@ -159,6 +148,45 @@ pub fn candidates(obs: &Observation, texts: &[String]) -> Vec<Candidate> {
     out
 }
 
+/// The ids of `obs`'s interactive elements that `prev` (the page of the action before, at
+/// `prev_url`) had too, with the same tag, text and link target, when `obs` is at another URL:
+/// what a followed link carried over (the site's menu, its footer). Empty when the URL is the
+/// same (a page that changed in place, as every MiniWoB++ task does, carries nothing over).
+pub fn carried_over(prev_url: &str, prev: &[Element], obs: &Observation) -> Vec<u32> {
+    if prev_url == obs.url {
+        return Vec::new();
+    }
+    obs.interactive()
+        .filter(|e| {
+            prev.iter()
+                .any(|p| p.tag == e.tag && p.text == e.text && p.href == e.href)
+        })
+        .map(|e| e.id)
+        .collect()
+}
+
+/// The element `action` acts on, if any.
+fn target(action: &Action) -> Option<u32> {
+    match action {
+        Action::Click { id } | Action::Select { id, .. } | Action::Type { id: Some(id), .. } => Some(*id),
+        _ => None,
+    }
+}
+
+/// `cands` less the actions on `carried` elements, where an action on an element of the page's
+/// own is left: a link was followed for what the new page adds, and going back through the
+/// menu it carried over (most often to the page just left) undoes that step. A page with
+/// nothing of its own keeps every action.
+pub fn page_own_first(cands: Vec<Candidate>, carried: &[u32]) -> Vec<Candidate> {
+    let carried_target = |c: &Candidate| target(&c.action).is_some_and(|id| carried.contains(&id));
+    let own = |c: &Candidate| target(&c.action).is_some() && !carried_target(c);
+    if cands.iter().any(own) {
+        cands.into_iter().filter(|c| !carried_target(c)).collect()
+    } else {
+        cands
+    }
+}
+
 /// An action in the words of [`candidates`], for the history of what was done (`obs` is the
 /// page it was taken on).
 pub fn words(action: &Action, obs: &Observation) -> String {
@@ -174,6 +202,7 @@ pub fn words(action: &Action, obs: &Observation) -> String {
         Action::Select { id, option } => format!("select \"{option}\" in {}", el(*id)),
         Action::Key { key } => format!("press {key}"),
         Action::Done { answer } => format!("answer \"{answer}\""),
+        Action::Back => "go back".into(),
         other => other.label(),
     }
 }
@@ -207,15 +236,6 @@ mod tests {
         assert!(goal_spans("an \"unclosed quote").is_empty());
     }
 
-    /// `Label: value` lines give their values; element lines, headings, quoted or long ones do not.
-    #[test]
-    fn facts_are_the_values_of_label_lines() {
-        let text = "[1] a \"Home\"\n# Order A-1041\nCustomer: Tomas Ek\nTracking number: TRK-51234\n\
-                    Note: \"quoted\"\nA very long label that goes on and on and on: x\nTime: 3\nCustomer: Tomas Ek\n\
-                    [7] a \"Track: this\"";
-        assert_eq!(facts(text), ["Tomas Ek", "TRK-51234", "3"]);
-    }
-
     /// A radio button is described as one, a checkbox as one; both are clicked.
     #[test]
     fn radio_buttons_are_told_from_checkboxes() {
@@ -242,6 +262,81 @@ mod tests {
             ]
         );
         assert_eq!(words(&Action::Click { id: 1 }, &obs), "click radio button \"3hIU\" [1]");
+    }
+
+    /// A page reached by a link: the menu it shares with the page before is carried over, and
+    /// its own link is ranked alone; on the same URL nothing is carried over; a page with only
+    /// the menu keeps it.
+    #[test]
+    fn a_followed_link_ranks_the_new_pages_own_elements() {
+        let page = |url: &str, own: &[(&str, &str)]| -> Observation {
+            let mut els = vec![
+                serde_json::json!({"id": 1, "tag": "a", "text": "Home", "href": "/", "x": 1.0, "y": 1.0}),
+                serde_json::json!({"id": 2, "tag": "a", "text": "Orders", "href": "/orders", "x": 2.0, "y": 1.0}),
+            ];
+            for (i, (text, href)) in own.iter().enumerate() {
+                els.push(serde_json::json!({"id": 3 + i, "tag": "a", "text": text, "href": href, "x": 1.0, "y": 5.0}));
+            }
+            serde_json::from_value(serde_json::json!({"url": url, "title": "t", "text": "", "elements": els}))
+                .expect("observation")
+        };
+        let list = page("http://s/orders", &[("View A-1", "/orders/A-1")]);
+        let order = page("http://s/orders/A-1", &[("Track this shipment", "/shipping")]);
+        let prev: Vec<Element> = list.interactive().cloned().collect();
+        assert_eq!(carried_over(&list.url, &prev, &order), [1, 2]);
+        assert!(carried_over(&order.url, &prev, &order).is_empty(), "same URL");
+        let texts: Vec<String> = page_own_first(candidates(&order, &[]), &[1, 2])
+            .into_iter()
+            .map(|c| c.text)
+            .collect();
+        assert_eq!(texts, ["click link \"Track this shipment\" [3]", "press Enter"]);
+        let status = page("http://s/shipping/T-1", &[]);
+        let carried = carried_over(&order.url, &order.interactive().cloned().collect::<Vec<_>>(), &status);
+        assert_eq!(carried, [1, 2]);
+        assert_eq!(
+            page_own_first(candidates(&status, &[]), &carried).len(),
+            3,
+            "only the menu: kept"
+        );
+    }
+
+    /// A link to the current page (by path or whole URL) is not offered; others are.
+    #[test]
+    fn a_link_to_the_page_itself_is_not_offered() {
+        let obs: Observation = serde_json::from_value(serde_json::json!({
+            "url": "http://127.0.0.1:8080/shipping", "title": "t", "text": "",
+            "elements": [
+                {"id": 1, "tag": "a", "text": "Orders", "href": "/orders", "x": 1.0, "y": 1.0},
+                {"id": 2, "tag": "a", "text": "Shipping status", "href": "/shipping", "x": 2.0, "y": 1.0},
+                {"id": 3, "tag": "a", "text": "Again", "href": "http://127.0.0.1:8080/shipping", "x": 3.0, "y": 1.0},
+                {"id": 4, "tag": "a", "text": "Top", "href": "#top", "x": 4.0, "y": 1.0}
+            ]
+        }))
+        .expect("observation");
+        let ids: Vec<Action> = candidates(&obs, &[]).into_iter().map(|c| c.action).collect();
+        assert_eq!(
+            ids,
+            [
+                Action::Click { id: 1 },
+                Action::Click { id: 4 },
+                Action::Key { key: "Enter".into() }
+            ]
+        );
+    }
+
+    /// A page that lists nothing to act on (a dead end) offers going back alone.
+    #[test]
+    fn a_dead_end_offers_going_back() {
+        let obs: Observation = serde_json::from_value(serde_json::json!({
+            "url": "http://s/shipping/A-1", "title": "", "text": "# Not found", "elements": []
+        }))
+        .expect("observation");
+        let cands = candidates(&obs, &[]);
+        let texts: Vec<&str> = cands.iter().map(|c| c.text.as_str()).collect();
+        assert_eq!(texts, ["go back"]);
+        assert_eq!(cands[0].action, Action::Back);
+        assert_eq!(words(&Action::Back, &obs), "go back");
+        assert!(super::super::valid(&obs, &Action::Back));
     }
 
     /// Fields are described by the label line before them; buttons by their text.

@@ -6,13 +6,16 @@
 //! already taken on this same page (it did nothing, or it would go round a loop), the last action
 //! right after itself, or typing into a field that already holds what it typed. Texts to type are
 //! the task's own quoted strings ([`candidates::goal_spans`]), the facts read on earlier pages
-//! ([`candidates::facts`]) and what the model writes.
+//! ([`facts`]; a field named like one gets its value alone) and what the model writes. On a page reached from another URL, the
+//! elements carried over from it (the site's menu) are offered only where the page has no
+//! action of its own of the kind chosen ([`candidates::page_own_first`]).
 
 use kamera_browser::{Action, Element, Observation};
 use serde::{Deserialize, Serialize};
 
+use super::facts::{self, Facts};
 use super::words::Words;
-use super::{Mind, NextAction, Planned, Policy, candidates, example, plan, restricted};
+use super::{Mind, NextAction, Planned, Policy, candidates, check, example, plan, restricted};
 use crate::cache::Use;
 use crate::error::{Error, Result};
 use crate::llm::{CallTimings, ModelCall, parse_action};
@@ -62,13 +65,9 @@ pub struct ModelPolicy {
     /// Every action of the episode, the page it was taken on and whether it changed it: what
     /// was tried on this page, typed, or done last all derive from it.
     history: Vec<Taken>,
-    /// The facts read off the pages of the episode ([`candidates::facts`]) and the URL of the
-    /// page each was read on, in order: offered as texts to type on other pages.
-    facts: Vec<(String, String)>,
+    /// The facts read off the pages of the episode: offered as texts to type on other pages.
+    facts: Facts,
 }
-
-/// Most facts of earlier pages offered as texts to type (the latest ones).
-const MAX_FACTS: usize = 6;
 
 /// One action of the episode as the next prompts recall it.
 #[derive(Debug, Clone)]
@@ -111,6 +110,15 @@ pub fn valid(obs: &Observation, action: &Action) -> bool {
     ActionSchema::for_page(obs).allows(action)
 }
 
+/// Whether `action` types into a field of `autofill` (field id, the value of the fact it is
+/// named like) another text than that value.
+fn autofilled_otherwise(action: &Action, autofill: &[(u32, &str)]) -> bool {
+    let Action::Type { id: Some(id), text } = action else {
+        return false;
+    };
+    autofill.iter().any(|(f, v)| f == id && text != v)
+}
+
 impl ModelPolicy {
     /// The instruction after the window's pages: the current page, the goal, the grammar.
     pub fn instruction(obs: &Observation, goal: &str) -> String {
@@ -120,7 +128,7 @@ impl ModelPolicy {
     /// The instruction of a step: the page, the goal, what was done so far, then how to reply
     /// (the actions in words after the recorded example, or for free decoding the JSON grammar).
     pub fn prompt(&self, obs: &Observation, goal: &str) -> String {
-        let done = example::done_so_far(self.history.iter().map(|t| (t.words.as_str(), t.changed)));
+        let done = self.done_so_far();
         match self.decoding {
             Decoding::Ranked | Decoding::Restricted | Decoding::Constrained => format!(
                 "{}\nNow this task.\n{}{done}{RANKED_FORM}",
@@ -153,11 +161,7 @@ impl ModelPolicy {
     /// Notes the page of this step and the facts on it; the last action learns whether it
     /// changed the page.
     fn seen(&mut self, obs: &Observation) {
-        for f in candidates::facts(&obs.text) {
-            if !self.facts.iter().any(|(_, v)| *v == f) {
-                self.facts.push((obs.url.clone(), f));
-            }
-        }
+        self.facts.note(obs);
         let page = PageKey::of(obs);
         if let Some(last) = self.history.last_mut().filter(|t| t.changed.is_none()) {
             last.changed = Some(last.page != page);
@@ -188,11 +192,16 @@ impl ModelPolicy {
     /// Whether `action` was already taken on this same page (it did nothing, or it led where
     /// the episode has been: taking it again goes round in a loop), or is the last action again
     /// (which, if it changed the page, most often undoes it: a section toggled shut, a checkbox
-    /// unticked). Text actions may be retried.
+    /// unticked). A text typed is stale only on the same page; an answer never is.
     fn stale(&self, action: &Action) -> bool {
         let last = self.history.last().map(|t| &t.action);
-        let again = last == Some(action) || self.tried().any(|a| a == action);
-        !matches!(action, Action::Type { .. } | Action::Done { .. }) && again
+        let tried = self.tried().any(|a| a == action);
+        match action {
+            Action::Done { .. } => false,
+            // The same text into the same field of the same page again does what it did.
+            Action::Type { .. } => tried,
+            _ => tried || last == Some(action),
+        }
     }
 
     /// The page's action the model finds most likely, in words ([`candidates`]): the task's
@@ -200,7 +209,13 @@ impl ModelPolicy {
     /// the texts offered to type; the model's own answer is the answer offered.
     fn ranked(&self, obs: &Observation, mind: &mut Mind<'_>, instruction: &str) -> Result<NextAction> {
         let mut texts = candidates::goal_spans(mind.goal);
-        for t in self.earlier_facts(obs) {
+        let autofill = self.autofill(obs);
+        for t in self
+            .facts
+            .offered(obs)
+            .into_iter()
+            .chain(autofill.iter().map(|(_, v)| v.to_string()))
+        {
             if !texts.contains(&t) {
                 texts.push(t);
             }
@@ -210,6 +225,7 @@ impl ModelPolicy {
             candidates::candidates(obs, texts)
                 .into_iter()
                 .filter(|c| !self.stale(&c.action) && !self.fills_again(&c.action, obs))
+                .filter(|c| !autofilled_otherwise(&c.action, &autofill))
                 .collect()
         };
         let mut cands = pool(&texts);
@@ -221,25 +237,24 @@ impl ModelPolicy {
         if open_field {
             verbs.push(" type".into());
         }
-        verbs.push(" answer".into());
+        let carried = self.carried_over(obs);
+        let read = self.read_here(obs, &carried, mind, &mut timing)?;
+        if read != Some(false) {
+            verbs.push(" answer".into());
+        }
         verbs.sort();
         verbs.dedup();
-        let kind = mind.llm.rank(&mut mind.view, instruction, example::NEXT, &verbs)?;
-        tracing::trace!(scores = ?kind.scores, "ranked kinds");
-        timing.prefill_ms += kind.timings.prefill_ms;
-        timing.decode_ms += kind.timings.decode_ms;
-        let kind = self.choice(&kind).to_string();
+        let kind = if read == Some(true) {
+            " answer".to_string()
+        } else {
+            let kind = mind.llm.rank(&mut mind.view, instruction, example::NEXT, &verbs)?;
+            tracing::trace!(scores = ?kind.scores, "ranked kinds");
+            timing.prefill_ms += kind.timings.prefill_ms;
+            timing.decode_ms += kind.timings.decode_ms;
+            self.choice(&kind).to_string()
+        };
         if kind == " answer" {
-            let lead = format!("{} answer \"", example::NEXT);
-            let (answer, mut call) = self.write(mind, instruction, &lead)?;
-            call.timings.prefill_ms += timing.prefill_ms;
-            call.timings.decode_ms += timing.decode_ms;
-            // An empty answer is not a valid one: the placeholder free texts take.
-            let answer = if answer.is_empty() { "-".to_string() } else { answer };
-            return Ok(NextAction {
-                action: Action::Done { answer },
-                model: Some(call),
-            });
+            return self.answer(obs, mind, instruction, timing);
         }
         if kind == " type" {
             let (own, call) = self.write(mind, instruction, &format!("{} type \"", example::NEXT))?;
@@ -250,9 +265,9 @@ impl ModelPolicy {
                 cands = pool(&texts);
             }
         }
-        let mut words: Vec<String> = cands
+        let of_kind: Vec<candidates::Candidate> = cands.iter().filter(|c| verb(&c.text) == kind).cloned().collect();
+        let mut words: Vec<String> = candidates::page_own_first(of_kind, &carried)
             .iter()
-            .filter(|c| verb(&c.text) == kind)
             .map(|c| format!(" {}", c.text))
             .collect();
         if words.is_empty() {
@@ -277,18 +292,76 @@ impl ModelPolicy {
         })
     }
 
-    /// The latest [`MAX_FACTS`] facts read on other pages than `obs`'s (by URL), oldest first.
-    fn earlier_facts(&self, obs: &Observation) -> Vec<String> {
-        let other: Vec<&String> = self
-            .facts
+    /// On a page to read ([`check::to_read`]), whether it shows what the goal asks for (a fact
+    /// the goal names, [`check::goal_named_fact`], or else the model says so,
+    /// [`check::shows_answer`]): the policy answers there, or does not answer there; `None` on
+    /// other pages. The check's time is added to `timing`.
+    fn read_here(
+        &self,
+        obs: &Observation,
+        carried: &[u32],
+        mind: &mut Mind<'_>,
+        timing: &mut CallTimings,
+    ) -> Result<Option<bool>> {
+        if !check::to_read(obs, carried) {
+            return Ok(None);
+        }
+        if let Some((label, value)) = check::goal_named_fact(obs, mind.goal) {
+            tracing::debug!(%label, %value, "page to read states what the goal names: answer here");
+            return Ok(Some(true));
+        }
+        let opening = format!("{}{}", page_and_goal(obs, mind.goal), self.done_so_far());
+        let (yes, call) = check::shows_answer(mind, &opening)?;
+        timing.prefill_ms += call.timings.prefill_ms;
+        timing.decode_ms += call.timings.decode_ms;
+        Ok(Some(yes))
+    }
+
+    /// What was done so far, as every prompt says it ([`example::done_so_far`]).
+    fn done_so_far(&self) -> String {
+        example::done_so_far(self.history.iter().map(|t| (t.words.as_str(), t.changed)))
+    }
+
+    /// The elements of `obs` carried over from the page the episode came from to this URL
+    /// ([`candidates::carried_over`]): the page of the latest action taken at another URL.
+    fn carried_over(&self, obs: &Observation) -> Vec<u32> {
+        self.history
             .iter()
-            .filter(|(u, _)| *u != obs.url)
+            .rev()
+            .find(|t| t.page.url != obs.url)
+            .map_or_else(Vec::new, |t| {
+                candidates::carried_over(&t.page.url, &t.page.elements, obs)
+            })
+    }
+
+    /// The answer the model writes after `instruction` (an empty one is the placeholder free
+    /// texts take), a span of a value the page states where it states one the goal names; the
+    /// time of the calls before it (`timing`) is added to its call's.
+    fn answer(
+        &self,
+        obs: &Observation,
+        mind: &mut Mind<'_>,
+        instruction: &str,
+        timing: CallTimings,
+    ) -> Result<NextAction> {
+        let lead = format!("{} answer \"", example::NEXT);
+        // Where the page states what the goal names, the model writes a span of one of the
+        // values the page states (not of the examples, not of earlier pages): a copy, valid by
+        // construction.
+        let values: String = facts::labelled(&obs.text)
+            .into_iter()
             .map(|(_, v)| v)
-            .collect();
-        other[other.len().saturating_sub(MAX_FACTS)..]
-            .iter()
-            .map(|v| (*v).clone())
-            .collect()
+            .collect::<Vec<_>>()
+            .join("\n");
+        let within = check::goal_named_fact(obs, mind.goal).map(|_| values.as_str());
+        let (answer, mut call) = self.write_in(mind, instruction, QuotedText { lead: &lead, within })?;
+        call.timings.prefill_ms += timing.prefill_ms;
+        call.timings.decode_ms += timing.decode_ms;
+        let answer = if answer.is_empty() { "-".to_string() } else { answer };
+        Ok(NextAction {
+            action: Action::Done { answer },
+            model: Some(call),
+        })
     }
 
     /// The choice a `rank` call after [`example::NEXT`] made: the highest mean token
@@ -304,18 +377,38 @@ impl ModelPolicy {
     /// The grammar constrained decoding holds this step's reply to: the page's actions in words
     /// (less those [`ModelPolicy`] does not offer again), typing into each open field, an answer.
     pub fn words(&self, obs: &Observation) -> Words {
-        let cands: Vec<candidates::Candidate> = candidates::candidates(obs, &[])
+        let autofill = self.autofill(obs);
+        let values: Vec<String> = autofill.iter().map(|(_, v)| v.to_string()).collect();
+        // Literal texts only where a field is named like a fact (its value, into it alone).
+        let cands: Vec<candidates::Candidate> = candidates::candidates(obs, &values)
             .into_iter()
-            .filter(|c| !self.stale(&c.action))
+            .filter(|c| !self.stale(&c.action) && !self.fills_again(&c.action, obs))
+            .filter(|c| match &c.action {
+                Action::Type { id: Some(id), text } => autofill.iter().any(|(f, v)| f == id && text == v),
+                _ => true,
+            })
             .collect();
-        let fields: Vec<&Element> = obs.interactive().filter(|e| e.editable && !self.filled(e)).collect();
+        let cands = candidates::page_own_first(cands, &self.carried_over(obs));
+        let fields: Vec<&Element> = obs
+            .interactive()
+            .filter(|e| e.editable && !self.filled(e) && !autofill.iter().any(|(f, _)| *f == e.id))
+            .collect();
         Words::new(example::NEXT, obs, &cands, &fields)
     }
 
-    /// Whether `action` types into a field that already holds a text this episode typed (the
-    /// check after a `type`: it took, so the field is done).
+    /// The fields of `obs` named like a fact read on another page, and that fact's value
+    /// ([`Facts::for_field`]).
+    fn autofill<'a>(&'a self, obs: &Observation) -> Vec<(u32, &'a str)> {
+        obs.interactive()
+            .filter_map(|e| Some((e.id, self.facts.for_field(e, obs)?)))
+            .collect()
+    }
+
+    /// Whether `action` types into, or clicks, a field that already holds a text this episode
+    /// typed (the check after a `type`: it took, so the field is done; a click there only
+    /// focuses it).
     fn fills_again(&self, action: &Action, obs: &Observation) -> bool {
-        let Action::Type { id: Some(id), .. } = action else {
+        let (Action::Type { id: Some(id), .. } | Action::Click { id }) = action else {
             return false;
         };
         obs.element(*id).is_some_and(|e| self.filled(e))
@@ -333,7 +426,13 @@ impl ModelPolicy {
     /// A text the model writes after `lead` (greedy, up to its closing quote), trimmed, and the
     /// call that wrote it.
     fn write(&self, mind: &mut Mind<'_>, instruction: &str, lead: &str) -> Result<(String, ModelCall)> {
-        let grammar = QuotedText { lead };
+        self.write_in(mind, instruction, QuotedText { lead, within: None })
+    }
+
+    /// A text the model writes under `grammar` (greedy, up to its closing quote), trimmed, and
+    /// the call that wrote it.
+    fn write_in(&self, mind: &mut Mind<'_>, instruction: &str, grammar: QuotedText<'_>) -> Result<(String, ModelCall)> {
+        let lead = grammar.lead;
         let call = mind
             .llm
             .decode(&mut mind.view, instruction, &grammar, mind.max_new_tokens.max(16))?;
@@ -353,18 +452,30 @@ impl ModelPolicy {
     /// click, check, select or key as listed, a text the model writes into an open field, or an
     /// answer.
     fn constrained(&self, obs: &Observation, mind: &mut Mind<'_>, instruction: &str) -> Result<NextAction> {
-        let grammar = self.words(obs);
+        let mut timing = CallTimings::default();
+        let read = self.read_here(obs, &self.carried_over(obs), mind, &mut timing)?;
+        if read == Some(true) {
+            return self.answer(obs, mind, instruction, timing);
+        }
+        let grammar = match read {
+            Some(false) => self.words(obs).without_answer(),
+            _ => self.words(obs),
+        };
         // The local model's token mask always ends in an action; a plugged model without one
         // may write something else, and then gets the ranked choice.
         match mind
             .llm
             .decode(&mut mind.view, instruction, &grammar, mind.max_new_tokens.max(64))
         {
-            Ok(call) => match grammar.action(&call.output) {
-                Some(action) => Ok(NextAction {
-                    action,
-                    model: Some(call),
-                }),
+            Ok(mut call) => match grammar.action(&call.output) {
+                Some(action) => {
+                    call.timings.prefill_ms += timing.prefill_ms;
+                    call.timings.decode_ms += timing.decode_ms;
+                    Ok(NextAction {
+                        action,
+                        model: Some(call),
+                    })
+                }
                 None => self.ranked(obs, mind, instruction),
             },
             Err(Error::Policy { last, .. }) => {
@@ -447,166 +558,4 @@ impl ModelPolicy {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// What the old grammar allowed stays valid; what the page lacks is not.
-    #[test]
-    fn validity_is_the_schema() {
-        let obs: Observation = serde_json::from_value(serde_json::json!({
-            "url": "http://127.0.0.1/", "title": "t", "text": "",
-            "elements": [
-                {"id": 1, "tag": "button", "text": "Go", "x": 1.0, "y": 1.0},
-                {"id": 2, "tag": "input", "text": "", "editable": true, "x": 1.0, "y": 1.0}
-            ]
-        }))
-        .expect("observation");
-        for a in [
-            Action::Click { id: 1 },
-            Action::Type {
-                id: Some(2),
-                text: "hi".into(),
-            },
-            Action::Key { key: "Enter".into() },
-            Action::Scroll { dy: 300.0 },
-            Action::Back,
-            Action::Done { answer: "x".into() },
-            Action::Drag { from: 1, to: 2 },
-        ] {
-            assert!(valid(&obs, &a), "{a:?}");
-        }
-        for a in [
-            Action::Click { id: 3 },
-            Action::Type {
-                id: Some(1),
-                text: "hi".into(),
-            },
-            Action::Check { id: 2 },
-            Action::Navigate {
-                url: "http://x/".into(),
-            },
-        ] {
-            assert!(!valid(&obs, &a), "{a:?}");
-        }
-    }
-
-    /// Actions already taken on an unchanged page are not offered again; text actions are.
-    #[test]
-    fn actions_that_did_nothing_are_not_repeated() {
-        let mut p = ModelPolicy::with_retries(0);
-        let obs = form("");
-        p.seen(&obs);
-        p.taken(&Action::Scroll { dy: 300.0 }, &obs);
-        p.seen(&obs);
-        p.taken(&Action::Click { id: 2 }, &obs);
-        p.seen(&obs);
-        assert!(p.stale(&Action::Scroll { dy: 300.0 }));
-        assert!(p.stale(&Action::Click { id: 2 }));
-        assert!(!p.stale(&Action::Click { id: 3 }));
-        p.taken(&Action::Done { answer: "x".into() }, &obs);
-        assert!(!p.stale(&Action::Done { answer: "x".into() }));
-    }
-
-    /// An action taken on a page stays stale at a later visit of the same page (it would go
-    /// round the same loop); on another page it is offered.
-    #[test]
-    fn an_action_is_not_repeated_at_a_revisit() {
-        let mut p = ModelPolicy::default();
-        let (list, other) = (form(""), form("x"));
-        p.seen(&list);
-        p.taken(&Action::Click { id: 2 }, &list);
-        p.seen(&other);
-        p.taken(&Action::Key { key: "Enter".into() }, &other);
-        p.seen(&other);
-        assert!(!p.stale(&Action::Click { id: 2 }), "not taken on this page");
-        p.taken(&Action::Scroll { dy: 300.0 }, &other);
-        p.seen(&list);
-        assert!(
-            p.stale(&Action::Click { id: 2 }),
-            "taken at the first visit of this page"
-        );
-    }
-
-    /// A page whose text changes only in a countdown line (MiniWoB++'s timer) is the same page:
-    /// a click that did nothing stays stale. A changed element makes it a new page.
-    #[test]
-    fn a_ticking_timer_does_not_make_a_new_page() {
-        let page = |timer: u32, button: &str| -> Observation {
-            serde_json::from_value(serde_json::json!({
-                "url": "http://127.0.0.1/miniwob/click-test.html", "title": "t",
-                "text": format!("Click the button.\n[1] button \"{button}\"\nTime left: {timer} / 10sec"),
-                "elements": [
-                    {"id": 1, "tag": "button", "text": button, "x": 5.0, "y": 5.0},
-                    {"id": 2, "tag": "div", "text": format!("Time left: {timer} / 10sec"),
-                     "interactive": false, "x": 5.0, "y": 90.0}
-                ]
-            }))
-            .expect("observation")
-        };
-        let mut p = ModelPolicy::default();
-        p.seen(&page(9, "Go"));
-        p.taken(&Action::Click { id: 1 }, &page(9, "Go"));
-        // Another action after it, so that the click is not also the last action.
-        p.taken(&Action::Scroll { dy: 300.0 }, &page(9, "Go"));
-        p.seen(&page(8, "Go"));
-        assert!(
-            p.stale(&Action::Click { id: 1 }),
-            "the timer ticked; the page did not change"
-        );
-        p.seen(&page(7, "Gone"));
-        assert!(!p.stale(&Action::Click { id: 1 }), "the button changed: a new page");
-    }
-
-    fn form(user: &str) -> Observation {
-        serde_json::from_value(serde_json::json!({
-            "url": "http://127.0.0.1/miniwob/login-user.html", "title": "Login",
-            "text": format!("Username\n[1] input type=text \"{user}\"\n[2] button \"Login\""),
-            "elements": [
-                {"id": 1, "tag": "input", "text": user, "editable": true, "x": 1.0, "y": 1.0},
-                {"id": 2, "tag": "button", "text": "Login", "x": 1.0, "y": 2.0}
-            ]
-        }))
-        .expect("observation")
-    }
-
-    /// The check after each action: the next prompt says what was done and whether it changed
-    /// the page; a field that took its text is not typed into again; the last action is not
-    /// offered right after itself, even when it changed the page.
-    #[test]
-    fn each_prompt_says_what_was_done_and_what_it_did() {
-        let mut p = ModelPolicy::new(Decoding::Ranked);
-        let empty = form("");
-        p.seen(&empty);
-        assert!(p.prompt(&empty, "g").contains("Now this task.\nCurrent page: Login (http://127.0.0.1/miniwob/login-user.html).\nGoal: g\nDone so far: nothing\n"));
-        let typed = Action::Type {
-            id: Some(1),
-            text: "keli".into(),
-        };
-        p.taken(&typed, &empty);
-        let filled = form("keli");
-        p.seen(&filled);
-        assert!(
-            p.prompt(&filled, "g")
-                .contains("Done so far:\n- type \"keli\" into text field near \"Username\" [1] (the page changed)\n"),
-            "{}",
-            p.prompt(&filled, "g")
-        );
-        assert!(p.fills_again(&typed, &filled), "the field holds what was typed");
-        assert!(!p.fills_again(&typed, &empty));
-        p.taken(&Action::Click { id: 2 }, &filled);
-        let after = form("keli!");
-        p.seen(&after);
-        assert!(p.stale(&Action::Click { id: 2 }), "the last action, right after itself");
-        assert!(
-            p.prompt(&after, "g")
-                .contains("click button \"Login\" [2] (the page changed)")
-        );
-        p.taken(&Action::Key { key: "Enter".into() }, &after);
-        p.seen(&after);
-        assert!(p.prompt(&after, "g").contains("- press Enter (nothing changed)\n"));
-        assert!(
-            !p.stale(&Action::Click { id: 2 }),
-            "no longer the last action, on a changed page"
-        );
-    }
-}
+mod tests;

@@ -56,6 +56,13 @@ impl Words {
         }
     }
 
+    /// The same replies less the answer (where the check after an action found the page does
+    /// not show what the goal asks for).
+    pub fn without_answer(mut self) -> Words {
+        self.items.retain(|(_, make)| !matches!(make, Make::Answer));
+        self
+    }
+
     /// The action `reply` (a complete one) stands for.
     pub fn action(&self, reply: &str) -> Option<Action> {
         let (t, make) = self.items.iter().find(|(t, _)| t.fit(reply) == Fit::Complete)?;
