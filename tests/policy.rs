@@ -88,3 +88,32 @@ async fn constrained_decoding_makes_every_reply_a_valid_action() -> Result<()> {
     );
     Ok(())
 }
+
+/// The order-status flow with the model policy alone (scenarios/order-status-model.toml, no
+/// script) on Qwen2.5-0.5B, ranked decoding: the model finds the order, follows it to the
+/// shipping form, types the tracking number it read, and answers with the status the shipment
+/// page states (the "answers correctly"; bench/agent/README.md has the 5-seed figures).
+/// Not the default model: SmolLM2-135M does not pass this flow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_model_policy_answers_order_status_on_qwen() -> Result<()> {
+    require_chromium();
+    let home = kamera_model::default_home();
+    let qwen = kamera_agent::load_model(
+        &kamera_agent::ModelSource::Known(kamera_model::ModelName::Qwen25_05b),
+        None,
+        &home,
+    )?;
+    let s = kamera_harness::load_scenario(&root().join("scenarios/order-status-model.toml"))?;
+    assert_eq!(s.budget.steps, 10);
+    let r = kamera_harness::run_scenario(&s, qwen, &home, kamera_harness::RunConfig::default()).await?;
+    let actions: Vec<String> = r.actions().iter().map(|a| a.label()).collect();
+    eprintln!("order-status, model policy: {actions:?} -> {:?}", r.end.answer);
+    assert_eq!(r.end.error, None, "{:?}", r.end);
+    assert_eq!(r.end.answer.as_deref(), Some("Awaiting pickup"), "{actions:?}");
+    assert_eq!(r.end.success, Some(true), "{:?}", r.end);
+    assert!(
+        actions.iter().any(|a| a.contains("TRK-")),
+        "the tracking number read on the order page was typed: {actions:?}"
+    );
+    Ok(())
+}

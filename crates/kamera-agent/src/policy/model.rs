@@ -192,9 +192,15 @@ impl ModelPolicy {
     /// Whether `action` was already taken on this same page (it did nothing, or it led where
     /// the episode has been: taking it again goes round in a loop), or is the last action again
     /// (which, if it changed the page, most often undoes it: a section toggled shut, a checkbox
-    /// unticked). A text typed is stale only on the same page; an answer never is.
+    /// unticked) at the same URL (an element id names the same element only there). A text
+    /// typed is stale only on the same page; an answer never is.
     fn stale(&self, action: &Action) -> bool {
-        let last = self.history.last().map(|t| &t.action);
+        let url = self.page.as_ref().map(|p| p.url.as_str());
+        let last = self
+            .history
+            .last()
+            .filter(|t| Some(t.page.url.as_str()) == url)
+            .map(|t| &t.action);
         let tried = self.tried().any(|a| a == action);
         match action {
             Action::Done { .. } => false,

@@ -186,8 +186,12 @@ fn a_new_page_offers_its_own_actions_before_the_menu() {
     p.seen(&list);
     let w = p.words(&list);
     assert!(
-        w.action(&next("click link \"Orders\" [2]")).is_some(),
+        w.action(&next("click link \"Home\" [1]")).is_some(),
         "the first page: nothing carried over"
+    );
+    assert!(
+        w.action(&next("click link \"Orders\" [2]")).is_none(),
+        "a link to this page"
     );
     p.taken(&Action::Click { id: 3 }, &list);
     let order = site_page("http://s/orders/A-1", &[("Track this shipment", "/shipping")]);
