@@ -170,8 +170,11 @@ fn bench_session_on_screenshots() {
         step1("radix-cache"),
         step1("full-reprefill")
     );
+    // Exact up to rounding: its suffix prefill runs fewer rows than the full re-encode, and on
+    // some hosts another kernel for them (AVX-512 BF16: 2.6e-6 here, 0 on AVX2 hosts), far
+    // below any approximation's (Kamera's is bounded at 0.05 below).
     assert!(
-        m(1, "max_kl").as_f64().unwrap() < 1e-9,
+        m(1, "max_kl").as_f64().unwrap() < 1e-5,
         "the radix cache is exact: {}",
         m(1, "max_kl")
     );
