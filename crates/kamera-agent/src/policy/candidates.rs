@@ -207,6 +207,21 @@ pub fn words(action: &Action, obs: &Observation) -> String {
     }
 }
 
+/// A page of the local site's layout at `url` for tests: its two menu links (`Home` [1],
+/// `Orders` [2]), then `own` links (text, href) from [3].
+#[cfg(test)]
+pub fn site_page(url: &str, own: &[(&str, &str)]) -> Observation {
+    let mut els = vec![
+        serde_json::json!({"id": 1, "tag": "a", "text": "Home", "href": "/", "x": 1.0, "y": 1.0}),
+        serde_json::json!({"id": 2, "tag": "a", "text": "Orders", "href": "/orders", "x": 2.0, "y": 1.0}),
+    ];
+    for (i, (text, href)) in own.iter().enumerate() {
+        els.push(serde_json::json!({"id": 3 + i, "tag": "a", "text": text, "href": href, "x": 1.0, "y": 5.0}));
+    }
+    serde_json::from_value(serde_json::json!({"url": url, "title": "t", "text": "", "elements": els}))
+        .expect("observation")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -269,17 +284,7 @@ mod tests {
     /// the menu keeps it.
     #[test]
     fn a_followed_link_ranks_the_new_pages_own_elements() {
-        let page = |url: &str, own: &[(&str, &str)]| -> Observation {
-            let mut els = vec![
-                serde_json::json!({"id": 1, "tag": "a", "text": "Home", "href": "/", "x": 1.0, "y": 1.0}),
-                serde_json::json!({"id": 2, "tag": "a", "text": "Orders", "href": "/orders", "x": 2.0, "y": 1.0}),
-            ];
-            for (i, (text, href)) in own.iter().enumerate() {
-                els.push(serde_json::json!({"id": 3 + i, "tag": "a", "text": text, "href": href, "x": 1.0, "y": 5.0}));
-            }
-            serde_json::from_value(serde_json::json!({"url": url, "title": "t", "text": "", "elements": els}))
-                .expect("observation")
-        };
+        let page = site_page;
         let list = page("http://s/orders", &[("View A-1", "/orders/A-1")]);
         let order = page("http://s/orders/A-1", &[("Track this shipment", "/shipping")]);
         let prev: Vec<Element> = list.interactive().cloned().collect();

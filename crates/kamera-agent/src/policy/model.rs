@@ -6,9 +6,11 @@
 //! already taken on this same page (it did nothing, or it would go round a loop), the last action
 //! right after itself, or typing into a field that already holds what it typed. Texts to type are
 //! the task's own quoted strings ([`candidates::goal_spans`]), the facts read on earlier pages
-//! ([`facts`]; a field named like one gets its value alone) and what the model writes. On a page reached from another URL, the
-//! elements carried over from it (the site's menu) are offered only where the page has no
-//! action of its own of the kind chosen ([`candidates::page_own_first`]).
+//! ([`facts`]; a field named like one gets its value alone) and what the model writes. On a
+//! page reached from another URL, the elements carried over from it (the site's menu) are
+//! offered only where the page has no action of its own (ranked: of the kind chosen;
+//! [`candidates::page_own_first`]), and a page to read is checked before any answer
+//! ([`check`]).
 
 use kamera_browser::{Action, Element, Observation};
 use serde::{Deserialize, Serialize};
@@ -354,12 +356,14 @@ impl ModelPolicy {
         // Where the page states what the goal names, the model writes a span of one of the
         // values the page states (not of the examples, not of earlier pages): a copy, valid by
         // construction.
-        let values: String = facts::labelled(&obs.text)
-            .into_iter()
-            .map(|(_, v)| v)
-            .collect::<Vec<_>>()
-            .join("\n");
-        let within = check::goal_named_fact(obs, mind.goal).map(|_| values.as_str());
+        let values: Option<String> = check::goal_named_fact(obs, mind.goal).map(|_| {
+            facts::labelled(&obs.text)
+                .into_iter()
+                .map(|(_, v)| v)
+                .collect::<Vec<_>>()
+                .join("\n")
+        });
+        let within = values.as_deref();
         let (answer, mut call) = self.write_in(mind, instruction, QuotedText { lead: &lead, within })?;
         call.timings.prefill_ms += timing.prefill_ms;
         call.timings.decode_ms += timing.decode_ms;

@@ -1,6 +1,7 @@
 //! The model policy's unit tests: validity, staleness, the check after each action.
 
 use super::*;
+use crate::policy::candidates::site_page;
 
 /// What the old grammar allowed stays valid; what the page lacks is not.
 #[test]
@@ -160,19 +161,6 @@ fn each_prompt_says_what_was_done_and_what_it_did() {
         !p.stale(&Action::Click { id: 2 }),
         "no longer the last action, on a changed page"
     );
-}
-
-/// A page of the local site's layout at `url`: its two menu links, then `own` links.
-fn site_page(url: &str, own: &[(&str, &str)]) -> Observation {
-    let mut els = vec![
-        serde_json::json!({"id": 1, "tag": "a", "text": "Home", "href": "/", "x": 1.0, "y": 1.0}),
-        serde_json::json!({"id": 2, "tag": "a", "text": "Orders", "href": "/orders", "x": 2.0, "y": 1.0}),
-    ];
-    for (i, (text, href)) in own.iter().enumerate() {
-        els.push(serde_json::json!({"id": 3 + i, "tag": "a", "text": text, "href": href, "x": 1.0, "y": 5.0}));
-    }
-    serde_json::from_value(serde_json::json!({"url": url, "title": "t", "text": "", "elements": els}))
-        .expect("observation")
 }
 
 /// On a page reached from another URL, the menu carried over from it is not offered where the
