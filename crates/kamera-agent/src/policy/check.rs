@@ -13,6 +13,7 @@ use kamera_browser::Observation;
 use super::{Mind, facts};
 use crate::error::Result;
 use crate::llm::ModelCall;
+use crate::runtime::relevance::terms;
 
 /// The check's question, after the page, the goal and what was done so far.
 const QUESTION: &str = "Question: Does the current page show what the goal asks for? Reply Yes or No.";
@@ -27,20 +28,14 @@ pub fn to_read(obs: &Observation, carried: &[u32]) -> bool {
     listed.peek().is_none() || (!carried.is_empty() && listed.all(|e| carried.contains(&e.id)))
 }
 
-/// A `Label: value` line of `obs` ([`facts::labelled`]) whose label's words the goal
-/// names (`Status: Awaiting pickup` for "Find the shipping status of ..."): the page states what
-/// the goal asks for.
+/// A `Label: value` line of `obs` ([`facts::labelled`]) whose label's terms (recall's
+/// [`terms`]: lower-case words, stopwords left out) the goal names (`Status: Awaiting pickup` for
+/// "Find the shipping status of ..."): the page states what the goal asks for.
 pub fn goal_named_fact(obs: &Observation, goal: &str) -> Option<(String, String)> {
-    let words = |s: &str| -> Vec<String> {
-        s.split(|c: char| !c.is_alphanumeric())
-            .filter(|w| !w.is_empty())
-            .map(str::to_lowercase)
-            .collect()
-    };
-    let goal = words(goal);
+    let goal = terms(goal);
     facts::labelled(&obs.text).into_iter().find(|(label, _)| {
-        let l = words(label);
-        !l.is_empty() && l.iter().all(|w| goal.contains(w))
+        let l = terms(label);
+        !l.is_empty() && l.is_subset(&goal)
     })
 }
 

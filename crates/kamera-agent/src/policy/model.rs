@@ -387,6 +387,11 @@ impl ModelPolicy {
     /// The grammar constrained decoding holds this step's reply to: the page's actions in words
     /// (less those [`ModelPolicy`] does not offer again), typing into each open field, an answer.
     pub fn words(&self, obs: &Observation) -> Words {
+        self.words_given(obs, &self.carried_over(obs))
+    }
+
+    /// [`ModelPolicy::words`] with the elements `carried` over to `obs` already found.
+    fn words_given(&self, obs: &Observation, carried: &[u32]) -> Words {
         let autofill = self.autofill(obs);
         let values: Vec<String> = autofill.iter().map(|(_, v)| v.to_string()).collect();
         // Literal texts only where a field is named like a fact (its value, into it alone).
@@ -398,7 +403,7 @@ impl ModelPolicy {
                 _ => true,
             })
             .collect();
-        let cands = candidates::page_own_first(cands, &self.carried_over(obs));
+        let cands = candidates::page_own_first(cands, carried);
         let fields: Vec<&Element> = obs
             .interactive()
             .filter(|e| e.editable && !self.filled(e) && !autofill.iter().any(|(f, _)| *f == e.id))
@@ -463,13 +468,14 @@ impl ModelPolicy {
     /// answer.
     fn constrained(&self, obs: &Observation, mind: &mut Mind<'_>, instruction: &str) -> Result<NextAction> {
         let mut timing = CallTimings::default();
-        let read = self.read_here(obs, &self.carried_over(obs), mind, &mut timing)?;
+        let carried = self.carried_over(obs);
+        let read = self.read_here(obs, &carried, mind, &mut timing)?;
         if read == Some(true) {
             return self.answer(obs, mind, instruction, timing);
         }
         let grammar = match read {
-            Some(false) => self.words(obs).without_answer(),
-            _ => self.words(obs),
+            Some(false) => self.words_given(obs, &carried).without_answer(),
+            _ => self.words_given(obs, &carried),
         };
         // The local model's token mask always ends in an action; a plugged model without one
         // may write something else, and then gets the ranked choice.

@@ -6,7 +6,7 @@ mod image;
 mod no_reuse;
 pub(crate) mod pages;
 pub(crate) mod prompt_rows;
-mod relevance;
+pub(crate) mod relevance;
 mod session;
 mod towers;
 
