@@ -2,6 +2,7 @@
 //! kept with the URL of the page each was read on. They are offered as texts to type on other
 //! pages, and a field named like one of them (its placeholder or the label before it says
 //! `Tracking number`) gets that value alone, as a browser's autofill matches a field's name.
+//! The goal names values too (`the password "3hI"`, [`named`]): a field named so gets that one.
 
 use kamera_browser::{Element, Observation};
 
@@ -42,6 +43,34 @@ pub fn labelled(text: &str) -> Vec<(String, String)> {
     out
 }
 
+/// The goal's named values: each quoted string (straight or curly quotes) whose preceding
+/// word may name a field (`Enter the username "keli" and the password "3hI"` names `keli`
+/// `username` and `3hI` `password`), as label and value. The word is taken as written; it
+/// names a field only where a field is called so ([`Facts::for_field`]).
+pub fn named(goal: &str) -> Vec<(String, String)> {
+    let norm = goal.replace(['\u{201c}', '\u{201d}'], "\"");
+    let parts: Vec<&str> = norm.split('"').collect();
+    let mut out = Vec::new();
+    // Odd parts are quoted, but the last part after an unclosed quote is not.
+    for i in (1..parts.len().saturating_sub(1)).step_by(2) {
+        let value = parts[i].trim();
+        let word = parts[i - 1]
+            .split_whitespace()
+            .next_back()
+            .map(|w| w.trim_end_matches(':'))
+            .unwrap_or_default();
+        if !value.is_empty()
+            && value.chars().count() <= MAX_VALUE
+            && word.chars().count() <= MAX_LABEL
+            && !word.is_empty()
+            && word.chars().all(char::is_alphabetic)
+        {
+            out.push((word.to_string(), value.to_string()));
+        }
+    }
+    out
+}
+
 /// One fact and the URL of the page it was read on.
 #[derive(Debug, Clone)]
 struct Fact {
@@ -50,16 +79,24 @@ struct Fact {
     value: String,
 }
 
-/// The facts read off the pages of an episode, in order.
+/// The facts read off the pages of an episode, in order, and the values the goal names.
 #[derive(Debug, Clone, Default)]
-pub struct Facts(Vec<Fact>);
+pub struct Facts {
+    read: Vec<Fact>,
+    goal: Vec<(String, String)>,
+}
 
 impl Facts {
+    /// Notes the values `goal` names ([`named`]), in place of any noted before.
+    pub fn note_goal(&mut self, goal: &str) {
+        self.goal = named(goal);
+    }
+
     /// Notes the facts on `obs` (a value already noted is kept once, where first read).
     pub fn note(&mut self, obs: &Observation) {
         for (label, value) in labelled(&obs.text) {
-            if !self.0.iter().any(|f| f.value == value) {
-                self.0.push(Fact {
+            if !self.read.iter().any(|f| f.value == value) {
+                self.read.push(Fact {
                     url: obs.url.clone(),
                     label,
                     value,
@@ -70,16 +107,16 @@ impl Facts {
 
     /// The latest [`MAX_OFFERED`] values read on other pages than `obs`'s, oldest first.
     pub fn offered(&self, obs: &Observation) -> Vec<String> {
-        let other: Vec<&Fact> = self.0.iter().filter(|f| f.url != obs.url).collect();
+        let other: Vec<&Fact> = self.read.iter().filter(|f| f.url != obs.url).collect();
         other[other.len().saturating_sub(MAX_OFFERED)..]
             .iter()
             .map(|f| f.value.clone())
             .collect()
     }
 
-    /// The value for field `e` of `obs`: the latest fact read on another page whose label is the
-    /// field's name (its placeholder or shown text, else the label line before it), compared
-    /// without case.
+    /// The value for field `e` of `obs`: the value the goal names by the field's name (its
+    /// placeholder or shown text, else the label line before it), else the latest fact read on
+    /// another page whose label is that name; names compared without case.
     pub fn for_field(&self, e: &Element, obs: &Observation) -> Option<&str> {
         if !e.editable {
             return None;
@@ -90,11 +127,10 @@ impl Facts {
             .map(|n| n.trim().to_lowercase())
             .filter(|n| !n.is_empty())
             .collect();
-        self.0
-            .iter()
-            .rev()
-            .find(|f| f.url != obs.url && names.contains(&f.label.to_lowercase()))
-            .map(|f| f.value.as_str())
+        let called = |label: &str| names.contains(&label.to_lowercase());
+        let goal = self.goal.iter().find(|(label, _)| called(label)).map(|(_, v)| v);
+        let read = self.read.iter().rev().find(|f| f.url != obs.url && called(&f.label));
+        goal.or(read.map(|f| &f.value)).map(String::as_str)
     }
 }
 
@@ -112,6 +148,39 @@ mod tests {
         let values: Vec<String> = labelled(text).into_iter().map(|(_, v)| v).collect();
         assert_eq!(values, ["Tomas Ek", "TRK-51234", "3"]);
         assert_eq!(labelled(text)[1].0, "Tracking number");
+    }
+
+    /// A quoted string after a word is named by it; after punctuation, a number or at the
+    /// start it is not.
+    #[test]
+    fn the_goal_names_values_by_the_word_before_them() {
+        assert_eq!(
+            named("Enter the username \"keli\" and the password \u{201c}3hI\u{201d} and press login."),
+            [("username".into(), "keli".into()), ("password".into(), "3hI".into())]
+        );
+        assert_eq!(named("Label: \"x\""), [("Label".to_string(), "x".to_string())]);
+        assert!(named("\"x\" first, then (\"y\"), then 3 \"z\", then \"open").is_empty());
+    }
+
+    /// A field called as the goal names a value gets it, before a fact of another page.
+    #[test]
+    fn a_field_the_goal_names_gets_its_value() {
+        let mut facts = Facts::default();
+        facts.note(&page("http://s/a", "Password: old", serde_json::json!([])));
+        facts.note_goal("Enter the username \"keli\" and the password \"3hI\" and press login.");
+        let form = page(
+            "http://s/login",
+            "Username\n[1] input type=text \"\"\nPassword\n[2] input type=password \"\"\n[3] input type=text \"Email\"",
+            serde_json::json!([
+                {"id": 1, "tag": "input", "text": "", "editable": true, "x": 1.0, "y": 1.0},
+                {"id": 2, "tag": "input", "text": "", "editable": true, "x": 1.0, "y": 2.0},
+                {"id": 3, "tag": "input", "text": "Email", "editable": true, "x": 1.0, "y": 3.0}
+            ]),
+        );
+        let el = |id: u32| form.element(id).expect("element");
+        assert_eq!(facts.for_field(el(1), &form), Some("keli"));
+        assert_eq!(facts.for_field(el(2), &form), Some("3hI"), "the goal's, not the page's");
+        assert_eq!(facts.for_field(el(3), &form), None);
     }
 
     fn page(url: &str, text: &str, elements: serde_json::Value) -> Observation {

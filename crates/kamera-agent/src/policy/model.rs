@@ -6,10 +6,10 @@
 //! already taken on this same page (it did nothing, or it would go round a loop), the last action
 //! right after itself, or typing into a field that already holds what it typed. Texts to type are
 //! the task's own quoted strings ([`candidates::goal_spans`]), the facts read on earlier pages
-//! ([`facts`]; a field named like one gets its value alone) and what the model writes. On a
-//! page reached from another URL, the elements carried over from it (the site's menu) are
-//! offered only where the page has no action of its own (ranked: of the kind chosen;
-//! [`candidates::page_own_first`]), and a page to read is checked before any answer
+//! ([`facts`]; a field named like one, or as the goal names a value, gets that value alone) and
+//! what the model writes. On a page reached from another URL, the elements carried over from it
+//! (the site's menu) are offered only where the page has no action of its own (ranked: of the
+//! kind chosen; [`candidates::page_own_first`]), and a page to read is checked before any answer
 //! ([`check`]).
 
 use kamera_browser::{Action, Element, Observation};
@@ -522,6 +522,7 @@ impl Policy for ModelPolicy {
     }
 
     fn next(&mut self, _step: usize, obs: &Observation, mind: &mut Mind<'_>) -> Result<NextAction> {
+        self.facts.note_goal(mind.goal);
         self.seen(obs);
         let instruction = self.prompt(obs, mind.goal);
         tracing::trace!(window = %mind.view.text, %instruction, "model policy prompt");
