@@ -17,17 +17,25 @@ pub struct Candidate {
     pub text: String,
 }
 
-/// The quoted strings of `goal` (straight or curly double quotes), each as written and, where
-/// they differ, in upper and lower case, without repeats.
-pub fn goal_spans(goal: &str) -> Vec<String> {
-    let mut spans: Vec<String> = Vec::new();
+/// The quoted strings of `goal` (straight or curly double quotes) in order, each trimmed and
+/// with the text before it (back to the quote before); an unclosed quote opens no string.
+pub fn goal_quotes(goal: &str) -> Vec<(String, String)> {
     let norm = goal.replace(['\u{201c}', '\u{201d}'], "\"");
     let parts: Vec<&str> = norm.split('"').collect();
     // Odd parts are quoted, but the last part after an unclosed quote is not.
-    for (i, part) in parts.iter().enumerate().take(parts.len().saturating_sub(1)) {
-        let s = part.trim();
-        if i % 2 == 1 && !s.is_empty() && s.chars().count() <= crate::schema::MAX_FREE_CHARS {
-            for v in [s.to_string(), s.to_uppercase(), s.to_lowercase()] {
+    (1..parts.len().saturating_sub(1))
+        .step_by(2)
+        .map(|i| (parts[i - 1].to_string(), parts[i].trim().to_string()))
+        .collect()
+}
+
+/// The quoted strings of `goal` ([`goal_quotes`]), each as written and, where they differ, in
+/// upper and lower case, without repeats.
+pub fn goal_spans(goal: &str) -> Vec<String> {
+    let mut spans: Vec<String> = Vec::new();
+    for (_, s) in goal_quotes(goal) {
+        if !s.is_empty() && s.chars().count() <= crate::schema::MAX_FREE_CHARS {
+            for v in [s.clone(), s.to_uppercase(), s.to_lowercase()] {
                 if !spans.contains(&v) {
                     spans.push(v);
                 }

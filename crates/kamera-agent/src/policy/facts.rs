@@ -6,7 +6,7 @@
 
 use kamera_browser::{Element, Observation};
 
-use super::candidates::label;
+use super::candidates::{goal_quotes, label};
 
 /// Most characters of a fact's label and of its value.
 const MAX_LABEL: usize = 30;
@@ -43,18 +43,14 @@ pub fn labelled(text: &str) -> Vec<(String, String)> {
     out
 }
 
-/// The goal's named values: each quoted string (straight or curly quotes) whose preceding
-/// word may name a field (`Enter the username "keli" and the password "3hI"` names `keli`
+/// The goal's named values: each quoted string ([`goal_quotes`]) whose preceding word may
+/// name a field (`Enter the username "keli" and the password "3hI"` names `keli`
 /// `username` and `3hI` `password`), as label and value. The word is taken as written; it
 /// names a field only where a field is called so ([`Facts::for_field`]).
 pub fn named(goal: &str) -> Vec<(String, String)> {
-    let norm = goal.replace(['\u{201c}', '\u{201d}'], "\"");
-    let parts: Vec<&str> = norm.split('"').collect();
     let mut out = Vec::new();
-    // Odd parts are quoted, but the last part after an unclosed quote is not.
-    for i in (1..parts.len().saturating_sub(1)).step_by(2) {
-        let value = parts[i].trim();
-        let word = parts[i - 1]
+    for (before, value) in goal_quotes(goal) {
+        let word = before
             .split_whitespace()
             .next_back()
             .map(|w| w.trim_end_matches(':'))
@@ -65,7 +61,7 @@ pub fn named(goal: &str) -> Vec<(String, String)> {
             && !word.is_empty()
             && word.chars().all(char::is_alphabetic)
         {
-            out.push((word.to_string(), value.to_string()));
+            out.push((word.to_string(), value));
         }
     }
     out
