@@ -39,7 +39,8 @@ fn two_parallel_episodes_keep_their_traces_and_answers_apart() {
         "{j}"
     );
     // What each episode remembered and used: order-status types the tracking number it read,
-    // directory-pages asks about the team it read.
+    // directory-pages asks about the team it read. Its answer is SmolLM2-135M's own, pinned to
+    // catch a change in what the model reads, not the right one (the team page says floor 9).
     let expected = [
         ("order-status", "Awaiting pickup", "\"TRK-"),
         ("directory-pages", "1", "On which floor is team "),
