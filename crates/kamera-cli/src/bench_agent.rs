@@ -626,4 +626,40 @@ mod tests {
         assert!((row.rate - 0.5).abs() < 1e-12 && (row.mean_reward - (reward - 1.0) / 2.0).abs() < 1e-12);
         Ok(())
     }
+
+    /// Greedy `constrained` decoding on login-user with Qwen2.5-0.5B, two of the seeds that had
+    /// typed the username into both fields (bench/agent/README.md, "The goal names values": 5/5
+    /// seeds, 1/5 before): the goal names the username and the password, and each field is
+    /// offered its own value.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn constrained_decoding_types_each_named_value_into_its_field() -> Result<()> {
+        let seeds = [2, 3];
+        let servers = Servers::start(&["login-user".to_string()], &seeds).await?;
+        let mut browser = servers.browser().await?;
+        let model = Arc::new(crate::models::load("qwen2.5-0.5b")?);
+        for seed in seeds {
+            let mut sc = scenario("login-user", seed, Decoding::Constrained, 3, 120_000);
+            let mut policy = ModelPolicy::new(Decoding::Constrained);
+            let r = episode(&servers, &mut browser, &model, &mut sc, &mut policy, None).await;
+            let e = outcome(
+                ("qwen2.5-0.5b", "constrained", 1),
+                "login-user",
+                seed,
+                sc.goal.clone(),
+                r,
+                0.0,
+            );
+            let typed: Vec<&str> = e
+                .actions
+                .iter()
+                .filter(|a| a.starts_with("type"))
+                .filter_map(|a| a.split('"').nth(1))
+                .collect();
+            assert_eq!(typed.len(), 2, "{e:?}");
+            assert_ne!(typed[0], typed[1], "the same text in both fields: {e:?}");
+            assert!(e.success, "{e:?}");
+        }
+        browser.close().await?;
+        Ok(())
+    }
 }
