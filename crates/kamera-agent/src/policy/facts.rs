@@ -167,16 +167,17 @@ mod tests {
         let form = page(
             "http://s/login",
             "Username\n[1] input type=text \"\"\nPassword\n[2] input type=password \"\"\n[3] input type=text \"Email\"",
-            serde_json::json!([
-                {"id": 1, "tag": "input", "text": "", "editable": true, "x": 1.0, "y": 1.0},
-                {"id": 2, "tag": "input", "text": "", "editable": true, "x": 1.0, "y": 2.0},
-                {"id": 3, "tag": "input", "text": "Email", "editable": true, "x": 1.0, "y": 3.0}
-            ]),
+            serde_json::json!([field(1, ""), field(2, ""), field(3, "Email")]),
         );
         let el = |id: u32| form.element(id).expect("element");
         assert_eq!(facts.for_field(el(1), &form), Some("keli"));
         assert_eq!(facts.for_field(el(2), &form), Some("3hI"), "the goal's, not the page's");
         assert_eq!(facts.for_field(el(3), &form), None);
+    }
+
+    /// A text field `[id]` showing `text`, one line below the one before.
+    fn field(id: u32, text: &str) -> serde_json::Value {
+        serde_json::json!({"id": id, "tag": "input", "text": text, "editable": true, "x": 1.0, "y": f64::from(id)})
     }
 
     fn page(url: &str, text: &str, elements: serde_json::Value) -> Observation {
@@ -198,8 +199,8 @@ mod tests {
             "http://s/shipping",
             "# Shipping status\n[1] input type=text \"Tracking number\"\nName\n[2] input type=text \"\"\n[3] button \"Track\"",
             serde_json::json!([
-                {"id": 1, "tag": "input", "text": "Tracking number", "editable": true, "x": 1.0, "y": 1.0},
-                {"id": 2, "tag": "input", "text": "", "editable": true, "x": 1.0, "y": 2.0},
+                field(1, "Tracking number"),
+                field(2, ""),
                 {"id": 3, "tag": "button", "text": "Track", "x": 1.0, "y": 3.0}
             ]),
         );
