@@ -344,7 +344,7 @@ unsafe fn row_block_kind<const K: u8>(q: &QMatrix, r: usize, xb: &[f32], nb: usi
 }
 
 /// The codes' base pointer (signed codes reinterpreted; the kind says which).
-fn code_bytes(codes: &Codes) -> *const u8 {
+pub(super) fn code_bytes(codes: &Codes) -> *const u8 {
     match codes {
         Codes::U8(c) | Codes::U4(c) | Codes::U5(c) => c.as_ptr(),
         Codes::I8(c) => c.as_ptr() as *const u8,

@@ -72,6 +72,23 @@ pub(crate) fn rows_into(q: &QMatrix, x: &[f32], xl: Option<&[f32]>, xsum: &[f32]
         return;
     }
     let _ = xl;
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        assert!(
+            r0 + out.len() <= q.rows && x.len() == q.cols,
+            "rows {r0}..{} of a [{}, {}] matrix against an input of {}",
+            r0 + out.len(),
+            q.rows,
+            q.cols,
+            x.len()
+        );
+        // SAFETY: the CPU has AVX-512F; rows r0.. of q (checked above); x has q.cols values.
+        unsafe { avx512::code_rows(q, r0, x, out) };
+        for (i, o) in out.iter_mut().enumerate() {
+            *o += offset_dot(q, r0 + i, xsum);
+        }
+        return;
+    }
     for (i, o) in out.iter_mut().enumerate() {
         *o = row_dot(q, r0 + i, x, xsum);
     }
@@ -189,6 +206,40 @@ pub(crate) fn portable(kind: &Codes, group: usize, codes: &[u8], scales: &[f32],
 #[cfg(target_arch = "x86_64")]
 pub(super) mod avx512 {
     use std::arch::x86_64::*;
+
+    use super::super::avx2::{I8, PREFETCH_ROWS, U4, U5, U8, by_kind, prefetch_row};
+    use super::super::{Codes, QMatrix};
+
+    /// `out[i] = Σ_g scale_g · Σ_{i∈g} code_i x_i` over rows `r0 + i` of `q` (decode, f32):
+    /// one dispatch for the rows, each row's bytes asked for [`PREFETCH_ROWS`] ahead, as the
+    /// AVX2 kernels do.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F; `r0 + out.len() <= q.rows`; `x` has `q.cols` values.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn code_rows(q: &QMatrix, r0: usize, x: &[f32], out: &mut [f32]) {
+        unsafe { by_kind!(&q.codes, rows_kind(q, r0, x, out)) }
+    }
+
+    #[inline(always)]
+    unsafe fn rows_kind<const K: u8>(q: &QMatrix, r0: usize, x: &[f32], out: &mut [f32]) {
+        unsafe {
+            let gpr = q.cols / q.group;
+            for (i, o) in out.iter_mut().enumerate() {
+                let r = r0 + i;
+                prefetch_row::<K>(q, r + PREFETCH_ROWS);
+                let (codes, scales) = (super::row_codes(q, r), &q.scales[r * gpr..(r + 1) * gpr]);
+                *o = match (K, q.group) {
+                    (U4, _) => u4_g32(codes, scales, x),
+                    (U5, _) => u5_g32(codes, scales, x),
+                    (U8, 32) => b8_g32::<false>(codes, scales, x),
+                    (U8, _) => b8_g16::<false>(codes, scales, x),
+                    (I8, 32) => b8_g32::<true>(codes, scales, x),
+                    _ => b8_g16::<true>(codes, scales, x),
+                };
+            }
+        }
+    }
 
     /// 16 byte codes as f32, sign-extended when `S`.
     #[inline(always)]

@@ -414,6 +414,28 @@ fn int8_decode_kernel_equals_its_reference_for_every_block_type() {
     }
 }
 
+/// The int8 input row is the same bits whichever loop made it (AVX-512 where the CPU has it,
+/// the portable one elsewhere): blocks with zeros, ties and the largest value negative.
+#[test]
+fn int8_input_is_the_same_bits_on_every_cpu() {
+    let mut x = random(1, 896, 33);
+    x[4..8].copy_from_slice(&[0.0; 4]);
+    x[8..12].copy_from_slice(&[1.0, -0.5, 0.25, 127.0 / 254.0]);
+    x[12..16].copy_from_slice(&[-3.0, 1.5, 0.0, 2.5]);
+    let x8 = vnni::Q8Input::quantize(&x).expect("whole groups");
+    let (mut q, mut dx, mut l) = (vec![0i8; 896], vec![0f32; 224], vec![0i32; 224]);
+    vnni::quantize_portable(&x, &mut q, &mut dx, &mut l);
+    for i in 0..896 {
+        assert_eq!(
+            (x8.value(i), x8.value(i).to_bits()),
+            (q[i] as f32 * dx[i / 4], (q[i] as f32 * dx[i / 4]).to_bits()),
+            "value {i}"
+        );
+    }
+    assert_eq!(x8.lanes128(), &l[..], "128 · Σ q per lane");
+    assert_eq!(x8.value(5), 0.0, "a block of zeros");
+}
+
 /// Int8 activations change a product by the input's rounding only: within 1% of the f32
 /// product's largest value, for every block type; the quantized input within half a step.
 #[test]
