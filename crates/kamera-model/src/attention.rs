@@ -341,17 +341,18 @@ impl OneQuery<'_> {
         }
         let head = |(i, o): (usize, &mut [f32])| {
             let h = i / g;
-            let qr = &q[i * hd..(i + 1) * hd];
             let keys = &self.keys.0[h * self.keys.1..];
             let vals = &self.values.0[h * self.values.1..];
-            let s: Vec<f32> = (lo..hi).map(|j| dot(qr, &keys[j * hd..(j + 1) * hd])).collect();
-            let mut p = vec![0f32; s.len()];
-            softmax_row(&s, &mut p, self.scale);
-            for (j, &w) in (lo..hi).zip(&p) {
-                for (o, &x) in o.iter_mut().zip(&vals[j * hd..(j + 1) * hd]) {
-                    *o += w * x;
-                }
-            }
+            let mut scratch = HeadScratch::default();
+            attend_head(
+                &q[i * hd..(i + 1) * hd],
+                (keys, vals),
+                lo..hi,
+                None,
+                self.scale,
+                &mut scratch,
+                o,
+            );
         };
         if (hi - lo) * (out.len() / hd) >= 2048 {
             out.par_chunks_mut(hd).enumerate().for_each(head);
@@ -361,10 +362,146 @@ impl OneQuery<'_> {
     }
 }
 
+/// One query head's score and probability rows, reused across heads and steps.
+#[derive(Default)]
+pub(crate) struct HeadScratch {
+    scores: Vec<f32>,
+    probs: Vec<f32>,
+}
+
+/// `out = Σ_j softmax_j(scale · q·k_j) · v_j` for one query head `q` (`hd` values) over the rows
+/// `rows` of `kv = (keys, values)` (row `j` at `j · hd`), then `new`'s key and value after them
+/// (a decode step's own row, not yet in the buffers): the decode attention of the team
+/// (`decode.rs`) and of [`OneQuery`]. AVX-512 FMAs where the CPU has them and `hd` is whole
+/// vectors of 16, else 8 independent lanes ([`dot`]).
+pub(crate) fn attend_head(
+    q: &[f32],
+    kv: (&[f32], &[f32]),
+    rows: std::ops::Range<usize>,
+    new: Option<(&[f32], &[f32])>,
+    scale: f32,
+    scratch: &mut HeadScratch,
+    out: &mut [f32],
+) {
+    let hd = q.len();
+    let (keys, vals) = (
+        &kv.0[rows.start * hd..rows.end * hd],
+        &kv.1[rows.start * hd..rows.end * hd],
+    );
+    let HeadScratch { scores, probs } = scratch;
+    #[cfg(target_arch = "x86_64")]
+    if hd % 16 == 0 && out.len() == hd && std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the CPU has AVX-512F; every row read is a whole `hd` slice checked above.
+        unsafe { head_avx512::scores(q, keys, new.map(|n| n.0), scores) };
+        probs.resize(scores.len(), 0.0);
+        softmax_row(scores, probs, scale);
+        // SAFETY: as above; `out` has `hd` values.
+        unsafe { head_avx512::weighted(probs, vals, new.map(|n| n.1), out) };
+        return;
+    }
+    scores.clear();
+    scores.extend(keys.chunks_exact(hd).map(|k| dot(q, k)));
+    if let Some((k, _)) = new {
+        scores.push(dot(q, k));
+    }
+    probs.resize(scores.len(), 0.0);
+    softmax_row(scores, probs, scale);
+    out.fill(0.0);
+    let news = new.map(|n| n.1).into_iter();
+    for (&p, v) in probs.iter().zip(vals.chunks_exact(hd).chain(news)) {
+        for (o, &x) in out.iter_mut().zip(v) {
+            *o += p * x;
+        }
+    }
+}
+
+/// [`attend_head`]'s two passes on AVX-512: `hd` a multiple of 16.
+#[cfg(target_arch = "x86_64")]
+mod head_avx512 {
+    use std::arch::x86_64::*;
+
+    /// `scores = [q·k for each row of keys, then q·new]`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn scores(q: &[f32], keys: &[f32], new: Option<&[f32]>, scores: &mut Vec<f32>) {
+        let hd = q.len();
+        scores.clear();
+        for k in keys.chunks_exact(hd).chain(new) {
+            let mut acc = _mm512_setzero_ps();
+            for (a, b) in q.chunks_exact(16).zip(k.chunks_exact(16)) {
+                // SAFETY: both chunks hold 16 values.
+                acc = unsafe { _mm512_fmadd_ps(_mm512_loadu_ps(a.as_ptr()), _mm512_loadu_ps(b.as_ptr()), acc) };
+            }
+            scores.push(_mm512_reduce_add_ps(acc));
+        }
+    }
+
+    /// `out = Σ_j probs[j] · row j of [vals, then new]`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn weighted(probs: &[f32], vals: &[f32], new: Option<&[f32]>, out: &mut [f32]) {
+        let hd = out.len();
+        for o in out.chunks_exact_mut(16) {
+            o.fill(0.0);
+        }
+        for (&p, v) in probs.iter().zip(vals.chunks_exact(hd).chain(new)) {
+            let pv = _mm512_set1_ps(p);
+            for (o, x) in out.chunks_exact_mut(16).zip(v.chunks_exact(16)) {
+                // SAFETY: both chunks hold 16 values.
+                unsafe {
+                    let y = _mm512_fmadd_ps(pv, _mm512_loadu_ps(x.as_ptr()), _mm512_loadu_ps(o.as_ptr()));
+                    _mm512_storeu_ps(o.as_mut_ptr(), y);
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use candle_core::Device;
+
+    /// One head's decode attention (`attend_head`, the team's and `OneQuery`'s) equals the plain
+    /// reference over rows 3..t of the buffers and a new row after them: with 64 values a head
+    /// (AVX-512 where the CPU has it) and with 24 (the portable lanes).
+    #[test]
+    fn one_heads_attention_with_its_new_row_matches_reference() {
+        for hd in [64, 24] {
+            let t = 40;
+            let val = |i: usize| ((i * 7919 % 1000) as f32 / 500.0) - 1.0;
+            let (q, k, v): (Vec<f32>, Vec<f32>, Vec<f32>) = (
+                (0..hd).map(|i| val(i + 1)).collect(),
+                (0..(t + 1) * hd).map(|i| val(i + 17)).collect(),
+                (0..(t + 1) * hd).map(|i| val(i + 29)).collect(),
+            );
+            // The reference sees keys 3..=t (the buffers' rows 3..t and the new row at t).
+            let pos: Vec<i64> = (0..(t + 1) as i64).collect();
+            let (k_vis, v_vis) = (&k[3 * hd..], &v[3 * hd..]);
+            let want = reference(
+                &q,
+                k_vis,
+                v_vis,
+                (1, 1, 1, t - 2, hd),
+                &[t as i64],
+                &pos[3..],
+                0.125,
+                None,
+            );
+            let mut got = vec![9f32; hd];
+            let new = (&k[t * hd..], &v[t * hd..]);
+            attend_head(
+                &q,
+                (&k, &v),
+                3..t,
+                Some(new),
+                0.125,
+                &mut HeadScratch::default(),
+                &mut got,
+            );
+            for (d, (a, b)) in got.iter().zip(&want).enumerate() {
+                assert!((a - b).abs() < 1e-5, "hd {hd} value {d}: {a} vs {b}");
+            }
+        }
+    }
 
     /// Plain reference: softmax over visible keys, for one (kv head, group head, query).
     // Many arguments: the slow reference takes what `attend` takes, flat.

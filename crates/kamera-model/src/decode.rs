@@ -12,11 +12,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use kamera_ops::{LayerKv, Mat, RopeSpec};
 
 use crate::activation::gated;
-use crate::attention::softmax_row;
+use crate::attention::{HeadScratch, attend_head};
 use crate::config::Config;
 use crate::context::Context;
 use crate::error::{CandleCtx, Error, OpsCtx, Result};
-use crate::lanes::dot;
 use crate::quant::{Linear, Prepared, View, quantize_input};
 use crate::team::{Shared, SpinBarrier, share};
 use crate::weights::{LayerWeights, Weights};
@@ -310,8 +309,7 @@ impl Step<'_> {
         };
         let mut h = vec![0f32; cfg.hidden];
         let mut o = vec![0f32; cfg.hidden];
-        let mut scores = Vec::with_capacity(f.row + 1);
-        let mut probs = Vec::with_capacity(f.row + 1);
+        let mut scratch = HeadScratch::default();
         let mut rows = Vec::new();
         let mut waited = 0u64;
         // Each product phase's chunk counter, in the order every worker reaches them.
@@ -367,24 +365,10 @@ impl Step<'_> {
             let group = heads / kvh;
             for (i, out) in my_heads.clone().zip(att.chunks_exact_mut(hd)) {
                 let g = i / group;
+                let kv = (&kb[g * f.cap * hd..], &vb[g * f.cap * hd..]);
+                let new = (&k[g * hd..(g + 1) * hd], &v[g * hd..(g + 1) * hd]);
                 let qi = &q[i * hd..(i + 1) * hd];
-                let (keys, vals) = (&kb[g * f.cap * hd..], &vb[g * f.cap * hd..]);
-                let (k_new, v_new) = (&k[g * hd..(g + 1) * hd], &v[g * hd..(g + 1) * hd]);
-                scores.clear();
-                scores.extend((lo..f.row).map(|j| dot(qi, &keys[j * hd..(j + 1) * hd])));
-                scores.push(dot(qi, k_new));
-                probs.resize(scores.len(), 0.0);
-                softmax_row(&scores, &mut probs, cfg.attn_scale as f32);
-                out.fill(0.0);
-                for (j, &p) in (lo..f.row).zip(&probs) {
-                    for (o, &x) in out.iter_mut().zip(&vals[j * hd..(j + 1) * hd]) {
-                        *o += p * x;
-                    }
-                }
-                let p = probs[probs.len() - 1];
-                for (o, &x) in out.iter_mut().zip(v_new) {
-                    *o += p * x;
-                }
+                attend_head(qi, kv, lo..f.row, Some(new), cfg.attn_scale as f32, &mut scratch, out);
             }
             if w == 0 {
                 rows.push((k, v));
