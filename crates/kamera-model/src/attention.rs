@@ -390,27 +390,34 @@ pub(crate) fn attend_head(
     );
     let HeadScratch { scores, probs } = scratch;
     #[cfg(target_arch = "x86_64")]
-    if hd % 16 == 0 && out.len() == hd && std::arch::is_x86_feature_detected!("avx512f") {
+    let avx512 = hd % 16 == 0 && out.len() == hd && std::arch::is_x86_feature_detected!("avx512f");
+    #[cfg(not(target_arch = "x86_64"))]
+    let avx512 = false;
+    let (new_k, new_v) = (new.map(|n| n.0), new.map(|n| n.1));
+    if avx512 {
+        #[cfg(target_arch = "x86_64")]
         // SAFETY: the CPU has AVX-512F; every row read is a whole `hd` slice checked above.
-        unsafe { head_avx512::scores(q, keys, new.map(|n| n.0), scores) };
-        probs.resize(scores.len(), 0.0);
-        softmax_row(scores, probs, scale);
-        // SAFETY: as above; `out` has `hd` values.
-        unsafe { head_avx512::weighted(probs, vals, new.map(|n| n.1), out) };
-        return;
-    }
-    scores.clear();
-    scores.extend(keys.chunks_exact(hd).map(|k| dot(q, k)));
-    if let Some((k, _)) = new {
-        scores.push(dot(q, k));
+        unsafe {
+            head_avx512::scores(q, keys, new_k, scores)
+        };
+    } else {
+        scores.clear();
+        scores.extend(keys.chunks_exact(hd).chain(new_k).map(|k| dot(q, k)));
     }
     probs.resize(scores.len(), 0.0);
     softmax_row(scores, probs, scale);
-    out.fill(0.0);
-    let news = new.map(|n| n.1).into_iter();
-    for (&p, v) in probs.iter().zip(vals.chunks_exact(hd).chain(news)) {
-        for (o, &x) in out.iter_mut().zip(v) {
-            *o += p * x;
+    if avx512 {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above; `out` has `hd` values.
+        unsafe {
+            head_avx512::weighted(probs, vals, new_v, out)
+        };
+    } else {
+        out.fill(0.0);
+        for (&p, v) in probs.iter().zip(vals.chunks_exact(hd).chain(new_v)) {
+            for (o, &x) in out.iter_mut().zip(v) {
+                *o += p * x;
+            }
         }
     }
 }

@@ -37,7 +37,7 @@ pub(super) fn available() -> bool {
 
 /// Bytes a group of `g` codes of kind `K` takes.
 #[inline(always)]
-const fn group_bytes<const K: u8>(g: usize) -> usize {
+pub(super) const fn group_bytes<const K: u8>(g: usize) -> usize {
     match K {
         U4 => 16,
         U5 => U5_GROUP_BYTES,
@@ -355,7 +355,7 @@ unsafe fn row_block_kind<const K: u8>(q: &QMatrix, r: usize, xb: &[f32], nb: usi
 }
 
 /// The codes' base pointer (signed codes reinterpreted; the kind says which).
-pub(super) fn code_bytes(codes: &Codes) -> *const u8 {
+fn code_bytes(codes: &Codes) -> *const u8 {
     match codes {
         Codes::U8(c) | Codes::U4(c) | Codes::U5(c) => c.as_ptr(),
         Codes::I8(c) => c.as_ptr() as *const u8,

@@ -53,42 +53,33 @@ pub(crate) fn lane_input(q: &QMatrix, x: &[f32]) -> Option<Vec<f32>> {
 /// [`lane_input`], `xsum` from [`group_sums`].
 pub(crate) fn rows_into(q: &QMatrix, x: &[f32], xl: Option<&[f32]>, xsum: &[f32], r0: usize, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if !std::arch::is_x86_feature_detected!("avx512f") && super::avx2::available() {
-        // The kernel reads through pointers: a caller's shape error stops here, not in memory.
-        assert!(
-            r0 + out.len() <= q.rows && x.len() == q.cols && xl.is_none_or(|xl| xl.len() == q.cols),
-            "rows {r0}..{} of a [{}, {}] matrix against an input of {}",
-            r0 + out.len(),
-            q.rows,
-            q.cols,
-            x.len()
-        );
-        // SAFETY: the CPU has AVX2 and FMA; rows r0.. of q (the caller's `out` is within them);
-        // x has q.cols values; `xl` came from `lane_input`: groups of 32, q.cols values.
-        unsafe { super::avx2::code_rows(q, r0, xl.unwrap_or(x), xl.is_some(), out) };
-        for (i, o) in out.iter_mut().enumerate() {
-            *o += offset_dot(q, r0 + i, xsum);
+    {
+        let avx512 = std::arch::is_x86_feature_detected!("avx512f");
+        if avx512 || super::avx2::available() {
+            // The kernels read through pointers: a caller's shape error stops here, not in memory.
+            assert!(
+                r0 + out.len() <= q.rows && x.len() == q.cols && xl.is_none_or(|xl| xl.len() == q.cols),
+                "rows {r0}..{} of a [{}, {}] matrix against an input of {}",
+                r0 + out.len(),
+                q.rows,
+                q.cols,
+                x.len()
+            );
+            if avx512 {
+                // SAFETY: the CPU has AVX-512F; rows r0.. of q (checked above); x has q.cols values.
+                unsafe { avx512::code_rows(q, r0, x, out) };
+            } else {
+                // SAFETY: the CPU has AVX2 and FMA; rows r0.. of q (checked above); x has q.cols
+                // values; `xl` came from `lane_input`: groups of 32, q.cols values.
+                unsafe { super::avx2::code_rows(q, r0, xl.unwrap_or(x), xl.is_some(), out) };
+            }
+            for (i, o) in out.iter_mut().enumerate() {
+                *o += offset_dot(q, r0 + i, xsum);
+            }
+            return;
         }
-        return;
     }
     let _ = xl;
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
-        assert!(
-            r0 + out.len() <= q.rows && x.len() == q.cols,
-            "rows {r0}..{} of a [{}, {}] matrix against an input of {}",
-            r0 + out.len(),
-            q.rows,
-            q.cols,
-            x.len()
-        );
-        // SAFETY: the CPU has AVX-512F; rows r0.. of q (checked above); x has q.cols values.
-        unsafe { avx512::code_rows(q, r0, x, out) };
-        for (i, o) in out.iter_mut().enumerate() {
-            *o += offset_dot(q, r0 + i, xsum);
-        }
-        return;
-    }
     for (i, o) in out.iter_mut().enumerate() {
         *o = row_dot(q, r0 + i, x, xsum);
     }
@@ -143,16 +134,7 @@ pub(crate) fn scaled_code_dot(kind: &Codes, group: usize, codes: &[u8], scales: 
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx512f") {
         // SAFETY: the CPU has AVX-512F; slices are sized by the caller (rows of one matrix).
-        return unsafe {
-            match (kind, group) {
-                (Codes::U8(_), 32) => avx512::b8_g32::<false>(codes, scales, x),
-                (Codes::U8(_), _) => avx512::b8_g16::<false>(codes, scales, x),
-                (Codes::I8(_), 32) => avx512::b8_g32::<true>(codes, scales, x),
-                (Codes::I8(_), _) => avx512::b8_g16::<true>(codes, scales, x),
-                (Codes::U4(_), _) => avx512::u4_g32(codes, scales, x),
-                (Codes::U5(_), _) => avx512::u5_g32(codes, scales, x),
-            }
-        };
+        return unsafe { avx512::code_dot(kind, group, codes, scales, x) };
     }
     portable(kind, group, codes, scales, x)
 }
@@ -228,15 +210,26 @@ pub(super) mod avx512 {
             for (i, o) in out.iter_mut().enumerate() {
                 let r = r0 + i;
                 prefetch_row::<K>(q, r + PREFETCH_ROWS);
-                let (codes, scales) = (super::row_codes(q, r), &q.scales[r * gpr..(r + 1) * gpr]);
-                *o = match (K, q.group) {
-                    (U4, _) => u4_g32(codes, scales, x),
-                    (U5, _) => u5_g32(codes, scales, x),
-                    (U8, 32) => b8_g32::<false>(codes, scales, x),
-                    (U8, _) => b8_g16::<false>(codes, scales, x),
-                    (I8, 32) => b8_g32::<true>(codes, scales, x),
-                    _ => b8_g16::<true>(codes, scales, x),
-                };
+                let scales = &q.scales[r * gpr..(r + 1) * gpr];
+                *o = code_dot(&q.codes, q.group, super::row_codes(q, r), scales, x);
+            }
+        }
+    }
+
+    /// `Σ_g scales[g] · Σ_{i∈g} code_i x_i` over one row, by the kernel for `kind` and `group`.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F; `codes`, `scales` and `x` are one row of a matrix and its input.
+    #[inline(always)]
+    pub(super) unsafe fn code_dot(kind: &Codes, group: usize, codes: &[u8], scales: &[f32], x: &[f32]) -> f32 {
+        unsafe {
+            match (kind, group) {
+                (Codes::U8(_), 32) => b8_g32::<false>(codes, scales, x),
+                (Codes::U8(_), _) => b8_g16::<false>(codes, scales, x),
+                (Codes::I8(_), 32) => b8_g32::<true>(codes, scales, x),
+                (Codes::I8(_), _) => b8_g16::<true>(codes, scales, x),
+                (Codes::U4(_), _) => u4_g32(codes, scales, x),
+                (Codes::U5(_), _) => u5_g32(codes, scales, x),
             }
         }
     }

@@ -40,20 +40,7 @@ impl Q8Input {
         let mut q = vec![0i8; padded];
         let mut dxv = vec![0f32; padded / BLOCK];
         let mut lane128 = vec![0i32; padded / BLOCK];
-        #[cfg(target_arch = "x86_64")]
-        let avx512 = std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512bw");
-        #[cfg(not(target_arch = "x86_64"))]
-        let avx512 = false;
-        if avx512 {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: the CPU has AVX-512 F/BW; x is whole groups of 16 and the outputs are
-            // sized for its padded length.
-            unsafe {
-                avx512::quantize(x, &mut q, &mut dxv, &mut lane128)
-            };
-        } else {
-            quantize_portable(x, &mut q, &mut dxv, &mut lane128);
-        }
+        quantize_into(x, &mut q, &mut dxv, &mut lane128);
         Some(Q8Input {
             q,
             dxv,
@@ -66,15 +53,11 @@ impl Q8Input {
     /// the quantized row so that an offset and its codes see the same input (Q4_0's
     /// `scale · (code − 8)`: an exact sum beside a rounded code term would not cancel).
     pub(crate) fn group_sums(&self, group: usize) -> Vec<f32> {
-        self.q[..self.cols]
-            .chunks_exact(group)
-            .zip(self.dxv.chunks_exact(group / BLOCK))
-            .map(|(g, dx)| {
-                g.chunks_exact(BLOCK)
-                    .zip(dx)
-                    .map(|(b, dx)| dx * b.iter().map(|&v| v as i32).sum::<i32>() as f32)
-                    .sum()
-            })
+        let blocks = self.cols / BLOCK;
+        self.lane128[..blocks]
+            .chunks_exact(group / BLOCK)
+            .zip(self.dxv[..blocks].chunks_exact(group / BLOCK))
+            .map(|(l, dx)| l.iter().zip(dx).map(|(&l, dx)| dx * (l / 128) as f32).sum())
             .collect()
     }
 
@@ -89,6 +72,18 @@ impl Q8Input {
     pub(crate) fn value(&self, i: usize) -> f32 {
         self.q[i] as f32 * self.dxv[i / BLOCK]
     }
+}
+
+/// Fills `q`, `dxv` and `lane128` for `x` (whole groups of 16): AVX-512 where the CPU has it,
+/// else [`quantize_portable`]; the same bits either way.
+fn quantize_into(x: &[f32], q: &mut [i8], dxv: &mut [f32], lane128: &mut [i32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512bw") {
+        // SAFETY: the CPU has AVX-512 F/BW; x is whole groups of 16 and the outputs are sized
+        // for its padded length.
+        return unsafe { avx512::quantize(x, q, dxv, lane128) };
+    }
+    quantize_portable(x, q, dxv, lane128)
 }
 
 /// [`Q8Input::quantize`]'s loop in plain code (the AVX-512 one gives the same bits): each
@@ -205,7 +200,7 @@ pub(crate) fn reference(m: &QMatrix, r: usize, x: &Q8Input) -> f32 {
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::super::avx2::{I8, PREFETCH_ROWS, U4, U5, U8, by_kind, code_bytes, prefetch_row};
+    use super::super::avx2::{I8, PREFETCH_ROWS, U4, U5, U8, by_kind, group_bytes, prefetch_row};
     use super::{Codes, Q8Input, QMatrix, U5_GROUP_BYTES};
 
     /// [`Q8Input::quantize`]'s loop, 16 values (4 blocks) at a time: the same operations, so
@@ -318,13 +313,9 @@ mod avx512 {
         unsafe {
             let (g, cols) = (m.group, m.cols);
             let gpr = cols / g;
-            let gb = match K {
-                U4 => 16,
-                U5 => U5_GROUP_BYTES,
-                _ => g,
-            };
+            let gb = group_bytes::<K>(g);
             let per_step = 64 / g;
-            let c = code_bytes(&m.codes).add(r * gpr * gb);
+            let c = super::super::dot::row_codes(m, r).as_ptr();
             let scales = m.scales.as_ptr().add(r * gpr);
             // The lanes' group: 32-wide groups fill 8 lanes, 16-wide 4.
             let idx = if g == 32 {
