@@ -1,5 +1,6 @@
 //! Weights kept in their GGUF quantisation: every block format is repacked once, exactly, into
-//! codes with a scale (and offset) per group of 16 or 32 weights, `w = scale · code + offset`.
+//! codes with a scale (and offset) per group of 16 or 32 weights, `w = scale · code + offset`,
+//! the scales f16 or f32 as the block holds them (`table.rs`).
 //! Decode multiplies on the codes (`dot.rs`), short prefills too (`rows.rs`); long prefills
 //! dequantize cache-sized panels into a GEMM (`matmul.rs`), or into bf16 tiles where the CPU
 //! has AVX512_BF16 and the model asks for it (`bf16.rs`). Decode may quantize its input row to
@@ -19,6 +20,7 @@ mod dot;
 pub(crate) mod matmul;
 mod repack;
 mod rows;
+pub(crate) mod table;
 #[cfg(test)]
 mod tests;
 mod vnni;
@@ -31,6 +33,7 @@ pub(crate) use dense::Bf16Matrix;
 #[cfg(target_arch = "x86_64")]
 pub(crate) type AlignedPairs = Aligned<u32>;
 pub(crate) use repack::repack;
+pub(crate) use table::Table;
 pub(crate) use vnni::Q8Input;
 
 /// A product's output shared by parallel tasks that each write their own elements (row blocks:
@@ -157,8 +160,8 @@ pub(crate) enum Offsets {
     None,
     /// `offset = −zero · scale` (Q4_0's 4-bit codes).
     Zero(f32),
-    /// One offset per group (Q4_1, Q5_1, Q4_K, Q5_K).
-    PerGroup(Vec<f32>),
+    /// One offset per group (Q4_1, Q5_1, Q4_K, Q5_K), of the scales' element type.
+    PerGroup(Table),
 }
 
 /// The arithmetic of long prefills on quantized weights ([`crate::Model::set_prefill_precision`]).
@@ -271,8 +274,8 @@ pub(crate) struct QMatrix {
     /// Weights per scale: 16 or 32.
     pub group: usize,
     pub codes: Codes,
-    /// `rows · cols / group`.
-    pub scales: Vec<f32>,
+    /// `rows · cols / group`, f16 or f32 as the block stored them ([`Table`]).
+    pub scales: Table,
     pub offsets: Offsets,
     /// The GGUF block type it came from (for messages and the README's table).
     pub source: &'static str,
@@ -293,9 +296,9 @@ impl QMatrix {
         };
         let offsets = match &self.offsets {
             Offsets::None | Offsets::Zero(_) => 0,
-            Offsets::PerGroup(o) => o.len() * 4,
+            Offsets::PerGroup(o) => o.bytes(),
         };
-        codes + self.scales.len() * 4 + offsets
+        codes + self.scales.bytes() + offsets
     }
 
     /// Appends the rows of `more` (same columns, group and block type) below these.
@@ -305,14 +308,14 @@ impl QMatrix {
             (more.cols, more.group, more.source)
         );
         self.rows += more.rows;
-        self.scales.extend(more.scales);
+        self.scales.append(more.scales);
         match (&mut self.codes, more.codes) {
             (Codes::U8(a), Codes::U8(b)) | (Codes::U4(a), Codes::U4(b)) | (Codes::U5(a), Codes::U5(b)) => a.extend(b),
             (Codes::I8(a), Codes::I8(b)) => a.extend(b),
             _ => unreachable!("rows of one tensor share their code type"),
         }
         if let (Offsets::PerGroup(a), Offsets::PerGroup(b)) = (&mut self.offsets, more.offsets) {
-            a.extend(b);
+            a.append(b);
         }
     }
 
@@ -334,12 +337,7 @@ impl QMatrix {
         let (g, gpr) = (self.group, self.groups_per_row());
         for (j, o) in out.chunks_exact_mut(g).enumerate() {
             let gi = r * gpr + j;
-            let s = self.scales[gi];
-            let off = match &self.offsets {
-                Offsets::None => 0.0,
-                Offsets::Zero(z) => -z * s,
-                Offsets::PerGroup(v) => v[gi],
-            };
+            let (s, off) = rows::scale_offset(self, gi);
             match &self.codes {
                 Codes::U8(c) => {
                     for (o, &c) in o.iter_mut().zip(&c[gi * g..(gi + 1) * g]) {

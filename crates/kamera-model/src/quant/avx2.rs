@@ -8,6 +8,7 @@
 use std::arch::x86_64::*;
 
 use super::rows::{BLOCK, scale_offset};
+use super::table::{Scale, with_table, x86::RowOffsets, x86::set8};
 use super::{Codes, QMatrix, U5_GROUP_BYTES};
 
 /// Code kinds as const parameters, so a kernel's inner loop holds no match.
@@ -16,8 +17,17 @@ pub(super) const I8: u8 = 1;
 pub(super) const U4: u8 = 2;
 pub(super) const U5: u8 = 3;
 
-/// `$f::<K>(args)` with `K` the const kind of `$codes` (the kernels' one dispatch).
+/// `$f::<K>(args)` with `K` the const kind of `$codes` (the kernels' one dispatch);
+/// `$f::<_>(args)` gives `$f::<K, _>`, its second parameter (the scales' type) inferred.
 macro_rules! by_kind {
+    ($codes:expr, $f:ident::<_>($($arg:expr),*)) => {
+        match $codes {
+            Codes::U8(_) => $f::<U8, _>($($arg),*),
+            Codes::I8(_) => $f::<I8, _>($($arg),*),
+            Codes::U4(_) => $f::<U4, _>($($arg),*),
+            Codes::U5(_) => $f::<U5, _>($($arg),*),
+        }
+    };
     ($codes:expr, $f:ident($($arg:expr),*)) => {
         match $codes {
             Codes::U8(_) => $f::<U8>($($arg),*),
@@ -29,10 +39,10 @@ macro_rules! by_kind {
 }
 pub(super) use by_kind;
 
-/// Whether this CPU has AVX2 and FMA: the one check before any kernel here (or in
-/// `avx2_int8.rs`) is called.
+/// Whether this CPU has AVX2, FMA and F16C (for f16 scales): the one check before any kernel
+/// here (or in `avx2_int8.rs`) is called.
 pub(super) fn available() -> bool {
-    std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    super::table::x86::has_f16c()
 }
 
 /// Bytes a group of `g` codes of kind `K` takes.
@@ -166,25 +176,37 @@ pub(super) const PREFETCH_ROWS: usize = 4;
 /// slower streaming it from memory: Q8_0 10.6 against 14.5 G weights/s.)
 ///
 /// With `in_lane_order`, `x` is in [`lane_order`] and the rows go through [`lanes_row_dot`].
+/// Each row's offsets' term on `xsum` is added (none where `xsum` is empty).
 ///
 /// # Safety
 /// The CPU has AVX2 and FMA; `r0 + out.len() <= q.rows`; `x` has `q.cols` values; with
 /// `in_lane_order`, `q`'s groups are of 32.
-#[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn code_rows(q: &QMatrix, r0: usize, x: &[f32], in_lane_order: bool, out: &mut [f32]) {
-    unsafe { by_kind!(&q.codes, code_rows_kind(q, r0, x, in_lane_order, out)) }
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn code_rows(q: &QMatrix, r0: usize, x: &[f32], in_lane_order: bool, xsum: &[f32], out: &mut [f32]) {
+    unsafe {
+        with_table!(&q.scales, s => by_kind!(&q.codes, code_rows_kind::<_>(q, s, r0, x, in_lane_order, xsum, out)))
+    }
 }
 
 #[inline(always)]
-unsafe fn code_rows_kind<const K: u8>(q: &QMatrix, r0: usize, x: &[f32], in_lane_order: bool, out: &mut [f32]) {
+unsafe fn code_rows_kind<const K: u8, T: Scale>(
+    q: &QMatrix,
+    scales: &[T],
+    r0: usize,
+    x: &[f32],
+    in_lane_order: bool,
+    xsum: &[f32],
+    out: &mut [f32],
+) {
     unsafe {
+        let offsets = RowOffsets::new(q, scales, xsum);
         for (i, o) in out.iter_mut().enumerate() {
             prefetch_row::<K>(q, r0 + i + PREFETCH_ROWS);
             *o = if in_lane_order {
-                lanes_row_dot::<K>(q, r0 + i, x)
+                lanes_row_dot::<K, T>(q, scales, r0 + i, x)
             } else {
-                row_dot::<K>(q, r0 + i, x)
-            };
+                row_dot::<K, T>(q, scales, r0 + i, x)
+            } + offsets.avx2(r0 + i);
         }
     }
 }
@@ -213,12 +235,12 @@ pub(super) fn lane_order(x: &[f32]) -> Vec<f32> {
 /// weights/s, Q4_K 12.8 / 9.9, Q4_1 12.6 / 9.7; byte codes gain nothing (Q8_0 14.2 / 14.5), so
 /// decode routes only 4- and 5-bit codes here (`dot::lane_input`); every kind is correct (tested).
 #[inline(always)]
-unsafe fn lanes_row_dot<const K: u8>(q: &QMatrix, r: usize, xl: &[f32]) -> f32 {
+unsafe fn lanes_row_dot<const K: u8, T: Scale>(q: &QMatrix, scales: &[T], r: usize, xl: &[f32]) -> f32 {
     unsafe {
         let gpr = q.cols / 32;
         let gb = group_bytes::<K>(32);
         let c = code_bytes(&q.codes).add(r * gpr * gb);
-        let scales = q.scales.as_ptr().add(r * gpr);
+        let scales = scales.as_ptr().add(r * gpr);
         let mask = _mm256_set1_epi32(0xFF);
         let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
         for j in 0..gpr {
@@ -251,7 +273,7 @@ unsafe fn lanes_row_dot<const K: u8>(q: &QMatrix, r: usize, xl: &[f32]) -> f32 {
                 d,
                 _mm256_fmadd_ps(_mm256_cvtepi32_ps(v3), _mm256_loadu_ps(xg.add(24)), t),
             );
-            let s = _mm256_broadcast_ss(&*scales.add(j));
+            let s = set8(scales.add(j));
             if j % 2 == 0 {
                 a0 = _mm256_fmadd_ps(d, s, a0);
             } else {
@@ -281,9 +303,11 @@ pub(super) unsafe fn prefetch_row<const K: u8>(q: &QMatrix, r: usize) {
         if row_bytes <= PREFETCH_ROW_BYTES {
             prefetch(code_bytes(&q.codes).wrapping_add(r * row_bytes), row_bytes);
         }
-        prefetch(q.scales.as_ptr().wrapping_add(r * gpr) as *const u8, 4 * gpr);
+        let (p, bytes) = q.scales.span(r * gpr, gpr);
+        prefetch(p, bytes);
         if let super::Offsets::PerGroup(o) = &q.offsets {
-            prefetch(o.as_ptr().wrapping_add(r * gpr) as *const u8, 4 * gpr);
+            let (p, bytes) = o.span(r * gpr, gpr);
+            prefetch(p, bytes);
         }
     }
 }
@@ -302,12 +326,12 @@ unsafe fn prefetch(p: *const u8, bytes: usize) {
 
 /// Row `r` of [`code_rows`].
 #[inline(always)]
-unsafe fn row_dot<const K: u8>(q: &QMatrix, r: usize, x: &[f32]) -> f32 {
+unsafe fn row_dot<const K: u8, T: Scale>(q: &QMatrix, scales: &[T], r: usize, x: &[f32]) -> f32 {
     unsafe {
         let (g, xp) = (q.group, x.as_ptr());
         let (gpr, gb) = (q.cols / g, group_bytes::<K>(g));
         let c = code_bytes(&q.codes).add(r * gpr * gb);
-        let scales = q.scales.as_ptr().add(r * gpr);
+        let scales = scales.as_ptr().add(r * gpr);
         let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
         for j in 0..gpr {
             let w = group::<K>(c.add(j * gb), g);
@@ -318,7 +342,7 @@ unsafe fn row_dot<const K: u8>(q: &QMatrix, r: usize, x: &[f32]) -> f32 {
                 let t = _mm256_mul_ps(w[2], _mm256_loadu_ps(xg.add(16)));
                 p = _mm256_add_ps(p, _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xg.add(24)), t));
             }
-            let s = _mm256_broadcast_ss(&*scales.add(j));
+            let s = set8(scales.add(j));
             if j % 2 == 0 {
                 a0 = _mm256_fmadd_ps(p, s, a0);
             } else {
@@ -333,7 +357,7 @@ unsafe fn row_dot<const K: u8>(q: &QMatrix, r: usize, x: &[f32]) -> f32 {
 ///
 /// # Safety
 /// The CPU has AVX2 and FMA; `xb` holds `nb` rows of `q.cols` values; `r < q.rows`.
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn row_block(q: &QMatrix, r: usize, xb: &[f32], nb: usize, acc: &mut [f32; BLOCK]) {
     unsafe { by_kind!(&q.codes, row_block_kind(q, r, xb, nb, acc)) }
 }
@@ -394,7 +418,7 @@ unsafe fn row<const K: u8, const R: usize>(q: &QMatrix, r: usize, xb: &[f32], ac
 ///
 /// # Safety
 /// The CPU has AVX2 and FMA; `out.len() == q.cols`; `r < q.rows`.
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn dequantize_row(q: &QMatrix, r: usize, out: &mut [f32]) {
     unsafe { by_kind!(&q.codes, dequantize(q, r, out)) }
 }
@@ -427,7 +451,7 @@ pub(super) const PAIR_ROWS: usize = 4;
 ///
 /// # Safety
 /// The CPU has AVX2 and FMA; `xb` holds `nb` rows of `q.cols` values; `ra, rb < q.rows`.
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn pair_block(q: &QMatrix, ra: usize, rb: usize, xb: &[f32], nb: usize) -> [[f32; PAIR_ROWS]; 2] {
     unsafe { by_kind!(&q.codes, pair_kind(q, ra, rb, xb, nb)) }
 }

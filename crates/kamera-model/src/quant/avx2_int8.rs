@@ -8,6 +8,7 @@
 use std::arch::x86_64::*;
 
 use super::avx2::{I8, U4, U5, U8, by_kind};
+use super::table::{Scale, with_table, x86::RowOffsets, x86::get, x86::set8};
 use super::{Codes, Q8Input, QMatrix, U5_GROUP_BYTES, avx2, dot};
 
 /// `out[i] = Σ_g scale_g · Σ_{i∈g} code_i · dx_i q_i` over rows `r0 + i` of `m`
@@ -16,18 +17,26 @@ use super::{Codes, Q8Input, QMatrix, U5_GROUP_BYTES, avx2, dot};
 /// against 8.0 with a call and no prefetch per row.
 ///
 /// # Safety
-/// The CPU has AVX2 and FMA; `r0 + out.len() <= m.rows`; `x` has `m.cols` values (padded to 64).
-#[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn code_rows(m: &QMatrix, r0: usize, x: &Q8Input, out: &mut [f32]) {
-    unsafe { by_kind!(&m.codes, code_rows_kind(m, r0, x, out)) }
+/// The CPU has AVX2, FMA and F16C; `r0 + out.len() <= m.rows`; `x` has `m.cols` values (padded to 64).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn code_rows(m: &QMatrix, r0: usize, x: &Q8Input, xsum: &[f32], out: &mut [f32]) {
+    unsafe { with_table!(&m.scales, s => by_kind!(&m.codes, code_rows_kind::<_>(m, s, r0, x, xsum, out))) }
 }
 
 #[inline(always)]
-unsafe fn code_rows_kind<const K: u8>(m: &QMatrix, r0: usize, x: &Q8Input, out: &mut [f32]) {
+unsafe fn code_rows_kind<const K: u8, T: Scale>(
+    m: &QMatrix,
+    scales: &[T],
+    r0: usize,
+    x: &Q8Input,
+    xsum: &[f32],
+    out: &mut [f32],
+) {
     unsafe {
+        let offsets = RowOffsets::new(m, scales, xsum);
         for (i, o) in out.iter_mut().enumerate() {
             avx2::prefetch_row::<K>(m, r0 + i + avx2::PREFETCH_ROWS);
-            *o = row::<K>(m, r0 + i, x);
+            *o = row::<K, T>(m, scales, r0 + i, x) + offsets.avx2(r0 + i);
         }
     }
 }
@@ -35,12 +44,12 @@ unsafe fn code_rows_kind<const K: u8>(m: &QMatrix, r0: usize, x: &Q8Input, out: 
 /// Row `r` of [`code_rows`]: each 32-value step's codes as bytes times the rounded inputs, its
 /// eight lanes of four scaled by their group's scale and their block's `dx`.
 #[inline(always)]
-unsafe fn row<const K: u8>(m: &QMatrix, r: usize, x: &Q8Input) -> f32 {
+unsafe fn row<const K: u8, T: Scale>(m: &QMatrix, scales: &[T], r: usize, x: &Q8Input) -> f32 {
     unsafe {
         let (q, dxv) = super::vnni::parts(x);
         let (g, cols) = (m.group, m.cols);
         let codes = dot::row_codes(m, r).as_ptr();
-        let scales = m.scales.as_ptr().add(r * (cols / g));
+        let scales = scales.as_ptr().add(r * (cols / g));
         let ones = _mm256_set1_epi16(1);
         let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
         // Lane l of step h reads values 32h + 4l ..: group h (groups of 32) or 2h, 2h + 1 (of
@@ -62,10 +71,10 @@ unsafe fn row<const K: u8>(m: &QMatrix, r: usize, x: &Q8Input) -> f32 {
             };
             let lanes = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
             let sv = if g == 32 {
-                _mm256_broadcast_ss(&*scales.add(h))
+                set8(scales.add(h))
             } else {
-                let s1 = if half { 0.0 } else { *scales.add(2 * h + 1) };
-                _mm256_setr_m128(_mm_broadcast_ss(&*scales.add(2 * h)), _mm_set1_ps(s1))
+                let s1 = if half { 0.0 } else { get(scales.add(2 * h + 1)) };
+                _mm256_setr_m128(_mm_set1_ps(get(scales.add(2 * h))), _mm_set1_ps(s1))
             };
             let scale = _mm256_mul_ps(sv, _mm256_loadu_ps(dxv.as_ptr().add(8 * h)));
             if h % 2 == 0 {

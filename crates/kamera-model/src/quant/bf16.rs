@@ -22,6 +22,7 @@ pub(crate) fn available() -> bool {
         std::arch::is_x86_feature_detected!("avx512f")
             && std::arch::is_x86_feature_detected!("avx512bw")
             && std::arch::is_x86_feature_detected!("avx512bf16")
+            && std::arch::is_x86_feature_detected!("f16c")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -296,6 +297,7 @@ pub(super) mod avx512 {
     use std::arch::x86_64::*;
 
     use super::super::dot::avx512::{b8x16, u5x32};
+    use super::super::table::{Scale, Table, x86::get};
     use super::super::{Codes, Offsets, QMatrix};
     use super::{MR, TILE};
 
@@ -309,22 +311,31 @@ pub(super) mod avx512 {
     const ZERO_POINT: u8 = 1;
     const PER_GROUP: u8 = 2;
 
-    /// A weight matrix's raw parts, read by [`pair`].
-    #[derive(Clone, Copy)]
-    struct Parts {
+    /// A weight matrix's raw parts, read by [`pair`]; scales and offsets of element `T`.
+    struct Parts<T> {
         codes: *const u8,
-        scales: *const f32,
-        offsets: *const f32,
+        scales: *const T,
+        offsets: *const T,
         zero: f32,
         groups_per_row: usize,
         cols: usize,
     }
+    impl<T> Clone for Parts<T> {
+        fn clone(&self) -> Self {
+            *self
+        }
+    }
+    impl<T> Copy for Parts<T> {}
 
     /// Columns `c..c + 32` of row `r` dequantized (`c` a multiple of 32; the upper 16 zero
     /// past the last column), for codes of kind `K`, groups of `G` and offsets of kind `O`
     /// known at compile time: no per-piece dispatch, one load per group.
     #[inline(always)]
-    unsafe fn pair<const K: u8, const G: usize, const O: u8>(w: Parts, r: usize, c: usize) -> (__m512, __m512) {
+    unsafe fn pair<const K: u8, const G: usize, const O: u8, T: Scale>(
+        w: Parts<T>,
+        r: usize,
+        c: usize,
+    ) -> (__m512, __m512) {
         unsafe {
             let gi = r * w.groups_per_row + c / G;
             let whole = c + 16 < w.cols;
@@ -333,9 +344,9 @@ pub(super) mod avx512 {
             let ahead = |p: *const u8, row_bytes: usize| {
                 _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(16 * row_bytes) as *const i8)
             };
-            ahead(w.scales.add(gi) as *const u8, 4 * w.groups_per_row);
+            ahead(w.scales.add(gi) as *const u8, T::BYTES * w.groups_per_row);
             if O == PER_GROUP {
-                ahead(w.offsets.add(gi) as *const u8, 4 * w.groups_per_row);
+                ahead(w.offsets.add(gi) as *const u8, T::BYTES * w.groups_per_row);
             }
             let (lo, hi) = match K {
                 U4 => {
@@ -366,11 +377,11 @@ pub(super) mod avx512 {
                 }
             };
             let scaled = |x: __m512, g: usize| {
-                let s = *w.scales.add(g);
+                let s = get(w.scales.add(g));
                 let off = match O {
                     NO_OFFSET => 0.0,
                     ZERO_POINT => -w.zero * s,
-                    _ => *w.offsets.add(g),
+                    _ => get(w.offsets.add(g)),
                 };
                 _mm512_fmadd_ps(x, _mm512_set1_ps(s), _mm512_set1_ps(off))
             };
@@ -385,13 +396,18 @@ pub(super) mod avx512 {
 
     /// [`pack`] of a weight tile with [`pair`] for its codes, group and offsets.
     #[inline(always)]
-    unsafe fn pack_weights<const K: u8, const G: usize>(q: &QMatrix, w: Parts, r0: usize, tile: &mut [u32]) {
+    unsafe fn pack_weights<const K: u8, const G: usize, T: Scale>(
+        q: &QMatrix,
+        w: Parts<T>,
+        r0: usize,
+        tile: &mut [u32],
+    ) {
         unsafe {
             let live = TILE.min(q.rows - r0);
             match q.offsets {
-                Offsets::None => pack(live, q.cols, tile, |l, c| pair::<K, G, NO_OFFSET>(w, r0 + l, c)),
-                Offsets::Zero(_) => pack(live, q.cols, tile, |l, c| pair::<K, G, ZERO_POINT>(w, r0 + l, c)),
-                Offsets::PerGroup(_) => pack(live, q.cols, tile, |l, c| pair::<K, G, PER_GROUP>(w, r0 + l, c)),
+                Offsets::None => pack(live, q.cols, tile, |l, c| pair::<K, G, NO_OFFSET, T>(w, r0 + l, c)),
+                Offsets::Zero(_) => pack(live, q.cols, tile, |l, c| pair::<K, G, ZERO_POINT, T>(w, r0 + l, c)),
+                Offsets::PerGroup(_) => pack(live, q.cols, tile, |l, c| pair::<K, G, PER_GROUP, T>(w, r0 + l, c)),
             }
         }
     }
@@ -427,40 +443,55 @@ pub(super) mod avx512 {
     }
 
     /// See [`super::pack_tile`].
-    #[target_feature(enable = "avx512f,avx512bf16")]
+    #[target_feature(enable = "avx512f,avx512bf16,f16c")]
     pub(super) unsafe fn pack_tile(q: &QMatrix, r0: usize, tile: &mut [u32]) {
-        let (codes, zero, offsets) = (
-            match &q.codes {
+        // SAFETY: a QMatrix holds rows · cols codes in its kind's layout and a scale (and
+        // offset) per group, both of one element type; U4 and U5 come in groups of 32, bytes in
+        // groups of 16 or 32.
+        unsafe {
+            match &q.scales {
+                Table::F16(s) => pack_typed(q, s, r0, tile),
+                Table::F32(s) => pack_typed(q, s, r0, tile),
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn pack_typed<T: Scale>(q: &QMatrix, scales: &[T], r0: usize, tile: &mut [u32]) {
+        let offsets = match &q.offsets {
+            Offsets::PerGroup(t) => {
+                let (p, bytes) = t.span(0, t.len());
+                assert_eq!(
+                    bytes,
+                    T::BYTES * scales.len(),
+                    "a matrix's offsets are of its scales' type"
+                );
+                p as *const T
+            }
+            _ => std::ptr::null(),
+        };
+        let w = Parts {
+            codes: match &q.codes {
                 Codes::U8(c) | Codes::U4(c) | Codes::U5(c) => c.as_ptr(),
                 Codes::I8(c) => c.as_ptr() as *const u8,
             },
-            match q.offsets {
+            scales: scales.as_ptr(),
+            offsets,
+            zero: match q.offsets {
                 Offsets::Zero(z) => z,
                 _ => 0.0,
             },
-            match &q.offsets {
-                Offsets::PerGroup(v) => v.as_ptr(),
-                _ => std::ptr::null(),
-            },
-        );
-        let w = Parts {
-            codes,
-            scales: q.scales.as_ptr(),
-            offsets,
-            zero,
             groups_per_row: q.cols / q.group,
             cols: q.cols,
         };
-        // SAFETY: a QMatrix holds rows · cols codes in its kind's layout and a scale (and
-        // offset) per group; U4 and U5 come in groups of 32, bytes in groups of 16 or 32.
         unsafe {
             match (&q.codes, q.group) {
-                (Codes::U4(_), _) => pack_weights::<U4, 32>(q, w, r0, tile),
-                (Codes::U5(_), _) => pack_weights::<U5, 32>(q, w, r0, tile),
-                (Codes::U8(_), 16) => pack_weights::<U8, 16>(q, w, r0, tile),
-                (Codes::U8(_), _) => pack_weights::<U8, 32>(q, w, r0, tile),
-                (Codes::I8(_), 16) => pack_weights::<I8, 16>(q, w, r0, tile),
-                (Codes::I8(_), _) => pack_weights::<I8, 32>(q, w, r0, tile),
+                (Codes::U4(_), _) => pack_weights::<U4, 32, T>(q, w, r0, tile),
+                (Codes::U5(_), _) => pack_weights::<U5, 32, T>(q, w, r0, tile),
+                (Codes::U8(_), 16) => pack_weights::<U8, 16, T>(q, w, r0, tile),
+                (Codes::U8(_), _) => pack_weights::<U8, 32, T>(q, w, r0, tile),
+                (Codes::I8(_), 16) => pack_weights::<I8, 16, T>(q, w, r0, tile),
+                (Codes::I8(_), _) => pack_weights::<I8, 32, T>(q, w, r0, tile),
             }
         }
     }

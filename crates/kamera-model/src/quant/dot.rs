@@ -4,8 +4,8 @@
 
 use rayon::prelude::*;
 
+use super::table::{Scale, with_table};
 use super::{Codes, Offsets, QMatrix};
-use crate::lanes::dot;
 
 /// Weights per parallel task (smaller matrices run on the calling thread).
 const TASK_WEIGHTS: usize = 1 << 18;
@@ -41,7 +41,7 @@ pub(crate) fn lane_input(q: &QMatrix, x: &[f32]) -> Option<Vec<f32>> {
     if matches!(q.codes, Codes::U4(_) | Codes::U5(_))
         && q.group == 32
         && x.len() == q.cols
-        && !std::arch::is_x86_feature_detected!("avx512f")
+        && !has_avx512()
         && super::avx2::available()
     {
         return Some(super::avx2::lane_order(x));
@@ -54,7 +54,7 @@ pub(crate) fn lane_input(q: &QMatrix, x: &[f32]) -> Option<Vec<f32>> {
 pub(crate) fn rows_into(q: &QMatrix, x: &[f32], xl: Option<&[f32]>, xsum: &[f32], r0: usize, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
-        let avx512 = std::arch::is_x86_feature_detected!("avx512f");
+        let avx512 = has_avx512();
         if avx512 || super::avx2::available() {
             // The kernels read through pointers: a caller's shape error stops here, not in memory.
             assert!(
@@ -66,15 +66,13 @@ pub(crate) fn rows_into(q: &QMatrix, x: &[f32], xl: Option<&[f32]>, xsum: &[f32]
                 x.len()
             );
             if avx512 {
-                // SAFETY: the CPU has AVX-512F; rows r0.. of q (checked above); x has q.cols values.
-                unsafe { avx512::code_rows(q, r0, x, out) };
+                // SAFETY: the CPU has AVX-512 F/BW and F16C; rows r0.. of q (checked above); x has
+                // q.cols values.
+                unsafe { avx512::code_rows(q, r0, x, xsum, out) };
             } else {
                 // SAFETY: the CPU has AVX2 and FMA; rows r0.. of q (checked above); x has q.cols
                 // values; `xl` came from `lane_input`: groups of 32, q.cols values.
-                unsafe { super::avx2::code_rows(q, r0, xl.unwrap_or(x), xl.is_some(), out) };
-            }
-            for (i, o) in out.iter_mut().enumerate() {
-                *o += offset_dot(q, r0 + i, xsum);
+                unsafe { super::avx2::code_rows(q, r0, xl.unwrap_or(x), xl.is_some(), xsum, out) };
             }
             return;
         }
@@ -105,35 +103,41 @@ pub(crate) fn row_codes(q: &QMatrix, r: usize) -> &[u8] {
 /// Rows `r0..r0 + out.len()` of `W x` into `out` with `x` quantized to int8 (`vnni.rs`),
 /// on the calling thread; `xsum` from [`super::vnni::Q8Input::group_sums`].
 pub(crate) fn rows_into_q8(q: &QMatrix, x: &super::vnni::Q8Input, xsum: &[f32], r0: usize, out: &mut [f32]) {
-    super::vnni::code_rows(q, r0, x, out);
-    for (i, o) in out.iter_mut().enumerate() {
-        *o += offset_dot(q, r0 + i, xsum);
-    }
+    super::vnni::code_rows(q, r0, x, xsum, out);
+}
+
+/// Whether the AVX-512 kernels here run: AVX-512 F/BW, and F16C for f16 scales.
+#[cfg(target_arch = "x86_64")]
+pub(super) fn has_avx512() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512bw")
+        && std::arch::is_x86_feature_detected!("f16c")
 }
 
 #[inline(always)]
 fn row_dot(q: &QMatrix, r: usize, x: &[f32], xsum: &[f32]) -> f32 {
     let gpr = q.cols / q.group;
-    let scales = &q.scales[r * gpr..(r + 1) * gpr];
-    scaled_code_dot(&q.codes, q.group, row_codes(q, r), scales, x) + offset_dot(q, r, xsum)
+    with_table!(&q.scales, v => scaled_code_dot(&q.codes, q.group, row_codes(q, r), &v[r * gpr..(r + 1) * gpr], x))
+        + offset_dot(q, r, xsum)
 }
 
 /// Row `r`'s `Σ_g offset_g · Σ_{i∈g} x_i`.
 #[inline(always)]
-fn offset_dot(q: &QMatrix, r: usize, xsum: &[f32]) -> f32 {
+pub(super) fn offset_dot(q: &QMatrix, r: usize, xsum: &[f32]) -> f32 {
     let gpr = q.cols / q.group;
     match &q.offsets {
         Offsets::None => 0.0,
-        Offsets::Zero(z) => -z * dot(&q.scales[r * gpr..(r + 1) * gpr], xsum),
-        Offsets::PerGroup(o) => dot(&o[r * gpr..(r + 1) * gpr], xsum),
+        Offsets::Zero(z) => -z * q.scales.dot(r * gpr, xsum),
+        Offsets::PerGroup(o) => o.dot(r * gpr, xsum),
     }
 }
 
 /// `Σ_g scales[g] · Σ_{i∈g} code_i x_i` over one row.
-pub(crate) fn scaled_code_dot(kind: &Codes, group: usize, codes: &[u8], scales: &[f32], x: &[f32]) -> f32 {
+pub(crate) fn scaled_code_dot<T: Scale>(kind: &Codes, group: usize, codes: &[u8], scales: &[T], x: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: the CPU has AVX-512F; slices are sized by the caller (rows of one matrix).
+    if has_avx512() {
+        // SAFETY: the CPU has AVX-512 F/BW and F16C; slices are sized by the caller (rows of one
+        // matrix).
         return unsafe { avx512::code_dot(kind, group, codes, scales, x) };
     }
     portable(kind, group, codes, scales, x)
@@ -141,7 +145,7 @@ pub(crate) fn scaled_code_dot(kind: &Codes, group: usize, codes: &[u8], scales: 
 
 /// The reference: plain loops, 16 lanes wide so the compiler can vectorise them.
 #[inline(always)]
-pub(crate) fn portable(kind: &Codes, group: usize, codes: &[u8], scales: &[f32], x: &[f32]) -> f32 {
+pub(crate) fn portable<T: Scale>(kind: &Codes, group: usize, codes: &[u8], scales: &[T], x: &[f32]) -> f32 {
     let mut acc = [0f32; 16];
     let mut add = |s: f32, p: &[f32; 16]| {
         for t in 0..16 {
@@ -159,7 +163,7 @@ pub(crate) fn portable(kind: &Codes, group: usize, codes: &[u8], scales: &[f32],
                         p[t] += c * xs[t];
                     }
                 }
-                add(s, &p);
+                add(s.f32(), &p);
             }
         }
         Codes::U4(_) => {
@@ -168,7 +172,7 @@ pub(crate) fn portable(kind: &Codes, group: usize, codes: &[u8], scales: &[f32],
                 for t in 0..16 {
                     p[t] = (b[t] & 15) as f32 * xg[t] + (b[t] >> 4) as f32 * xg[t + 16];
                 }
-                add(s, &p);
+                add(s.f32(), &p);
             }
         }
         Codes::U5(_) => {
@@ -178,7 +182,7 @@ pub(crate) fn portable(kind: &Codes, group: usize, codes: &[u8], scales: &[f32],
                 for t in 0..16 {
                     p[t] = super::u5_code(b, t) as f32 * xg[t] + super::u5_code(b, t + 16) as f32 * xg[t + 16];
                 }
-                add(s, &p);
+                add(s.f32(), &p);
             }
         }
     }
@@ -189,29 +193,59 @@ pub(crate) fn portable(kind: &Codes, group: usize, codes: &[u8], scales: &[f32],
 pub(super) mod avx512 {
     use std::arch::x86_64::*;
 
+    use super::super::avx2::group_bytes;
     use super::super::avx2::{I8, PREFETCH_ROWS, U4, U5, U8, by_kind, prefetch_row};
+    use super::super::table::{Scale, with_table, x86::RowOffsets, x86::get, x86::widen16};
     use super::super::{Codes, QMatrix};
 
-    /// `out[i] = Σ_g scale_g · Σ_{i∈g} code_i x_i` over rows `r0 + i` of `q` (decode, f32):
-    /// one dispatch for the rows, each row's bytes asked for [`PREFETCH_ROWS`] ahead, as the
-    /// AVX2 kernels do.
+    /// `out[i] = Σ_g scale_g · Σ_{i∈g} code_i x_i` over rows `r0 + i` of `q` (decode, f32),
+    /// plus the offsets' term on `xsum` (none where it is empty): one dispatch for the rows,
+    /// each row's bytes asked for [`PREFETCH_ROWS`] ahead, as the AVX2 kernels do.
     ///
     /// # Safety
-    /// The CPU has AVX-512F; `r0 + out.len() <= q.rows`; `x` has `q.cols` values.
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn code_rows(q: &QMatrix, r0: usize, x: &[f32], out: &mut [f32]) {
-        unsafe { by_kind!(&q.codes, rows_kind(q, r0, x, out)) }
+    /// The CPU has AVX-512 F/BW and F16C; `r0 + out.len() <= q.rows`; `x` has `q.cols` values.
+    #[target_feature(enable = "avx512f,avx512bw,f16c")]
+    pub(super) unsafe fn code_rows(q: &QMatrix, r0: usize, x: &[f32], xsum: &[f32], out: &mut [f32]) {
+        unsafe { with_table!(&q.scales, s => by_kind!(&q.codes, rows_kind::<_>(q, s, r0, x, xsum, out))) }
     }
 
     #[inline(always)]
-    unsafe fn rows_kind<const K: u8>(q: &QMatrix, r0: usize, x: &[f32], out: &mut [f32]) {
+    unsafe fn rows_kind<const K: u8, T: Scale>(
+        q: &QMatrix,
+        scales: &[T],
+        r0: usize,
+        x: &[f32],
+        xsum: &[f32],
+        out: &mut [f32],
+    ) {
         unsafe {
-            let gpr = q.cols / q.group;
+            let offsets = RowOffsets::new(q, scales, xsum);
+            let (g, gpr) = (q.group, q.cols / q.group);
+            let gb = group_bytes::<K>(g);
+            let mut wide = [0f32; 256];
             for (i, o) in out.iter_mut().enumerate() {
                 let r = r0 + i;
                 prefetch_row::<K>(q, r + PREFETCH_ROWS);
-                let scales = &q.scales[r * gpr..(r + 1) * gpr];
-                *o = code_dot(&q.codes, q.group, super::row_codes(q, r), scales, x);
+                let (codes, scales) = (super::row_codes(q, r), &scales[r * gpr..(r + 1) * gpr]);
+                *o = if T::BYTES == 4 {
+                    code_dot(&q.codes, g, codes, scales, x)
+                } else {
+                    // f16 scales widened a row's 256 groups at a time: the group loop then
+                    // reads f32 as it would (a conversion per group there cost 10-20%).
+                    let mut sum = 0.0;
+                    for j in (0..gpr).step_by(256) {
+                        let n = (gpr - j).min(256);
+                        widen16(scales.as_ptr().add(j), n, &mut wide);
+                        sum += code_dot(
+                            &q.codes,
+                            g,
+                            &codes[j * gb..(j + n) * gb],
+                            &wide[..n],
+                            &x[j * g..(j + n) * g],
+                        );
+                    }
+                    sum
+                } + offsets.avx512(r);
             }
         }
     }
@@ -219,15 +253,16 @@ pub(super) mod avx512 {
     /// `Σ_g scales[g] · Σ_{i∈g} code_i x_i` over one row, by the kernel for `kind` and `group`.
     ///
     /// # Safety
-    /// The CPU has AVX-512F; `codes`, `scales` and `x` are one row of a matrix and its input.
+    /// The CPU has AVX-512F and F16C; `codes`, `scales` and `x` are one row of a matrix and
+    /// its input.
     #[inline(always)]
-    pub(super) unsafe fn code_dot(kind: &Codes, group: usize, codes: &[u8], scales: &[f32], x: &[f32]) -> f32 {
+    pub(super) unsafe fn code_dot<T: Scale>(kind: &Codes, group: usize, codes: &[u8], scales: &[T], x: &[f32]) -> f32 {
         unsafe {
             match (kind, group) {
-                (Codes::U8(_), 32) => b8_g32::<false>(codes, scales, x),
-                (Codes::U8(_), _) => b8_g16::<false>(codes, scales, x),
-                (Codes::I8(_), 32) => b8_g32::<true>(codes, scales, x),
-                (Codes::I8(_), _) => b8_g16::<true>(codes, scales, x),
+                (Codes::U8(_), 32) => b8_g32::<false, T>(codes, scales, x),
+                (Codes::U8(_), _) => b8_g16::<false, T>(codes, scales, x),
+                (Codes::I8(_), 32) => b8_g32::<true, T>(codes, scales, x),
+                (Codes::I8(_), _) => b8_g16::<true, T>(codes, scales, x),
                 (Codes::U4(_), _) => u4_g32(codes, scales, x),
                 (Codes::U5(_), _) => u5_g32(codes, scales, x),
             }
@@ -259,8 +294,8 @@ pub(super) mod avx512 {
         }
     }
 
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn b8_g32<const S: bool>(codes: &[u8], scales: &[f32], x: &[f32]) -> f32 {
+    #[target_feature(enable = "avx512f,f16c")]
+    pub(super) unsafe fn b8_g32<const S: bool, T: Scale>(codes: &[u8], scales: &[T], x: &[f32]) -> f32 {
         unsafe {
             let (c, xp) = (codes.as_ptr(), x.as_ptr());
             let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
@@ -269,14 +304,14 @@ pub(super) mod avx512 {
             while g + 1 < n {
                 let p0 = b8_group::<S>(c.add(32 * g), xp.add(32 * g));
                 let p1 = b8_group::<S>(c.add(32 * g + 32), xp.add(32 * g + 32));
-                a0 = _mm512_fmadd_ps(p0, _mm512_set1_ps(scales[g]), a0);
-                a1 = _mm512_fmadd_ps(p1, _mm512_set1_ps(scales[g + 1]), a1);
+                a0 = _mm512_fmadd_ps(p0, _mm512_set1_ps(get(&scales[g])), a0);
+                a1 = _mm512_fmadd_ps(p1, _mm512_set1_ps(get(&scales[g + 1])), a1);
                 g += 2;
             }
             if g < n {
                 a0 = _mm512_fmadd_ps(
                     b8_group::<S>(c.add(32 * g), xp.add(32 * g)),
-                    _mm512_set1_ps(scales[g]),
+                    _mm512_set1_ps(get(&scales[g])),
                     a0,
                 );
             }
@@ -284,8 +319,8 @@ pub(super) mod avx512 {
         }
     }
 
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn b8_g16<const S: bool>(codes: &[u8], scales: &[f32], x: &[f32]) -> f32 {
+    #[target_feature(enable = "avx512f,f16c")]
+    pub(super) unsafe fn b8_g16<const S: bool, T: Scale>(codes: &[u8], scales: &[T], x: &[f32]) -> f32 {
         unsafe {
             let (c, xp) = (codes.as_ptr(), x.as_ptr());
             let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
@@ -295,15 +330,15 @@ pub(super) mod avx512 {
                 let (o0, o1) = (16 * g, 16 * g + 16);
                 let p0 = _mm512_mul_ps(b8x16::<S>(c.add(o0)), _mm512_loadu_ps(xp.add(o0)));
                 let p1 = _mm512_mul_ps(b8x16::<S>(c.add(o1)), _mm512_loadu_ps(xp.add(o1)));
-                a0 = _mm512_fmadd_ps(p0, _mm512_set1_ps(scales[g]), a0);
-                a1 = _mm512_fmadd_ps(p1, _mm512_set1_ps(scales[g + 1]), a1);
+                a0 = _mm512_fmadd_ps(p0, _mm512_set1_ps(get(&scales[g])), a0);
+                a1 = _mm512_fmadd_ps(p1, _mm512_set1_ps(get(&scales[g + 1])), a1);
                 g += 2;
             }
             if g < n {
                 let o0 = 16 * g;
                 a0 = _mm512_fmadd_ps(
                     _mm512_mul_ps(b8x16::<S>(c.add(o0)), _mm512_loadu_ps(xp.add(o0))),
-                    _mm512_set1_ps(scales[g]),
+                    _mm512_set1_ps(get(&scales[g])),
                     a0,
                 );
             }
@@ -338,12 +373,13 @@ pub(super) mod avx512 {
         }
     }
 
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn u5_g32(codes: &[u8], scales: &[f32], x: &[f32]) -> f32 {
+    #[target_feature(enable = "avx512f,f16c")]
+    pub(super) unsafe fn u5_g32<T: Scale>(codes: &[u8], scales: &[T], x: &[f32]) -> f32 {
         unsafe {
             let (c, xp) = (codes.as_ptr(), x.as_ptr());
             let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-            for (g, &s) in scales.iter().enumerate() {
+            for (g, s) in scales.iter().enumerate() {
+                let s = get(s);
                 let (lo, hi) = u5x32(c.add(20 * g));
                 let p = _mm512_fmadd_ps(
                     hi,
@@ -360,8 +396,8 @@ pub(super) mod avx512 {
         }
     }
 
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn u4_g32(codes: &[u8], scales: &[f32], x: &[f32]) -> f32 {
+    #[target_feature(enable = "avx512f,f16c")]
+    pub(super) unsafe fn u4_g32<T: Scale>(codes: &[u8], scales: &[T], x: &[f32]) -> f32 {
         unsafe {
             let (c, xp) = (codes.as_ptr(), x.as_ptr());
             let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
@@ -370,12 +406,16 @@ pub(super) mod avx512 {
             while g + 1 < n {
                 let p0 = u4_group(c.add(16 * g), xp.add(32 * g));
                 let p1 = u4_group(c.add(16 * g + 16), xp.add(32 * g + 32));
-                a0 = _mm512_fmadd_ps(p0, _mm512_set1_ps(scales[g]), a0);
-                a1 = _mm512_fmadd_ps(p1, _mm512_set1_ps(scales[g + 1]), a1);
+                a0 = _mm512_fmadd_ps(p0, _mm512_set1_ps(get(&scales[g])), a0);
+                a1 = _mm512_fmadd_ps(p1, _mm512_set1_ps(get(&scales[g + 1])), a1);
                 g += 2;
             }
             if g < n {
-                a0 = _mm512_fmadd_ps(u4_group(c.add(16 * g), xp.add(32 * g)), _mm512_set1_ps(scales[g]), a0);
+                a0 = _mm512_fmadd_ps(
+                    u4_group(c.add(16 * g), xp.add(32 * g)),
+                    _mm512_set1_ps(get(&scales[g])),
+                    a0,
+                );
             }
             _mm512_reduce_add_ps(_mm512_add_ps(a0, a1))
         }

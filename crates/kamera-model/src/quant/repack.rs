@@ -1,13 +1,14 @@
 //! GGUF block formats (ggml's layouts) repacked into [`QMatrix`] codes, exactly: every weight's
 //! `scale · code + offset` equals ggml's dequantized value (checked against candle's dequantizer).
+//! Scales and offsets the block stores as f16 stay f16; the K-quants' products become f32.
 
 use candle_core::quantized::GgmlDType;
 use half::f16;
 
-use super::{Codes, Offsets, QMatrix};
+use super::{Codes, Offsets, QMatrix, Table};
 
-fn h(b: &[u8], at: usize) -> f32 {
-    f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
+fn h(b: &[u8], at: usize) -> f16 {
+    f16::from_le_bytes([b[at], b[at + 1]])
 }
 
 /// Q4_K / Q5_K 6-bit scale and min of sub-block `j` (ggml's `get_scale_min_k4`).
@@ -51,7 +52,7 @@ pub(crate) fn repack(dtype: GgmlDType, raw: &[u8], rows: usize, cols: usize) -> 
                 s.push(h(b, 0));
                 c.extend_from_slice(&b[2..18]);
             }
-            m(32, Codes::U4(c), s, Offsets::Zero(8.0), "Q4_0")
+            m(32, Codes::U4(c), Table::F16(s), Offsets::Zero(8.0), "Q4_0")
         }
         GgmlDType::Q4_1 => {
             let (mut c, mut s, mut o) = (
@@ -64,7 +65,13 @@ pub(crate) fn repack(dtype: GgmlDType, raw: &[u8], rows: usize, cols: usize) -> 
                 o.push(h(b, 2));
                 c.extend_from_slice(&b[4..20]);
             }
-            m(32, Codes::U4(c), s, Offsets::PerGroup(o), "Q4_1")
+            m(
+                32,
+                Codes::U4(c),
+                Table::F16(s),
+                Offsets::PerGroup(Table::F16(o)),
+                "Q4_1",
+            )
         }
         GgmlDType::Q5_0 | GgmlDType::Q5_1 => {
             let with_min = dtype == GgmlDType::Q5_1;
@@ -81,10 +88,16 @@ pub(crate) fn repack(dtype: GgmlDType, raw: &[u8], rows: usize, cols: usize) -> 
                 c.extend_from_slice(&b[at..at + 4]);
             }
             if with_min {
-                m(32, Codes::U5(c), s, Offsets::PerGroup(o), "Q5_1")
+                m(
+                    32,
+                    Codes::U5(c),
+                    Table::F16(s),
+                    Offsets::PerGroup(Table::F16(o)),
+                    "Q5_1",
+                )
             } else {
                 // w = d · (q − 16): an offset of −16 · scale.
-                m(32, Codes::U5(c), s, Offsets::Zero(16.0), "Q5_0")
+                m(32, Codes::U5(c), Table::F16(s), Offsets::Zero(16.0), "Q5_0")
             }
         }
         GgmlDType::Q8_0 => {
@@ -93,7 +106,7 @@ pub(crate) fn repack(dtype: GgmlDType, raw: &[u8], rows: usize, cols: usize) -> 
                 s.push(h(b, 0));
                 c.extend(b[2..34].iter().map(|&q| q as i8));
             }
-            m(32, Codes::I8(c), s, Offsets::None, "Q8_0")
+            m(32, Codes::I8(c), Table::F16(s), Offsets::None, "Q8_0")
         }
         GgmlDType::Q4K => {
             let (mut c, mut s, mut o) = (
@@ -102,7 +115,7 @@ pub(crate) fn repack(dtype: GgmlDType, raw: &[u8], rows: usize, cols: usize) -> 
                 Vec::with_capacity(n / 32),
             );
             for b in blocks {
-                let (d, dmin, sc, qs) = (h(b, 0), h(b, 2), &b[4..16], &b[16..144]);
+                let (d, dmin, sc, qs) = (h(b, 0).to_f32(), h(b, 2).to_f32(), &b[4..16], &b[16..144]);
                 for j in 0..8 {
                     let (scale, min) = scale_min_k4(j, sc);
                     s.push(d * scale as f32);
@@ -113,7 +126,13 @@ pub(crate) fn repack(dtype: GgmlDType, raw: &[u8], rows: usize, cols: usize) -> 
                     c.extend((0..16).map(|t| code(t) | (code(t + 16) << 4)));
                 }
             }
-            m(32, Codes::U4(c), s, Offsets::PerGroup(o), "Q4_K")
+            m(
+                32,
+                Codes::U4(c),
+                Table::F32(s),
+                Offsets::PerGroup(Table::F32(o)),
+                "Q4_K",
+            )
         }
         GgmlDType::Q5K => {
             let (mut c, mut s, mut o) = (
@@ -122,7 +141,7 @@ pub(crate) fn repack(dtype: GgmlDType, raw: &[u8], rows: usize, cols: usize) -> 
                 Vec::with_capacity(n / 32),
             );
             for b in blocks {
-                let (d, dmin, sc, qh, qs) = (h(b, 0), h(b, 2), &b[4..16], &b[16..48], &b[48..176]);
+                let (d, dmin, sc, qh, qs) = (h(b, 0).to_f32(), h(b, 2).to_f32(), &b[4..16], &b[16..48], &b[48..176]);
                 for j in 0..8 {
                     let (scale, min) = scale_min_k4(j, sc);
                     s.push(d * scale as f32);
@@ -134,12 +153,18 @@ pub(crate) fn repack(dtype: GgmlDType, raw: &[u8], rows: usize, cols: usize) -> 
                     }));
                 }
             }
-            m(32, Codes::U8(c), s, Offsets::PerGroup(o), "Q5_K")
+            m(
+                32,
+                Codes::U8(c),
+                Table::F32(s),
+                Offsets::PerGroup(Table::F32(o)),
+                "Q5_K",
+            )
         }
         GgmlDType::Q6K => {
             let (mut c, mut s) = (vec![0u8; n], Vec::with_capacity(n / 16));
             for (bi, b) in blocks.enumerate() {
-                let (ql, qh, sc, d) = (&b[..128], &b[128..192], &b[192..208], h(b, 208));
+                let (ql, qh, sc, d) = (&b[..128], &b[128..192], &b[192..208], h(b, 208).to_f32());
                 s.extend(sc.iter().map(|&x| d * (x as i8) as f32));
                 let out = &mut c[bi * 256..bi * 256 + 256];
                 for half in 0..2 {
@@ -153,7 +178,7 @@ pub(crate) fn repack(dtype: GgmlDType, raw: &[u8], rows: usize, cols: usize) -> 
                 }
             }
             let c = c.into_iter().map(|q| q as i8 - 32).collect();
-            m(16, Codes::I8(c), s, Offsets::None, "Q6_K")
+            m(16, Codes::I8(c), Table::F32(s), Offsets::None, "Q6_K")
         }
         _ => None,
     }

@@ -120,11 +120,11 @@ fn row_times_block(q: &QMatrix, r: usize, xb: &[f32], nb: usize, acc: &mut [f32;
 /// The group's scale and offset.
 #[inline(always)]
 pub(super) fn scale_offset(q: &QMatrix, gi: usize) -> (f32, f32) {
-    let s = q.scales[gi];
+    let s = q.scales.get(gi);
     let off = match &q.offsets {
         Offsets::None => 0.0,
         Offsets::Zero(z) => -z * s,
-        Offsets::PerGroup(v) => v[gi],
+        Offsets::PerGroup(v) => v.get(gi),
     };
     (s, off)
 }

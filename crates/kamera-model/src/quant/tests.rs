@@ -5,7 +5,8 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
-use super::{Codes, Linear, QMatrix, dot, matmul, repack, rows, vnni};
+use super::table::with_table;
+use super::{Linear, QMatrix, Table, dot, matmul, repack, rows, vnni};
 
 const TYPES: [GgmlDType; 8] = [
     GgmlDType::Q4_0,
@@ -77,12 +78,20 @@ fn codes_are_no_larger_than_the_ggml_blocks_need() {
         let (q, _) = quantized(dtype, 8, 256, 3);
         let ggml = 8 * 256 / dtype.block_size() * dtype.type_size();
         let ratio = q.bytes() as f64 / ggml as f64;
-        // 4-bit stays 4-bit, 5-bit 5-bit; wider codes take a byte; scales (and offsets) are f32.
-        let bound = match (&q.codes, dtype) {
-            (Codes::U4(_), _) => 1.4,
-            (Codes::U5(_), _) => 1.2,
-            (_, GgmlDType::Q8_0) => 1.1,
-            _ => 1.9,
+        // The blocks with f16 scales (and offsets) take exactly their GGUF bytes: 4-bit codes
+        // stay 4-bit, 5-bit 5-bit, the scales f16. The K-quants' scales are products, kept as
+        // f32 (Q4_K 1.33x), and their 5- and 6-bit codes take a byte (Q6_K 1.52x, Q5_K 1.82x).
+        let bound = match dtype {
+            GgmlDType::Q4K => 1.34,
+            GgmlDType::Q6K => 1.53,
+            GgmlDType::Q5K => 1.82,
+            _ => {
+                assert!(
+                    matches!(q.scales, Table::F16(_)),
+                    "{dtype:?}: scales kept as the block's f16"
+                );
+                1.0
+            }
         };
         assert!(
             ratio <= bound,
@@ -126,9 +135,13 @@ fn matvec_matches_dense_products() {
         let gpr = cols / q.group;
         for r in [0, rows / 2, rows - 1] {
             let codes = dot::row_codes(&q, r);
-            let scales = &q.scales[r * gpr..(r + 1) * gpr];
-            let simd = dot::scaled_code_dot(&q.codes, q.group, codes, scales, &x);
-            let portable = dot::portable(&q.codes, q.group, codes, scales, &x);
+            let (simd, portable) = with_table!(&q.scales, s => {
+                let scales = &s[r * gpr..(r + 1) * gpr];
+                (
+                    dot::scaled_code_dot(&q.codes, q.group, codes, scales, &x),
+                    dot::portable(&q.codes, q.group, codes, scales, &x),
+                )
+            });
             assert!(
                 (simd - portable).abs() <= 1e-5 * portable.abs().max(1.0),
                 "{dtype:?} row {r}: {simd} vs {portable}"
@@ -384,29 +397,34 @@ fn int8_decode_kernel_equals_its_reference_for_every_block_type() {
         assert!(vnni::reads(&q), "{dtype:?}");
         let x = random(1, cols, 32);
         let x8 = vnni::Q8Input::quantize(&x).expect("whole blocks");
-        // Rows 1..6: a block of four and one row alone (the AVX2 kernel's two paths).
+        // Rows 1..6: a block of four and one row alone (the AVX2 kernel's two paths), with
+        // the offsets' term the kernels add.
+        let sums = x8.group_sums(q.group);
         let mut got = vec![0f32; q.rows - 1];
-        vnni::code_rows(&q, 1, &x8, &mut got);
+        vnni::code_rows(&q, 1, &x8, &sums, &mut got);
         #[cfg(target_arch = "x86_64")]
         let avx2 = super::avx2::available().then(|| {
             let mut out = vec![0f32; q.rows - 1];
             // SAFETY: the CPU has AVX2 + FMA; rows 1..6 of q; x8 has q.cols values.
-            unsafe { super::avx2_int8::code_rows(&q, 1, &x8, &mut out) };
+            unsafe { super::avx2_int8::code_rows(&q, 1, &x8, &sums, &mut out) };
             out
         });
         #[cfg(not(target_arch = "x86_64"))]
         let avx2: Option<Vec<f32>> = None;
         for r in 1..q.rows {
-            let want = vnni::reference(&q, r, &x8);
+            let (codes, offsets) = (vnni::reference(&q, r, &x8), dot::offset_dot(&q, r, &sums));
+            let want = codes + offsets;
+            // Relative to the two terms, which may cancel (Q4_K's offsets against its codes).
+            let tol = 1e-5 * (codes.abs() + offsets.abs()).max(1e-3);
             let got = got[r - 1];
             assert!(
-                (got - want).abs() <= 1e-5 * want.abs().max(1e-3),
+                (got - want).abs() <= tol,
                 "{dtype:?} row {r}: kernel {got}, reference {want}"
             );
             if let Some(avx2) = &avx2 {
                 let avx2 = avx2[r - 1];
                 assert!(
-                    (avx2 - want).abs() <= 1e-5 * want.abs().max(1e-3),
+                    (avx2 - want).abs() <= tol,
                     "{dtype:?} row {r}: AVX2 kernel {avx2}, reference {want}"
                 );
             }
@@ -483,19 +501,22 @@ fn avx2_kernels_equal_the_portable_ones_for_every_block_type() {
         let (q, _) = quantized(dtype, 9, cols, 60 + i as u64);
         let gpr = cols / q.group;
         let x: Vec<f32> = (0..rows::BLOCK * cols).map(|_| rng.random_range(-1.0..1.0)).collect();
-        // Decode's rows 1..8, and (groups of 32) the same on the input in lane order.
+        // Decode's rows 1..8, and (groups of 32) the same on the input in lane order, with the
+        // offsets' term the kernel adds (a group's sum is the same in lane order).
+        let sums = dot::group_sums(&q, &x[..cols]);
         let mut dots = [0f32; 7];
         // SAFETY: the CPU has AVX2 and FMA (checked above); rows 1..8 of q, x has q.cols values.
-        unsafe { super::avx2::code_rows(&q, 1, &x[..cols], false, &mut dots) };
+        unsafe { super::avx2::code_rows(&q, 1, &x[..cols], false, &sums, &mut dots) };
         let mut lanes = [0f32; 7];
         if q.group == 32 {
             let xl = super::avx2::lane_order(&x[..cols]);
             // SAFETY: as above; groups of 32, xl has q.cols values in lane order.
-            unsafe { super::avx2::code_rows(&q, 1, &xl, true, &mut lanes) };
+            unsafe { super::avx2::code_rows(&q, 1, &xl, true, &sums, &mut lanes) };
         }
         for (r, (&simd, &lane)) in (1..8).zip(dots.iter().zip(&lanes)) {
-            let (codes, scales) = (dot::row_codes(&q, r), &q.scales[r * gpr..(r + 1) * gpr]);
-            let want = dot::portable(&q.codes, q.group, codes, scales, &x[..cols]);
+            let codes = dot::row_codes(&q, r);
+            let want = with_table!(&q.scales, s => dot::portable(&q.codes, q.group, codes, &s[r * gpr..(r + 1) * gpr], &x[..cols]))
+                + dot::offset_dot(&q, r, &sums);
             assert!(close(simd, want), "{dtype:?} row {r} dot: {simd} vs {want}");
             assert!(
                 q.group != 32 || close(lane, want),

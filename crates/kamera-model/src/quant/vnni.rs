@@ -134,9 +134,9 @@ pub(crate) fn available() -> bool {
 }
 
 /// `out[i] = Σ_g scale_g · Σ_{i∈g} code_i · dx_i q_i` over rows `r0 + i` of `m` (≈ the rows'
-/// `Σ_g scale_g Σ code_i x_i`). The caller checked [`available`] and that `x` has `m.cols`
-/// values.
-pub(crate) fn code_rows(m: &QMatrix, r0: usize, x: &Q8Input, out: &mut [f32]) {
+/// `Σ_g scale_g Σ code_i x_i`), plus the offsets' term on `xsum` ([`Q8Input::group_sums`];
+/// none where it is empty). The caller checked [`available`] and that `x` has `m.cols` values.
+pub(crate) fn code_rows(m: &QMatrix, r0: usize, x: &Q8Input, xsum: &[f32], out: &mut [f32]) {
     // The kernels read through pointers: a caller's shape error stops here, not in memory.
     assert!(
         x.cols == m.cols && r0 + out.len() <= m.rows,
@@ -151,16 +151,21 @@ pub(crate) fn code_rows(m: &QMatrix, r0: usize, x: &Q8Input, out: &mut [f32]) {
         if has_vnni() {
             // SAFETY: the CPU has AVX-512 F/BW and VNNI; rows r0.. of `m` (checked above) and
             // `x` is padded to whole 64-value steps.
-            unsafe { avx512::code_rows(m, r0, x, out) };
+            unsafe { avx512::code_rows(m, r0, x, xsum, out) };
             return;
         }
         // SAFETY: the caller checked `available()`, so without VNNI the CPU has AVX2 + FMA;
         // bounds as above.
-        unsafe { super::avx2_int8::code_rows(m, r0, x, out) }
+        unsafe { super::avx2_int8::code_rows(m, r0, x, xsum, out) }
     }
     #[cfg(not(target_arch = "x86_64"))]
     for (i, o) in out.iter_mut().enumerate() {
-        *o = reference(m, r0 + i, x);
+        *o = reference(m, r0 + i, x)
+            + if xsum.is_empty() {
+                0.0
+            } else {
+                super::dot::offset_dot(m, r0 + i, xsum)
+            };
     }
 }
 
@@ -191,7 +196,7 @@ pub(crate) fn reference(m: &QMatrix, r: usize, x: &Q8Input) -> f32 {
             let i = j * g + t;
             dot += (code * x.q[i] as i32) as f32 * x.dxv[i / BLOCK];
         }
-        total += m.scales[gi] * dot;
+        total += m.scales.get(gi) * dot;
     }
     total
 }
@@ -201,6 +206,7 @@ mod avx512 {
     use std::arch::x86_64::*;
 
     use super::super::avx2::{I8, PREFETCH_ROWS, U4, U5, U8, by_kind, group_bytes, prefetch_row};
+    use super::super::table::{Scale, with_table, x86::RowOffsets, x86::load16};
     use super::{Codes, Q8Input, QMatrix, U5_GROUP_BYTES};
 
     /// [`Q8Input::quantize`]'s loop, 16 values (4 blocks) at a time: the same operations, so
@@ -259,16 +265,24 @@ mod avx512 {
     /// The CPU has AVX-512 F/BW and VNNI; `r0 + out.len() <= m.rows`; `x` has `m.cols` values
     /// (padded to whole 64-value steps).
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    pub(super) unsafe fn code_rows(m: &QMatrix, r0: usize, x: &Q8Input, out: &mut [f32]) {
-        unsafe { by_kind!(&m.codes, rows_kind(m, r0, x, out)) }
+    pub(super) unsafe fn code_rows(m: &QMatrix, r0: usize, x: &Q8Input, xsum: &[f32], out: &mut [f32]) {
+        unsafe { with_table!(&m.scales, s => by_kind!(&m.codes, rows_kind::<_>(m, s, r0, x, xsum, out))) }
     }
 
     #[inline(always)]
-    unsafe fn rows_kind<const K: u8>(m: &QMatrix, r0: usize, x: &Q8Input, out: &mut [f32]) {
+    unsafe fn rows_kind<const K: u8, T: Scale>(
+        m: &QMatrix,
+        scales: &[T],
+        r0: usize,
+        x: &Q8Input,
+        xsum: &[f32],
+        out: &mut [f32],
+    ) {
         unsafe {
+            let offsets = RowOffsets::new(m, scales, xsum);
             for (i, o) in out.iter_mut().enumerate() {
                 prefetch_row::<K>(m, r0 + i + PREFETCH_ROWS);
-                *o = row::<K>(m, r0 + i, x);
+                *o = row::<K, T>(m, scales, r0 + i, x) + offsets.avx512(r0 + i);
             }
         }
     }
@@ -309,14 +323,14 @@ mod avx512 {
     /// Row `r`: each 64-value step's codes times the rounded input by `vpdpbusd`, its 16 lanes
     /// scaled by their group's scale and their block's `dx`; two accumulators in registers.
     #[inline(always)]
-    unsafe fn row<const K: u8>(m: &QMatrix, r: usize, x: &Q8Input) -> f32 {
+    unsafe fn row<const K: u8, T: Scale>(m: &QMatrix, scales: &[T], r: usize, x: &Q8Input) -> f32 {
         unsafe {
             let (g, cols) = (m.group, m.cols);
             let gpr = cols / g;
             let gb = group_bytes::<K>(g);
             let per_step = 64 / g;
             let c = super::super::dot::row_codes(m, r).as_ptr();
-            let scales = m.scales.as_ptr().add(r * gpr);
+            let scales = scales.as_ptr().add(r * gpr);
             // The lanes' group: 32-wide groups fill 8 lanes, 16-wide 4.
             let idx = if g == 32 {
                 _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0)
@@ -372,10 +386,10 @@ mod avx512 {
     }
 
     /// One row's pointers for [`row`]'s steps.
-    struct Step {
+    struct Step<T> {
         c: *const u8,
         gb: usize,
-        scales: *const f32,
+        scales: *const T,
         xq: *const i8,
         dxv: *const f32,
         lane128: *const i32,
@@ -384,7 +398,7 @@ mod avx512 {
         per_step: usize,
     }
 
-    impl Step {
+    impl<T: Scale> Step<T> {
         /// Step `p` (its first `groups` groups): `Σ code · q` per lane as f32, and each lane's
         /// scale (its group's `scale` times its block's `dx`).
         #[inline(always)]
@@ -401,10 +415,7 @@ mod avx512 {
                 } else {
                     _mm512_dpbusd_epi32(zero, w, xs)
                 };
-                let sv = _mm512_permutexvar_ps(
-                    self.idx,
-                    _mm512_maskz_loadu_ps(((1u32 << groups) - 1) as u16, self.scales.add(p * self.per_step)),
-                );
+                let sv = _mm512_permutexvar_ps(self.idx, load16(self.scales.add(p * self.per_step), groups));
                 (
                     _mm512_cvtepi32_ps(dp),
                     _mm512_mul_ps(sv, _mm512_loadu_ps(self.dxv.add(16 * p))),
