@@ -228,34 +228,53 @@ impl Context {
     }
 
     /// Makes room for `n` more rows in every layer (doubling, so appends cost amortised O(n)).
+    /// A layer's old buffers are dropped as soon as its rows are copied, so growing holds one
+    /// layer twice, not the whole cache (old and new together were 1.5x a doubled cache's KV).
+    /// Should an allocation fail midway, the context is left empty (length 0) and says so.
     pub(crate) fn reserve(&mut self, n: usize) -> Result<()> {
         let need = self.len + n;
         if need <= self.capacity && !self.layers.is_empty() {
             return Ok(());
         }
         let cap = need.max(2 * self.capacity).max(MIN_CAPACITY);
-        let g = self.layout.kv_heads();
-        let (kw, vw) = (self.layout.k_features() / g, self.layout.v_features() / g);
-        let dev = Device::Cpu;
+        let mut old = std::mem::take(&mut self.layers).into_iter();
         let mut layers = Vec::with_capacity(self.layout.n_layers);
-        for l in 0..self.layout.n_layers {
-            let (k, v) = (
-                Tensor::zeros((g, cap, kw), candle_core::DType::F32, &dev).ctx(OP)?,
-                Tensor::zeros((g, cap, vw), candle_core::DType::F32, &dev).ctx(OP)?,
-            );
-            if self.len > 0
-                && let Some((ok, ov)) = self.layers.get(l)
-            {
-                k.slice_set(&ok.narrow(1, 0, self.len).ctx(OP)?.contiguous().ctx(OP)?, 1, 0)
-                    .ctx(OP)?;
-                v.slice_set(&ov.narrow(1, 0, self.len).ctx(OP)?.contiguous().ctx(OP)?, 1, 0)
-                    .ctx(OP)?;
+        for _ in 0..self.layout.n_layers {
+            match self.grown_layer(old.next(), cap) {
+                Ok(kv) => layers.push(kv),
+                Err(e) => {
+                    self.truncate(0);
+                    self.capacity = 0;
+                    return Err(Error::Invalid {
+                        op: OP,
+                        detail: format!("growing the KV cache to {cap} rows failed, the context was cleared: {e}"),
+                    });
+                }
             }
-            layers.push((k, v));
         }
         self.layers = layers;
         self.capacity = cap;
         Ok(())
+    }
+
+    /// One layer's buffers of `cap` rows holding the valid rows of `old` (which is dropped).
+    fn grown_layer(&self, old: Option<(Tensor, Tensor)>, cap: usize) -> Result<(Tensor, Tensor)> {
+        let g = self.layout.kv_heads();
+        let (kw, vw) = (self.layout.k_features() / g, self.layout.v_features() / g);
+        let dev = Device::Cpu;
+        let (k, v) = (
+            Tensor::zeros((g, cap, kw), candle_core::DType::F32, &dev).ctx(OP)?,
+            Tensor::zeros((g, cap, vw), candle_core::DType::F32, &dev).ctx(OP)?,
+        );
+        if self.len > 0
+            && let Some((ok, ov)) = old
+        {
+            k.slice_set(&ok.narrow(1, 0, self.len).ctx(OP)?.contiguous().ctx(OP)?, 1, 0)
+                .ctx(OP)?;
+            v.slice_set(&ov.narrow(1, 0, self.len).ctx(OP)?.contiguous().ctx(OP)?, 1, 0)
+                .ctx(OP)?;
+        }
+        Ok((k, v))
     }
 
     /// Writes the rows-first K and V of new tokens (`[n, features]`) after the valid rows of
