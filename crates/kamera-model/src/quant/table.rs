@@ -199,8 +199,7 @@ pub(crate) mod x86 {
             let mut i = 0;
             while i < n {
                 let m = (n - i).min(16);
-                // A whole vector stored (zeros past `n`; 256 is whole vectors): a masked store
-                // is not forwarded to the loads that follow.
+                // A whole vector stored (zeros past `n`; 256 is whole vectors).
                 _mm512_storeu_ps(out.as_mut_ptr().add(i), load16(p.add(i), m));
                 i += 16;
             }
@@ -257,7 +256,7 @@ pub(crate) mod x86 {
 
     /// A matrix's offsets' term for its row kernels: row `r`'s `Σ_g offset_g · xsum_g`
     /// (`xsum` the input's group sums), taken right after the row's codes while its scales are
-    /// in L1 (a pass over a task's rows afterwards read them back from L2: Q5_0 4-8% slower).
+    /// in cache (a pass over a task's rows afterwards: Q5_0 about 4% slower in the probe).
     pub(crate) struct RowOffsets<'a, S> {
         /// The offsets (`PerGroup`) or the scales (`Zero`), row-major; null for none.
         values: *const S,
@@ -332,7 +331,7 @@ mod tests {
 
     #[test]
     fn an_f16_table_reads_and_multiplies_as_its_f32_values() {
-        // 37 values: whole vectors of 8 and a tail; values f16 holds exactly.
+        // 37 values, all of which f16 holds exactly.
         let vals: Vec<f32> = (0..37).map(|i| (i as f32 - 18.0) * 0.125).collect();
         let x: Vec<f32> = (0..37).map(|i| 1.0 + i as f32 * 0.5).collect();
         let mut h = Table::F16(vals.iter().map(|&v| f16::from_f32(v)).collect());

@@ -392,8 +392,10 @@ mod avx512 {
     }
 
     /// A row's scales for [`row`]'s steps, taken in order: 16 groups at a time into a register
-    /// (f16 widened there), each step's lanes permuted out of it. Loading and widening a step's
-    /// few scales at every step made Q8_0 (the most instructions per byte) about 8% slower.
+    /// (f16 widened there), each step's lanes permuted out of it: one widening per 16 groups
+    /// instead of one per step (on the two-thread model bench Q8_0's int8 decode went from
+    /// 0.88-1.03x to 1.07-1.24x llama.cpp's between the runs before and after; the one-core
+    /// probe showed no difference, so part of that may be the VM's run-to-run spread).
     struct Scales16<T> {
         at: *const T,
         /// Groups in the row.
