@@ -297,7 +297,7 @@ pub(super) mod avx512 {
     use std::arch::x86_64::*;
 
     use super::super::dot::avx512::{b8x16, u5x32};
-    use super::super::table::{Scale, Table, x86::get};
+    use super::super::table::{Scale, with_table, x86::get};
     use super::super::{Codes, Offsets, QMatrix};
     use super::{MR, TILE};
 
@@ -448,26 +448,13 @@ pub(super) mod avx512 {
         // SAFETY: a QMatrix holds rows · cols codes in its kind's layout and a scale (and
         // offset) per group, both of one element type; U4 and U5 come in groups of 32, bytes in
         // groups of 16 or 32.
-        unsafe {
-            match &q.scales {
-                Table::F16(s) => pack_typed(q, s, r0, tile),
-                Table::F32(s) => pack_typed(q, s, r0, tile),
-            }
-        }
+        unsafe { with_table!(&q.scales, s => pack_typed(q, s, r0, tile)) }
     }
 
     #[inline(always)]
     unsafe fn pack_typed<T: Scale>(q: &QMatrix, scales: &[T], r0: usize, tile: &mut [u32]) {
         let offsets = match &q.offsets {
-            Offsets::PerGroup(t) => {
-                let (p, bytes) = t.span(0, t.len());
-                assert_eq!(
-                    bytes,
-                    T::BYTES * scales.len(),
-                    "a matrix's offsets are of its scales' type"
-                );
-                p as *const T
-            }
+            Offsets::PerGroup(t) => T::values(t).as_ptr(),
             _ => std::ptr::null(),
         };
         let w = Parts {

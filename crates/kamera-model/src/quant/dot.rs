@@ -66,8 +66,8 @@ pub(crate) fn rows_into(q: &QMatrix, x: &[f32], xl: Option<&[f32]>, xsum: &[f32]
                 x.len()
             );
             if avx512 {
-                // SAFETY: the CPU has AVX-512 F/BW and F16C; rows r0.. of q (checked above); x has
-                // q.cols values.
+                // SAFETY: the CPU has AVX-512 F/BW; rows r0.. of q (checked above); x has q.cols
+                // values.
                 unsafe { avx512::code_rows(q, r0, x, xsum, out) };
             } else {
                 // SAFETY: the CPU has AVX2 and FMA; rows r0.. of q (checked above); x has q.cols
@@ -106,18 +106,17 @@ pub(crate) fn rows_into_q8(q: &QMatrix, x: &super::vnni::Q8Input, xsum: &[f32], 
     super::vnni::code_rows(q, r0, x, xsum, out);
 }
 
-/// Whether the AVX-512 kernels here run: AVX-512 F/BW, and F16C for f16 scales.
+/// Whether the AVX-512 kernels here run: AVX-512 F, and BW for f16 scales and the offsets.
 #[cfg(target_arch = "x86_64")]
 pub(super) fn has_avx512() -> bool {
-    std::arch::is_x86_feature_detected!("avx512f")
-        && std::arch::is_x86_feature_detected!("avx512bw")
-        && std::arch::is_x86_feature_detected!("f16c")
+    std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512bw")
 }
 
+/// Row `r` of `W x` on CPUs without the x86 kernels: [`portable`] plus the offsets' term.
 #[inline(always)]
 fn row_dot(q: &QMatrix, r: usize, x: &[f32], xsum: &[f32]) -> f32 {
     let gpr = q.cols / q.group;
-    with_table!(&q.scales, v => scaled_code_dot(&q.codes, q.group, row_codes(q, r), &v[r * gpr..(r + 1) * gpr], x))
+    with_table!(&q.scales, v => portable(&q.codes, q.group, row_codes(q, r), &v[r * gpr..(r + 1) * gpr], x))
         + offset_dot(q, r, xsum)
 }
 
@@ -132,18 +131,7 @@ pub(super) fn offset_dot(q: &QMatrix, r: usize, xsum: &[f32]) -> f32 {
     }
 }
 
-/// `Σ_g scales[g] · Σ_{i∈g} code_i x_i` over one row.
-pub(crate) fn scaled_code_dot<T: Scale>(kind: &Codes, group: usize, codes: &[u8], scales: &[T], x: &[f32]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if has_avx512() {
-        // SAFETY: the CPU has AVX-512 F/BW and F16C; slices are sized by the caller (rows of one
-        // matrix).
-        return unsafe { avx512::code_dot(kind, group, codes, scales, x) };
-    }
-    portable(kind, group, codes, scales, x)
-}
-
-/// The reference: plain loops, 16 lanes wide so the compiler can vectorise them.
+/// `Σ_g scales[g] · Σ_{i∈g} code_i x_i` over one row. The reference: plain loops, 16 lanes wide so the compiler can vectorise them.
 #[inline(always)]
 pub(crate) fn portable<T: Scale>(kind: &Codes, group: usize, codes: &[u8], scales: &[T], x: &[f32]) -> f32 {
     let mut acc = [0f32; 16];
@@ -195,7 +183,7 @@ pub(super) mod avx512 {
 
     use super::super::avx2::group_bytes;
     use super::super::avx2::{I8, PREFETCH_ROWS, U4, U5, U8, by_kind, prefetch_row};
-    use super::super::table::{Scale, with_table, x86::RowOffsets, x86::get, x86::widen16};
+    use super::super::table::{Scale, with_table, x86::RowOffsets, x86::widen16};
     use super::super::{Codes, QMatrix};
 
     /// `out[i] = Σ_g scale_g · Σ_{i∈g} code_i x_i` over rows `r0 + i` of `q` (decode, f32),
@@ -203,8 +191,8 @@ pub(super) mod avx512 {
     /// each row's bytes asked for [`PREFETCH_ROWS`] ahead, as the AVX2 kernels do.
     ///
     /// # Safety
-    /// The CPU has AVX-512 F/BW and F16C; `r0 + out.len() <= q.rows`; `x` has `q.cols` values.
-    #[target_feature(enable = "avx512f,avx512bw,f16c")]
+    /// The CPU has AVX-512 F/BW; `r0 + out.len() <= q.rows`; `x` has `q.cols` values.
+    #[target_feature(enable = "avx512f,avx512bw")]
     pub(super) unsafe fn code_rows(q: &QMatrix, r0: usize, x: &[f32], xsum: &[f32], out: &mut [f32]) {
         unsafe { with_table!(&q.scales, s => by_kind!(&q.codes, rows_kind::<_>(q, s, r0, x, xsum, out))) }
     }
@@ -227,7 +215,7 @@ pub(super) mod avx512 {
                 let r = r0 + i;
                 prefetch_row::<K>(q, r + PREFETCH_ROWS);
                 let (codes, scales) = (super::row_codes(q, r), &scales[r * gpr..(r + 1) * gpr]);
-                *o = if T::BYTES == 4 {
+                *o = if let Some(scales) = T::as_f32(scales) {
                     code_dot(&q.codes, g, codes, scales, x)
                 } else {
                     // f16 scales widened a row's 256 groups at a time, so the group loop reads
@@ -253,16 +241,15 @@ pub(super) mod avx512 {
     /// `Σ_g scales[g] · Σ_{i∈g} code_i x_i` over one row, by the kernel for `kind` and `group`.
     ///
     /// # Safety
-    /// The CPU has AVX-512F and F16C; `codes`, `scales` and `x` are one row of a matrix and
-    /// its input.
+    /// The CPU has AVX-512F; `codes`, `scales` and `x` are one row of a matrix and its input.
     #[inline(always)]
-    pub(super) unsafe fn code_dot<T: Scale>(kind: &Codes, group: usize, codes: &[u8], scales: &[T], x: &[f32]) -> f32 {
+    unsafe fn code_dot(kind: &Codes, group: usize, codes: &[u8], scales: &[f32], x: &[f32]) -> f32 {
         unsafe {
             match (kind, group) {
-                (Codes::U8(_), 32) => b8_g32::<false, T>(codes, scales, x),
-                (Codes::U8(_), _) => b8_g16::<false, T>(codes, scales, x),
-                (Codes::I8(_), 32) => b8_g32::<true, T>(codes, scales, x),
-                (Codes::I8(_), _) => b8_g16::<true, T>(codes, scales, x),
+                (Codes::U8(_), 32) => b8_g32::<false>(codes, scales, x),
+                (Codes::U8(_), _) => b8_g16::<false>(codes, scales, x),
+                (Codes::I8(_), 32) => b8_g32::<true>(codes, scales, x),
+                (Codes::I8(_), _) => b8_g16::<true>(codes, scales, x),
                 (Codes::U4(_), _) => u4_g32(codes, scales, x),
                 (Codes::U5(_), _) => u5_g32(codes, scales, x),
             }
@@ -294,8 +281,8 @@ pub(super) mod avx512 {
         }
     }
 
-    #[target_feature(enable = "avx512f,f16c")]
-    pub(super) unsafe fn b8_g32<const S: bool, T: Scale>(codes: &[u8], scales: &[T], x: &[f32]) -> f32 {
+    #[target_feature(enable = "avx512f")]
+    unsafe fn b8_g32<const S: bool>(codes: &[u8], scales: &[f32], x: &[f32]) -> f32 {
         unsafe {
             let (c, xp) = (codes.as_ptr(), x.as_ptr());
             let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
@@ -304,14 +291,14 @@ pub(super) mod avx512 {
             while g + 1 < n {
                 let p0 = b8_group::<S>(c.add(32 * g), xp.add(32 * g));
                 let p1 = b8_group::<S>(c.add(32 * g + 32), xp.add(32 * g + 32));
-                a0 = _mm512_fmadd_ps(p0, _mm512_set1_ps(get(&scales[g])), a0);
-                a1 = _mm512_fmadd_ps(p1, _mm512_set1_ps(get(&scales[g + 1])), a1);
+                a0 = _mm512_fmadd_ps(p0, _mm512_set1_ps(scales[g]), a0);
+                a1 = _mm512_fmadd_ps(p1, _mm512_set1_ps(scales[g + 1]), a1);
                 g += 2;
             }
             if g < n {
                 a0 = _mm512_fmadd_ps(
                     b8_group::<S>(c.add(32 * g), xp.add(32 * g)),
-                    _mm512_set1_ps(get(&scales[g])),
+                    _mm512_set1_ps(scales[g]),
                     a0,
                 );
             }
@@ -319,8 +306,8 @@ pub(super) mod avx512 {
         }
     }
 
-    #[target_feature(enable = "avx512f,f16c")]
-    pub(super) unsafe fn b8_g16<const S: bool, T: Scale>(codes: &[u8], scales: &[T], x: &[f32]) -> f32 {
+    #[target_feature(enable = "avx512f")]
+    unsafe fn b8_g16<const S: bool>(codes: &[u8], scales: &[f32], x: &[f32]) -> f32 {
         unsafe {
             let (c, xp) = (codes.as_ptr(), x.as_ptr());
             let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
@@ -330,15 +317,15 @@ pub(super) mod avx512 {
                 let (o0, o1) = (16 * g, 16 * g + 16);
                 let p0 = _mm512_mul_ps(b8x16::<S>(c.add(o0)), _mm512_loadu_ps(xp.add(o0)));
                 let p1 = _mm512_mul_ps(b8x16::<S>(c.add(o1)), _mm512_loadu_ps(xp.add(o1)));
-                a0 = _mm512_fmadd_ps(p0, _mm512_set1_ps(get(&scales[g])), a0);
-                a1 = _mm512_fmadd_ps(p1, _mm512_set1_ps(get(&scales[g + 1])), a1);
+                a0 = _mm512_fmadd_ps(p0, _mm512_set1_ps(scales[g]), a0);
+                a1 = _mm512_fmadd_ps(p1, _mm512_set1_ps(scales[g + 1]), a1);
                 g += 2;
             }
             if g < n {
                 let o0 = 16 * g;
                 a0 = _mm512_fmadd_ps(
                     _mm512_mul_ps(b8x16::<S>(c.add(o0)), _mm512_loadu_ps(xp.add(o0))),
-                    _mm512_set1_ps(get(&scales[g])),
+                    _mm512_set1_ps(scales[g]),
                     a0,
                 );
             }
@@ -373,13 +360,12 @@ pub(super) mod avx512 {
         }
     }
 
-    #[target_feature(enable = "avx512f,f16c")]
-    pub(super) unsafe fn u5_g32<T: Scale>(codes: &[u8], scales: &[T], x: &[f32]) -> f32 {
+    #[target_feature(enable = "avx512f")]
+    unsafe fn u5_g32(codes: &[u8], scales: &[f32], x: &[f32]) -> f32 {
         unsafe {
             let (c, xp) = (codes.as_ptr(), x.as_ptr());
             let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-            for (g, s) in scales.iter().enumerate() {
-                let s = get(s);
+            for (g, &s) in scales.iter().enumerate() {
                 let (lo, hi) = u5x32(c.add(20 * g));
                 let p = _mm512_fmadd_ps(
                     hi,
@@ -396,8 +382,8 @@ pub(super) mod avx512 {
         }
     }
 
-    #[target_feature(enable = "avx512f,f16c")]
-    pub(super) unsafe fn u4_g32<T: Scale>(codes: &[u8], scales: &[T], x: &[f32]) -> f32 {
+    #[target_feature(enable = "avx512f")]
+    unsafe fn u4_g32(codes: &[u8], scales: &[f32], x: &[f32]) -> f32 {
         unsafe {
             let (c, xp) = (codes.as_ptr(), x.as_ptr());
             let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
@@ -406,16 +392,12 @@ pub(super) mod avx512 {
             while g + 1 < n {
                 let p0 = u4_group(c.add(16 * g), xp.add(32 * g));
                 let p1 = u4_group(c.add(16 * g + 16), xp.add(32 * g + 32));
-                a0 = _mm512_fmadd_ps(p0, _mm512_set1_ps(get(&scales[g])), a0);
-                a1 = _mm512_fmadd_ps(p1, _mm512_set1_ps(get(&scales[g + 1])), a1);
+                a0 = _mm512_fmadd_ps(p0, _mm512_set1_ps(scales[g]), a0);
+                a1 = _mm512_fmadd_ps(p1, _mm512_set1_ps(scales[g + 1]), a1);
                 g += 2;
             }
             if g < n {
-                a0 = _mm512_fmadd_ps(
-                    u4_group(c.add(16 * g), xp.add(32 * g)),
-                    _mm512_set1_ps(get(&scales[g])),
-                    a0,
-                );
+                a0 = _mm512_fmadd_ps(u4_group(c.add(16 * g), xp.add(32 * g)), _mm512_set1_ps(scales[g]), a0);
             }
             _mm512_reduce_add_ps(_mm512_add_ps(a0, a1))
         }

@@ -17,6 +17,8 @@ pub(crate) trait Scale: Copy + Send + Sync + 'static {
     /// `t`'s values, which are of this type (a matrix's offsets are of its scales' type, and
     /// the kernels are dispatched on the scales').
     fn values(t: &Table) -> &[Self];
+    /// `s` itself where the values are f32 (no widening needed).
+    fn as_f32(s: &[Self]) -> Option<&[f32]>;
 }
 
 impl Scale for f32 {
@@ -30,6 +32,9 @@ impl Scale for f32 {
             Table::F32(v) => v,
             Table::F16(_) => panic!("f16 offsets beside f32 scales"),
         }
+    }
+    fn as_f32(s: &[f32]) -> Option<&[f32]> {
+        Some(s)
     }
 }
 
@@ -45,6 +50,9 @@ impl Scale for f16 {
             Table::F32(_) => panic!("f32 offsets beside f16 scales"),
         }
     }
+    fn as_f32(_: &[f16]) -> Option<&[f32]> {
+        None
+    }
 }
 
 /// Per-group values of a matrix, row-major (`rows · cols / group`).
@@ -52,7 +60,7 @@ impl Scale for f16 {
 pub(crate) enum Table {
     /// As the block stores them (Q4_0 ... Q8_0).
     F16(Vec<f16>),
-    /// Products (K-quants), or values made here (tests, the portable paths).
+    /// Products (K-quants).
     F32(Vec<f32>),
 }
 
@@ -69,25 +77,20 @@ macro_rules! with_table {
 pub(crate) use with_table;
 
 impl Table {
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         with_table!(self, v => v.len())
     }
 
     /// Resident bytes.
     pub fn bytes(&self) -> usize {
-        match self {
-            Table::F16(v) => 2 * v.len(),
-            Table::F32(v) => 4 * v.len(),
-        }
+        with_table!(self, v => std::mem::size_of_val(v.as_slice()))
     }
 
     /// Value `i` as f32.
     #[inline(always)]
     pub fn get(&self, i: usize) -> f32 {
-        match self {
-            Table::F16(v) => v[i].to_f32(),
-            Table::F32(v) => v[i],
-        }
+        with_table!(self, v => v[i].f32())
     }
 
     /// Appends `more` (the same element type: rows of one tensor).
@@ -101,10 +104,10 @@ impl Table {
 
     /// The address and bytes of values `from..from + n` (for prefetches; not read here).
     pub fn span(&self, from: usize, n: usize) -> (*const u8, usize) {
-        match self {
-            Table::F16(v) => (v.as_ptr().wrapping_add(from) as *const u8, 2 * n),
-            Table::F32(v) => (v.as_ptr().wrapping_add(from) as *const u8, 4 * n),
+        fn at<S: Scale>(v: &[S], from: usize, n: usize) -> (*const u8, usize) {
+            (v.as_ptr().wrapping_add(from) as *const u8, S::BYTES * n)
         }
+        with_table!(self, v => at(v, from, n))
     }
 
     /// `Σ_i t[from + i] · x[i]` over `x`'s length (a row's offsets times its input's group sums).
