@@ -16,7 +16,7 @@ use crate::attention::{HeadScratch, attend_head};
 use crate::config::Config;
 use crate::context::Context;
 use crate::error::{CandleCtx, Error, OpsCtx, Result};
-use crate::quant::{Linear, Prepared, View, quantize_input};
+use crate::quant::{Linear, Prepared, Q8Input, View, quantize_input};
 use crate::team::{Shared, SpinBarrier, share};
 use crate::weights::{LayerWeights, Weights};
 
@@ -156,17 +156,25 @@ fn chunk(c: usize, size: usize, total: usize) -> Option<Range<usize>> {
 
 /// `[ys_j] = W_j x` over the rows of the matrices together, in chunks taken from `next` until
 /// none is left (every worker of the phase calls it with the same counter).
-fn products(jobs: &[(View<'_>, &Shared)], x: &[f32], precision: crate::DecodePrecision, next: &AtomicUsize, n: usize) {
+/// `x8` is the worker's own buffer for the int8 input, kept from phase to phase.
+fn products(
+    jobs: &[(View<'_>, &Shared)],
+    x: &[f32],
+    precision: crate::DecodePrecision,
+    next: &AtomicUsize,
+    n: usize,
+    x8: &mut Q8Input,
+) {
     let total: usize = jobs.iter().map(|(v, _)| v.rows()).sum();
     let size = chunk_rows(total, n);
-    let x8 = quantize_input(x, precision);
+    let x8 = quantize_input(x8, x, precision, jobs.iter().map(|(v, _)| *v));
     let mut preps: Vec<Option<Prepared>> = jobs.iter().map(|_| None).collect();
     while let Some(rows) = chunk(next.fetch_add(1, Ordering::Relaxed), size, total) {
         let mut base = 0;
         for ((view, out), prep) in jobs.iter().zip(&mut preps) {
             let (lo, hi) = (rows.start.max(base), rows.end.min(base + view.rows()));
             if lo < hi {
-                let prep = prep.get_or_insert_with(|| view.prepare(x, x8.as_ref()));
+                let prep = prep.get_or_insert_with(|| view.prepare(x, x8));
                 // SAFETY: this worker alone took the chunk holding these rows in this phase.
                 view.rows_into(x, prep, lo - base, unsafe { out.part(lo - base..hi - base) });
             }
@@ -310,6 +318,9 @@ impl Step<'_> {
         let mut h = vec![0f32; cfg.hidden];
         let mut o = vec![0f32; cfg.hidden];
         let mut scratch = HeadScratch::default();
+        // Kept from layer to layer: allocating per phase showed as malloc-lock waits.
+        let mut x8 = Q8Input::default();
+        let (mut q, mut k, mut v) = (Vec::new(), Vec::new(), Vec::new());
         let mut rows = Vec::new();
         let mut waited = 0u64;
         // Each product phase's chunk counter, in the order every worker reaches them.
@@ -328,12 +339,20 @@ impl Step<'_> {
                 self.precision,
                 next(),
                 n,
+                &mut x8,
             );
             waited += barrier.wait();
             // Every worker finishes Q, K and V itself (biases, QK-norm, RoPE: a few thousand
             // values), then attends with its own query heads.
             // SAFETY: q, k and v are written only in the phase before the barrier.
-            let (mut q, mut k, mut v) = unsafe { (b.q.all().to_vec(), b.k.all().to_vec(), b.v.all().to_vec()) };
+            unsafe {
+                q.clear();
+                q.extend_from_slice(b.q.all());
+                k.clear();
+                k.extend_from_slice(b.k.all());
+                v.clear();
+                v.extend_from_slice(b.v.all());
+            }
             add(&mut q, &vecs.bq);
             add(&mut k, &vecs.bk);
             add(&mut v, &vecs.bv);
@@ -371,11 +390,18 @@ impl Step<'_> {
                 attend_head(qi, kv, lo..f.row, Some(new), cfg.attn_scale as f32, &mut scratch, out);
             }
             if w == 0 {
-                rows.push((k, v));
+                rows.push((k.clone(), v.clone()));
             }
             waited += barrier.wait();
             // SAFETY: att was written only in the phase before the barrier.
-            products(&[(wv[3], &b.o)], unsafe { b.att.all() }, self.precision, next(), n);
+            products(
+                &[(wv[3], &b.o)],
+                unsafe { b.att.all() },
+                self.precision,
+                next(),
+                n,
+                &mut x8,
+            );
             waited += barrier.wait();
             // SAFETY: o was written only in the phase before the barrier.
             o.copy_from_slice(unsafe { b.o.all() });
@@ -386,11 +412,10 @@ impl Step<'_> {
             rms_norm(&x, &vecs.ffn_norm, eps, &mut h);
             // Gate and up in the same chunks, so each worker activates the rows it computed.
             let (size, counter) = (chunk_rows(cfg.ffn, n), next());
-            let h8 = quantize_input(&h, self.precision);
+            let h8 = quantize_input(&mut x8, &h, self.precision, wv[4..6].iter().copied());
             let mut preps: Option<[Prepared; 2]> = None;
             while let Some(rows) = chunk(counter.fetch_add(1, Ordering::Relaxed), size, cfg.ffn) {
-                let preps =
-                    preps.get_or_insert_with(|| [wv[4].prepare(&h, h8.as_ref()), wv[5].prepare(&h, h8.as_ref())]);
+                let preps = preps.get_or_insert_with(|| [wv[4].prepare(&h, h8), wv[5].prepare(&h, h8)]);
                 // SAFETY: this worker alone took the chunk holding these rows in this phase.
                 let (gate, up) = unsafe { (b.gate.part(rows.clone()), b.up.part(rows.clone())) };
                 wv[4].rows_into(&h, &preps[0], rows.start, gate);
@@ -399,7 +424,14 @@ impl Step<'_> {
             }
             waited += barrier.wait();
             // SAFETY: gate was written only in the phase before the barrier.
-            products(&[(wv[6], &b.o)], unsafe { b.gate.all() }, self.precision, next(), n);
+            products(
+                &[(wv[6], &b.o)],
+                unsafe { b.gate.all() },
+                self.precision,
+                next(),
+                n,
+                &mut x8,
+            );
             waited += barrier.wait();
             // SAFETY: o was written only in the phase before the barrier.
             o.copy_from_slice(unsafe { b.o.all() });
@@ -415,6 +447,7 @@ impl Step<'_> {
             self.precision,
             next(),
             n,
+            &mut x8,
         );
         waited += barrier.wait();
         // SAFETY: the logits were written only in the phase before the barrier.

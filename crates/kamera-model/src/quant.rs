@@ -616,7 +616,7 @@ impl View<'_> {
             View::Codes(q) => {
                 let q8 = x8.filter(|_| vnni::reads(q));
                 let sums = match (q8, &q.offsets) {
-                    (Some(x8), Offsets::Zero(_) | Offsets::PerGroup(_)) => x8.group_sums(q.group),
+                    (Some(x8), Offsets::Zero(_) | Offsets::PerGroup(_)) => x8.group_sums(q),
                     _ => dot::group_sums(q, x),
                 };
                 let lanes = if q8.is_none() { dot::lane_input(q, x) } else { None };
@@ -661,12 +661,23 @@ pub(crate) struct Prepared<'a> {
     lanes: Option<Vec<f32>>,
 }
 
-/// `x` rounded for the int8 decode products when `precision` asks for them: once per input,
-/// shared by every weight that input multiplies (Q, K and V; gate and up).
-pub(crate) fn quantize_input(x: &[f32], precision: DecodePrecision) -> Option<Q8Input> {
-    (precision == DecodePrecision::Int8)
-        .then(|| Q8Input::quantize(x))
-        .flatten()
+/// `x` rounded into `x8` for the int8 decode products when `precision` asks for them, in the
+/// roundings `views` read: once per input, shared by every weight that input multiplies (Q, K
+/// and V; gate and up).
+pub(crate) fn quantize_input<'a, 'v>(
+    x8: &'a mut Q8Input,
+    x: &[f32],
+    precision: DecodePrecision,
+    views: impl IntoIterator<Item = View<'v>>,
+) -> Option<&'a Q8Input> {
+    if precision != DecodePrecision::Int8 {
+        return None;
+    }
+    let (fine, wide) = Q8Input::needs(views.into_iter().filter_map(|v| match v {
+        View::Codes(q) => Some(q),
+        _ => None,
+    }));
+    ((fine || wide) && x8.fill(x, fine, wide)).then_some(&*x8)
 }
 
 impl Linear {

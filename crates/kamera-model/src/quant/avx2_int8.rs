@@ -49,7 +49,7 @@ unsafe fn code_rows_kind<const K: u8, T: Scale>(
 #[inline(always)]
 unsafe fn row<const K: u8, T: Scale>(m: &QMatrix, scales: &[T], r: usize, x: &Q8Input) -> f32 {
     unsafe {
-        let (q, dxv) = super::vnni::parts(x);
+        let (q, dxv) = super::vnni::parts(x, m);
         let (g, cols) = (m.group, m.cols);
         let codes = dot::row_codes(m, r).as_ptr();
         let scales = scales.as_ptr().add(r * (cols / g));

@@ -390,15 +390,19 @@ fn int8_decode_kernel_equals_its_reference_for_every_block_type() {
         );
         return;
     }
-    for dtype in TYPES {
-        let cols = if dtype.block_size() == 32 { 288 } else { 512 };
+    // 9 groups of 32: a pair of 4-bit chunks and one group; 15: a pair, a chunk, three groups.
+    let shapes = TYPES.iter().flat_map(|&d| {
+        let cols: &[usize] = if d.block_size() == 32 { &[288, 480] } else { &[512] };
+        cols.iter().map(move |&c| (d, c))
+    });
+    for (dtype, cols) in shapes {
         let (q, _) = quantized(dtype, 6, cols, 31);
         assert!(vnni::reads(&q), "{dtype:?}");
         let x = random(1, cols, 32);
         let x8 = vnni::Q8Input::quantize(&x).expect("whole blocks");
         // Rows 1..6: a block of four and one row alone (the AVX2 kernel's two paths), with
         // the offsets' term the kernels add.
-        let sums = x8.group_sums(q.group);
+        let sums = x8.group_sums(&q);
         let mut got = vec![0f32; q.rows - 1];
         vnni::code_rows(&q, 1, &x8, &sums, &mut got);
         #[cfg(target_arch = "x86_64")]
@@ -432,21 +436,74 @@ fn int8_decode_kernel_equals_its_reference_for_every_block_type() {
 }
 
 /// The int8 input row is the same bits whichever loop made it (AVX-512 where the CPU has it,
-/// the portable one elsewhere): blocks with zeros, ties and the largest value negative.
+/// the portable one elsewhere), in both roundings (blocks of 4 for byte codes, of 32 for 4-bit
+/// codes): blocks with zeros, ties and the largest value negative.
 #[test]
 fn int8_input_is_the_same_bits_on_every_cpu() {
     let mut x = random(1, 896, 33);
     x[4..8].copy_from_slice(&[0.0; 4]);
     x[8..12].copy_from_slice(&[1.0, -0.5, 0.25, 127.0 / 254.0]);
     x[12..16].copy_from_slice(&[-3.0, 1.5, 0.0, 2.5]);
+    x[64..96].copy_from_slice(&[0.0; 32]);
     let x8 = vnni::Q8Input::quantize(&x).expect("whole groups");
-    let (mut q, mut dx, mut l) = (vec![0i8; 896], vec![0f32; 224], vec![0i32; 224]);
-    vnni::quantize_portable(&x, &mut q, &mut dx, &mut l);
-    for i in 0..896 {
-        assert_eq!(x8.value(i).to_bits(), (q[i] as f32 * dx[i / 4]).to_bits(), "value {i}");
+    for (block, dtype) in [(4, GgmlDType::Q8_0), (32, GgmlDType::Q4_0)] {
+        let (m, _) = quantized(dtype, 1, 896, 1);
+        let (mut q, mut dx, mut l) = (vec![0i8; 896], vec![0f32; 224], vec![0i32; 224]);
+        vnni::quantize_portable(&x, block, &mut q, &mut dx, &mut l);
+        for i in 0..896 {
+            assert_eq!(
+                x8.value(&m, i).to_bits(),
+                (q[i] as f32 * dx[i / 4]).to_bits(),
+                "blocks of {block}: value {i}"
+            );
+        }
+        assert_eq!(x8.lanes128(&m), &l[..], "blocks of {block}: 128 · Σ q per lane");
+        assert_eq!(x8.value(&m, 5), 0.0, "blocks of {block}: a zero");
+        assert_eq!(x8.value(&m, 70), 0.0, "blocks of {block}: a block of zeros");
     }
-    assert_eq!(x8.lanes128(), &l[..], "128 · Σ q per lane");
-    assert_eq!(x8.value(5), 0.0, "a block of zeros");
+}
+
+/// A fill makes only the roundings asked for, and a kernel never reads one it did not make
+/// (they read through pointers): 4- and 5-bit codes need the blocks of 32, bytes the blocks of 4.
+#[test]
+fn an_int8_input_holds_only_the_roundings_its_matrices_read() {
+    let cols = 256;
+    let (q4, _) = quantized(GgmlDType::Q4_0, 2, cols, 40);
+    let (q5, _) = quantized(GgmlDType::Q5_0, 2, cols, 41);
+    let (q8, _) = quantized(GgmlDType::Q8_0, 2, cols, 42);
+    assert_eq!(vnni::Q8Input::needs([&q4, &q5]), (false, true));
+    assert_eq!(vnni::Q8Input::needs([&q8]), (true, false));
+    assert_eq!(vnni::Q8Input::needs([&q4, &q8]), (true, true));
+    let x = random(1, cols, 43);
+    let mut x8 = vnni::Q8Input::default();
+    assert!(!x8.fill(&x[..48], true, true), "48 values are not whole groups of 32");
+    assert!(x8.fill(&x, false, true));
+    if !vnni::available() {
+        kamera_ops::testkit::skip(
+            "quant::tests::an_int8_input_holds_only_the_roundings_its_matrices_read",
+            "this CPU has neither AVX512-VNNI nor AVX2 (the kernels' part)",
+        );
+        return;
+    }
+    let (mut wide, mut fine) = (vec![0f32; 2], vec![0f32; 2]);
+    vnni::code_rows(&q4, 0, &x8, &[], &mut wide);
+    let reads_fine = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        vnni::code_rows(&q8, 0, &x8, &[], &mut fine)
+    }));
+    assert!(
+        reads_fine.is_err(),
+        "byte codes refused an input without the blocks of 4"
+    );
+    // A later fill of the other rounding drops the first.
+    assert!(x8.fill(&x, true, false));
+    vnni::code_rows(&q8, 0, &x8, &[], &mut fine);
+    let reads_wide = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        vnni::code_rows(&q4, 0, &x8, &[], &mut wide)
+    }));
+    assert!(
+        reads_wide.is_err(),
+        "4-bit codes refused an input without the blocks of 32"
+    );
 }
 
 /// Int8 activations change a product by the input's rounding only: within 1% of the f32
@@ -456,14 +513,17 @@ fn int8_decode_products_stay_within_the_inputs_rounding() {
     let cols = 512;
     let x = random(1, cols, 33);
     let x8 = vnni::Q8Input::quantize(&x).expect("whole blocks");
-    for (b, xb) in x.chunks_exact(4).enumerate() {
-        let dx = xb.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
-        for (i, &v) in xb.iter().enumerate() {
-            assert!(
-                (x8.value(b * 4 + i) - v).abs() <= 0.5 * dx + 1e-9,
-                "value {}",
-                b * 4 + i
-            );
+    for (block, dtype) in [(4, GgmlDType::Q8_0), (32, GgmlDType::Q4_0)] {
+        let (m, _) = quantized(dtype, 1, cols, 1);
+        for (b, xb) in x.chunks_exact(block).enumerate() {
+            let dx = xb.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
+            for (i, &v) in xb.iter().enumerate() {
+                let at = b * block + i;
+                assert!(
+                    (x8.value(&m, at) - v).abs() <= 0.5 * dx + 1e-9,
+                    "blocks of {block}: value {at}"
+                );
+            }
         }
     }
     assert!(vnni::Q8Input::quantize(&x[..40]).is_none(), "not whole groups");
@@ -474,7 +534,7 @@ fn int8_decode_products_stay_within_the_inputs_rounding() {
         let (q, _) = quantized(dtype, 64, cols, 34);
         let (mut exact, mut int8) = (vec![0f32; 64], vec![0f32; 64]);
         dot::rows_into(&q, &x, None, &dot::group_sums(&q, &x), 0, &mut exact);
-        dot::rows_into_q8(&q, &x8, &x8.group_sums(q.group), 0, &mut int8);
+        dot::rows_into_q8(&q, &x8, &x8.group_sums(&q), 0, &mut int8);
         let rel = max_rel(&int8, &exact);
         assert!(rel < 1e-2, "{dtype:?}: int8 products {rel} from f32");
     }
@@ -577,6 +637,7 @@ fn decode_rows_speed() {
         GgmlDType::Q6K,
         GgmlDType::Q8_0,
         GgmlDType::Q4_1,
+        GgmlDType::Q4_0,
     ] {
         let cols = if dtype.block_size() == 256 { 1024 } else { 896 };
         let rows = 65_536;
@@ -585,7 +646,7 @@ fn decode_rows_speed() {
         let mut y = vec![0f32; rows];
         let xsum = dot::group_sums(&q, &x);
         let x8 = vnni::Q8Input::quantize(&x).expect("whole groups");
-        let xs8 = x8.group_sums(q.group);
+        let xs8 = x8.group_sums(&q);
         let best = |f: &mut dyn FnMut()| {
             (0..5)
                 .map(|_| {
