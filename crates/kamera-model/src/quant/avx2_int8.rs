@@ -49,6 +49,9 @@ unsafe fn code_rows_kind<const K: u8, T: Scale>(
 #[inline(always)]
 unsafe fn row<const K: u8, T: Scale>(m: &QMatrix, scales: &[T], r: usize, x: &Q8Input) -> f32 {
     unsafe {
+        if K == U4 {
+            return row_u4(m, scales, r, x);
+        }
         let (q, dxv) = super::vnni::parts(x, m);
         let (g, cols) = (m.group, m.cols);
         let codes = dot::row_codes(m, r).as_ptr();
@@ -80,6 +83,52 @@ unsafe fn row<const K: u8, T: Scale>(m: &QMatrix, scales: &[T], r: usize, x: &Q8
                 _mm256_setr_m128(_mm_set1_ps(get(scales.add(2 * h))), _mm_set1_ps(s1))
             };
             let scale = _mm256_mul_ps(sv, _mm256_loadu_ps(dxv.as_ptr().add(8 * h)));
+            if h % 2 == 0 {
+                a0 = _mm256_fmadd_ps(lanes, scale, a0);
+            } else {
+                a1 = _mm256_fmadd_ps(lanes, scale, a1);
+            }
+        }
+        avx2::hsum(_mm256_add_ps(a0, a1))
+    }
+}
+
+/// Row `r` of 4-bit codes, two groups (32 bytes) a step, on the input in the paired order
+/// (`vnni::Q8Input`): the low nibbles are both groups' first 16 codes, the high ones their last
+/// 16, and both meet one `dx` per group, so their `vpmaddubsw` pair sums add as i16 (at most
+/// 2 · 2 · 15 · 127, no saturation) before one `vpmaddwd`, one conversion and one FMA per 64
+/// codes (the loop in [`row`] takes two of each).
+#[inline(always)]
+unsafe fn row_u4<T: Scale>(m: &QMatrix, scales: &[T], r: usize, x: &Q8Input) -> f32 {
+    unsafe {
+        let (xq, xdx) = super::vnni::paired(x);
+        let gpr = m.cols / 32;
+        let codes = dot::row_codes(m, r).as_ptr();
+        let scales = scales.as_ptr().add(r * gpr);
+        let (low, ones) = (_mm256_set1_epi8(15), _mm256_set1_epi16(1));
+        let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        // Step h: groups 2h, 2h + 1, in chunk h / 2 of the paired input at half h % 2.
+        for h in 0..gpr.div_ceil(2) {
+            let at = 128 * (h / 2) + 32 * (h % 2);
+            let z = if 2 * h + 1 < gpr {
+                _mm256_loadu_si256(codes.add(32 * h) as *const __m256i)
+            } else {
+                _mm256_zextsi128_si256(_mm_loadu_si128(codes.add(32 * h) as *const __m128i))
+            };
+            let lo = _mm256_and_si256(z, low);
+            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(z), low);
+            let pairs = _mm256_add_epi16(
+                _mm256_maddubs_epi16(lo, _mm256_loadu_si256(xq.add(at) as *const __m256i)),
+                _mm256_maddubs_epi16(hi, _mm256_loadu_si256(xq.add(at + 64) as *const __m256i)),
+            );
+            let lanes = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
+            let s1 = if 2 * h + 1 < gpr {
+                get(scales.add(2 * h + 1))
+            } else {
+                0.0
+            };
+            let sv = _mm256_setr_m128(_mm_set1_ps(get(scales.add(2 * h))), _mm_set1_ps(s1));
+            let scale = _mm256_mul_ps(sv, _mm256_loadu_ps(xdx.add(16 * (h / 2) + 8 * (h % 2))));
             if h % 2 == 0 {
                 a0 = _mm256_fmadd_ps(lanes, scale, a0);
             } else {

@@ -659,12 +659,20 @@ fn decode_rows_speed() {
         let xl = dot::lane_input(&q, &x);
         let f32_s = best(&mut || dot::rows_into(&q, &x, xl.as_deref(), &xsum, 0, &mut y));
         let int8_s = vnni::available().then(|| best(&mut || dot::rows_into_q8(&q, &x8, &xs8, 0, &mut y)));
+        // The AVX2 int8 kernel called directly (the one AVX2-only hosts run).
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the CPU has AVX2, FMA and F16C; all rows of q; x8 has q.cols values.
+        let avx2_s = super::avx2::available()
+            .then(|| best(&mut || unsafe { super::avx2_int8::code_rows(&q, 0, &x8, &xs8, &mut y) }));
+        #[cfg(not(target_arch = "x86_64"))]
+        let avx2_s: Option<f64> = None;
         let w = (rows * cols) as f64;
         let rate = |s: f64| format!("{:.1} G weights/s, {:.1} GB/s", w / s / 1e9, q.bytes() as f64 / s / 1e9);
         println!(
-            "{dtype:?} {rows}x{cols}: f32 {}; int8 {}",
+            "{dtype:?} {rows}x{cols}: f32 {}; int8 {}; AVX2 int8 {}",
             rate(f32_s),
-            int8_s.map_or("not on this CPU".into(), rate)
+            int8_s.map_or("not on this CPU".into(), rate),
+            avx2_s.map_or("not on this CPU".into(), rate)
         );
     }
 }

@@ -290,6 +290,13 @@ pub(super) fn parts<'a>(x: &'a Q8Input, m: &QMatrix) -> (&'a [i8], &'a [f32]) {
     (&f.q, &f.dxv)
 }
 
+/// The paired input (`Q8Input::paired`, `paired_dx`) the 4-bit kernels read.
+#[cfg(target_arch = "x86_64")]
+pub(super) fn paired(x: &Q8Input) -> (*const i8, *const f32) {
+    assert!(x.wide.filled, "the int8 input was not rounded in blocks of 32");
+    (x.paired.as_ptr(), x.paired_dx.as_ptr())
+}
+
 /// [`code_rows`] for one row in plain integer loops: the reference the kernel is tested against.
 #[cfg(any(test, not(target_arch = "x86_64")))]
 pub(crate) fn reference(m: &QMatrix, r: usize, x: &Q8Input) -> f32 {
