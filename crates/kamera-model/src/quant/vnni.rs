@@ -10,7 +10,7 @@
 //! its own anyway, and 4 values' largest sets a smaller error than 32's). 4- and 5-bit codes
 //! read it in blocks of 32, ggml's Q8_0 activations: a group's low and high nibbles then meet
 //! one `dx`, so their two `vpdpbusd` sum as integers and one conversion, one scale and one FMA
-//! serve 128 codes instead of 64 (`avx512::row_u4`, `row_u5`). Streaming from memory on one
+//! serve 128 codes instead of 64 (`avx512::row_paired`). Streaming from memory on one
 //! Zen 4 core (`decode_rows_speed`) Q4_1 went from 26-27 to 31-36 G weights/s and Q4_K from 28-30
 //! to 30-35; SmolLM2's decode KL to f32 (Q4_1 codes) from 1.8e-4 to 1.4e-3 nats.
 
@@ -29,7 +29,7 @@ const CHUNK: usize = 128;
 /// An input row quantized for [`code_rows`]: zero-padded to whole 64-value steps. Two
 /// roundings: in blocks of 4 (`fine`, what byte codes read) and in blocks of 32 (`wide`, what
 /// 4- and 5-bit codes read, so that a group's low- and high-nibble products share one `dx` and
-/// are summed as integers: `avx512::row_u4`), each made only where a matrix reads it
+/// are summed as integers: `avx512::row_paired`), each made only where a matrix reads it
 /// ([`Q8Input::fill`]); the buffers are kept from one fill to the next (a decode step fills one
 /// per product phase and layer, and allocating them there showed as malloc-lock waits between
 /// the team's workers).
@@ -435,7 +435,7 @@ mod avx512 {
         }
     }
 
-    /// [`code_rows`] for 5-bit codes on CPUs with AVX512-VBMI ([`row_u5`]).
+    /// [`code_rows`] for 5-bit codes on CPUs with AVX512-VBMI ([`row_paired`]).
     ///
     /// # Safety
     /// As [`code_rows`], and the CPU has AVX512-VBMI; `m`'s codes are 5-bit.
@@ -444,7 +444,7 @@ mod avx512 {
         unsafe { with_table!(&m.scales, s => rows_u5(m, s, r0, x, xsum, out)) }
     }
 
-    // This loop is rows_kind's with row_u5 for the row: not one loop taking the row as a
+    // This loop is rows_kind's with row_paired::<U5> for the row: not one loop taking the row as a
     // closure, whose intrinsics would stay calls (see avx2_int8.rs).
     #[inline(always)]
     unsafe fn rows_u5<T: Scale>(m: &QMatrix, scales: &[T], r0: usize, x: &Q8Input, xsum: &[f32], out: &mut [f32]) {
@@ -452,7 +452,7 @@ mod avx512 {
             let offsets = RowOffsets::new(m, scales, xsum);
             for (i, o) in out.iter_mut().enumerate() {
                 prefetch_row::<U5>(m, r0 + i + PREFETCH_ROWS);
-                *o = row_u5(m, scales, r0 + i, x) + offsets.avx512(r0 + i);
+                *o = row_paired::<U5, T>(m, scales, r0 + i, x) + offsets.avx512(r0 + i);
             }
         }
     }
@@ -482,7 +482,7 @@ mod avx512 {
         unsafe {
             let full = groups * g == 64;
             match K {
-                U4 => unreachable!("4-bit codes run in row_u4"),
+                U4 => unreachable!("4-bit codes run in row_paired"),
                 U5 => {
                     let a = _mm_loadu_si128(c as *const __m128i);
                     let ha = (c.add(16) as *const u32).read_unaligned() as u64;
@@ -510,7 +510,7 @@ mod avx512 {
     unsafe fn row<const K: u8, T: Scale>(m: &QMatrix, scales: &[T], r: usize, x: &Q8Input) -> f32 {
         unsafe {
             if K == U4 {
-                return row_u4(m, scales, r, x);
+                return row_paired::<U4, T>(m, scales, r, x);
             }
             let (g, cols) = (m.group, m.cols);
             let gpr = cols / g;
@@ -578,14 +578,17 @@ mod avx512 {
         }
     }
 
-    /// Row `r` of 4-bit codes in groups of 32, four groups (128 codes, 64 bytes) a chunk: the
+    /// Row `r` of 4- or 5-bit codes in groups of 32, four groups (128 codes) a chunk: the
     /// chunk's low nibbles are each group's first 16 codes and its high nibbles the last 16, so
     /// `z & 15` and `(z >> 4) & 15` meet the input in [`Q8Input`]'s paired order, and since the
     /// input is rounded in blocks of one group, lane `l` of both products is group `l / 4`
     /// under one `dx`: the two `vpdpbusd` sum into one register, and one conversion, one scale
-    /// and one FMA serve 128 codes (the byte-code loop takes two of each per 128).
+    /// and one FMA serve 128 codes (the byte-code loop takes two of each per 128). 5-bit codes
+    /// (`Codes::U5`: per group 16 bytes of nibbles as Q4_0's, then 4 bytes of fifth bits) come
+    /// out of their 80 bytes by two VBMI byte permutes ([`u5_chunk`]); the caller of that
+    /// instance runs with AVX512-VBMI.
     #[inline(always)]
-    unsafe fn row_u4<T: Scale>(m: &QMatrix, scales: &[T], r: usize, x: &Q8Input) -> f32 {
+    unsafe fn row_paired<const K: u8, T: Scale>(m: &QMatrix, scales: &[T], r: usize, x: &Q8Input) -> f32 {
         unsafe {
             let gpr = m.cols / 32;
             let c = super::super::dot::row_codes(m, r).as_ptr();
@@ -598,106 +601,16 @@ mod avx512 {
                 block: _mm512_setzero_ps(),
                 lanes: _mm512_setzero_si512(),
             };
-            let whole = gpr / 4;
             let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-            let mut p = 0;
-            while p + 2 <= whole {
-                let (d0, s0) = u4_chunk(
-                    _mm512_loadu_si512(c.add(64 * p) as *const _),
-                    xq.add(128 * (p)),
-                    xdx.add(16 * (p)),
-                    sc.step(p),
-                );
-                let (d1, s1) = u4_chunk(
-                    _mm512_loadu_si512(c.add(64 * p + 64) as *const _),
-                    xq.add(128 * (p + 1)),
-                    xdx.add(16 * (p + 1)),
-                    sc.step(p + 1),
-                );
-                a0 = _mm512_fmadd_ps(d0, s0, a0);
-                a1 = _mm512_fmadd_ps(d1, s1, a1);
-                p += 2;
-            }
-            if p < whole {
-                let (d, s) = u4_chunk(
-                    _mm512_loadu_si512(c.add(64 * p) as *const _),
-                    xq.add(128 * (p)),
-                    xdx.add(16 * (p)),
-                    sc.step(p),
-                );
-                a0 = _mm512_fmadd_ps(d, s, a0);
-                p += 1;
-            }
-            if 4 * p < gpr {
-                // The last 1-3 groups: codes past the row not read, their lanes zero.
-                let z = _mm512_maskz_loadu_epi8((1u64 << (16 * (gpr - 4 * p))) - 1, c.add(64 * p) as *const i8);
-                let (d, s) = u4_chunk(z, xq.add(128 * (p)), xdx.add(16 * (p)), sc.step(p));
-                a1 = _mm512_fmadd_ps(d, s, a1);
-            }
-            _mm512_reduce_add_ps(_mm512_add_ps(a0, a1))
-        }
-    }
-
-    /// Row `r` of 5-bit codes (`Codes::U5`: per group 16 bytes of nibbles as Q4_0's, then 4
-    /// bytes of fifth bits) in [`row_u4`]'s chunks of four groups: one byte permute (VBMI
-    /// `vpermt2b`) gathers the chunk's 64 nibble bytes out of its 80, another the fifth bits of
-    /// each group's first and last 16 codes into two 64-bit masks, which add 16 to the codes
-    /// they mark; then as [`row_u4`].
-    #[inline(always)]
-    unsafe fn row_u5<T: Scale>(m: &QMatrix, scales: &[T], r: usize, x: &Q8Input) -> f32 {
-        unsafe {
-            let gpr = m.cols / 32;
-            let c = super::super::dot::row_codes(m, r).as_ptr();
-            let (xq, xdx) = (x.paired.as_ptr(), x.paired_dx.as_ptr());
-            let mut sc = Scales16 {
-                at: scales.as_ptr().add(r * gpr),
-                groups: gpr,
-                per_step: 4,
-                idx: _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
-                block: _mm512_setzero_ps(),
-                lanes: _mm512_setzero_si512(),
-            };
-            // Byte o of the nibbles: group o / 16's byte o % 16; of the masks, bytes 0-7 each
-            // group's bits of codes 0-15 (its bytes 16, 17), bytes 8-15 of codes 16-31 (18, 19).
-            let nib = _mm512_set_epi8(
-                75, 74, 73, 72, 71, 70, 69, 68, 67, 66, 65, 64, 63, 62, 61, 60, //
-                55, 54, 53, 52, 51, 50, 49, 48, 47, 46, 45, 44, 43, 42, 41, 40, //
-                35, 34, 33, 32, 31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, //
-                15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0,
-            );
-            let bits = _mm512_set_epi8(
-                0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, //
-                0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, //
-                0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, //
-                79, 78, 59, 58, 39, 38, 19, 18, 77, 76, 57, 56, 37, 36, 17, 16,
-            );
-            let whole = gpr / 4;
-            let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-            let chunk_bytes = 4 * U5_GROUP_BYTES;
             for p in 0..gpr.div_ceil(4) {
-                let at = c.add(chunk_bytes * p);
-                let (a, b) = if p < whole {
-                    (
-                        _mm512_loadu_si512(at as *const _),
-                        _mm512_maskz_loadu_epi8(0xffff, at.add(64) as *const i8),
-                    )
+                // Groups in this chunk: 4, or the row's last 1-3 (bytes past the row not read,
+                // their codes zero).
+                let groups = (gpr - 4 * p).min(4);
+                let (lo, hi) = if K == U4 {
+                    u4_chunk(c.add(64 * p), groups)
                 } else {
-                    // The last 1-3 groups: bytes past the row not read, their codes zero.
-                    let n = U5_GROUP_BYTES * (gpr - 4 * p);
-                    (
-                        _mm512_maskz_loadu_epi8(u64::MAX >> (64 - n.min(64)), at as *const i8),
-                        _mm512_maskz_loadu_epi8((1u64 << n.saturating_sub(64)) - 1, at.add(64) as *const i8),
-                    )
+                    u5_chunk(c.add(4 * U5_GROUP_BYTES * p), groups)
                 };
-                let z = _mm512_permutex2var_epi8(a, nib, b);
-                let h = _mm512_castsi512_si128(_mm512_permutex2var_epi8(a, bits, b));
-                let (lo_bits, hi_bits) = (_mm_cvtsi128_si64(h) as u64, _mm_extract_epi64::<1>(h) as u64);
-                let low = _mm512_set1_epi8(15);
-                let sixteen = _mm512_set1_epi8(16);
-                let lo = _mm512_and_si512(z, low);
-                let lo = _mm512_mask_add_epi8(lo, lo_bits, lo, sixteen);
-                let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(z), low);
-                let hi = _mm512_mask_add_epi8(hi, hi_bits, hi, sixteen);
                 let dp = _mm512_dpbusd_epi32(
                     _mm512_setzero_si512(),
                     lo,
@@ -715,17 +628,67 @@ mod avx512 {
         }
     }
 
-    /// One chunk of [`row_u4`]: its 128 codes `z` times the paired input at `xq`, as f32 per
-    /// lane, and each lane's scale (`sv` times the lane's `dx` at `xdx`).
+    /// A chunk of `groups ≤ 4` groups of 4-bit codes at `c` (16 bytes a group): its low and
+    /// high nibbles as bytes.
     #[inline(always)]
-    unsafe fn u4_chunk(z: __m512i, xq: *const i8, xdx: *const f32, sv: __m512) -> (__m512, __m512) {
+    unsafe fn u4_chunk(c: *const u8, groups: usize) -> (__m512i, __m512i) {
         unsafe {
+            let z = if groups == 4 {
+                _mm512_loadu_si512(c as *const _)
+            } else {
+                _mm512_maskz_loadu_epi8((1u64 << (16 * groups)) - 1, c as *const i8)
+            };
             let low = _mm512_set1_epi8(15);
+            (
+                _mm512_and_si512(z, low),
+                _mm512_and_si512(_mm512_srli_epi16::<4>(z), low),
+            )
+        }
+    }
+
+    /// A chunk of `groups ≤ 4` groups of 5-bit codes at `c` (20 bytes a group) as
+    /// [`u4_chunk`]'s two halves: one `vpermt2b` gathers the 64 nibble bytes out of the 80,
+    /// another each group's fifth bits of its first and last 16 codes into two 64-bit masks,
+    /// which add 16 to the codes they mark. Needs AVX512-VBMI.
+    #[inline(always)]
+    unsafe fn u5_chunk(c: *const u8, groups: usize) -> (__m512i, __m512i) {
+        unsafe {
+            // Byte o of the nibbles: group o / 16's byte o % 16; of the masks, bytes 0-7 each
+            // group's bits of codes 0-15 (its bytes 16, 17), bytes 8-15 of codes 16-31 (18, 19).
+            let nib = _mm512_set_epi8(
+                75, 74, 73, 72, 71, 70, 69, 68, 67, 66, 65, 64, 63, 62, 61, 60, //
+                55, 54, 53, 52, 51, 50, 49, 48, 47, 46, 45, 44, 43, 42, 41, 40, //
+                35, 34, 33, 32, 31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, //
+                15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0,
+            );
+            let bits = _mm512_set_epi8(
+                0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, //
+                0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, //
+                0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, //
+                79, 78, 59, 58, 39, 38, 19, 18, 77, 76, 57, 56, 37, 36, 17, 16,
+            );
+            let (a, b) = if groups == 4 {
+                (
+                    _mm512_loadu_si512(c as *const _),
+                    _mm512_maskz_loadu_epi8(0xffff, c.add(64) as *const i8),
+                )
+            } else {
+                let n = U5_GROUP_BYTES * groups; // < 64
+                (
+                    _mm512_maskz_loadu_epi8((1u64 << n) - 1, c as *const i8),
+                    _mm512_setzero_si512(),
+                )
+            };
+            let z = _mm512_permutex2var_epi8(a, nib, b);
+            let h = _mm512_castsi512_si128(_mm512_permutex2var_epi8(a, bits, b));
+            let (lo_bits, hi_bits) = (_mm_cvtsi128_si64(h) as u64, _mm_extract_epi64::<1>(h) as u64);
+            let (low, sixteen) = (_mm512_set1_epi8(15), _mm512_set1_epi8(16));
             let lo = _mm512_and_si512(z, low);
             let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(z), low);
-            let dp = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(xq as *const _));
-            let dp = _mm512_dpbusd_epi32(dp, hi, _mm512_loadu_si512(xq.add(64) as *const _));
-            (_mm512_cvtepi32_ps(dp), _mm512_mul_ps(sv, _mm512_loadu_ps(xdx)))
+            (
+                _mm512_mask_add_epi8(lo, lo_bits, lo, sixteen),
+                _mm512_mask_add_epi8(hi, hi_bits, hi, sixteen),
+            )
         }
     }
 
