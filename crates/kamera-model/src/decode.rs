@@ -154,20 +154,33 @@ fn chunk(c: usize, size: usize, total: usize) -> Option<Range<usize>> {
     (lo < total).then(|| lo..(lo + size).min(total))
 }
 
-/// `[ys_j] = W_j x` over the rows of the matrices together, in chunks taken from `next` until
-/// none is left (every worker of the phase calls it with the same counter).
-/// `x8` is the worker's own buffer for the int8 input, kept from phase to phase.
-fn products(
-    jobs: &[(View<'_>, &Shared)],
-    x: &[f32],
+/// A worker's product phases: the step's precision and team size, and its int8 input buffer,
+/// kept from phase to phase (allocating it per phase showed as malloc-lock waits).
+struct Phases {
     precision: crate::DecodePrecision,
-    next: &AtomicUsize,
     n: usize,
-    x8: &mut Q8Input,
-) {
+    x8: Q8Input,
+}
+
+impl Phases {
+    /// `x` rounded for the int8 products of `views` when the step asks for them.
+    fn input<'v>(&mut self, x: &[f32], views: impl IntoIterator<Item = View<'v>>) -> Option<&Q8Input> {
+        quantize_input(&mut self.x8, x, self.precision, views)
+    }
+
+    /// `[ys_j] = W_j x` over the rows of the matrices together, in chunks taken from `next`
+    /// until none is left (every worker of the phase calls it with the same counter).
+    fn products(&mut self, jobs: &[(View<'_>, &Shared)], x: &[f32], next: &AtomicUsize) {
+        let n = self.n;
+        let x8 = self.input(x, jobs.iter().map(|(v, _)| *v));
+        products(jobs, x, x8, next, n);
+    }
+}
+
+/// [`Phases::products`] on the input `x8` made for it.
+fn products(jobs: &[(View<'_>, &Shared)], x: &[f32], x8: Option<&Q8Input>, next: &AtomicUsize, n: usize) {
     let total: usize = jobs.iter().map(|(v, _)| v.rows()).sum();
     let size = chunk_rows(total, n);
-    let x8 = quantize_input(x8, x, precision, jobs.iter().map(|(v, _)| *v));
     let mut preps: Vec<Option<Prepared>> = jobs.iter().map(|_| None).collect();
     while let Some(rows) = chunk(next.fetch_add(1, Ordering::Relaxed), size, total) {
         let mut base = 0;
@@ -318,8 +331,12 @@ impl Step<'_> {
         let mut h = vec![0f32; cfg.hidden];
         let mut o = vec![0f32; cfg.hidden];
         let mut scratch = HeadScratch::default();
-        // Kept from layer to layer: allocating per phase showed as malloc-lock waits.
-        let mut x8 = Q8Input::default();
+        // Kept from layer to layer, as the int8 input in `phases`.
+        let mut phases = Phases {
+            precision: self.precision,
+            n,
+            x8: Q8Input::default(),
+        };
         let (mut q, mut k, mut v) = (Vec::new(), Vec::new(), Vec::new());
         let mut rows = Vec::new();
         let mut waited = 0u64;
@@ -333,14 +350,7 @@ impl Step<'_> {
         for (l, vecs) in self.vectors.layers.iter().enumerate() {
             let wv = &f.views[7 * l..7 * l + 7];
             rms_norm(&x, &vecs.attn_norm, eps, &mut h);
-            products(
-                &[(wv[0], &b.q), (wv[1], &b.k), (wv[2], &b.v)],
-                &h,
-                self.precision,
-                next(),
-                n,
-                &mut x8,
-            );
+            phases.products(&[(wv[0], &b.q), (wv[1], &b.k), (wv[2], &b.v)], &h, next());
             waited += barrier.wait();
             // Every worker finishes Q, K and V itself (biases, QK-norm, RoPE: a few thousand
             // values), then attends with its own query heads.
@@ -394,14 +404,7 @@ impl Step<'_> {
             }
             waited += barrier.wait();
             // SAFETY: att was written only in the phase before the barrier.
-            products(
-                &[(wv[3], &b.o)],
-                unsafe { b.att.all() },
-                self.precision,
-                next(),
-                n,
-                &mut x8,
-            );
+            phases.products(&[(wv[3], &b.o)], unsafe { b.att.all() }, next());
             waited += barrier.wait();
             // SAFETY: o was written only in the phase before the barrier.
             o.copy_from_slice(unsafe { b.o.all() });
@@ -412,7 +415,7 @@ impl Step<'_> {
             rms_norm(&x, &vecs.ffn_norm, eps, &mut h);
             // Gate and up in the same chunks, so each worker activates the rows it computed.
             let (size, counter) = (chunk_rows(cfg.ffn, n), next());
-            let h8 = quantize_input(&mut x8, &h, self.precision, wv[4..6].iter().copied());
+            let h8 = phases.input(&h, wv[4..6].iter().copied());
             let mut preps: Option<[Prepared; 2]> = None;
             while let Some(rows) = chunk(counter.fetch_add(1, Ordering::Relaxed), size, cfg.ffn) {
                 let preps = preps.get_or_insert_with(|| [wv[4].prepare(&h, h8), wv[5].prepare(&h, h8)]);
@@ -424,14 +427,7 @@ impl Step<'_> {
             }
             waited += barrier.wait();
             // SAFETY: gate was written only in the phase before the barrier.
-            products(
-                &[(wv[6], &b.o)],
-                unsafe { b.gate.all() },
-                self.precision,
-                next(),
-                n,
-                &mut x8,
-            );
+            phases.products(&[(wv[6], &b.o)], unsafe { b.gate.all() }, next());
             waited += barrier.wait();
             // SAFETY: o was written only in the phase before the barrier.
             o.copy_from_slice(unsafe { b.o.all() });
@@ -441,14 +437,7 @@ impl Step<'_> {
             x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
         }
         rms_norm(&x, &self.vectors.out_norm, eps, &mut h);
-        products(
-            &[(f.views[f.views.len() - 1], &b.logits)],
-            &h,
-            self.precision,
-            next(),
-            n,
-            &mut x8,
-        );
+        phases.products(&[(f.views[f.views.len() - 1], &b.logits)], &h, next());
         waited += barrier.wait();
         // SAFETY: the logits were written only in the phase before the barrier.
         let logits = if w == 0 {

@@ -85,6 +85,15 @@ impl Form {
     }
 }
 
+/// `f` (of blocks of `block`) where the last fill made it.
+fn made(f: &Form, block: usize) -> &Form {
+    assert!(
+        f.filled,
+        "the int8 input was not rounded in blocks of {block} for these codes"
+    );
+    f
+}
+
 /// Whether `m`'s codes read the input rounded in blocks of 32 (4- and 5-bit codes).
 fn reads_wide(m: &QMatrix) -> bool {
     matches!(m.codes, Codes::U4(_) | Codes::U5(_))
@@ -148,13 +157,11 @@ impl Q8Input {
     /// # Panics
     /// Where the last [`Q8Input::fill`] did not make it (the kernels read it through pointers).
     pub(crate) fn form(&self, m: &QMatrix) -> &Form {
-        let f = if reads_wide(m) { &self.wide } else { &self.fine };
-        assert!(
-            f.filled,
-            "the int8 input was not rounded in blocks of {} for these codes",
-            if reads_wide(m) { WIDE_BLOCK } else { BLOCK }
-        );
-        f
+        if reads_wide(m) {
+            made(&self.wide, WIDE_BLOCK)
+        } else {
+            made(&self.fine, BLOCK)
+        }
     }
 
     /// `Σ dx · q` over each of `m`'s groups, on the rounding its codes read: the offsets' input
@@ -293,7 +300,7 @@ pub(super) fn parts<'a>(x: &'a Q8Input, m: &QMatrix) -> (&'a [i8], &'a [f32]) {
 /// The paired input (`Q8Input::paired`, `paired_dx`) the 4-bit kernels read.
 #[cfg(target_arch = "x86_64")]
 pub(super) fn paired(x: &Q8Input) -> (*const i8, *const f32) {
-    assert!(x.wide.filled, "the int8 input was not rounded in blocks of 32");
+    made(&x.wide, WIDE_BLOCK);
     (x.paired.as_ptr(), x.paired_dx.as_ptr())
 }
 
@@ -512,6 +519,7 @@ mod avx512 {
             if K == U4 {
                 return row_paired::<U4, T>(m, scales, r, x);
             }
+            let f = x.form(m);
             let (g, cols) = (m.group, m.cols);
             let gpr = cols / g;
             let gb = group_bytes::<K>(g);
@@ -527,9 +535,9 @@ mod avx512 {
             let at = Step {
                 c,
                 gb,
-                xq: x.form(m).q.as_ptr(),
-                dxv: x.form(m).dxv.as_ptr(),
-                lane128: x.form(m).lane128.as_ptr(),
+                xq: f.q.as_ptr(),
+                dxv: f.dxv.as_ptr(),
+                lane128: f.lane128.as_ptr(),
                 g,
                 per_step,
             };
@@ -542,10 +550,11 @@ mod avx512 {
                 lanes: idx,
             };
             let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-            if K == U4 || K == U5 {
-                // Whole steps two at a time, then a step of fewer groups: 4- and 5-bit codes
-                // 8% faster than the loop below (Q5_0 from memory on one Zen 4 core: 19.2
-                // against 17.7 G weights/s); byte codes 10% slower (Q8_0: 11.4 against 12.7).
+            if K == U5 {
+                // (5-bit codes on CPUs without VBMI; 4-bit ones returned above.) Whole steps two
+                // at a time, then a step of fewer groups: 8% faster than the loop below (Q5_0
+                // from memory on one Zen 4 core: 19.2 against 17.7 G weights/s); byte codes 10%
+                // slower (Q8_0: 11.4 against 12.7).
                 let whole = gpr / per_step;
                 let mut p = 0;
                 while p + 2 <= whole {
