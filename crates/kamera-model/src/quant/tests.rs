@@ -378,8 +378,9 @@ fn bf16_tiles_match_rounded_reference() {
     }
 }
 
-/// The int8 decode kernels (VNNI where the CPU has it, else AVX2; the AVX2 one also called
-/// directly, so a VNNI host checks both) against their integer reference, for every block type,
+/// The int8 decode kernels (VNNI where the CPU has it, else AVX2; the AVX2 one and VNNI's
+/// byte-step rows, which 5-bit codes take without VBMI, also called directly, so a VBMI host
+/// checks all three) against their integer reference, for every block type,
 /// with rows that end on half a 64-value step (9 groups of 32) where the block allows it.
 #[test]
 fn int8_decode_kernel_equals_its_reference_for_every_block_type() {
@@ -414,6 +415,14 @@ fn int8_decode_kernel_equals_its_reference_for_every_block_type() {
         });
         #[cfg(not(target_arch = "x86_64"))]
         let avx2: Option<Vec<f32>> = None;
+        // VNNI's byte-step rows, which 5-bit codes take on CPUs without VBMI.
+        #[cfg(target_arch = "x86_64")]
+        let steps = {
+            let mut out = vec![0f32; q.rows - 1];
+            vnni::code_rows_without_vbmi(&q, 1, &x8, &sums, &mut out).then_some(out)
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let steps: Option<Vec<f32>> = None;
         for r in 1..q.rows {
             let (codes, offsets) = (vnni::reference(&q, r, &x8), dot::offset_dot(&q, r, &sums));
             let want = codes + offsets;
@@ -424,12 +433,14 @@ fn int8_decode_kernel_equals_its_reference_for_every_block_type() {
                 (got - want).abs() <= tol,
                 "{dtype:?} row {r}: kernel {got}, reference {want}"
             );
-            if let Some(avx2) = &avx2 {
-                let avx2 = avx2[r - 1];
-                assert!(
-                    (avx2 - want).abs() <= tol,
-                    "{dtype:?} row {r}: AVX2 kernel {avx2}, reference {want}"
-                );
+            for (name, got) in [("AVX2", &avx2), ("VNNI without VBMI", &steps)] {
+                if let Some(got) = got {
+                    let got = got[r - 1];
+                    assert!(
+                        (got - want).abs() <= tol,
+                        "{dtype:?} row {r}: {name} kernel {got}, reference {want}"
+                    );
+                }
             }
         }
     }

@@ -290,6 +290,23 @@ pub(crate) fn code_rows(m: &QMatrix, r0: usize, x: &Q8Input, xsum: &[f32], out: 
     }
 }
 
+/// [`code_rows`] as a VNNI CPU without VBMI runs it (5-bit codes by the byte-step rows), for
+/// tests on CPUs that have VBMI; false where the CPU has no VNNI.
+#[cfg(all(test, target_arch = "x86_64"))]
+pub(crate) fn code_rows_without_vbmi(m: &QMatrix, r0: usize, x: &Q8Input, xsum: &[f32], out: &mut [f32]) -> bool {
+    assert!(
+        x.cols == m.cols && r0 + out.len() <= m.rows,
+        "rows and input of the matrix"
+    );
+    x.form(m);
+    if !has_vnni() {
+        return false;
+    }
+    // SAFETY: the CPU has AVX-512 F/BW and VNNI; bounds checked above.
+    unsafe { avx512::code_rows_steps(m, r0, x, xsum, out) };
+    true
+}
+
 /// The parts of a [`Q8Input`] a kernel reads for `m`: the rounded values, each lane's `dx`.
 #[cfg(target_arch = "x86_64")]
 pub(super) fn parts<'a>(x: &'a Q8Input, m: &QMatrix) -> (&'a [i8], &'a [f32]) {
@@ -438,8 +455,17 @@ mod avx512 {
             if matches!(m.codes, Codes::U5(_)) && std::arch::is_x86_feature_detected!("avx512vbmi") {
                 return code_rows_u5(m, r0, x, xsum, out);
             }
-            with_table!(&m.scales, s => by_kind!(&m.codes, rows_kind::<_>(m, s, r0, x, xsum, out)))
+            code_rows_steps(m, r0, x, xsum, out)
         }
+    }
+
+    /// [`code_rows`] by [`row`]: every kind but 5-bit codes on CPUs with VBMI.
+    ///
+    /// # Safety
+    /// As [`code_rows`].
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub(super) unsafe fn code_rows_steps(m: &QMatrix, r0: usize, x: &Q8Input, xsum: &[f32], out: &mut [f32]) {
+        unsafe { with_table!(&m.scales, s => by_kind!(&m.codes, rows_kind::<_>(m, s, r0, x, xsum, out))) }
     }
 
     /// [`code_rows`] for 5-bit codes on CPUs with AVX512-VBMI ([`row_paired`]).
