@@ -47,6 +47,12 @@ async fn order_status_prefills_only_the_window_the_model_reads() -> Result<()> {
         r.session
     );
     assert!(r.session.evictions > 0, "{:?}", r.session);
+    // No trace and a policy that reads text: no step took a screenshot.
+    assert!(
+        r.steps.iter().all(|s| s.observation.screenshot.is_empty()),
+        "{:?}",
+        r.steps.iter().map(|s| &s.observation.screenshot).collect::<Vec<_>>()
+    );
     Ok(())
 }
 
@@ -201,6 +207,8 @@ async fn record_then_replay_without_browser() -> Result<()> {
     assert!(dir.path().join("trace.ndjson").exists());
     let shots = std::fs::read_dir(dir.path().join("resources"))?.count();
     assert!(shots >= 5, "{shots} screenshots stored");
+    // A trace keeps every step's screenshot, though the policy reads text only.
+    assert!(rec.steps.iter().all(|s| s.observation.screenshot.len() == 64));
     let trace = kamera_agent::Trace::read(dir.path())?;
     let rec_json = kamera_agent::devtools_recorder(&s.name, &trace.steps[0].observation.url, &trace.steps, 800, 600);
     let kinds: Vec<&str> = rec_json["steps"]

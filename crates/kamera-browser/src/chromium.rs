@@ -20,10 +20,12 @@ use crate::types::{Action, Element, Observation};
 
 mod actions;
 mod launch;
+mod navigation;
 mod remote;
 mod state;
 
 pub use launch::{BrowserOptions, ChromiumConfig};
+use navigation::{NEW_DOCUMENT_JS, Navigation};
 
 const OBSERVE_JS: &str = include_str!("observe.js");
 
@@ -188,14 +190,13 @@ impl ChromiumBrowser {
         }
     }
 
-    /// After an action that may navigate: waits (up to `limit`) for a new document to replace the
-    /// marked one and finish loading. Without a navigation it returns after `limit`.
+    /// After an action whose navigation events are not watched (`Back`, or the watch failed):
+    /// waits (up to `limit`) for a new document to replace the marked one and finish loading.
+    /// Without a navigation it returns after `limit`.
     async fn await_navigation(&self, limit: Duration) {
         let t0 = std::time::Instant::now();
         while t0.elapsed() < limit {
-            let v = self
-                .eval_once("navigation", "window.__kameraDoc === 1 ? 'same' : document.readyState")
-                .await;
+            let v = self.eval_once("navigation", NEW_DOCUMENT_JS).await;
             match &v {
                 Ok(serde_json::Value::String(s)) if s == "complete" => return,
                 Err(Error::Timeout { .. }) => return,
@@ -240,6 +241,8 @@ impl ChromiumBrowser {
             .is_ok_and(|r| r.is_ok());
         let target = serde_json::to_string(url).unwrap_or_default();
         if marked {
+            // Its load event wakes the poll (without the events, it polls every 40 ms).
+            let mut events = Navigation::watch(&self.page).await.ok();
             let _ = self.eval_once("navigate", &format!("location.href = {target}")).await;
             let poll = format!(
                 "window.__kameraDoc === 1 ? (location.href === {target} ? 'complete' : 'same') : document.readyState"
@@ -251,7 +254,10 @@ impl ChromiumBrowser {
                         Err(e) if self.gone() => return Err(e),
                         _ => {}
                     }
-                    tokio::time::sleep(Duration::from_millis(40)).await;
+                    match events.as_mut() {
+                        Some(n) => n.pause(Duration::from_millis(40)).await,
+                        None => tokio::time::sleep(Duration::from_millis(40)).await,
+                    }
                 }
             })
             .await?;
@@ -315,7 +321,13 @@ impl Browser for ChromiumBrowser {
 
     async fn observe(&mut self) -> Result<Observation> {
         self.alive("observe")?;
-        let r = self.observe_once().await;
+        let r = self.observe_once(true).await;
+        self.diagnose(r)
+    }
+
+    async fn observe_text(&mut self) -> Result<Observation> {
+        self.alive("observe")?;
+        let r = self.observe_once(false).await;
         self.diagnose(r)
     }
 
@@ -383,27 +395,59 @@ impl ChromiumBrowser {
             })
             .await?;
         }
+        // The main frame's events tell whether the action navigated (`Back` goes through the
+        // browser's history, whose events may come after the barrier: it keeps the fixed wait).
+        let mut navigation = match action {
+            Action::Back => None,
+            _ => match Navigation::watch(&self.page).await {
+                Ok(n) => Some(n),
+                Err(e) => {
+                    tracing::debug!(error = %e, "navigation events not watched: a fixed wait after the action");
+                    None
+                }
+            },
+        };
+        let t0 = std::time::Instant::now();
         self.perform(action).await?;
-        let limit = if may_navigate { 1500 } else { 60 };
-        self.await_navigation(Duration::from_millis(limit)).await;
+        let performed = t0.elapsed();
+        let limit = Duration::from_millis(if may_navigate { 1500 } else { 60 });
+        let mut navigated = None;
+        match &mut navigation {
+            Some(n) => {
+                let started = n.started(self).await;
+                navigated = Some(started);
+                if started {
+                    n.loaded(self, Duration::from_millis(1500)).await;
+                }
+            }
+            None => self.await_navigation(limit).await,
+        }
+        let loaded = t0.elapsed();
         self.await_downloads().await;
         self.settle().await;
-        self.check_location().await
+        let r = self.check_location().await;
+        tracing::debug!(action = %action.label(), ?navigated, ?performed, ?loaded, done = ?t0.elapsed(), "acted");
+        r
     }
 
-    async fn observe_once(&mut self) -> Result<Observation> {
+    /// The page's text and elements, and its viewport screenshot when `screenshot`.
+    async fn observe_once(&mut self, screenshot: bool) -> Result<Observation> {
         let raw = self.eval_value("observe", OBSERVE_JS).await?;
         let raw: RawObservation = serde_json::from_str(raw.as_str().unwrap_or("null")).map_err(|e| Error::Invalid {
             op: "observe",
             detail: format!("page script returned malformed JSON: {e}"),
         })?;
         let page = &self.page;
-        let png = with_timeout("screenshot", self.cfg.timeout, async {
-            page.screenshot(ScreenshotParams::builder().format(CaptureScreenshotFormat::Png).build())
-                .await
-                .map_err(cdp("screenshot"))
-        })
-        .await?;
+        let png = if screenshot {
+            with_timeout("screenshot", self.cfg.timeout, async {
+                page.screenshot(ScreenshotParams::builder().format(CaptureScreenshotFormat::Png).build())
+                    .await
+                    .map_err(cdp("screenshot"))
+            })
+            .await?
+        } else {
+            Vec::new()
+        };
         let obs = Observation {
             url: raw.url,
             title: raw.title,

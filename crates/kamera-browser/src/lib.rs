@@ -66,6 +66,12 @@ pub trait Browser: Send {
     async fn act(&mut self, action: &Action) -> Result<()>;
     /// Screenshot + page text of the current page.
     async fn observe(&mut self) -> Result<Observation>;
+    /// The page's text and elements without the screenshot (`screenshot_png` empty), for a
+    /// caller that reads text only: in Chromium the capture is most of an observation's time.
+    /// By default the whole [`Browser::observe`].
+    async fn observe_text(&mut self) -> Result<Observation> {
+        self.observe().await
+    }
     /// Evaluates a JavaScript expression on the page and returns its JSON value.
     async fn eval(&mut self, js: &str) -> Result<serde_json::Value>;
     /// Shuts the browser down.

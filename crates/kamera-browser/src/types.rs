@@ -59,7 +59,8 @@ pub struct Observation {
     /// Compact page text: visible text lines, interactive elements as `[id] tag "text"`.
     pub text: String,
     pub elements: Vec<Element>,
-    /// The viewport screenshot (PNG). Traces store it by sha256 under resources/.
+    /// The viewport screenshot (PNG), empty from [`crate::Browser::observe_text`]. Traces store
+    /// it by sha256 under resources/.
     #[serde(skip)]
     pub screenshot_png: Vec<u8>,
 }

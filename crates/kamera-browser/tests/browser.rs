@@ -119,3 +119,70 @@ async fn a_tab_switched_to_has_its_dialogs_answered() -> anyhow::Result<()> {
     b.close().await?;
     Ok(())
 }
+
+/// An action waits for the navigation it started (a script's, a form's, by click or Enter) and
+/// for nothing else: a click that changes no page returns at once (it waited a fixed 1.5 s
+/// before the navigation events were watched).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_action_waits_for_the_navigation_it_started_and_no_longer() -> anyhow::Result<()> {
+    assert!(
+        std::path::Path::new("/usr/bin/chromium").exists(),
+        "chromium missing: run scripts/install-chromium.sh"
+    );
+    let mut pages = std::collections::BTreeMap::new();
+    pages.insert(
+        "/".to_string(),
+        b"<html><head><title>Start</title></head><body>\
+          <button id=\"stay\" onclick=\"document.title='stayed'\">Stay</button>\
+          <button id=\"go\" onclick=\"location.href='/two'\">Go</button>\
+          <a id=\"frag\" href=\"#below\">Below</a>\
+          <form action=\"/two\" method=\"get\"><input id=\"q\" name=\"q\"><button id=\"send\">Search</button></form>\
+          <p id=\"below\">Below</p></body></html>"
+            .to_vec(),
+    );
+    pages.insert(
+        "/two".to_string(),
+        b"<html><head><title>Two</title></head><body><p>The second page</p></body></html>".to_vec(),
+    );
+    let server = Server::start(Content::Memory(pages)).await?;
+    let mut b = ChromiumBrowser::launch(ChromiumConfig::new(Origins::new(&[server.origin()])?)).await?;
+    let home = server.url("/");
+    async fn start(b: &mut ChromiumBrowser, home: &str) -> kamera_browser::Result<kamera_browser::Observation> {
+        b.navigate(home).await?;
+        b.observe_text().await
+    }
+    let obs = start(&mut b, &home).await?;
+    assert!(obs.screenshot_png.is_empty(), "observe_text takes no screenshot");
+    let id = |obs: &kamera_browser::Observation, html: &str| obs.by_html_id(html).expect(html).id;
+
+    // No navigation: done at once (a generous bound for a loaded 2-core host; 1.5 s before).
+    for html in ["stay", "frag"] {
+        let t0 = std::time::Instant::now();
+        b.act(&Action::Click { id: id(&obs, html) }).await?;
+        let took = t0.elapsed();
+        assert!(took < std::time::Duration::from_millis(800), "#{html}: {took:?}");
+    }
+    assert_eq!(b.eval("document.title").await?, serde_json::json!("stayed"));
+    assert_eq!(b.eval("location.hash").await?, serde_json::json!("#below"));
+
+    // A script's navigation, a form sent by its button and by Enter: the next page is in.
+    let obs = start(&mut b, &home).await?;
+    b.act(&Action::Click { id: id(&obs, "go") }).await?;
+    assert_eq!(b.observe_text().await?.title, "Two");
+    let obs = start(&mut b, &home).await?;
+    b.act(&Action::Click { id: id(&obs, "send") }).await?;
+    assert_eq!(b.observe_text().await?.title, "Two");
+    let obs = start(&mut b, &home).await?;
+    b.act(&Action::Type {
+        id: Some(id(&obs, "q")),
+        text: "abc".into(),
+    })
+    .await?;
+    b.act(&Action::Key { key: "Enter".into() }).await?;
+    let obs = b.observe().await?;
+    assert_eq!(obs.title, "Two");
+    assert!(obs.url.ends_with("/two?q=abc"), "{}", obs.url);
+    assert!(obs.screenshot_png.starts_with(b"\x89PNG"));
+    b.close().await?;
+    Ok(())
+}

@@ -268,7 +268,7 @@ pub fn runtime_config(model: Arc<Model>, m: &ModelArg, store: &StoreArgs, reuse:
 
 /// How a run is set up.
 struct Setup<'a> {
-    trace_dir: &'a Path,
+    trace_dir: Option<&'a Path>,
     report: Option<&'a Path>,
     store: &'a StoreArgs,
     model: &'a ModelArg,
@@ -310,7 +310,7 @@ fn execute(scenario_arg: &str, setup: Setup<'_>) -> Result<RunSummary> {
         model,
         &home,
         RunConfig {
-            trace_dir: Some(trace_dir.to_path_buf()),
+            trace_dir: trace_dir.map(Path::to_path_buf),
             cancel,
             on_step: Some(on_step),
             runtime: runtime_cfg,
@@ -321,7 +321,8 @@ fn execute(scenario_arg: &str, setup: Setup<'_>) -> Result<RunSummary> {
     ))?;
     pb.finish_and_clear();
     if let Some(r) = report {
-        kamera_harness::report::write_html(&summary, Some(&trace_dir.join("resources")), r)?;
+        let resources = trace_dir.map(|d| d.join("resources"));
+        kamera_harness::report::write_html(&summary, resources.as_deref(), r)?;
     }
     Ok(summary)
 }
@@ -473,7 +474,7 @@ pub(crate) fn summary_text(s: &RunSummary, reuse: bool) -> String {
     let model_ms = sum(|t| t.reuse_ms + t.prefill_ms + t.decode_ms);
     _ = writeln!(
         o,
-        "time      {:.1} s run; steps {:.1} s, of which model calls {:.1} s (context {:.1} s, prompt + answer {:.1} s)",
+        "time      {:.2} s run; steps {:.2} s, of which model calls {:.2} s (context {:.2} s, prompt + answer {:.2} s)",
         s.wall_ms / 1e3,
         sum(|t| t.total_ms) / 1e3,
         model_ms / 1e3,
@@ -493,18 +494,17 @@ pub fn run(a: RunArgs) -> Result<()> {
     if a.scenarios.len() > 1 || a.parallel.is_some() {
         return crate::run_parallel::run(a);
     }
-    let tmp;
-    let dir = match &a.trace {
-        Some(d) => d.clone(),
-        None => {
-            tmp = std::env::temp_dir().join(format!("kamera-run-{}", std::process::id()));
-            tmp
-        }
+    // A trace is written where it is kept or a report reads its screenshots; without one the
+    // run takes screenshots only where the model reads them.
+    let dir = match (&a.trace, &a.report) {
+        (Some(d), _) => Some(d.clone()),
+        (None, Some(_)) => Some(std::env::temp_dir().join(format!("kamera-run-{}", std::process::id()))),
+        (None, None) => None,
     };
     let summary = execute(
         &a.scenarios[0],
         Setup {
-            trace_dir: &dir,
+            trace_dir: dir.as_deref(),
             report: a.report.as_deref(),
             store: &a.store,
             model: &a.model,
@@ -514,8 +514,8 @@ pub fn run(a: RunArgs) -> Result<()> {
             browser: &a.browser,
         },
     )?;
-    if a.trace.is_none() {
-        let _ = std::fs::remove_dir_all(&dir);
+    if let (None, Some(dir)) = (&a.trace, &dir) {
+        let _ = std::fs::remove_dir_all(dir);
     }
     if a.json {
         println!("{}", serde_json::to_string_pretty(&summary)?);
@@ -535,7 +535,7 @@ pub fn record(a: RecordArgs) -> Result<()> {
     let summary = execute(
         &a.scenario,
         Setup {
-            trace_dir: &a.out,
+            trace_dir: Some(&a.out),
             report: a.report.as_deref(),
             store: &a.store,
             model: &a.model,

@@ -1,0 +1,163 @@
+//! Whether an action navigated the page, told by the main frame's protocol events instead of a
+//! fixed wait: the events are collected from before the action, and after it a page-script
+//! barrier (two timer turns) lets the tasks the action queued run, a form's submission among
+//! them. A navigation requested by then (`Page.frameRequestedNavigation` in this tab, a load
+//! started, the marked document replaced) is waited for until the new document has loaded, woken
+//! by its load event; none requested, the action is done at once. A navigation a page starts
+//! later (a timer, a fetch's answer) is not waited for: a scenario's `wait_for` does that. As
+//! Playwright waits for the navigations an action started and no others.
+
+use std::time::{Duration, Instant};
+
+use chromiumoxide::Page;
+use chromiumoxide::cdp::browser_protocol::page::{
+    ClientNavigationDisposition, EventFrameRequestedNavigation, EventFrameStartedLoading, EventFrameStoppedLoading,
+    EventLoadEventFired, EventNavigatedWithinDocument, FrameId,
+};
+use futures::FutureExt;
+use futures::stream::{BoxStream, StreamExt, select_all};
+
+use super::ChromiumBrowser;
+use crate::error::{Error, Result, cdp};
+
+/// One main-frame event that bears on whether (and when) a navigation ends.
+enum Signal {
+    /// A navigation of this tab's document was requested or began loading.
+    Requested,
+    /// The page's load event (the main frame's document finished loading).
+    Loaded,
+    /// A navigation inside the document (a fragment, `history.pushState`): no new document.
+    SameDocument,
+    /// Some frame's event that is not the main frame's, or a navigation to another tab.
+    Other,
+}
+
+/// The main frame's navigation events since [`Navigation::watch`].
+pub(super) struct Navigation {
+    events: BoxStream<'static, Signal>,
+    requested: bool,
+    same_document: bool,
+}
+
+/// After the barrier, how long further events may take to arrive (a navigation request reaches
+/// the browser on a channel of its own).
+const GRACE: Duration = Duration::from_millis(10);
+
+/// The barrier: two timer turns (tasks the action queued, such as a form's submission, run
+/// first), then whether the marked document is still the page's.
+const BARRIER_JS: &str = "new Promise(r => setTimeout(() => setTimeout(() => r(window.__kameraDoc === 1), 0), 0))";
+
+impl Navigation {
+    /// Starts collecting the main frame's navigation events; call before acting.
+    pub(super) async fn watch(page: &Page) -> Result<Navigation> {
+        let op = "navigation";
+        let main = page.mainframe().await.map_err(cdp(op))?;
+        let is_main = move |f: &FrameId| main.as_ref().is_none_or(|m| m == f);
+        let (m1, m2, m3) = (is_main.clone(), is_main.clone(), is_main);
+        let requested = page
+            .event_listener::<EventFrameRequestedNavigation>()
+            .await
+            .map_err(cdp(op))?;
+        let started = page
+            .event_listener::<EventFrameStartedLoading>()
+            .await
+            .map_err(cdp(op))?;
+        let loaded = page.event_listener::<EventLoadEventFired>().await.map_err(cdp(op))?;
+        let stopped = page
+            .event_listener::<EventFrameStoppedLoading>()
+            .await
+            .map_err(cdp(op))?;
+        let within = page
+            .event_listener::<EventNavigatedWithinDocument>()
+            .await
+            .map_err(cdp(op))?;
+        let events = select_all([
+            requested
+                .map(move |e| {
+                    if m1(&e.frame_id) && e.disposition == ClientNavigationDisposition::CurrentTab {
+                        Signal::Requested
+                    } else {
+                        Signal::Other
+                    }
+                })
+                .boxed(),
+            started
+                .map(move |e| {
+                    if m2(&e.frame_id) {
+                        Signal::Requested
+                    } else {
+                        Signal::Other
+                    }
+                })
+                .boxed(),
+            loaded.map(|_| Signal::Loaded).boxed(),
+            // Loading stopped (a download, a 204): only a wake-up for the poll.
+            stopped.map(|_| Signal::Other).boxed(),
+            within
+                .map(move |e| {
+                    if m3(&e.frame_id) {
+                        Signal::SameDocument
+                    } else {
+                        Signal::Other
+                    }
+                })
+                .boxed(),
+        ]);
+        Ok(Navigation {
+            events: events.boxed(),
+            requested: false,
+            same_document: false,
+        })
+    }
+
+    fn note(&mut self, s: &Signal) {
+        match s {
+            Signal::Requested => self.requested = true,
+            Signal::SameDocument => self.same_document = true,
+            Signal::Loaded | Signal::Other => {}
+        }
+    }
+
+    /// Waits at most `limit`, less when an event arrives, and takes the events that have.
+    pub(super) async fn pause(&mut self, limit: Duration) {
+        match tokio::time::timeout(limit, self.events.next()).await {
+            Ok(Some(s)) => self.note(&s),
+            // No more events (the page is gone): the time passes as without one.
+            Ok(None) => return tokio::time::sleep(limit).await,
+            Err(_) => return,
+        }
+        while let Some(Some(s)) = self.events.next().now_or_never() {
+            self.note(&s);
+        }
+    }
+
+    /// After the action: whether it started a navigation to a new document of this tab.
+    pub(super) async fn started(&mut self, browser: &ChromiumBrowser) -> bool {
+        let same_doc = match browser.eval_once("navigation", BARRIER_JS).await {
+            Ok(serde_json::Value::Bool(same)) => same,
+            // The document went while the barrier ran (its context destroyed): a navigation.
+            Ok(_) | Err(_) => false,
+        };
+        self.pause(GRACE).await;
+        !same_doc || (self.requested && !self.same_document)
+    }
+
+    /// Waits (up to `limit`) for a new document to replace the marked one and finish loading,
+    /// polling at each event and every 25 ms.
+    pub(super) async fn loaded(&mut self, browser: &ChromiumBrowser, limit: Duration) {
+        let t0 = Instant::now();
+        while t0.elapsed() < limit {
+            match browser.eval_once("navigation", NEW_DOCUMENT_JS).await {
+                Ok(serde_json::Value::String(s)) if s == "complete" => return,
+                Err(Error::Timeout { .. }) => return,
+                Err(_) if browser.gone() => return,
+                _ => {}
+            }
+            let left = limit.saturating_sub(t0.elapsed()).min(Duration::from_millis(25));
+            self.pause(left).await;
+        }
+    }
+}
+
+/// "complete" once a new document has replaced the marked one and finished loading.
+pub(super) const NEW_DOCUMENT_JS: &str = "window.__kameraDoc === 1 ? 'same' : document.readyState";
