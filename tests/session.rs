@@ -290,3 +290,60 @@ fn a_branch_taken_as_anothers_start_is_not_lost() -> anyhow::Result<()> {
     assert_eq!(s.live()?.prompt(&model, &o)?.1, o.len() - 1, "and O's");
     Ok(())
 }
+
+/// Pages observed before the model reads the window are prefilled at that read in one model
+/// call: the executor announces the run of prefills in place and the encoder makes them at once,
+/// handing each chunk its rows. What it makes is what the chunk-by-chunk prefills make (a session
+/// that runs each plan's background work between plans prefills each page alone): the same KV
+/// to 1e-5, the same KL of the question to the full re-prefill.
+#[test]
+fn pages_read_at_once_are_prefilled_in_one_call() -> anyhow::Result<()> {
+    let model = model();
+    let llm = Llm::new(model.clone());
+    let read_pages = |defer: bool| -> anyhow::Result<(Session, kamera_agent::SessionStats)> {
+        let cfg = SessionConfig {
+            window_tokens: 1024,
+            defer,
+            ..SessionConfig::default()
+        };
+        let mut s = Session::new(model.clone(), Arc::new(MemStore::new()), Box::new(CpuBackend), cfg);
+        s.pin(&llm.prefix_text("Find who keeps the vault key and the code."))?;
+        for p in PAGES {
+            s.observe(p)?;
+        }
+        let before = s.stats().clone();
+        s.context()?;
+        let read = s.stats().since(&before);
+        Ok((s, read))
+    };
+    let (mut one, read) = read_pages(true)?;
+    let (mut each, read_each) = read_pages(false)?;
+    let page_tokens: usize = PAGES.iter().map(|p| llm.tokens(p, false).unwrap().len()).sum();
+    assert!(read.prefill_tokens >= page_tokens, "{read:?}");
+    assert_eq!(read.prefill_calls, 1, "the window's prefills in one call: {read:?}");
+    assert!(read_each.prefill_calls > PAGES.len(), "chunk by chunk: {read_each:?}");
+    let (a, b) = (one.context()?.to_chunk()?, each.context()?.to_chunk()?);
+    let diff = max_diff(&a, &b);
+    assert!(diff < 1e-5, "one call against chunk by chunk: max |dKV| {diff}");
+    let (kl_one, kl_each) = (kl_now(&mut one, &llm)?, kl_now(&mut each, &llm)?);
+    eprintln!("KL to the full re-prefill: one call {kl_one:.3e}, chunk by chunk {kl_each:.3e}");
+    assert!((kl_one - kl_each).abs() < 1e-6, "{kl_one} against {kl_each}");
+    // Each page is its own chunk in the window, as met.
+    for p in PAGES {
+        assert!(one.window().slot(&one.chunk_id(p)).is_some(), "{p:?} in the window");
+    }
+    Ok(())
+}
+
+fn max_diff(a: &kamera_ops::ChunkKv, b: &kamera_ops::ChunkKv) -> f32 {
+    assert_eq!((a.offset(), a.n_tokens()), (b.offset(), b.n_tokens()));
+    let mut m = 0f32;
+    for (x, y) in a.layers().iter().zip(b.layers()) {
+        for (p, q) in [(&x.k, &y.k), (&x.v, &y.v)] {
+            for (u, v) in p.to_f32_vec().iter().zip(q.to_f32_vec()) {
+                m = m.max((u - v).abs());
+            }
+        }
+    }
+    m
+}

@@ -102,6 +102,30 @@ impl ChunkKv {
     }
 
     /// The same KV stored as `dtype`.
+    /// Tokens `start..start + n` as a chunk of their own at `offset() + start` (a run of text
+    /// prefilled in one call, handed out chunk by chunk). Errors past the end.
+    pub fn rows(&self, start: usize, n: usize) -> Result<ChunkKv> {
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| {
+                Some(LayerKv {
+                    k: l.k.row_range(start, n)?,
+                    v: l.v.row_range(start, n)?,
+                })
+            })
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| {
+                shape(
+                    "ChunkKv::rows",
+                    "tokens taken",
+                    format!("at most the chunk's {}", self.n_tokens()),
+                    format!("{start}..{start}+{n}"),
+                )
+            })?;
+        ChunkKv::new(self.layout, self.offset + start as i64, layers)
+    }
+
     pub fn to_dtype(&self, dtype: DType) -> ChunkKv {
         ChunkKv {
             layout: self.layout,

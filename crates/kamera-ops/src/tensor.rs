@@ -217,6 +217,22 @@ impl Mat {
     pub fn to_f32_vec(&self) -> Vec<f32> {
         self.data.to_f32_vec()
     }
+    /// Rows `start..start + n` copied out (`None` past the end).
+    pub fn row_range(&self, start: usize, n: usize) -> Option<Mat> {
+        let end = start.checked_add(n).filter(|&e| e <= self.rows)?;
+        let (a, b) = (start * self.cols, end * self.cols);
+        let data = match &self.data {
+            Buf::F32(v) => Buf::F32(v[a..b].to_vec()),
+            Buf::F16(v) => Buf::F16(v[a..b].to_vec()),
+            Buf::Bf16(v) => Buf::Bf16(v[a..b].to_vec()),
+        };
+        Some(Mat {
+            rows: n,
+            cols: self.cols,
+            data,
+        })
+    }
+
     /// The same values stored as `dtype` (rounded).
     pub fn to_dtype(&self, dtype: DType) -> Mat {
         if dtype == self.dtype() {

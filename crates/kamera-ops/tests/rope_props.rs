@@ -26,6 +26,28 @@ proptest! {
         prop_assert!(chunk_diff(&two_steps, &one_step) < 2e-5, "diff {}", chunk_diff(&two_steps, &one_step));
     }
 
+    /// A chunk's tokens taken in two runs and placed side by side are the chunk: its rows, at
+    /// its positions, in every dtype (a run prefilled in one call, handed out chunk by chunk).
+    #[test]
+    fn rows_split_a_chunk_exactly(n in 1usize..12, cut in 0usize..12, seed in any::<u64>(), f in 0usize..6, d in 0usize..3) {
+        let cut = cut % (n + 1);
+        let (_, layout, rope) = flavours(2).swap_remove(f);
+        let dtype = [DType::F32, DType::F16, DType::Bf16][d];
+        let c = chunk(layout, n, 9, seed, dtype);
+        let (head, tail) = (c.rows(0, cut).unwrap(), c.rows(cut, n - cut).unwrap());
+        prop_assert_eq!((head.offset(), tail.offset()), (9, 9 + cut as i64));
+        prop_assert_eq!((head.dtype(), tail.dtype()), (dtype, dtype));
+        if cut > 0 && cut < n {
+            let parts = [
+                kamera_ops::Placement { chunk: &head, patch: None },
+                kamera_ops::Placement { chunk: &tail, patch: None },
+            ];
+            let whole = kamera_ops::assemble(&parts, &rope, 9, dtype).unwrap();
+            prop_assert_eq!(chunk_diff(&whole, &c), 0.0);
+        }
+        prop_assert!(c.rows(cut, n - cut + 1).is_err(), "past the end is an error");
+    }
+
     /// R(−a)·R(a) = id.
     #[test]
     fn rotation_inverts(a in -1_000_000i64..1_000_000, seed in any::<u64>(), f in 0usize..6) {

@@ -62,6 +62,12 @@ pub trait Encoder {
     /// `version` is what the executor will call this KV if it becomes resident: an encoder that
     /// keeps a live context may keep the rows it appended under `(chunk, version)`.
     fn prefill_after(&mut self, chunk: ChunkId, at: i64, prior: &Prior<'_>, version: u64) -> Result<ChunkKv, BoxError>;
+    /// Before a run of prefills in place: `prefills` (chunk, position) in the order the executor
+    /// will ask for them with [`Encoder::prefill_after`], each at the end of the one before. An
+    /// encoder may make them in one model call at the first (one pass over the weights instead
+    /// of one per chunk) and hand each out when it is asked for, in that order after the one
+    /// before it. Default: nothing (each is computed when asked).
+    fn ahead(&mut self, _prefills: &[(ChunkId, i64)]) {}
     /// `kv` relocated to start at `at` (exact RoPE re-rotation), plus `patch` if any, in one pass
     /// (kamera-ops on the CPU; a runtime routes it to its `Backend`).
     fn reuse(&mut self, kv: &ChunkKv, patch: Option<&Patch>, at: i64, dtype: DType) -> Result<ChunkKv, BoxError> {

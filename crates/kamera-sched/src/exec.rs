@@ -213,6 +213,26 @@ impl<E: Encoder, S: ChunkStore> Executor<E, S> {
         Ok(kv)
     }
 
+    /// Tells the encoder of the run of prefills in place that starts at `steps[i]`, when two or
+    /// more follow one another there ([`Encoder::ahead`]: it may make them in one model call).
+    fn announce(&mut self, steps: &[Step], i: usize) {
+        let in_place = |s: &Step| match s {
+            Step::Prefill {
+                chunk,
+                at,
+                alone: false,
+            } => Some((*chunk, *at)),
+            _ => None,
+        };
+        if i > 0 && in_place(&steps[i - 1]).is_some() {
+            return;
+        }
+        let run: Vec<(ChunkId, i64)> = steps[i..].iter().map_while(in_place).collect();
+        if run.len() >= 2 {
+            self.enc.ahead(&run);
+        }
+    }
+
     /// `chunk` prefilled at `at` after the resident KV of `0..at`.
     fn prefill_after(&mut self, op: &'static str, chunk: ChunkId, at: i64) -> Result<Resident> {
         let prior = prior_of(&self.resident, &self.enc, op, at)?;
@@ -230,9 +250,30 @@ impl<E: Encoder, S: ChunkStore> Executor<E, S> {
     /// Executes `plan`'s steps in order and queues its background steps for
     /// [`Executor::settle`]. The time by kind of work is returned (and added to the stats).
     pub fn run(&mut self, plan: &Plan) -> Result<Timings> {
+        self.run_in(plan, &plan.steps, 0)
+    }
+
+    /// [`Executor::run`] of each plan in order, with nothing run between them (plans held until
+    /// one model read): a run of prefills in place that goes on from one plan into the next is
+    /// announced whole ([`Encoder::ahead`]).
+    pub fn run_all(&mut self, plans: &[Plan]) -> Result<Timings> {
+        let steps: Vec<Step> = plans.iter().flat_map(|p| p.steps.iter().cloned()).collect();
         let mut t = Timings::default();
-        let result = plan.steps.iter().try_for_each(|s| {
+        let mut first = 0;
+        for plan in plans {
+            t.add(&self.run_in(plan, &steps, first)?);
+            first += plan.steps.len();
+        }
+        Ok(t)
+    }
+
+    /// [`Executor::run`] of `plan`, whose steps are `steps[first..]` (what follows them there
+    /// runs next: announced runs of prefills may go on into it).
+    fn run_in(&mut self, plan: &Plan, steps: &[Step], first: usize) -> Result<Timings> {
+        let mut t = Timings::default();
+        let result = plan.steps.iter().enumerate().try_for_each(|(i, s)| {
             tracing::debug!(step = %s, "execute");
+            self.announce(steps, first + i);
             self.step(s, &mut t)
         });
         self.staged.clear();
@@ -285,11 +326,12 @@ impl<E: Encoder, S: ChunkStore> Executor<E, S> {
         let prefilled = self.stats.prefill_tokens;
         let mut done = 0;
         let mut result = Ok(());
-        for s in &steps {
+        for (i, s) in steps.iter().enumerate() {
             if stop() && steps[done..].iter().all(|s| self.may_wait(s)) {
                 break;
             }
             tracing::debug!(step = %s, "execute later");
+            self.announce(&steps, i);
             result = self.step(s, &mut t);
             done += 1;
             if result.is_err() {

@@ -21,6 +21,8 @@ use super::prompt_rows::{PromptRows, layout_key};
 use super::towers::TowerCache;
 use crate::error::{Error, Result, model};
 
+mod ahead;
+
 /// A chunk's content: what a prefill needs.
 #[derive(Debug, Clone)]
 pub(crate) struct Content {
@@ -60,8 +62,12 @@ pub(crate) struct SessionEncoder {
     prompt_rows: PromptRows,
     /// Screenshots run through the vision tower.
     pub images_encoded: usize,
+    /// Model calls that prefilled chunks (a run made ahead counts once).
+    pub prefill_calls: usize,
     /// KV bytes written into the live context.
     pub bytes_moved: u64,
+    /// A run of prefills in place the executor announced, and those made ahead.
+    ahead: ahead::Ahead,
 }
 
 impl SessionEncoder {
@@ -89,7 +95,9 @@ impl SessionEncoder {
             prompt_tail: Vec::new(),
             prompt_rows: PromptRows::default(),
             images_encoded: 0,
+            prefill_calls: 0,
             bytes_moved: 0,
+            ahead: ahead::Ahead::default(),
         }
     }
 
@@ -99,6 +107,7 @@ impl SessionEncoder {
         self.ctx = ctx;
         self.ctx_chunks.clear();
         self.prompt_tail.clear();
+        self.ahead.clear();
         &mut self.ctx
     }
 
@@ -200,6 +209,7 @@ impl SessionEncoder {
 
     /// Prefills `chunk` alone at position 0 (its canonical KV); the live context is untouched.
     fn prefill_alone_kv(&mut self, op: &'static str, chunk: &ChunkId) -> Result<Prefill> {
+        self.prefill_calls += 1;
         let empty = self.model.empty_context();
         let (embeds, rot) = self.chunk_input(op, chunk, 0)?;
         let c = self.content_of(op, chunk)?;
@@ -221,6 +231,7 @@ impl SessionEncoder {
 
     /// Appends `chunk` to the live context in place (at its rotary end), recording its span.
     fn extend_chunk(&mut self, op: &'static str, chunk: &ChunkId) -> Result<Prefill> {
+        self.prefill_calls += 1;
         let mut ctx = std::mem::replace(&mut self.ctx, self.model.empty_context());
         let out = self.extend_into(op, chunk, &mut ctx, false);
         self.ctx = ctx;
@@ -336,9 +347,13 @@ impl Encoder for SessionEncoder {
             )
             .into());
         }
-        let out = self.extend_chunk("prefill in place", &chunk)?;
+        let kv = self.prefill_in_place(chunk, at)?;
         self.ctx_chunks.push((chunk, version));
-        Ok(out.chunk)
+        self.ahead.handed_out(chunk, version);
+        Ok(kv)
+    }
+    fn ahead(&mut self, prefills: &[(ChunkId, i64)]) {
+        self.ahead.announce(prefills);
     }
     fn reuse(
         &mut self,
@@ -350,6 +365,7 @@ impl Encoder for SessionEncoder {
         Ok(self.backend.reuse(kv, patch, self.model.rope(), at)?)
     }
     fn sync(&mut self, prior: &Prior<'_>) -> std::result::Result<(), BoxError> {
+        self.ahead.clear();
         Ok(self.sync_to(prior, true)?)
     }
 }

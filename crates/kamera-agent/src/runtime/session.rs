@@ -136,6 +136,10 @@ pub struct SessionStats {
     pub relocations: usize,
     /// Tokens through forward passes (page, prefix and patch-forming prefills, repairs).
     pub prefill_tokens: usize,
+    /// Model calls that prefilled chunks: one per chunk, one per run of chunks in place the
+    /// executor announced (made in one call).
+    #[serde(default)]
+    pub prefill_calls: usize,
     /// Of those, tokens prefilled again after the answer to repair survivors of evictions.
     pub repair_tokens: usize,
     /// Of those, tokens of a question's page placed blind, prefilled again before the answer.
@@ -176,6 +180,7 @@ impl SessionStats {
             evictions: self.evictions - earlier.evictions,
             relocations: self.relocations - earlier.relocations,
             prefill_tokens: self.prefill_tokens - earlier.prefill_tokens,
+            prefill_calls: self.prefill_calls - earlier.prefill_calls,
             repair_tokens: self.repair_tokens - earlier.repair_tokens,
             read_repair_tokens: self.read_repair_tokens - earlier.read_repair_tokens,
             placed_tokens: self.placed_tokens - earlier.placed_tokens,
@@ -531,6 +536,7 @@ impl Session {
         self.stats.patches_applied = x.patches_applied as usize;
         self.stats.bytes_moved = x.bytes_moved + e.bytes_moved;
         self.stats.images_encoded = e.images_encoded;
+        self.stats.prefill_calls = e.prefill_calls;
         self.stats.deferred_ms = x.background_ms;
         self.stats.deferred_prefill_ms = x.background.prefill_ms;
         self.stats.deferred_patch_ms = x.background.patch_ms;
@@ -593,12 +599,12 @@ impl Session {
     fn execute(&mut self, plans: &[Plan]) -> Result<ApplyTimings> {
         let mut t = ApplyTimings::default();
         let mut run = || -> kamera_sched::Result<()> {
-            for plan in plans {
-                t.add(&if self.cfg.defer {
-                    self.exec.run(plan)?
-                } else {
-                    self.exec.run_now(plan)?
-                });
+            if self.cfg.defer {
+                t.add(&self.exec.run_all(plans)?);
+            } else {
+                for plan in plans {
+                    t.add(&self.exec.run_now(plan)?);
+                }
             }
             t.sync_ms += self.exec.sync(self.window.end())?;
             Ok(())

@@ -26,6 +26,8 @@ pub struct Synth {
     pub rope: RopeSpec,
     pub chunks: BTreeMap<ChunkId, (usize, u64)>,
     pub calls: usize,
+    /// The runs of prefills in place the executor announced ([`Encoder::ahead`]), in order.
+    pub announced: Vec<Vec<(ChunkId, i64)>>,
 }
 
 pub fn model() -> ModelFp {
@@ -39,6 +41,7 @@ impl Synth {
             rope: RopeSpec::new(8, 10_000.0, PairLayout::HalfSplit),
             chunks: BTreeMap::new(),
             calls: 0,
+            announced: Vec::new(),
         }
     }
     /// Registers chunk `seed` of `n` tokens; returns its id.
@@ -118,6 +121,9 @@ impl Encoder for Synth {
     fn prefill_after(&mut self, chunk: ChunkId, at: i64, prior: &Prior<'_>, _: u64) -> Result<ChunkKv, BoxError> {
         let ctx = prior.assemble(&self.rope, DType::F32)?;
         self.prefill(chunk, at, ctx.as_ref())
+    }
+    fn ahead(&mut self, prefills: &[(ChunkId, i64)]) {
+        self.announced.push(prefills.to_vec());
     }
 }
 
