@@ -2,6 +2,14 @@
 
 use kamera_browser::{Action, Browser, ChromiumBrowser, ChromiumConfig, Content, Error, Origins, Server};
 
+/// Fails with what to do when Debian's chromium is missing.
+fn require_chromium() {
+    assert!(
+        std::path::Path::new("/usr/bin/chromium").exists(),
+        "chromium missing: run scripts/install-chromium.sh"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missing_chromium_names_the_install_script() {
     let mut cfg = ChromiumConfig::new(Origins::default());
@@ -13,8 +21,7 @@ async fn missing_chromium_names_the_install_script() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chromium_observes_clicks_and_refuses() -> anyhow::Result<()> {
-    let exe = std::path::Path::new("/usr/bin/chromium");
-    assert!(exe.exists(), "chromium missing: run scripts/install-chromium.sh");
+    require_chromium();
     let mut pages = std::collections::BTreeMap::new();
     pages.insert(
         "/".to_string(),
@@ -46,10 +53,7 @@ async fn chromium_observes_clicks_and_refuses() -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_page_is_a_timeout_not_a_hang() -> anyhow::Result<()> {
-    assert!(
-        std::path::Path::new("/usr/bin/chromium").exists(),
-        "chromium missing: run scripts/install-chromium.sh"
-    );
+    require_chromium();
     let mut pages = std::collections::BTreeMap::new();
     pages.insert(
         "/".to_string(),
@@ -125,10 +129,7 @@ async fn a_tab_switched_to_has_its_dialogs_answered() -> anyhow::Result<()> {
 /// before the navigation events were watched).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_action_waits_for_the_navigation_it_started_and_no_longer() -> anyhow::Result<()> {
-    assert!(
-        std::path::Path::new("/usr/bin/chromium").exists(),
-        "chromium missing: run scripts/install-chromium.sh"
-    );
+    require_chromium();
     let mut pages = std::collections::BTreeMap::new();
     pages.insert(
         "/".to_string(),

@@ -126,6 +126,23 @@ impl ChunkKv {
         ChunkKv::new(self.layout, self.offset + start as i64, layers)
     }
 
+    /// The largest |a − b| over every K and V value of two chunks of the same shape (layout,
+    /// offset and tokens); `None` where they differ in shape.
+    pub fn max_abs_diff(&self, other: &ChunkKv) -> Option<f32> {
+        if (self.layout, self.offset, self.n_tokens()) != (other.layout, other.offset, other.n_tokens()) {
+            return None;
+        }
+        let mut m = 0f32;
+        for (x, y) in self.layers.iter().zip(&other.layers) {
+            for (p, q) in [(&x.k, &y.k), (&x.v, &y.v)] {
+                for (u, v) in p.to_f32_vec().iter().zip(q.to_f32_vec()) {
+                    m = m.max((u - v).abs());
+                }
+            }
+        }
+        Some(m)
+    }
+
     pub fn to_dtype(&self, dtype: DType) -> ChunkKv {
         ChunkKv {
             layout: self.layout,

@@ -10,10 +10,12 @@
 use std::time::{Duration, Instant};
 
 use chromiumoxide::Page;
+use chromiumoxide::cdp::IntoEventKind;
 use chromiumoxide::cdp::browser_protocol::page::{
     ClientNavigationDisposition, EventFrameRequestedNavigation, EventFrameStartedLoading, EventFrameStoppedLoading,
     EventLoadEventFired, EventNavigatedWithinDocument, FrameId,
 };
+use chromiumoxide::listeners::EventStream;
 use futures::FutureExt;
 use futures::stream::{BoxStream, StreamExt, select_all};
 
@@ -50,57 +52,40 @@ const BARRIER_JS: &str = "new Promise(r => setTimeout(() => setTimeout(() => r(w
 impl Navigation {
     /// Starts collecting the main frame's navigation events; call before acting.
     pub(super) async fn watch(page: &Page) -> Result<Navigation> {
-        let op = "navigation";
-        let main = page.mainframe().await.map_err(cdp(op))?;
-        let is_main = move |f: &FrameId| main.as_ref().is_none_or(|m| m == f);
-        let (m1, m2, m3) = (is_main.clone(), is_main.clone(), is_main);
-        let requested = page
-            .event_listener::<EventFrameRequestedNavigation>()
-            .await
-            .map_err(cdp(op))?;
-        let started = page
-            .event_listener::<EventFrameStartedLoading>()
-            .await
-            .map_err(cdp(op))?;
-        let loaded = page.event_listener::<EventLoadEventFired>().await.map_err(cdp(op))?;
-        let stopped = page
-            .event_listener::<EventFrameStoppedLoading>()
-            .await
-            .map_err(cdp(op))?;
-        let within = page
-            .event_listener::<EventNavigatedWithinDocument>()
-            .await
-            .map_err(cdp(op))?;
+        let main = page.mainframe().await.map_err(cdp("navigation"))?;
+        // `s` when the event is the main frame's (and `yes`), else nothing to note.
+        let of_main = move |frame: &FrameId, yes: bool, s: Signal| {
+            if yes && main.as_ref().is_none_or(|m| m == frame) {
+                s
+            } else {
+                Signal::Other
+            }
+        };
+        let (m1, m2) = (of_main.clone(), of_main.clone());
         let events = select_all([
-            requested
+            listen::<EventFrameRequestedNavigation>(page)
+                .await?
                 .map(move |e| {
-                    if m1(&e.frame_id) && e.disposition == ClientNavigationDisposition::CurrentTab {
-                        Signal::Requested
-                    } else {
-                        Signal::Other
-                    }
+                    let here = e.disposition == ClientNavigationDisposition::CurrentTab;
+                    m1(&e.frame_id, here, Signal::Requested)
                 })
                 .boxed(),
-            started
-                .map(move |e| {
-                    if m2(&e.frame_id) {
-                        Signal::Requested
-                    } else {
-                        Signal::Other
-                    }
-                })
+            listen::<EventFrameStartedLoading>(page)
+                .await?
+                .map(move |e| m2(&e.frame_id, true, Signal::Requested))
                 .boxed(),
-            loaded.map(|_| Signal::Loaded).boxed(),
+            listen::<EventLoadEventFired>(page)
+                .await?
+                .map(|_| Signal::Loaded)
+                .boxed(),
             // Loading stopped (a download, a 204): only a wake-up for the poll.
-            stopped.map(|_| Signal::Other).boxed(),
-            within
-                .map(move |e| {
-                    if m3(&e.frame_id) {
-                        Signal::SameDocument
-                    } else {
-                        Signal::Other
-                    }
-                })
+            listen::<EventFrameStoppedLoading>(page)
+                .await?
+                .map(|_| Signal::Other)
+                .boxed(),
+            listen::<EventNavigatedWithinDocument>(page)
+                .await?
+                .map(move |e| of_main(&e.frame_id, true, Signal::SameDocument))
                 .boxed(),
         ]);
         Ok(Navigation {
@@ -161,3 +146,8 @@ impl Navigation {
 
 /// "complete" once a new document has replaced the marked one and finished loading.
 pub(super) const NEW_DOCUMENT_JS: &str = "window.__kameraDoc === 1 ? 'same' : document.readyState";
+
+/// A stream of the page's events of type `T`, from now on.
+async fn listen<T: IntoEventKind + Unpin>(page: &Page) -> Result<EventStream<T>> {
+    page.event_listener::<T>().await.map_err(cdp("navigation"))
+}

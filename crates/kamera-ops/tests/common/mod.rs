@@ -61,15 +61,9 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
 
-/// Max |a − b| over every K and V of two chunks.
+/// Max |a − b| over every K and V of two chunks (of the same shape).
 pub fn chunk_diff(a: &ChunkKv, b: &ChunkKv) -> f32 {
-    a.layers()
-        .iter()
-        .zip(b.layers())
-        .map(|(x, y)| {
-            max_abs_diff(&x.k.to_f32_vec(), &y.k.to_f32_vec()).max(max_abs_diff(&x.v.to_f32_vec(), &y.v.to_f32_vec()))
-        })
-        .fold(0.0, f32::max)
+    a.max_abs_diff(b).expect("chunks of the same shape")
 }
 
 /// The RoPE flavours the operator must handle, with a matching layout.

@@ -138,16 +138,7 @@ impl Synth {
 }
 
 pub fn max_diff(a: &ChunkKv, b: &ChunkKv) -> f32 {
-    assert_eq!((a.offset(), a.n_tokens()), (b.offset(), b.n_tokens()));
-    let mut m = 0f32;
-    for (x, y) in a.layers().iter().zip(b.layers()) {
-        for (p, q) in [(&x.k, &y.k), (&x.v, &y.v)] {
-            for (u, v) in p.to_f32_vec().iter().zip(q.to_f32_vec()) {
-                m = m.max((u - v).abs());
-            }
-        }
-    }
-    m
+    a.max_abs_diff(b).expect("chunks of the same shape")
 }
 
 /// `cost` with the paper's canonical KV (prefilled alone) and no blind placement allowed: every
