@@ -30,7 +30,8 @@ pub struct RunArgs {
     /// Also write an HTML report (step screenshots, timing chart, cache hits).
     #[arg(long)]
     pub(crate) report: Option<PathBuf>,
-    /// Keep the trace in this folder (default: a temporary folder).
+    /// Keep the trace in this folder, every step's screenshot included (default: no trace, and
+    /// screenshots only where the model reads them; with --report, a temporary one).
     #[arg(long)]
     pub(crate) trace: Option<PathBuf>,
     /// Print the summary as JSON instead of a table.

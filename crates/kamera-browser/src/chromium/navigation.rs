@@ -120,6 +120,8 @@ impl Navigation {
     pub(super) async fn started(&mut self, browser: &ChromiumBrowser) -> bool {
         let same_doc = match browser.eval_once("navigation", BARRIER_JS).await {
             Ok(serde_json::Value::Bool(same)) => same,
+            // A page that does not answer: nothing to wait for here (the next call times out).
+            Err(Error::Timeout { .. }) => return false,
             // The document went while the barrier ran (its context destroyed): a navigation.
             Ok(_) | Err(_) => false,
         };
