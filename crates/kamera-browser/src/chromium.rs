@@ -104,6 +104,15 @@ impl ChromiumBrowser {
         }
     }
 
+    /// After an action that asked for a download: waits (up to `limit`) for one to begin after
+    /// the `began` there were (its events come on the browser's connection, not the page's).
+    async fn await_download_start(&self, began: usize, limit: Duration) {
+        let t0 = std::time::Instant::now();
+        while self.downloads.saving() && self.downloads.began() == began && t0.elapsed() < limit && !self.gone() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
     /// The browser process's id (its helper processes are its children).
     pub fn pid(&self) -> Option<u32> {
         self.pid
@@ -407,6 +416,7 @@ impl ChromiumBrowser {
                 }
             },
         };
+        let began = self.downloads.began();
         let t0 = std::time::Instant::now();
         self.perform(action).await?;
         let performed = t0.elapsed();
@@ -423,6 +433,9 @@ impl ChromiumBrowser {
             None => self.await_navigation(limit).await,
         }
         let loaded = t0.elapsed();
+        if navigation.as_ref().is_some_and(Navigation::download_requested) {
+            self.await_download_start(began, Duration::from_millis(1500)).await;
+        }
         self.await_downloads().await;
         self.settle().await;
         let r = self.check_location().await;

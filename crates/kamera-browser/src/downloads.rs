@@ -41,12 +41,16 @@ pub struct Download {
 struct State {
     /// Begun, not finished: guid -> (url, suggested name).
     pending: HashMap<String, (String, String)>,
+    /// How many have begun so far.
+    began: usize,
     done: Vec<Download>,
 }
 
 /// The browser's download policy and, with a folder, the downloads it completed.
 pub(crate) struct Downloads {
     state: Arc<Mutex<State>>,
+    /// Whether downloads are saved (a folder) or refused.
+    saving: bool,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -86,9 +90,20 @@ impl Downloads {
                 detail,
             })?;
         let state = Arc::new(Mutex::new(State::default()));
+        let saving = folder.is_some();
         // The connection lives as long as the browser: the behavior set over it ends with it.
         let task = tokio::spawn(watch(conn, folder, state.clone()));
-        Ok(Downloads { state, task })
+        Ok(Downloads { state, saving, task })
+    }
+
+    /// Whether downloads are saved (into a folder) rather than refused.
+    pub(crate) fn saving(&self) -> bool {
+        self.saving
+    }
+
+    /// How many downloads have begun so far.
+    pub(crate) fn began(&self) -> usize {
+        self.state.lock().map(|s| s.began).unwrap_or(0)
     }
 
     /// The downloads completed so far, in order.
@@ -122,6 +137,7 @@ async fn watch(mut conn: Connection<CdpJsonEventMessage>, folder: Option<PathBuf
                 tracing::info!(url = %ev.url, name = %ev.suggested_filename, "download began");
                 if let Ok(mut s) = state.lock() {
                     s.pending.insert(ev.guid, (ev.url, ev.suggested_filename));
+                    s.began += 1;
                 }
             }
             EventDownloadProgress::IDENTIFIER => {

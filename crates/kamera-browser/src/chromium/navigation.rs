@@ -26,6 +26,8 @@ use crate::error::{Error, Result, cdp};
 enum Signal {
     /// A navigation of this tab's document was requested or began loading.
     Requested,
+    /// A download was requested (a link with `download`).
+    Download,
     /// The page's load event (the main frame's document finished loading).
     Loaded,
     /// A navigation inside the document (a fragment, `history.pushState`): no new document.
@@ -39,6 +41,7 @@ pub(super) struct Navigation {
     events: BoxStream<'static, Signal>,
     requested: bool,
     same_document: bool,
+    download: bool,
 }
 
 /// After the barrier, how long further events may take to arrive (a navigation request reaches
@@ -65,9 +68,10 @@ impl Navigation {
         let events = select_all([
             listen::<EventFrameRequestedNavigation>(page)
                 .await?
-                .map(move |e| {
-                    let here = e.disposition == ClientNavigationDisposition::CurrentTab;
-                    m1(&e.frame_id, here, Signal::Requested)
+                .map(move |e| match e.disposition {
+                    ClientNavigationDisposition::CurrentTab => m1(&e.frame_id, true, Signal::Requested),
+                    ClientNavigationDisposition::Download => m1(&e.frame_id, true, Signal::Download),
+                    _ => Signal::Other,
                 })
                 .boxed(),
             listen::<EventFrameStartedLoading>(page)
@@ -92,6 +96,7 @@ impl Navigation {
             events: events.boxed(),
             requested: false,
             same_document: false,
+            download: false,
         })
     }
 
@@ -99,6 +104,7 @@ impl Navigation {
         match s {
             Signal::Requested => self.requested = true,
             Signal::SameDocument => self.same_document = true,
+            Signal::Download => self.download = true,
             Signal::Loaded | Signal::Other => {}
         }
     }
@@ -127,6 +133,11 @@ impl Navigation {
         };
         self.pause(GRACE).await;
         !same_doc || (self.requested && !self.same_document)
+    }
+
+    /// Whether the action asked for a download (its start comes on the browser's connection).
+    pub(super) fn download_requested(&self) -> bool {
+        self.download
     }
 
     /// Waits (up to `limit`) for a new document to replace the marked one and finish loading,
