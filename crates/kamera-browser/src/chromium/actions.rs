@@ -311,26 +311,16 @@ impl ChromiumBrowser {
 
     /// Makes tab `index` (in order of opening) the page later calls drive.
     async fn switch_tab(&mut self, index: usize) -> Result<()> {
-        let browser = &self.browser;
-        let pages = with_timeout("switch_tab", self.cfg.timeout, async {
-            browser.pages().await.map_err(cdp("switch_tab"))
-        })
-        .await?;
-        for p in &pages {
-            if self.tabs.contains(p.target_id()) {
-                continue;
+        // A tab the last action opened may not be listed yet: look again for a while (an action
+        // no longer waits a fixed time after a click).
+        let t0 = Instant::now();
+        let pages = loop {
+            let pages = self.tab_pages().await?;
+            if index < self.tabs.len() || t0.elapsed() >= Duration::from_millis(1500) {
+                break pages;
             }
-            // Chromium's own pages (a new-tab page's helpers, devtools) are not tabs the user opened.
-            let url = with_timeout("switch_tab", self.cfg.timeout, async {
-                p.url().await.map_err(cdp("switch_tab"))
-            })
-            .await?
-            .unwrap_or_default();
-            if !url.starts_with("chrome") && !url.starts_with("devtools:") {
-                self.tabs.push(p.target_id().clone());
-            }
-        }
-        self.tabs.retain(|t| pages.iter().any(|p| p.target_id() == t));
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        };
         let Some(target) = self.tabs.get(index) else {
             return Err(Error::Target {
                 op: "switch_tab",
@@ -355,6 +345,31 @@ impl ChromiumBrowser {
         self.page = page;
         self.last = None;
         Ok(())
+    }
+
+    /// The browser's pages, with the tabs in order of first sight brought up to date.
+    async fn tab_pages(&mut self) -> Result<Vec<Page>> {
+        let browser = &self.browser;
+        let pages = with_timeout("switch_tab", self.cfg.timeout, async {
+            browser.pages().await.map_err(cdp("switch_tab"))
+        })
+        .await?;
+        for p in &pages {
+            if self.tabs.contains(p.target_id()) {
+                continue;
+            }
+            // Chromium's own pages (a new-tab page's helpers, devtools) are not tabs the user opened.
+            let url = with_timeout("switch_tab", self.cfg.timeout, async {
+                p.url().await.map_err(cdp("switch_tab"))
+            })
+            .await?
+            .unwrap_or_default();
+            if !url.starts_with("chrome") && !url.starts_with("devtools:") {
+                self.tabs.push(p.target_id().clone());
+            }
+        }
+        self.tabs.retain(|t| pages.iter().any(|p| p.target_id() == t));
+        Ok(pages)
     }
 }
 
