@@ -96,20 +96,20 @@ impl ChromiumBrowser {
         self.downloads.done()
     }
 
-    /// After an action: waits (bounded by the call timeout) for the downloads it began to finish.
-    async fn await_downloads(&self) {
+    /// After an action: waits (bounded by the call timeout) for the downloads it began to finish;
+    /// where it asked for one (`asked`: how many had begun before it), first for that one to
+    /// begin, at most 1.5 s (its events come on the browser's connection, not the page's).
+    async fn await_downloads(&self, asked: Option<usize>) {
         let t0 = std::time::Instant::now();
-        while self.downloads.pending() > 0 && t0.elapsed() < self.cfg.timeout && !self.gone() {
+        let to_begin = || {
+            asked.is_some_and(|before| {
+                self.downloads.saving()
+                    && self.downloads.began() == before
+                    && t0.elapsed() < Duration::from_millis(1500)
+            })
+        };
+        while (to_begin() || self.downloads.pending() > 0) && t0.elapsed() < self.cfg.timeout && !self.gone() {
             tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-    }
-
-    /// After an action that asked for a download: waits (up to `limit`) for one to begin after
-    /// the `began` there were (its events come on the browser's connection, not the page's).
-    async fn await_download_start(&self, began: usize, limit: Duration) {
-        let t0 = std::time::Instant::now();
-        while self.downloads.saving() && self.downloads.began() == began && t0.elapsed() < limit && !self.gone() {
-            tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
 
@@ -199,20 +199,21 @@ impl ChromiumBrowser {
         }
     }
 
-    /// After an action whose navigation events are not watched (`Back`, or the watch failed):
-    /// waits (up to `limit`) for a new document to replace the marked one and finish loading.
-    /// Without a navigation it returns after `limit`.
-    async fn await_navigation(&self, limit: Duration) {
+    /// After an action that navigated (or may have, where its events are not watched: `Back`,
+    /// or the watch failed): waits (up to `limit`) for a new document to replace the marked one
+    /// and finish loading, polling at each of `events` and every 25 ms. Without a navigation it
+    /// returns after `limit`.
+    async fn await_navigation(&self, limit: Duration, mut events: Option<&mut Navigation>) {
         let t0 = std::time::Instant::now();
         while t0.elapsed() < limit {
-            let v = self.eval_once("navigation", NEW_DOCUMENT_JS).await;
-            match &v {
+            match self.eval_once("navigation", NEW_DOCUMENT_JS).await {
                 Ok(serde_json::Value::String(s)) if s == "complete" => return,
                 Err(Error::Timeout { .. }) => return,
                 Err(_) if self.gone() => return,
                 _ => {}
             }
-            tokio::time::sleep(Duration::from_millis(25)).await;
+            let left = limit.saturating_sub(t0.elapsed()).min(Duration::from_millis(25));
+            Navigation::pause_on(events.as_deref_mut(), left).await;
         }
     }
 
@@ -263,10 +264,7 @@ impl ChromiumBrowser {
                         Err(e) if self.gone() => return Err(e),
                         _ => {}
                     }
-                    match events.as_mut() {
-                        Some(n) => n.pause(Duration::from_millis(40)).await,
-                        None => tokio::time::sleep(Duration::from_millis(40)).await,
-                    }
+                    Navigation::pause_on(events.as_mut(), Duration::from_millis(40)).await;
                 }
             })
             .await?;
@@ -420,23 +418,23 @@ impl ChromiumBrowser {
         let t0 = std::time::Instant::now();
         self.perform(action).await?;
         let performed = t0.elapsed();
-        let limit = Duration::from_millis(if may_navigate { 1500 } else { 60 });
-        let mut navigated = None;
-        match &mut navigation {
-            Some(n) => {
-                let started = n.started(self).await;
-                navigated = Some(started);
-                if started {
-                    n.loaded(self, Duration::from_millis(1500)).await;
-                }
-            }
-            None => self.await_navigation(limit).await,
+        // Watched, the wait is for a navigation the action started; else a fixed one.
+        let navigated = match &mut navigation {
+            Some(n) => Some(n.started(self).await),
+            None => None,
+        };
+        let limit = match navigated {
+            Some(true) => Some(1500),
+            Some(false) => None,
+            None => Some(if may_navigate { 1500 } else { 60 }),
+        };
+        if let Some(ms) = limit {
+            self.await_navigation(Duration::from_millis(ms), navigation.as_mut())
+                .await;
         }
         let loaded = t0.elapsed();
-        if navigation.as_ref().is_some_and(Navigation::download_requested) {
-            self.await_download_start(began, Duration::from_millis(1500)).await;
-        }
-        self.await_downloads().await;
+        let asked = navigation.as_ref().is_some_and(Navigation::download_requested);
+        self.await_downloads(asked.then_some(began)).await;
         self.settle().await;
         let r = self.check_location().await;
         tracing::debug!(action = %action.label(), ?navigated, ?performed, ?loaded, done = ?t0.elapsed(), "acted");

@@ -7,7 +7,7 @@
 //! later (a timer, a fetch's answer) is not waited for: a scenario's `wait_for` does that. As
 //! Playwright waits for the navigations an action started and no others.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use chromiumoxide::Page;
 use chromiumoxide::cdp::IntoEventKind;
@@ -56,9 +56,9 @@ impl Navigation {
     /// Starts collecting the main frame's navigation events; call before acting.
     pub(super) async fn watch(page: &Page) -> Result<Navigation> {
         let main = page.mainframe().await.map_err(cdp("navigation"))?;
-        // `s` when the event is the main frame's (and `yes`), else nothing to note.
-        let of_main = move |frame: &FrameId, yes: bool, s: Signal| {
-            if yes && main.as_ref().is_none_or(|m| m == frame) {
+        // `s` when the event is the main frame's, else nothing to note.
+        let of_main = move |frame: &FrameId, s: Signal| {
+            if main.as_ref().is_none_or(|m| m == frame) {
                 s
             } else {
                 Signal::Other
@@ -69,14 +69,14 @@ impl Navigation {
             listen::<EventFrameRequestedNavigation>(page)
                 .await?
                 .map(move |e| match e.disposition {
-                    ClientNavigationDisposition::CurrentTab => m1(&e.frame_id, true, Signal::Requested),
-                    ClientNavigationDisposition::Download => m1(&e.frame_id, true, Signal::Download),
+                    ClientNavigationDisposition::CurrentTab => m1(&e.frame_id, Signal::Requested),
+                    ClientNavigationDisposition::Download => m1(&e.frame_id, Signal::Download),
                     _ => Signal::Other,
                 })
                 .boxed(),
             listen::<EventFrameStartedLoading>(page)
                 .await?
-                .map(move |e| m2(&e.frame_id, true, Signal::Requested))
+                .map(move |e| m2(&e.frame_id, Signal::Requested))
                 .boxed(),
             listen::<EventLoadEventFired>(page)
                 .await?
@@ -89,7 +89,7 @@ impl Navigation {
                 .boxed(),
             listen::<EventNavigatedWithinDocument>(page)
                 .await?
-                .map(move |e| of_main(&e.frame_id, true, Signal::SameDocument))
+                .map(move |e| of_main(&e.frame_id, Signal::SameDocument))
                 .boxed(),
         ]);
         Ok(Navigation {
@@ -110,7 +110,7 @@ impl Navigation {
     }
 
     /// Waits at most `limit`, less when an event arrives, and takes the events that have.
-    pub(super) async fn pause(&mut self, limit: Duration) {
+    async fn pause(&mut self, limit: Duration) {
         match tokio::time::timeout(limit, self.events.next()).await {
             Ok(Some(s)) => self.note(&s),
             // No more events (the page is gone): the time passes as without one.
@@ -140,19 +140,11 @@ impl Navigation {
         self.download
     }
 
-    /// Waits (up to `limit`) for a new document to replace the marked one and finish loading,
-    /// polling at each event and every 25 ms.
-    pub(super) async fn loaded(&mut self, browser: &ChromiumBrowser, limit: Duration) {
-        let t0 = Instant::now();
-        while t0.elapsed() < limit {
-            match browser.eval_once("navigation", NEW_DOCUMENT_JS).await {
-                Ok(serde_json::Value::String(s)) if s == "complete" => return,
-                Err(Error::Timeout { .. }) => return,
-                Err(_) if browser.gone() => return,
-                _ => {}
-            }
-            let left = limit.saturating_sub(t0.elapsed()).min(Duration::from_millis(25));
-            self.pause(left).await;
+    /// [`Navigation::pause`] where the events are watched, else a sleep of `limit`.
+    pub(super) async fn pause_on(events: Option<&mut Navigation>, limit: Duration) {
+        match events {
+            Some(n) => n.pause(limit).await,
+            None => tokio::time::sleep(limit).await,
         }
     }
 }
