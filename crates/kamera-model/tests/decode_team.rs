@@ -38,14 +38,16 @@ fn an_idle_machine_decodes_as_a_team_and_int8_stays_next_to_f32() -> Result<()> 
         );
         return Ok(());
     }
-    // The team: 160 steps; one contended step (a noisy neighbour) sends at most 64 to one
-    // thread, so more than half run as a team unless the guard fires again and again.
+    // The team: 160 steps. Before the fix every step of an idle VM was contended; now a step is
+    // contended only when a neighbour takes a core for a while (CI's shared host: 4 of 160, none
+    // in a row), and only `Contention::STREAK` contended steps in a row send the next 64 to one
+    // thread, so at most a tenth contended and more than half run as a team.
     let steps = 160;
     let before = decode_team_stats();
     let (reference, ids) = decode(&m, steps, None)?;
     let team = decode_team_stats().since(before);
     anyhow::ensure!(
-        team.contended_steps <= 1 && team.team_steps >= steps / 2,
+        team.contended_steps * 10 <= steps && team.team_steps >= steps / 2,
         "{steps} decode steps on {threads} threads of an idle machine: {team:?}"
     );
     // Int8 activations on the same tokens: next-token distributions within KL 1e-2 of f32's,
