@@ -167,11 +167,7 @@ fn quantise_mat(v: &[f32], rows: usize, cols: usize, by_col: bool, g: Grain, max
     for d in 0..dirs {
         for e in 0..len {
             let sc = s[d * g.groups(len) + e / gl];
-            out[at(d, e)] = if sc > 0.0 {
-                (v[at(d, e)] / sc).round().clamp(-max, max) * sc
-            } else {
-                0.0
-            };
+            out[at(d, e)] = dequantised(v[at(d, e)], sc, max);
         }
     }
     (s, out)
@@ -180,6 +176,8 @@ fn quantise_mat(v: &[f32], rows: usize, cols: usize, by_col: bool, g: Grain, max
 /// Clip ratios a refit tries for each scale: the share of the group's largest magnitude that
 /// maps to the largest code.
 const CLIPS: [f32; 14] = [1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.15, 0.1];
+/// [`CLIPS`] padded to a whole number of vectors (the padding's errors are never read).
+const LANES: usize = 16;
 
 /// As [`quantise_mat`], each scale chosen among [`CLIPS`] of the group's largest magnitude by
 /// the squared rounding error of its entries weighted by `w` (per entry along a direction:
@@ -199,39 +197,102 @@ pub(super) fn quantise_mat_clipped(
     let groups = g.groups(len);
     let mut s = vec![0.0f32; dirs * groups];
     let mut out = vec![0.0f32; v.len()];
+    // One group's entries (and weights) side by side: the 14 clips each read them all.
+    let (mut xs, mut ws) = (Vec::with_capacity(gl), Vec::with_capacity(gl));
     for d in 0..dirs {
         let max = max[d];
-        let round = |x: f32, sc: f32| {
-            if sc > 0.0 {
-                (x / sc).round().clamp(-max, max) * sc
-            } else {
-                0.0
-            }
-        };
         for k in 0..groups {
             let span = k * gl..((k + 1) * gl).min(len);
-            let top = span.clone().map(|e| v[at(d, e)].abs()).fold(0.0f32, f32::max);
+            xs.clear();
+            xs.extend(span.clone().map(|e| v[at(d, e)]));
+            ws.clear();
+            ws.extend(span.clone().map(|e| w.map_or(1.0, |w| w[e] as f64)));
+            let top = xs.iter().map(|x| x.abs()).fold(0.0f32, f32::max);
+            // Every clip's error in one pass: 14 independent sums (each in entry order, as a
+            // sum per clip would be) instead of one dependent chain at a time.
+            let mut scs = [0.0f32; LANES];
+            for (sc, c) in scs.iter_mut().zip(CLIPS) {
+                *sc = g.stored_scale(top * c / max);
+            }
+            let errs = clip_errors(&xs, &ws, &scs, max);
             let mut best = (f64::INFINITY, 0.0f32);
-            for c in CLIPS {
-                let sc = g.stored_scale(top * c / max);
-                let err: f64 = span
-                    .clone()
-                    .map(|e| {
-                        let x = v[at(d, e)];
-                        w.map_or(1.0, |w| w[e] as f64) * ((x - round(x, sc)) as f64).powi(2)
-                    })
-                    .sum();
+            for (&err, &sc) in errs.iter().zip(&scs).take(CLIPS.len()) {
                 if err < best.0 {
                     best = (err, sc);
                 }
             }
             s[d * groups + k] = best.1;
-            for e in span {
-                out[at(d, e)] = round(v[at(d, e)], best.1);
+            for (e, &x) in span.zip(&xs) {
+                out[at(d, e)] = dequantised(x, best.1, max);
             }
         }
     }
     (s, out)
+}
+
+/// Per scale in `scs`, Σ w·(x − x as stored)² over one group's entries (each sum in entry
+/// order), on the widest vectors the CPU has.
+fn clip_errors(xs: &[f32], ws: &[f64], scs: &[f32; LANES], max: f32) -> [f64; LANES] {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU supports the feature this function is compiled for.
+            return unsafe { clip_errors_avx512(xs, ws, scs, max) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: as above.
+            return unsafe { clip_errors_avx2(xs, ws, scs, max) };
+        }
+    }
+    clip_errors_generic(xs, ws, scs, max)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn clip_errors_avx512(xs: &[f32], ws: &[f64], scs: &[f32; LANES], max: f32) -> [f64; LANES] {
+    clip_errors_generic(xs, ws, scs, max)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn clip_errors_avx2(xs: &[f32], ws: &[f64], scs: &[f32; LANES], max: f32) -> [f64; LANES] {
+    clip_errors_generic(xs, ws, scs, max)
+}
+
+#[inline(always)]
+fn clip_errors_generic(xs: &[f32], ws: &[f64], scs: &[f32; LANES], max: f32) -> [f64; LANES] {
+    let mut errs = [0.0f64; LANES];
+    for (&x, &wt) in xs.iter().zip(ws) {
+        let mut diff = [0.0f32; LANES];
+        for (d, &sc) in diff.iter_mut().zip(scs) {
+            *d = x - dequantised(x, sc, max);
+        }
+        for (err, &d) in errs.iter_mut().zip(&diff) {
+            *err += wt * (d as f64 * d as f64);
+        }
+    }
+    errs
+}
+
+/// `x` as stored with scale `sc` and codes in −`max`..=`max` (`max` < 2²²): round(x / sc)
+/// (half away from zero, as `f32::round`) clamped, times `sc`; 0 for a zero scale. Plain float
+/// operations and selects, no call to `roundf` and no saturating conversion, so a loop over
+/// clips vectorises; bit for bit what `(x / sc).round().clamp(-max, max) * sc` stores.
+#[inline(always)]
+fn dequantised(x: f32, sc: f32, max: f32) -> f32 {
+    const SHIFT: f32 = 8_388_608.0; // 2²³: x + 2²³ − 2²³ rounds x ≥ 0 to the nearest integer.
+    let q = x / sc;
+    // Past max + 1 every quotient clamps to max: bounding it first keeps the rounding exact.
+    let t = q.abs().min(max + 1.0);
+    let u = t + 0.5;
+    let nearest = (u + SHIFT) - SHIFT;
+    let floor = if nearest > u { nearest - 1.0 } else { nearest };
+    // t + 0.5 rounds up to 1 for the one t just below 0.5 (0.5 − 2⁻²⁵): floor(t + 0.5) is
+    // then one too many (floor − 0.5 is exact for an integer this small).
+    let rounded = if floor - 0.5 > t { floor - 1.0 } else { floor };
+    let value = rounded.min(max).copysign(q) * sc;
+    let value = if x.is_nan() { x } else { value };
+    if sc > 0.0 { value } else { 0.0 }
 }
 
 /// Quantises `lr` with the scale layout `quant` fixes (per direction for `Int4Mixed`): returns
@@ -388,6 +449,53 @@ mod tests {
             p: Mat::from_f32(n, m, p).unwrap(),
             wt: Mat::from_f32(m, f, w).unwrap(),
             spectrum: vec![3.0, 2.0, 1.0],
+        }
+    }
+
+    /// The fast rounding stores exactly what `f32::round` and a clamp store: random quotients,
+    /// exact half-way ties (away from zero), signed zeros, quotients far past the codes.
+    #[test]
+    fn dequantised_equals_round_and_clamp() {
+        let reference = |x: f32, sc: f32, max: f32| {
+            if sc > 0.0 {
+                (x / sc).round().clamp(-max, max) * sc
+            } else {
+                0.0
+            }
+        };
+        let mut s = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        };
+        for max in [1.0f32, 7.0, 127.0] {
+            for i in 0..20_000 {
+                let sc: f32 = [0.0, 1e-30, 0.013, 0.5, 3.0][i % 5];
+                let x = match i % 4 {
+                    0 => next() * 4.0 * max * sc.max(1e-3),
+                    1 => ((i / 4 % 300) as f32 - 150.0 + 0.5) * sc,
+                    2 => next() * 1e30,
+                    _ => -0.0,
+                };
+                let (a, b) = (dequantised(x, sc, max), reference(x, sc, max));
+                assert!(
+                    a.to_bits() == b.to_bits(),
+                    "x {x:e} sc {sc:e} max {max}: {a:e} vs {b:e}"
+                );
+            }
+        }
+        assert!(dequantised(f32::NAN, 0.5, 7.0).is_nan());
+        // Every 31st f32 quotient from 0 to 130 with scale 1 (an exhaustive run found no
+        // difference), and the one below 0.5 whose + 0.5 rounds up.
+        let (lo, hi) = (0u32, 130f32.to_bits());
+        for bits in (lo..hi).step_by(31).chain([(0.5f32 - 2f32.powi(-25)).to_bits()]) {
+            let x = f32::from_bits(bits);
+            for x in [x, -x] {
+                let (a, b) = (dequantised(x, 1.0, 127.0), reference(x, 1.0, 127.0));
+                assert!(a.to_bits() == b.to_bits(), "x {x:e}: {a:e} vs {b:e}");
+            }
         }
     }
 
