@@ -34,8 +34,8 @@ fn read(path: &str) -> String {
 
 impl Machine {
     /// The CPU and its cores, the date, the load average now, and the commit
-    /// (`$KAMERA_GIT_COMMIT`, else `git rev-parse HEAD` in the source tree, `-dirty` when it has
-    /// changes).
+    /// (`$KAMERA_GIT_COMMIT`, else the one this binary was built from, `-dirty` when tracked
+    /// files differed from it then: build.rs; a binary copied elsewhere keeps its own).
     pub fn now() -> Machine {
         let cpu = read("/proc/cpuinfo")
             .lines()
@@ -44,20 +44,7 @@ impl Machine {
             .unwrap_or("unknown")
             .trim()
             .to_string();
-        let commit = std::env::var("KAMERA_GIT_COMMIT").unwrap_or_else(|_| {
-            let git = |args: &[&str]| {
-                std::process::Command::new("git")
-                    .args(["-C", env!("CARGO_MANIFEST_DIR")])
-                    .args(args)
-                    .output()
-                    .ok()
-                    .filter(|o| o.status.success())
-                    .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-            };
-            let head = git(&["rev-parse", "HEAD"]).unwrap_or_else(|| "unknown".into());
-            let dirty = git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
-            if dirty { format!("{head}-dirty") } else { head }
-        });
+        let commit = std::env::var("KAMERA_GIT_COMMIT").unwrap_or_else(|_| env!("KAMERA_BUILD_COMMIT").to_string());
         Machine {
             cpu,
             cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
