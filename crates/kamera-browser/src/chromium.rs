@@ -25,7 +25,7 @@ mod remote;
 mod state;
 
 pub use launch::{BrowserOptions, ChromiumConfig};
-use navigation::{NEW_DOCUMENT_JS, Navigation};
+use navigation::{Navigation, mark_js, new_document_js};
 
 const OBSERVE_JS: &str = include_str!("observe.js");
 
@@ -52,6 +52,8 @@ pub struct ChromiumBrowser {
     tabs: Vec<TargetId>,
     /// Tabs whose dialogs, click hook and reports are set up (the launch tab, tabs switched to).
     set_up: Vec<TargetId>,
+    /// The mark last set on the page's document ([`ChromiumBrowser::mark_document`]).
+    doc_mark: u64,
 }
 
 #[derive(Deserialize)]
@@ -206,7 +208,7 @@ impl ChromiumBrowser {
     async fn await_navigation(&self, limit: Duration, mut events: Option<&mut Navigation>) {
         let t0 = std::time::Instant::now();
         while t0.elapsed() < limit {
-            match self.eval_once("navigation", NEW_DOCUMENT_JS).await {
+            match self.eval_once("navigation", &new_document_js(self.doc_mark)).await {
                 Ok(serde_json::Value::String(s)) if s == "complete" => return,
                 Err(Error::Timeout { .. }) => return,
                 Err(_) if self.gone() => return,
@@ -246,7 +248,8 @@ impl ChromiumBrowser {
         // never finishes, so every later goto would time out. Navigate from the page instead and
         // poll for the new document (the old one is marked); where the page cannot run the
         // script (a hung page, no page yet), fall back to goto.
-        let marked = tokio::time::timeout(Duration::from_secs(1), self.eval_once("mark", "window.__kameraDoc = 1"))
+        let mark = self.next_mark();
+        let marked = tokio::time::timeout(Duration::from_secs(1), self.eval_once("mark", &mark_js(mark)))
             .await
             .is_ok_and(|r| r.is_ok());
         let target = serde_json::to_string(url).unwrap_or_default();
@@ -255,7 +258,7 @@ impl ChromiumBrowser {
             let mut events = Navigation::watch(&self.page).await.ok();
             let _ = self.eval_once("navigate", &format!("location.href = {target}")).await;
             let poll = format!(
-                "window.__kameraDoc === 1 ? (location.href === {target} ? 'complete' : 'same') : document.readyState"
+                "window.__kameraDoc === {mark} ? (location.href === {target} ? 'complete' : 'same') : document.readyState"
             );
             with_timeout("navigate", self.cfg.timeout, async {
                 loop {
@@ -377,9 +380,18 @@ impl Browser for ChromiumBrowser {
 }
 
 impl ChromiumBrowser {
+    /// A mark no document of this run carries yet: a page Back restores from Chromium's
+    /// back/forward cache still holds the mark it had when it was left, so a fixed mark would
+    /// take it for the document the action started from.
+    fn next_mark(&mut self) -> u64 {
+        self.doc_mark += 1;
+        self.doc_mark
+    }
+
     async fn act_once(&mut self, action: &Action) -> Result<()> {
         // Mark the current document so that a navigation the action causes can be waited for.
-        let _ = self.eval_value("mark", "window.__kameraDoc = 1").await;
+        let mark = self.next_mark();
+        let _ = self.eval_value("mark", &mark_js(mark)).await;
         let may_navigate = match action {
             Action::Click { id } => self.last.as_ref().and_then(|o| o.element(*id)).is_some_and(|e| {
                 (!e.href.is_empty() && !e.href.starts_with('#') && !e.href.starts_with("javascript:"))
@@ -403,7 +415,8 @@ impl ChromiumBrowser {
             .await?;
         }
         // The main frame's events tell whether the action navigated (`Back` goes through the
-        // browser's history, whose events may come after the barrier: it keeps the fixed wait).
+        // browser's history, whose events may come after the barrier: it is polled for the
+        // page before, loaded again or restored from the back/forward cache, for up to 1.5 s).
         let mut navigation = match action {
             Action::Back => None,
             _ => match Navigation::watch(&self.page).await {

@@ -187,3 +187,48 @@ async fn an_action_waits_for_the_navigation_it_started_and_no_longer() -> anyhow
     b.close().await?;
     Ok(())
 }
+
+/// Back returns to the page before once it is in, whether Chromium loads it again or restores it
+/// from its back/forward cache, and waits for no more than that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn back_returns_once_the_page_before_is_in() -> anyhow::Result<()> {
+    require_chromium();
+    let mut pages = std::collections::BTreeMap::new();
+    pages.insert(
+        "/".to_string(),
+        b"<html><head><title>One</title></head><body><a id=\"next\" href=\"/two\">Next</a></body></html>".to_vec(),
+    );
+    pages.insert(
+        "/two".to_string(),
+        b"<html><head><title>Two</title></head><body><a id=\"next\" href=\"/three\">Next</a></body></html>".to_vec(),
+    );
+    pages.insert(
+        "/three".to_string(),
+        b"<html><head><title>Three</title></head><body><p>The end</p></body></html>".to_vec(),
+    );
+    let server = Server::start(Content::Memory(pages)).await?;
+    let mut b = ChromiumBrowser::launch(ChromiumConfig::new(Origins::new(&[server.origin()])?)).await?;
+    b.navigate(&server.url("/")).await?;
+    for title in ["One", "Two"] {
+        let obs = b.observe_text().await?;
+        assert_eq!(obs.title, title);
+        b.act(&Action::Click {
+            id: obs.by_html_id("next").expect("next").id,
+        })
+        .await?;
+    }
+    assert_eq!(b.observe_text().await?.title, "Three");
+    for title in ["Two", "One"] {
+        let t0 = std::time::Instant::now();
+        b.act(&Action::Back).await?;
+        let took = t0.elapsed();
+        eprintln!("back to {title}: {took:?}");
+        assert_eq!(b.observe_text().await?.title, title);
+        assert!(
+            took < std::time::Duration::from_millis(800),
+            "back to {title}: {took:?}"
+        );
+    }
+    b.close().await?;
+    Ok(())
+}

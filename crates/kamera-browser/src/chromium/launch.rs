@@ -176,6 +176,7 @@ impl ChromiumBrowser {
             last: None,
             tabs,
             set_up,
+            doc_mark: 0,
         };
         if let Some(path) = state.filter(|p| p.exists()) {
             let r = b.import_state_file(&path).await;

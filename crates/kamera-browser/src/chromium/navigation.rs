@@ -49,8 +49,15 @@ pub(super) struct Navigation {
 const GRACE: Duration = Duration::from_millis(10);
 
 /// The barrier: two timer turns (tasks the action queued, such as a form's submission, run
-/// first), then whether the marked document is still the page's.
-const BARRIER_JS: &str = "new Promise(r => setTimeout(() => setTimeout(() => r(window.__kameraDoc === 1), 0), 0))";
+/// first), then whether the document marked `mark` is still the page's.
+fn barrier_js(mark: u64) -> String {
+    format!("new Promise(r => setTimeout(() => setTimeout(() => r(window.__kameraDoc === {mark}), 0), 0))")
+}
+
+/// Marks the page's document with `mark` (a new one per action: [`new_document_js`]).
+pub(super) fn mark_js(mark: u64) -> String {
+    format!("window.__kameraDoc = {mark}")
+}
 
 impl Navigation {
     /// Starts collecting the main frame's navigation events; call before acting.
@@ -124,7 +131,7 @@ impl Navigation {
 
     /// After the action: whether it started a navigation to a new document of this tab.
     pub(super) async fn started(&mut self, browser: &ChromiumBrowser) -> bool {
-        let same_doc = match browser.eval_once("navigation", BARRIER_JS).await {
+        let same_doc = match browser.eval_once("navigation", &barrier_js(browser.doc_mark)).await {
             Ok(serde_json::Value::Bool(same)) => same,
             // A page that does not answer: nothing to wait for here (the next call times out).
             Err(Error::Timeout { .. }) => return false,
@@ -149,8 +156,11 @@ impl Navigation {
     }
 }
 
-/// "complete" once a new document has replaced the marked one and finished loading.
-pub(super) const NEW_DOCUMENT_JS: &str = "window.__kameraDoc === 1 ? 'same' : document.readyState";
+/// "complete" once another document (a new one, or one restored from the back/forward cache
+/// with an older mark) has replaced the one marked `mark` and finished loading.
+pub(super) fn new_document_js(mark: u64) -> String {
+    format!("window.__kameraDoc === {mark} ? 'same' : document.readyState")
+}
 
 /// A stream of the page's events of type `T`, from now on.
 async fn listen<T: IntoEventKind + Unpin>(page: &Page) -> Result<EventStream<T>> {
