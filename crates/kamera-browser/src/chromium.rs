@@ -52,7 +52,7 @@ pub struct ChromiumBrowser {
     tabs: Vec<TargetId>,
     /// Tabs whose dialogs, click hook and reports are set up (the launch tab, tabs switched to).
     set_up: Vec<TargetId>,
-    /// The mark last set on the page's document ([`ChromiumBrowser::mark_document`]).
+    /// The mark last set on the page's document ([`ChromiumBrowser::next_mark`]).
     doc_mark: u64,
 }
 
