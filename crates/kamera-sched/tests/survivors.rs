@@ -79,7 +79,8 @@ fn where_survivors_are_repaired_an_eviction_frees_half_the_window() {
 }
 
 /// The repair of repaired survivors, run by the reference executor: every survivor is
-/// prefilled again in place, and its patch kept only where reuse is expected.
+/// prefilled again in place before the new chunk (which is then prefilled once, after them),
+/// and its patch kept only where reuse is expected.
 #[test]
 fn a_repair_keeps_patches_only_where_reuse_is_expected() {
     for (reuses, patches) in [(4.0, true), (0.0, false)] {
@@ -90,18 +91,27 @@ fn a_repair_keeps_patches_only_where_reuse_is_expected() {
         for id in &ids[..5] {
             ex.run_now(&w.insert(*id, 18).unwrap()).unwrap();
         }
-        ex.run_now(&w.insert(ids[5], 18).unwrap()).unwrap();
-        let repair = w.repair();
+        let plan = w.insert(ids[5], 18).unwrap();
+        // Three of five leave; the two survivors, then the new chunk, prefilled in place.
+        let prefilled: Vec<_> = plan
+            .steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::Prefill {
+                    chunk, alone: false, ..
+                } => Some(*chunk),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(prefilled, vec![ids[3], ids[4], ids[5]], "{plan}");
         assert!(
-            repair
-                .background
-                .iter()
-                .any(|s| matches!(s, Step::Prefill { alone: false, .. })),
-            "survivors prefilled again: {repair}"
+            !plan.background.iter().any(|s| matches!(s, Step::Prefill { .. })),
+            "nothing prefilled again after the answer: {plan}"
         );
-        let stored = repair.background.iter().any(|s| matches!(s, Step::StorePatch { .. }));
-        assert_eq!(stored, patches, "expected reuses {reuses}: {repair}");
-        ex.run_now(&repair).unwrap();
+        let stored = plan.background.iter().any(|s| matches!(s, Step::StorePatch { .. }));
+        assert_eq!(stored, patches, "expected reuses {reuses}: {plan}");
+        assert!(w.repair().is_empty(), "nothing left to repair");
+        ex.run_now(&plan).unwrap();
         // The window is exact again: what a full prefill of its chunks in order gives.
         let order: Vec<_> = w.slots().iter().map(|s| s.chunk).collect();
         let got = ex.window_kv().unwrap().unwrap();

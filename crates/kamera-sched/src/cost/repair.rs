@@ -32,7 +32,8 @@ impl CostModel {
 
     /// What happens to the survivors of an eviction (`n` tokens from `ctx` on, in a window of
     /// `window` tokens): re-rotated blind (exact as rotation, their KV still conditioned on the
-    /// evicted chunk), or repaired later (prefilled again in place in the background), by
+    /// evicted chunk), or repaired (prefilled again in place: before the chunk an insert or a
+    /// recall places after them, else in the background, [`crate::Window::repair`]), by
     /// predicted KL ([`CostModel::survivor_kl`]) against the budget. A repair also keeps each
     /// survivor's difference to its canonical KV as the patch for its new context
     /// (`PrefillKeepPatch`: SVDs, no extra forward pass) where `expected_reuses` (the window's
@@ -51,7 +52,7 @@ impl CostModel {
         } else {
             let saved = expected_reuses * self.prefill(n, ctx);
             let over = format!(
-                "re-rotated now, repaired after the answer: blind survivors' predicted KL {kl:.2e} at window {window} is over the budget {:.2e}",
+                "prefilled again in place before what follows them is read: blind survivors' predicted KL {kl:.2e} at window {window} is over the budget {:.2e}",
                 self.kl_budget
             );
             self.keep_or_not(over, n, saved, expected_reuses)

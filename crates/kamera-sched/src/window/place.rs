@@ -61,6 +61,9 @@ impl Window {
         const OP: &str = "insert";
         self.check_new(OP, &id, n_tokens)?;
         let mut plan = self.make_room(OP, n_tokens, stored)?;
+        // Survivors the cost model repairs are prefilled again before the new chunk: it is then
+        // prefilled once, after exact KV (not after blind survivors, then again behind them).
+        plan.append(self.repair_survivors(true));
         let at = self.end();
         let d = self.cfg.cost.insert(id, n_tokens, at as usize);
         let state = self.encode_steps(&mut plan, id, at);
@@ -237,6 +240,8 @@ impl Window {
         }
         let n = k.n_tokens;
         let mut plan = self.make_room(OP, n, stored)?;
+        // As in an insert: repaired survivors first, so the chunk after them is placed once.
+        plan.append(self.repair_survivors(true));
         let at = self.end();
         let key = self.key_after(id, self.slots.len(), at);
         let cached = self.patches.contains(&key) || stored(&key);
