@@ -63,7 +63,7 @@ impl Window {
         let mut plan = self.make_room(OP, n_tokens, stored)?;
         // Survivors the cost model repairs are prefilled again before the new chunk: it is then
         // prefilled once, after exact KV (not after blind survivors, then again behind them).
-        plan.append(self.repair_survivors(true));
+        self.repair_first(&mut plan);
         let at = self.end();
         let d = self.cfg.cost.insert(id, n_tokens, at as usize);
         let state = self.encode_steps(&mut plan, id, at);
@@ -75,6 +75,16 @@ impl Window {
         plan.decisions.push(d);
         self.new_slot(id, n_tokens, false, state);
         Ok(plan)
+    }
+
+    /// Appends the repair of shifted survivors, on the path to the first token
+    /// ([`Window::repair`]); its survivors decision replaces the one the evictions made.
+    fn repair_first(&mut self, plan: &mut Plan) {
+        let repair = self.repair_survivors(true);
+        if !repair.is_empty() {
+            plan.decisions.retain(|d| d.op != "survivors");
+        }
+        plan.append(repair);
     }
 
     /// Evicts `victims` (placed chunks), keeping the KV of those without a canonical record, and
@@ -241,7 +251,7 @@ impl Window {
         let n = k.n_tokens;
         let mut plan = self.make_room(OP, n, stored)?;
         // As in an insert: repaired survivors first, so the chunk after them is placed once.
-        plan.append(self.repair_survivors(true));
+        self.repair_first(&mut plan);
         let at = self.end();
         let key = self.key_after(id, self.slots.len(), at);
         let cached = self.patches.contains(&key) || stored(&key);

@@ -62,7 +62,7 @@ impl Window {
     /// an insert or a recall places after the survivors (which is then prefilled once, after
     /// exact KV, and read within the KL budget); else in the background. Measured on the session
     /// bench (SmolLM2-135M, window 512, 40 steps): 847 fewer tokens prefilled, work per step
-    /// 0.88x, mean KL to the full re-prefill 6.4e-3 -> 1.1e-3, p95 TTFT ~1.25x.
+    /// 0.84-0.90x, mean KL to the full re-prefill 6.4e-3 -> 1.1e-3, p95 TTFT 1.24-1.28x.
     pub(super) fn repair_survivors(&mut self, now: bool) -> Plan {
         let mut plan = Plan::default();
         let Some(first) = self.slots.iter().position(|s| s.shifted && !s.pinned) else {
