@@ -55,6 +55,10 @@ pub struct WindowConfig {
     pub cost: CostModel,
     /// Which placed chunk goes first when room is needed.
     pub evict: Order,
+    /// Repair survivors of evictions where the cost model says blind ones cost more KL than its
+    /// budget (an insert or a recall before it places its chunk, [`Window::repair`] in the
+    /// background); off: survivors stay re-rotated blind.
+    pub repair: bool,
 }
 
 impl WindowConfig {
@@ -64,6 +68,7 @@ impl WindowConfig {
             model,
             cost: CostModel::default(),
             evict: Order::Arrival,
+            repair: true,
         }
     }
 }

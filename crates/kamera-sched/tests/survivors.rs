@@ -121,3 +121,30 @@ fn a_repair_keeps_patches_only_where_reuse_is_expected() {
         assert!(diff < 1e-4, "repaired window differs from the full prefill by {diff}");
     }
 }
+
+/// With repair off (`WindowConfig::repair`, a session's `repair = false`), survivors over the KL
+/// budget stay re-rotated blind: the insert that evicts prefills only its own chunk.
+#[test]
+fn with_repair_off_survivors_stay_blind() {
+    let mut synth = Synth::new();
+    let ids: Vec<_> = (0..6).map(|i| synth.chunk(i + 20, 18)).collect();
+    let mut cfg = window(1.0, 4.0).config().clone();
+    cfg.repair = false;
+    let mut w = Window::new(cfg);
+    for id in &ids[..5] {
+        w.insert(*id, 18).unwrap();
+    }
+    let plan = w.insert(ids[5], 18).unwrap();
+    let prefilled: Vec<_> = plan
+        .steps
+        .iter()
+        .chain(&plan.background)
+        .filter_map(|s| match s {
+            Step::Prefill { chunk, .. } => Some(*chunk),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(prefilled, vec![ids[5]], "{plan}");
+    assert!(w.slots().iter().any(|s| s.shifted), "survivors left re-rotated");
+    assert!(w.repair().is_empty(), "nothing repaired later either");
+}

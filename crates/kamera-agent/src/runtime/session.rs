@@ -41,9 +41,10 @@ pub struct SessionConfig {
     /// Run the plans' background steps (canonical KV formed alone, difference patches, repairs)
     /// in [`Session::settle`], off the path to the first token, instead of right after the plan.
     pub defer: bool,
-    /// Allow the repair of survivors of an eviction in [`Session::settle`] (prefilled again in
-    /// place, their patches for the new context stored) where the cost model predicts that blind
-    /// survivors cost more KL than its budget ([`CostModel::survivors`]); off: never repaired.
+    /// Allow the repair of survivors of an eviction (prefilled again in place before the page
+    /// placed after them, or in [`Session::settle`] after an explicit evict; their patches for
+    /// the new context stored) where the cost model predicts that blind survivors cost more KL
+    /// than its budget ([`CostModel::survivors`]); off: never repaired.
     pub repair: bool,
     /// Pixel budget of a screenshot chunk ([`Session::observe_image`]): larger screenshots are
     /// downscaled, as the model's preprocessor does, to fit (28x28 pixels per merged token).
@@ -140,7 +141,8 @@ pub struct SessionStats {
     /// executor announced (made in one call).
     #[serde(default)]
     pub prefill_calls: usize,
-    /// Of those, tokens prefilled again after the answer to repair survivors of evictions.
+    /// Of those, tokens prefilled again in the background to repair survivors of evictions
+    /// (those of an explicit evict: an insert or a recall repairs its own before its page).
     pub repair_tokens: usize,
     /// Of those, tokens of a question's page placed blind, prefilled again before the answer.
     #[serde(default)]
@@ -233,6 +235,7 @@ impl Session {
         let mut wcfg = WindowConfig::new(cfg.window_tokens, fp);
         wcfg.cost = cfg.cost.clone();
         wcfg.evict = cfg.evict;
+        wcfg.repair = cfg.repair;
         let enc = SessionEncoder::new(model.clone(), backend, cfg.image_max_pixels, cfg.tower_cache_bytes);
         let ecfg = ExecConfig {
             model: fp,

@@ -65,6 +65,9 @@ impl Window {
     /// 0.84-0.90x, mean KL to the full re-prefill 6.4e-3 -> 1.1e-3, p95 TTFT 1.24-1.28x.
     pub(super) fn repair_survivors(&mut self, now: bool) -> Plan {
         let mut plan = Plan::default();
+        if !self.cfg.repair {
+            return plan;
+        }
         let Some(first) = self.slots.iter().position(|s| s.shifted && !s.pinned) else {
             return plan;
         };
