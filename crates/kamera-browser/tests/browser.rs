@@ -193,19 +193,15 @@ async fn an_action_waits_for_the_navigation_it_started_and_no_longer() -> anyhow
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn back_returns_once_the_page_before_is_in() -> anyhow::Result<()> {
     require_chromium();
-    let mut pages = std::collections::BTreeMap::new();
-    pages.insert(
-        "/".to_string(),
-        b"<html><head><title>One</title></head><body><a id=\"next\" href=\"/two\">Next</a></body></html>".to_vec(),
-    );
-    pages.insert(
-        "/two".to_string(),
-        b"<html><head><title>Two</title></head><body><a id=\"next\" href=\"/three\">Next</a></body></html>".to_vec(),
-    );
-    pages.insert(
-        "/three".to_string(),
-        b"<html><head><title>Three</title></head><body><p>The end</p></body></html>".to_vec(),
-    );
+    let page = |title: &str, body: &str| {
+        format!("<html><head><title>{title}</title></head><body>{body}</body></html>").into_bytes()
+    };
+    let next = |to: &str| format!("<a id=\"next\" href=\"{to}\">Next</a>");
+    let pages = std::collections::BTreeMap::from([
+        ("/".to_string(), page("One", &next("/two"))),
+        ("/two".to_string(), page("Two", &next("/three"))),
+        ("/three".to_string(), page("Three", "<p>The end</p>")),
+    ]);
     let server = Server::start(Content::Memory(pages)).await?;
     let mut b = ChromiumBrowser::launch(ChromiumConfig::new(Origins::new(&[server.origin()])?)).await?;
     b.navigate(&server.url("/")).await?;

@@ -60,9 +60,8 @@ impl Window {
 
     /// [`Window::repair`]: `now`, its prefills on the path to the first token, before the chunk
     /// an insert or a recall places after the survivors (which is then prefilled once, after
-    /// exact KV, and read within the KL budget); else in the background. Measured on the session
-    /// bench (SmolLM2-135M, window 512, 40 steps): 847 fewer tokens prefilled, work per step
-    /// 0.84-0.90x, mean KL to the full re-prefill 6.4e-3 -> 1.1e-3, p95 TTFT 1.24-1.28x.
+    /// exact KV, and read within the KL budget; measured in bench/session's README); else in the
+    /// background.
     pub(super) fn repair_survivors(&mut self, now: bool) -> Plan {
         let mut plan = Plan::default();
         if !self.cfg.repair {
