@@ -6,8 +6,8 @@
 
 mod common;
 
-use common::{Synth, exact, executor, max_diff, model, resident_and_in_place};
-use kamera_sched::{CostModel, Executor, Plan, SlotState, Step, Window, WindowConfig};
+use common::{Synth, exact, executor, max_diff, model, prefilled_in_place, resident_and_in_place};
+use kamera_sched::{CostModel, Executor, Plan, SlotState, Window, WindowConfig};
 use kamera_store::{ChunkId, ChunkStore, MemStore};
 use proptest::prelude::*;
 
@@ -126,14 +126,7 @@ fn pages_that_leave_before_a_read_cost_no_prefill() {
     // Page 0 never reached the store: its recall prefills it in place (after the survivor of
     // the eviction that makes room, prefilled again first).
     let (_, plan) = w.visit(ids[0], 10, &|k| ex.store().contains(k).unwrap()).unwrap();
-    let prefilled: Vec<ChunkId> = plan
-        .steps
-        .iter()
-        .filter_map(|s| match s {
-            Step::Prefill { chunk, .. } => Some(*chunk),
-            _ => None,
-        })
-        .collect();
+    let prefilled = prefilled_in_place(&plan);
     assert_eq!(prefilled.last(), Some(&ids[0]), "{plan}");
     assert_eq!(prefilled.iter().filter(|c| **c == ids[0]).count(), 1, "{plan}");
     assert_eq!(plan.count("place"), 0, "{plan}");

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{Synth, executor, model};
+use common::{Synth, executor, model, prefilled_in_place};
 use kamera_sched::{Choice, CostModel, Step, Window, WindowConfig};
 
 /// A blind KL measured at window 512 is predicted twice as large at 1024 (twice the stale KV a
@@ -93,17 +93,7 @@ fn a_repair_keeps_patches_only_where_reuse_is_expected() {
         }
         let plan = w.insert(ids[5], 18).unwrap();
         // Three of five leave; the two survivors, then the new chunk, prefilled in place.
-        let prefilled: Vec<_> = plan
-            .steps
-            .iter()
-            .filter_map(|s| match s {
-                Step::Prefill {
-                    chunk, alone: false, ..
-                } => Some(*chunk),
-                _ => None,
-            })
-            .collect();
-        assert_eq!(prefilled, vec![ids[3], ids[4], ids[5]], "{plan}");
+        assert_eq!(prefilled_in_place(&plan), vec![ids[3], ids[4], ids[5]], "{plan}");
         assert!(
             !plan.background.iter().any(|s| matches!(s, Step::Prefill { .. })),
             "nothing prefilled again after the answer: {plan}"
@@ -135,16 +125,7 @@ fn with_repair_off_survivors_stay_blind() {
         w.insert(*id, 18).unwrap();
     }
     let plan = w.insert(ids[5], 18).unwrap();
-    let prefilled: Vec<_> = plan
-        .steps
-        .iter()
-        .chain(&plan.background)
-        .filter_map(|s| match s {
-            Step::Prefill { chunk, .. } => Some(*chunk),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(prefilled, vec![ids[5]], "{plan}");
+    assert_eq!(prefilled_in_place(&plan), vec![ids[5]], "{plan}");
     assert!(w.slots().iter().any(|s| s.shifted), "survivors left re-rotated");
     assert!(w.repair().is_empty(), "nothing repaired later either");
 }

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use kamera_ops::{Buf, ChunkKv, DType, KvLayout, LayerKv, Mat, PairLayout, PatchConfig, RopeSpec};
-use kamera_sched::{BoxError, Encoder, ExecConfig, Executor, Prior, Window};
+use kamera_sched::{BoxError, Encoder, ExecConfig, Executor, Plan, Prior, Step, Window};
 use kamera_store::{ChunkId, MemStore, ModelFp};
 
 pub fn values(seed: u64, n: usize) -> Vec<f32> {
@@ -177,4 +177,18 @@ pub fn resident_and_in_place(w: &Window, ex: &Executor<Synth, MemStore>) -> Vec<
         out.push((got, want));
     }
     out
+}
+
+/// The chunks `plan` prefills in place, in order (its steps, then its background steps).
+pub fn prefilled_in_place(plan: &Plan) -> Vec<ChunkId> {
+    plan.steps
+        .iter()
+        .chain(&plan.background)
+        .filter_map(|s| match s {
+            Step::Prefill {
+                chunk, alone: false, ..
+            } => Some(*chunk),
+            _ => None,
+        })
+        .collect()
 }
