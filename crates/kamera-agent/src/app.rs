@@ -90,7 +90,7 @@ impl AgentBuilder {
         self.runtime.model = ModelSource::Loaded(model);
         self
     }
-    /// How a model this builder loads multiplies prefills of 32+ tokens by its quantized
+    /// How a model this builder loads multiplies prefills of 8+ tokens by its quantized
     /// weights (default: the fastest this CPU runs, bf16 on AVX512_BF16 CPUs; a model given by
     /// [`AgentBuilder::model`] keeps its own).
     pub fn prefill_precision(mut self, p: kamera_model::PrefillPrecision) -> Self {

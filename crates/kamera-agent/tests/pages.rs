@@ -150,3 +150,56 @@ fn a_20k_token_page_runs_in_a_2k_window_and_its_last_section_comes_back() -> Res
     }
     Ok(())
 }
+
+/// Recall by relevance brings back a page that names the question's identifier, not one that
+/// shares only the goal's common words: with [`SessionConfig::recall_share`] at 0.6 the list
+/// naming A-1041 comes back and the home page does not; at 0 (the absolute floor alone) the home
+/// page comes back too, evicting a page the window held.
+#[test]
+fn a_question_recalls_the_page_naming_its_identifier_not_one_sharing_common_words() -> Result<()> {
+    let model = default_model(&kamera_model::default_home())?;
+    let llm = Llm::new(model.clone());
+    let goal = "Answer questions about orders and their shipments.";
+    let pages = [
+        "Home\nWelcome back. Your orders and shipping status are one click away.",
+        "Orders\nA-1040 shipped. A-1041 awaiting pickup. A-1042 delivered.",
+        "Order A-1040\nShipping status: shipped. Tracking TRK-51613 with Harbor Line.",
+        "Order A-1042\nShipping status: delivered. Tracking TRK-57111 with Harbor Line.",
+        "Order A-1041\nShipping status: awaiting pickup. Tracking TRK-59894 with Harbor Line.",
+    ];
+    let question = format!("{goal}\nWhat is the shipping status of order A-1041?");
+    let run = |share: f64| -> Result<(bool, bool)> {
+        let probe = Session::new(
+            model.clone(),
+            Arc::new(MemStore::new()),
+            Box::new(CpuBackend),
+            SessionConfig::default(),
+        );
+        // Room for the last three pages: the home page and the list are evicted by them.
+        let mut window = 0;
+        for p in &pages[2..] {
+            window += probe.tokenize(p, false)?.len();
+        }
+        let cfg = SessionConfig {
+            window_tokens: window + 2,
+            recall_share: share,
+            repair: false,
+            ..SessionConfig::default()
+        };
+        let mut s = Session::new(model.clone(), Arc::new(MemStore::new()), Box::new(CpuBackend), cfg);
+        s.pin(&llm.prefix_text(goal))?;
+        let mut seen = Vec::new();
+        for p in pages {
+            seen.push(s.observe_page(p)?);
+        }
+        let (home, list) = (seen[0].chunks[0], seen[1].chunks[0]);
+        assert!(s.window().is_evicted(&home) && s.window().is_evicted(&list), "share {share}");
+        let recalled = s.recall_relevant_page(&question, &seen[4].chunks)?;
+        eprintln!("share {share}: {}", recalled.plan);
+        assert!(s.window().slot(&seen[4].chunks[0]).is_some(), "the current page stays");
+        Ok((s.window().slot(&list).is_some(), s.window().slot(&home).is_some()))
+    };
+    assert_eq!(run(0.6)?, (true, false), "share 0.6: (list back, home back)");
+    assert_eq!(run(0.0)?, (true, true), "share 0: (list back, home back)");
+    Ok(())
+}

@@ -65,7 +65,7 @@ pub struct ModelArgs {
     /// its range and the median of the rounds' paired ratios.
     #[arg(long, default_value_t = 5)]
     pub rounds: usize,
-    /// Arithmetic of prefills of 32+ tokens on quantized weights: `f32` (the reference) or
+    /// Arithmetic of prefills of 8+ tokens on quantized weights: `f32` (the reference) or
     /// `bf16` (AVX512_BF16 CPUs); default the fastest this CPU runs. With bf16 the bench also
     /// prints KL(f32 ‖ bf16) of the next-token distribution after the first prefill length.
     #[arg(long)]

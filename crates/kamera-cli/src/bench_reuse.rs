@@ -68,7 +68,7 @@ pub struct ReuseArgs {
     /// Vision-language models: the screenshot's pixel budget (28x28 pixels per image token).
     #[arg(long, default_value_t = 28 * 28 * 256)]
     pixels: usize,
-    /// Arithmetic of prefills of 32+ tokens on quantized weights (`f32` or `bf16`, the chunk's,
+    /// Arithmetic of prefills of 8+ tokens on quantized weights (`f32` or `bf16`, the chunk's,
     /// the question's and the full re-prefill alike); default the fastest this CPU runs.
     #[arg(long)]
     prefill_precision: Option<kamera_model::PrefillPrecision>,

@@ -66,7 +66,7 @@ pub struct ModelArg {
     /// SmolLM2-135M-Instruct.
     #[arg(long, alias = "model-dir")]
     model: Option<String>,
-    /// Arithmetic of prefills of 32+ tokens on quantized weights: f32 or bf16 (AVX512_BF16
+    /// Arithmetic of prefills of 8+ tokens on quantized weights: f32 or bf16 (AVX512_BF16
     /// CPUs). Default: the fastest this CPU runs.
     #[arg(long)]
     prefill_precision: Option<kamera_model::PrefillPrecision>,

@@ -263,8 +263,12 @@ impl std::fmt::Display for DecodePrecision {
 }
 
 /// Input rows from which a bf16 product goes through the bf16 tiles (fewer stay on the codes in
-/// row blocks): where the two cross in the `quant::tests::matvec_speed` probe.
-const BF16_MIN_ROWS: usize = 32;
+/// row blocks). Measured as the product runs it, whole-model prefills of 2-48 tokens
+/// (`kamera bench model --prefill N`, Zen 4 EPYC with AVX512_BF16, 2 threads, 2026-12-07): the
+/// tiles 1.0-1.3x the row blocks at 4-8 rows on SmolLM2-135M and Qwen2.5-0.5B, 1.7-2.4x at
+/// 16-31 (Qwen at 31 rows: 107 -> 255 tokens/s); the row blocks ahead only at 2-4 rows on Qwen.
+/// 32 before (the `quant::tests::matvec_speed` probe's crossing on one 4864 x 1024 matrix).
+const BF16_MIN_ROWS: usize = 8;
 
 /// A `[rows, cols]` weight matrix as codes with a scale and an offset per `group` weights of a row.
 #[derive(Debug)]

@@ -301,9 +301,10 @@ impl Session {
     /// them; the page's other blocks and every other chunk compete on their scores for the rest,
     /// so a question about an earlier page (or an evicted block of this one) can always bring it
     /// back. An evicted block of the page comes back only on its own score's merit (above
-    /// [`crate::SessionConfig::min_relevance`]).
+    /// [`Session::recall_floor`]).
     pub fn recall_relevant_page(&mut self, query: &str, page: &[ChunkId]) -> Result<Applied> {
         let scores = self.relevance.scores(query);
+        let floor = self.recall_floor(&scores);
         let score = |id: &ChunkId| scores.get(id).copied().unwrap_or(0.0);
         let tokens = |id: &ChunkId| self.chunk_tokens(id).map_or(0, <[u32]>::len);
         let mut kept: Vec<ChunkId> = page.last().into_iter().copied().collect();
@@ -311,7 +312,7 @@ impl Session {
         let mut cands: Vec<(usize, &ChunkId)> = page
             .iter()
             .enumerate()
-            .filter(|(_, id)| self.window.slot(id).is_some() || score(id) > self.cfg.min_relevance)
+            .filter(|(_, id)| self.window.slot(id).is_some() || score(id) > floor)
             .collect();
         cands.sort_by(|a, b| score(b.1).total_cmp(&score(a.1)).then(b.0.cmp(&a.0)));
         for (_, id) in cands {
@@ -322,6 +323,11 @@ impl Session {
             }
         }
         let lift = scores.values().copied().fold(0.0, f64::max) + 1.0;
+        tracing::debug!(
+            kept = ?kept.iter().map(kamera_sched::short).collect::<Vec<_>>(),
+            scores = ?scores.iter().map(|(id, s)| (kamera_sched::short(id), (s * 100.0).round() / 100.0, self.window.slot(id).is_some())).collect::<Vec<_>>(),
+            "recall for a page's query"
+        );
         for (id, s) in &scores {
             let s = match kept.iter().position(|k| k == id) {
                 Some(0) => f64::INFINITY,
@@ -330,19 +336,19 @@ impl Session {
             };
             self.window.set_relevance(id, s);
         }
-        self.recall_scored(page)
+        self.recall_scored(page, floor)
     }
 
-    /// Brings back the evicted chunks whose relevance, as set on the window, is above
-    /// [`crate::SessionConfig::min_relevance`] (what [`Session::recall_relevant`] and the
+    /// Brings back the evicted chunks whose relevance, as set on the window, is above `floor`
+    /// ([`Session::recall_floor`]; what [`Session::recall_relevant`] and the
     /// page-aware recall end with); then, before a question reads `read` (its page's chunks),
     /// those of them placed blind are prefilled again where the cost model says so
     /// ([`kamera_sched::Window::repair_read`]).
-    pub(crate) fn recall_scored(&mut self, read: &[ChunkId]) -> Result<Applied> {
+    pub(crate) fn recall_scored(&mut self, read: &[ChunkId], floor: f64) -> Result<Applied> {
         let store = self.store.clone();
         let mut plan = self
             .window
-            .recall_relevant(self.cfg.min_relevance, &|k| Self::stored(store.as_ref(), k))?;
+            .recall_relevant(floor, &|k| Self::stored(store.as_ref(), k))?;
         self.stats.recalls += plan.count("place") + plan.count("prefill");
         if !read.is_empty() {
             let repair = self.window.repair_read(read);
