@@ -193,7 +193,10 @@ fn a_question_recalls_the_page_naming_its_identifier_not_one_sharing_common_word
             seen.push(s.observe_page(p)?);
         }
         let (home, list) = (seen[0].chunks[0], seen[1].chunks[0]);
-        assert!(s.window().is_evicted(&home) && s.window().is_evicted(&list), "share {share}");
+        assert!(
+            s.window().is_evicted(&home) && s.window().is_evicted(&list),
+            "share {share}"
+        );
         let recalled = s.recall_relevant_page(&question, &seen[4].chunks)?;
         eprintln!("share {share}: {}", recalled.plan);
         assert!(s.window().slot(&seen[4].chunks[0]).is_some(), "the current page stays");
