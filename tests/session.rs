@@ -341,3 +341,73 @@ fn pages_read_at_once_are_prefilled_in_one_call() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// Before a question, every resident chunk placed blind is prefilled again where a read of blind
+/// KV is predicted over the KL budget, not only the question's page: the answer reads the whole
+/// window. Two pages recalled blind (recall and survivors priced blind, a read priced at 0.1 over
+/// the 0.01 budget), the question asked on the second: both are prefilled again, and the
+/// answer's KL to a full re-prefill of the window is that of exact KV.
+#[test]
+fn a_question_prefills_again_every_page_placed_blind_not_only_its_own() -> anyhow::Result<()> {
+    let model = model();
+    let llm = Llm::new(model.clone());
+    let tokens = |p: &str| llm.tokens(p, false).map(|t| t.len());
+    let sizes: Vec<usize> = PAGES.iter().map(|p| tokens(p)).collect::<Result<_, _>>()?;
+    let mut pairs: Vec<usize> = (0..4)
+        .flat_map(|i| (i + 1..4).map(move |j| (i, j)))
+        .map(|(i, j)| sizes[i] + sizes[j])
+        .collect();
+    pairs.sort_unstable();
+    let cfg = SessionConfig {
+        // Any two pages fit, no three.
+        window_tokens: pairs[pairs.len() - 1] + 1,
+        cost: kamera_sched::CostModel {
+            recall_blind_kl: 0.0,
+            survivor_blind_kl: 0.0,
+            read_blind_kl: 0.1,
+            ..kamera_sched::CostModel::default()
+        },
+        lazy: false,
+        ..SessionConfig::default()
+    };
+    let mut s = Session::new(model.clone(), Arc::new(MemStore::new()), Box::new(CpuBackend), cfg);
+    s.pin(&llm.prefix_text("Find who keeps the vault key and the code."))?;
+    for p in PAGES {
+        s.observe(p)?;
+        s.context()?;
+    }
+    let (vault, catalogue) = (s.chunk_id(PAGES[0]), s.chunk_id(PAGES[1]));
+    assert!(s.window().is_evicted(&vault) && s.window().is_evicted(&catalogue));
+    // The catalogue back after the cart (a new context: placed blind), then the vault after the
+    // catalogue, which the cart's eviction has shifted.
+    for p in [PAGES[1], PAGES[0]] {
+        let back = s.observe(p)?;
+        assert_eq!(
+            (back.visit, back.prefill_tokens),
+            (Some(Visit::Recall), 0),
+            "placed blind: {}",
+            back.plan
+        );
+        s.context()?;
+    }
+    assert!(s.window().slot(&vault).is_some() && s.window().slot(&catalogue).is_some());
+    let read = s.recall_relevant_page("Who keeps the vault key?", &[vault])?;
+    let prefilled: Vec<_> = read
+        .plan
+        .steps
+        .iter()
+        .filter_map(|st| match st {
+            Step::Prefill { chunk, .. } => Some(*chunk),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        prefilled.contains(&vault) && prefilled.contains(&catalogue),
+        "the question's page and the page placed blind before it: {}",
+        read.plan
+    );
+    let kl = kl_now(&mut s, &llm)?;
+    eprintln!("KL of the answer after the read's repair: {kl:.3e}");
+    assert!(kl < 1e-3, "KL {kl:.3e}: the window read exact");
+    Ok(())
+}

@@ -337,7 +337,7 @@ pub fn markdown(s: &Summary) -> String {
     let c = &s.session;
     let _ = writeln!(
         m,
-        "Kamera: {} hit, {} new, {} recall, {} evict, {} relocate; {} patches formed, {} applied; {:.0} ms deferred work in all ({:.0} ms forward passes, {} of them repair tokens; {:.0} ms patch SVDs); {} tokens of questions' pages prefilled again before the answer.",
+        "Kamera: {} hit, {} new, {} recall, {} evict, {} relocate; {} patches formed, {} applied; {:.0} ms deferred work in all ({:.0} ms forward passes, {} of them repair tokens; {:.0} ms patch SVDs); {} tokens placed blind prefilled again before a question's answer.",
         c.hits,
         c.new,
         c.recalls,

@@ -151,7 +151,7 @@ pub struct SessionStats {
     /// Of those, tokens prefilled again in the background to repair survivors of evictions
     /// (those of an explicit evict: an insert or a recall repairs its own before its page).
     pub repair_tokens: usize,
-    /// Of those, tokens of a question's page placed blind, prefilled again before the answer.
+    /// Of those, tokens of chunks placed blind, prefilled again before a question's answer.
     #[serde(default)]
     pub read_repair_tokens: usize,
     /// Tokens placed from canonical KV (relocated, patched) without a prefill.
@@ -412,7 +412,7 @@ impl Session {
             let s = if Some(*id) == self.last { f64::INFINITY } else { *s };
             self.window.set_relevance(id, s);
         }
-        self.recall_scored(&[], self.recall_floor(&scores))
+        self.recall_scored(false, self.recall_floor(&scores))
     }
 
     /// The score an evicted chunk needs to come back for a query whose chunks scored `scores`:
