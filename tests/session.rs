@@ -31,14 +31,7 @@ fn kl_after_recall(model: Arc<Model>, rank: usize, window: usize) -> anyhow::Res
         patch: PatchConfig::fixed(rank, DType::F32),
         ..SessionConfig::default()
     };
-    let mut s = Session::new(model.clone(), Arc::new(MemStore::new()), Box::new(CpuBackend), cfg);
-    s.pin(&llm.prefix_text("Find who keeps the vault key and the code."))?;
-    // Each page is read by the model before the next (as an agent step does): the session
-    // holds its plans until a read ([`SessionConfig::lazy`]).
-    for p in PAGES {
-        s.observe(p)?;
-        s.context()?;
-    }
+    let mut s = session_after_every_page(&model, &llm, cfg)?;
     let vault = s.chunk_id(PAGES[0]);
     assert!(
         s.window().is_evicted(&vault),
@@ -70,6 +63,19 @@ fn kl_after_recall(model: Arc<Model>, rank: usize, window: usize) -> anyhow::Res
         back.plan
     );
     Ok((kl_now(&mut s, &llm)?, back.plan.steps))
+}
+
+/// A session under `cfg` that pinned the vault goal and read every page, each read by the model
+/// before the next (as an agent step does: the session holds its plans until a read,
+/// [`SessionConfig::lazy`]).
+fn session_after_every_page(model: &Arc<Model>, llm: &Llm, cfg: SessionConfig) -> anyhow::Result<Session> {
+    let mut s = Session::new(model.clone(), Arc::new(MemStore::new()), Box::new(CpuBackend), cfg);
+    s.pin(&llm.prefix_text("Find who keeps the vault key and the code."))?;
+    for p in PAGES {
+        s.observe(p)?;
+        s.context()?;
+    }
+    Ok(s)
 }
 
 /// KL of the question's next-token distribution over the session's window to a full re-prefill
@@ -227,7 +233,11 @@ fn a_layout_that_comes_back_gets_its_prompts_rows_back() -> anyhow::Result<()> {
     ctx.truncate(window);
     let kl = kamera_eval::kl(&fresh, &got.logits);
     eprintln!("KL between the prompt's rows brought back and prefilled again: {kl:.3e}");
-    assert!(kl < 1e-4, "rows brought back moved the logits: KL {kl:.3e}");
+    // With the bf16 prefill precision the rows brought back were prefilled on the bf16 tiles
+    // (8+ tokens) and the last token reads them in f32 (one row: decode's product), while the
+    // fresh prefill runs the whole prompt on the tiles: 2.2e-4 measured on Zen 4. A misplaced
+    // or missing row moves the logits by far more.
+    assert!(kl < 1e-3, "rows brought back moved the logits: KL {kl:.3e}");
     // Another layout (page 1 again, now placed from the store) does not get them.
     s.observe(PAGES[1])?;
     let (_, reused) = s.live()?.prompt(&model, &q)?;
@@ -370,12 +380,7 @@ fn a_question_prefills_again_every_page_placed_blind_not_only_its_own() -> anyho
         lazy: false,
         ..SessionConfig::default()
     };
-    let mut s = Session::new(model.clone(), Arc::new(MemStore::new()), Box::new(CpuBackend), cfg);
-    s.pin(&llm.prefix_text("Find who keeps the vault key and the code."))?;
-    for p in PAGES {
-        s.observe(p)?;
-        s.context()?;
-    }
+    let mut s = session_after_every_page(&model, &llm, cfg)?;
     let (vault, catalogue) = (s.chunk_id(PAGES[0]), s.chunk_id(PAGES[1]));
     assert!(s.window().is_evicted(&vault) && s.window().is_evicted(&catalogue));
     // The catalogue back after the cart (a new context: placed blind), then the vault after the

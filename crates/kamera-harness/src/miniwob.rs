@@ -27,7 +27,18 @@ pub fn ensure(home: &Path) -> Result<PathBuf> {
     let dl = home.join("downloads");
     std::fs::create_dir_all(&dl).map_err(io("create", &dl))?;
     let wheel = dl.join(WHEEL);
+    // Several tests (threads, processes) may fetch at once on an empty home: each downloads and
+    // unpacks into a folder of its own and renames the result into place, so none reads a
+    // half-written wheel or serves a folder another one is replacing.
+    static FETCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let own = format!(
+        "partial-{}-{}",
+        std::process::id(),
+        FETCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    );
     if !wheel.exists() {
+        let tmp_dl = dl.join(&own);
+        std::fs::create_dir_all(&tmp_dl).map_err(io("create", &tmp_dl))?;
         let py = std::env::var("KAMERA_PYTHON").unwrap_or_else(|_| "python3".into());
         let out = Command::new(&py)
             .args([
@@ -40,15 +51,20 @@ pub fn ensure(home: &Path) -> Result<PathBuf> {
             ])
             .arg(format!("miniwob=={VERSION}"))
             .arg("-d")
-            .arg(&dl)
+            .arg(&tmp_dl)
             .output()
             .map_err(|e| suite_error(format!("cannot run {py} -m pip: {e}")))?;
-        if !out.status.success() || !wheel.exists() {
+        let got = tmp_dl.join(WHEEL);
+        if !out.status.success() || !got.exists() {
+            let _ = std::fs::remove_dir_all(&tmp_dl);
             return Err(suite_error(format!(
                 "pip download miniwob=={VERSION} failed: {}",
                 String::from_utf8_lossy(&out.stderr).trim()
             )));
         }
+        let moved = std::fs::rename(&got, &wheel);
+        let _ = std::fs::remove_dir_all(&tmp_dl);
+        moved.map_err(io("rename", &wheel))?;
     }
     let bytes = std::fs::read(&wheel).map_err(io("read", &wheel))?;
     let got = sha256_hex(&bytes);
@@ -58,8 +74,7 @@ pub fn ensure(home: &Path) -> Result<PathBuf> {
             wheel.display()
         )));
     }
-    let tmp = root.with_extension("partial");
-    let _ = std::fs::remove_dir_all(&tmp);
+    let tmp = home.join(format!("miniwob-{VERSION}.{own}"));
     let mut zip = zip::ZipArchive::new(std::io::Cursor::new(bytes)).map_err(|e| suite_error(e.to_string()))?;
     for i in 0..zip.len() {
         let mut f = zip.by_index(i).map_err(|e| suite_error(e.to_string()))?;
@@ -77,8 +92,17 @@ pub fn ensure(home: &Path) -> Result<PathBuf> {
         let mut out = std::fs::File::create(&dst).map_err(io("create", &dst))?;
         std::io::copy(&mut f, &mut out).map_err(io("unpack", &dst))?;
     }
-    let _ = std::fs::remove_dir_all(&root);
-    std::fs::rename(&tmp, &root).map_err(io("rename", &root))?;
+    if !html.join("core").join("core.js").exists() {
+        // A folder left incomplete by an older layout; a complete one is never replaced.
+        let _ = std::fs::remove_dir_all(&root);
+    }
+    let placed = std::fs::rename(&tmp, &root);
+    let _ = std::fs::remove_dir_all(&tmp);
+    if html.join("core").join("core.js").exists() {
+        // Ours, or another fetch's that finished first.
+        return Ok(html);
+    }
+    placed.map_err(io("rename", &root))?;
     Ok(html)
 }
 

@@ -300,11 +300,10 @@ impl Session {
     /// in half of `window_tokens`, rank above every other chunk, so no other page's chunk evicts
     /// them; the page's other blocks and every other chunk compete on their scores for the rest,
     /// so a question about an earlier page (or an evicted block of this one) can always bring it
-    /// back. An evicted block of the page comes back only on its own score's merit (above
-    /// [`Session::recall_floor`]).
+    /// back. An evicted block of the page comes back only on its own score's merit
+    /// ([`Session::recall_scores`], above [`crate::SessionConfig::min_relevance`]).
     pub fn recall_relevant_page(&mut self, query: &str, page: &[ChunkId]) -> Result<Applied> {
-        let scores = self.relevance.scores(query);
-        let floor = self.recall_floor(&scores);
+        let scores = self.recall_scores(query);
         let score = |id: &ChunkId| scores.get(id).copied().unwrap_or(0.0);
         let tokens = |id: &ChunkId| self.chunk_tokens(id).map_or(0, <[u32]>::len);
         let mut kept: Vec<ChunkId> = page.last().into_iter().copied().collect();
@@ -312,7 +311,7 @@ impl Session {
         let mut cands: Vec<(usize, &ChunkId)> = page
             .iter()
             .enumerate()
-            .filter(|(_, id)| self.window.slot(id).is_some() || score(id) > floor)
+            .filter(|(_, id)| self.window.slot(id).is_some() || score(id) > self.cfg.min_relevance)
             .collect();
         cands.sort_by(|a, b| score(b.1).total_cmp(&score(a.1)).then(b.0.cmp(&a.0)));
         for (_, id) in cands {
@@ -336,11 +335,11 @@ impl Session {
             };
             self.window.set_relevance(id, s);
         }
-        self.recall_scored(!page.is_empty(), floor)
+        self.recall_scored(!page.is_empty())
     }
 
-    /// Brings back the evicted chunks whose relevance, as set on the window, is above `floor`
-    /// ([`Session::recall_floor`]; what [`Session::recall_relevant`] and the
+    /// Brings back the evicted chunks whose relevance, as set on the window, is above
+    /// [`crate::SessionConfig::min_relevance`] (what [`Session::recall_relevant`] and the
     /// page-aware recall end with); then, where `question` (a page is on screen, its question
     /// about to be asked), the resident chunks placed blind are prefilled again where the cost
     /// model says a read of blind KV costs more KL than its budget
@@ -348,11 +347,11 @@ impl Session {
     /// the whole window, and a blind page just before the question (the tracking page after
     /// the order page it was asked on) moved Qwen2.5-0.5B's answer by a KL of 0.12 at window
     /// 1024 where its own page had been prefilled again.
-    pub(crate) fn recall_scored(&mut self, question: bool, floor: f64) -> Result<Applied> {
+    pub(crate) fn recall_scored(&mut self, question: bool) -> Result<Applied> {
         let store = self.store.clone();
         let mut plan = self
             .window
-            .recall_relevant(floor, &|k| Self::stored(store.as_ref(), k))?;
+            .recall_relevant(self.cfg.min_relevance, &|k| Self::stored(store.as_ref(), k))?;
         self.stats.recalls += plan.count("place") + plan.count("prefill");
         if question {
             let resident: Vec<ChunkId> = self.window.slots().iter().map(|s| s.chunk).collect();

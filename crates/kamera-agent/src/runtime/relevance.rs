@@ -81,6 +81,20 @@ impl Relevance {
             })
             .collect()
     }
+
+    /// The chunks that hold one of `query`'s identifiers (its terms with a digit: an order
+    /// number, a tracking code, a remembered value).
+    pub fn naming(&self, query: &str) -> BTreeSet<ChunkId> {
+        let ids: Vec<String> = terms(query)
+            .into_iter()
+            .filter(|t| t.chars().any(|c| c.is_ascii_digit()))
+            .collect();
+        self.chunks
+            .iter()
+            .filter(|(_, c)| ids.iter().any(|t| c.contains_key(t)))
+            .map(|(id, _)| *id)
+            .collect()
+    }
 }
 
 #[cfg(test)]
@@ -103,5 +117,7 @@ mod tests {
         assert!(s[&id("b")] > s[&id("a")], "{s:?}");
         assert!(s[&id("a")] > s[&id("c")], "{s:?}");
         assert_eq!(terms("What is THE A-1042? x -"), ["a-1042".to_string()].into());
+        let naming = r.naming("Status of A-1042? tracking TRK-48213");
+        assert_eq!(naming, [id("a"), id("b")].into());
     }
 }

@@ -38,11 +38,11 @@ pub struct SessionConfig {
     pub evict: Order,
     /// Relevance recall: evicted chunks scoring above this are brought back before a question.
     pub min_relevance: f64,
-    /// Relevance recall also needs a score of at least this share of the query's best score
-    /// (0: the floor above alone). BM25 weighs a query's identifiers (an order number) double
-    /// and rare, so the chunks that name them score near the best while a chunk sharing only
-    /// the goal's common words ("orders", "status") scores about half of it; recalling that one
-    /// costs a prefill and evicts a chunk the next step may want ([`Session::recall_floor`]).
+    /// Relevance recall of a chunk that names none of the query's identifiers (an order
+    /// number, a tracking code, a remembered value) also needs at least this share of the
+    /// query's best score (0: the floor above alone). A chunk sharing only the goal's common
+    /// words ("orders", "status") scores about half the question's page; recalling it costs a
+    /// prefill and evicts a chunk the next step may want ([`Session::recall_scores`]).
     pub recall_share: f64,
     /// Run the plans' background steps (canonical KV formed alone, difference patches, repairs)
     /// in [`Session::settle`], off the path to the first token, instead of right after the plan.
@@ -404,23 +404,31 @@ impl Session {
     }
 
     /// Recall by relevance before a model call: every chunk met is scored against `query` (the
-    /// goal, the question, remembered values); evicted chunks above [`Session::recall_floor`]
-    /// come back, evicting only less relevant ones.
+    /// goal, the question, remembered values, [`Session::recall_scores`]); evicted chunks above
+    /// [`SessionConfig::min_relevance`] come back, evicting only less relevant ones.
     pub fn recall_relevant(&mut self, query: &str) -> Result<Applied> {
-        let scores = self.relevance.scores(query);
+        let scores = self.recall_scores(query);
         for (id, s) in &scores {
             let s = if Some(*id) == self.last { f64::INFINITY } else { *s };
             self.window.set_relevance(id, s);
         }
-        self.recall_scored(false, self.recall_floor(&scores))
+        self.recall_scored(false)
     }
 
-    /// The score an evicted chunk needs to come back for a query whose chunks scored `scores`:
-    /// above [`SessionConfig::min_relevance`] and at least [`SessionConfig::recall_share`] of
-    /// the best score.
-    pub(crate) fn recall_floor(&self, scores: &std::collections::BTreeMap<ChunkId, f64>) -> f64 {
-        let best = scores.values().copied().fold(0.0, f64::max);
-        self.cfg.min_relevance.max(self.cfg.recall_share * best)
+    /// What recall by relevance ranks `query`'s chunks by: their BM25 scores
+    /// ([`crate::runtime::relevance::Relevance::scores`]), except that an evicted chunk naming
+    /// none of the query's identifiers and scoring under [`SessionConfig::recall_share`] of the
+    /// best score is held at [`SessionConfig::min_relevance`] at most, so it does not come back.
+    pub(crate) fn recall_scores(&self, query: &str) -> std::collections::BTreeMap<ChunkId, f64> {
+        let mut scores = self.relevance.scores(query);
+        let named = self.relevance.naming(query);
+        let share = self.cfg.recall_share * scores.values().copied().fold(0.0, f64::max);
+        for (id, s) in scores.iter_mut() {
+            if *s < share && !named.contains(id) && self.window.slot(id).is_none() {
+                *s = s.min(self.cfg.min_relevance);
+            }
+        }
+        scores
     }
 
     /// Evicts a placed chunk (its canonical KV stays in the store; the chunks after it are
