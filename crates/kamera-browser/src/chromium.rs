@@ -433,7 +433,7 @@ impl ChromiumBrowser {
         let performed = t0.elapsed();
         // Watched, the wait is for a navigation the action started; else a fixed one.
         let navigated = match &mut navigation {
-            Some(n) => Some(n.started(self).await),
+            Some(n) => Some(n.started(self, may_navigate).await),
             None => None,
         };
         let limit = match navigated {

@@ -552,8 +552,8 @@ impl Model {
         self.weights.bytes()
     }
 
-    /// Sets how prefills of 8 tokens or more multiply by the weights (f32 by default): a
-    /// GGUF's quantized weights keep their codes; a Hugging Face checkpoint's dense matrices (text
+    /// Sets how prefills multiply by the weights (f32 by default; from 8 tokens on a GGUF's
+    /// codes, from 2 on a checkpoint's dense matrices): a GGUF's quantized weights keep their codes; a Hugging Face checkpoint's dense matrices (text
     /// and tower) go on the bf16 tiles (f32 ones rounded) or multiply in f32 (a bf16 checkpoint's
     /// matrices stay bf16 either way: half the bytes, the f32 products). An error names what is missing when this CPU
     /// cannot run `p`.
