@@ -169,16 +169,10 @@ fn a_question_recalls_the_page_naming_its_identifier_not_one_sharing_common_word
     ];
     let question = format!("{goal}\nWhat is the shipping status of order A-1041?");
     let run = |share: f64| -> Result<(bool, bool)> {
-        let probe = Session::new(
-            model.clone(),
-            Arc::new(MemStore::new()),
-            Box::new(CpuBackend),
-            SessionConfig::default(),
-        );
         // Room for the last three pages: the home page and the list are evicted by them.
         let mut window = 0;
         for p in &pages[2..] {
-            window += probe.tokenize(p, false)?.len();
+            window += llm.tokens(p, false)?.len();
         }
         let cfg = SessionConfig {
             window_tokens: window + 2,

@@ -21,7 +21,8 @@ const WHEEL_SHA256: &str = "297006e84219d56ad037e843527ed773a4a82509dc43b6031ec4
 pub fn ensure(home: &Path) -> Result<PathBuf> {
     let root = home.join(format!("miniwob-{VERSION}"));
     let html = root.join("html");
-    if html.join("core").join("core.js").exists() {
+    let complete = || html.join("core").join("core.js").exists();
+    if complete() {
         return Ok(html);
     }
     let dl = home.join("downloads");
@@ -92,14 +93,15 @@ pub fn ensure(home: &Path) -> Result<PathBuf> {
         let mut out = std::fs::File::create(&dst).map_err(io("create", &dst))?;
         std::io::copy(&mut f, &mut out).map_err(io("unpack", &dst))?;
     }
-    if !html.join("core").join("core.js").exists() {
-        // A folder left incomplete by an older layout; a complete one is never replaced.
+    // The rename fails where a folder is already there: another fetch's, complete, is kept; one
+    // left incomplete by an older layout is replaced (no other fetch can place its own over it).
+    let mut placed = std::fs::rename(&tmp, &root);
+    if placed.is_err() && !complete() {
         let _ = std::fs::remove_dir_all(&root);
+        placed = std::fs::rename(&tmp, &root);
     }
-    let placed = std::fs::rename(&tmp, &root);
     let _ = std::fs::remove_dir_all(&tmp);
-    if html.join("core").join("core.js").exists() {
-        // Ours, or another fetch's that finished first.
+    if complete() {
         return Ok(html);
     }
     placed.map_err(io("rename", &root))?;
