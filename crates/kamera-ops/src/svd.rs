@@ -69,9 +69,20 @@ impl Svd {
         Ok(s)
     }
 
-    /// Decomposes a row-major `rows x cols` matrix.
+    /// Decomposes a row-major `rows x cols` matrix through the eigendecomposition of its Gram
+    /// matrix on the smaller side (AᵀA when rows ≥ cols, AAᵀ otherwise): A = U Σ Vᵀ gives
+    /// AᵀA = V Σ² Vᵀ, so with V from the eigenvectors, U Σ = A V; the wide case is the
+    /// transpose's. Each σ is the norm of its recomputed factor column (‖A v‖ or ‖Aᵀ u‖), not
+    /// √λ, so the top directions keep f32 accuracy; a direction of the null space has σ = 0 and
+    /// zero factors. About half the time of a bidiagonal SVD at the shapes patches take
+    /// (100-400 tokens x 128-192 features).
     fn of_rows(rows: usize, cols: usize, data: &[f32]) -> Result<Svd> {
         let k = rows.min(cols);
+        let failed = Error::Svd {
+            op: "Svd::compute",
+            rows,
+            cols,
+        };
         if k == 0 {
             return Ok(Svd {
                 rows,
@@ -81,31 +92,52 @@ impl Svd {
                 singular: vec![],
             });
         }
+        if data.iter().any(|x| !x.is_finite()) {
+            return Err(failed);
+        }
         let a = faer::Mat::<f32>::from_fn(rows, cols, |i, j| data[i * cols + j]);
-        let svd = a.thin_svd().map_err(|_| Error::Svd {
-            op: "Svd::compute",
-            rows,
-            cols,
-        })?;
-        let (u, s, v) = (svd.U(), svd.S().column_vector(), svd.V());
+        let tall = rows >= cols;
+        // The Gram matrix on the small side and its eigenvectors (k x k).
+        let gram = if tall { a.transpose() * &a } else { &a * a.transpose() };
+        let eig = gram.self_adjoint_eigen(faer::Side::Lower).map_err(|_| failed.clone())?;
+        let e = eig.U();
+        // The other side's factor, unnormalised: A e_j (tall: σ_j u_j) or Aᵀ e_j (wide: σ_j v_j).
+        let other = if tall { &a * e } else { a.transpose() * e };
+        let norm = |j: usize| {
+            (0..other.nrows())
+                .map(|i| (other[(i, j)] as f64).powi(2))
+                .sum::<f64>()
+                .sqrt()
+        };
+        let sigma: Vec<f64> = (0..k).map(norm).collect();
         let mut order: Vec<usize> = (0..k).collect();
-        order.sort_by(|&x, &y| s[y].total_cmp(&s[x]));
-        let singular: Vec<f32> = order.iter().map(|&j| s[j]).collect();
+        order.sort_by(|&x, &y| sigma[y].total_cmp(&sigma[x]));
+        let singular: Vec<f32> = order.iter().map(|&j| sigma[j] as f32).collect();
         if singular.iter().any(|x| !x.is_finite()) {
-            return Err(Error::Svd {
-                op: "Svd::compute",
-                rows,
-                cols,
-            });
+            return Err(failed);
         }
         let mut us = vec![0.0f32; rows * k];
         let mut vt = vec![0.0f32; k * cols];
         for (jj, &j) in order.iter().enumerate() {
-            for i in 0..rows {
-                us[i * k + jj] = u[(i, j)] * s[j];
-            }
-            for c in 0..cols {
-                vt[jj * cols + c] = v[(c, j)];
+            if tall {
+                // U Σ = A V; Vᵀ = the eigenvectors.
+                for i in 0..rows {
+                    us[i * k + jj] = other[(i, j)];
+                }
+                for c in 0..cols {
+                    vt[jj * cols + c] = e[(c, j)];
+                }
+            } else {
+                // U = the eigenvectors, U Σ = U · ‖Aᵀu‖; Vᵀ = (Aᵀ u)ᵀ / ‖Aᵀu‖.
+                let s = sigma[j];
+                for i in 0..rows {
+                    us[i * k + jj] = (e[(i, j)] as f64 * s) as f32;
+                }
+                if s > 0.0 {
+                    for c in 0..cols {
+                        vt[jj * cols + c] = (other[(c, j)] as f64 / s) as f32;
+                    }
+                }
             }
         }
         Ok(Svd {
@@ -187,5 +219,84 @@ impl LowRank {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `rows x cols` matrix of rank `rank` at most, its directions' scales decaying by `decay`
+    /// (a deficit's shape: a few strong directions, a long tail), from a seeded generator.
+    fn decaying(rows: usize, cols: usize, rank: usize, decay: f32, seed: u64) -> Vec<f32> {
+        let mut s = seed;
+        let mut rnd = || {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((s >> 33) as f32 / (1u64 << 31) as f32) - 0.5
+        };
+        let a: Vec<f32> = (0..rows * rank).map(|_| rnd()).collect();
+        let b: Vec<f32> = (0..cols * rank).map(|_| rnd()).collect();
+        let mut m = vec![0.0f32; rows * cols];
+        for i in 0..rows {
+            for c in 0..cols {
+                m[i * cols + c] = (0..rank)
+                    .map(|j| decay.powi(j as i32) * a[i * rank + j] * b[c * rank + j])
+                    .sum();
+            }
+        }
+        m
+    }
+
+    /// The Gram path against faer's bidiagonal SVD at the shapes patches take, tall and wide,
+    /// full rank and rank-deficient: the same energies σ² (to 1e-5 of σ₁²) and, at every rank, a
+    /// truncation error within 1e-4 of the total energy of the optimum's.
+    #[test]
+    fn gram_svd_matches_the_bidiagonal_svd() {
+        for (rows, cols, rank, seed) in [
+            (150, 192, 150, 1),
+            (250, 192, 192, 2),
+            (400, 128, 60, 3),
+            (40, 192, 40, 4),
+            (192, 64, 10, 5),
+        ] {
+            let data = decaying(rows, cols, rank, 0.95, seed);
+            let ours = Svd::of_rows(rows, cols, &data).unwrap();
+            let a = faer::Mat::<f32>::from_fn(rows, cols, |i, j| data[i * cols + j]);
+            let mut reference: Vec<f32> = a.singular_values().unwrap();
+            reference.sort_by(|x, y| y.total_cmp(x));
+            let top = reference[0];
+            for (j, (x, y)) in ours.singular.iter().zip(&reference).enumerate() {
+                // Energies (what the rank policies weigh) to 1e-5 of σ₁²: a Gram matrix in f32
+                // resolves σ² to f32's epsilon times σ₁², so a σ far below σ₁ is coarser.
+                let (x2, y2) = ((*x as f64).powi(2), (*y as f64).powi(2));
+                assert!(
+                    (x2 - y2).abs() <= 1e-5 * (top as f64).powi(2),
+                    "{rows}x{cols} σ_{j}: {x} vs {y} (σ₁ {top})"
+                );
+            }
+            let total: f64 = data.iter().map(|x| (*x as f64).powi(2)).sum();
+            for m in [1, 8, 32, 64, rows.min(cols)] {
+                let lr = ours.truncate(m, DType::F32).unwrap();
+                let err: f64 = data.iter().zip(lr.dense()).map(|(a, b)| ((a - b) as f64).powi(2)).sum();
+                let optimum: f64 = reference.iter().skip(m).map(|&s| (s as f64).powi(2)).sum();
+                assert!(
+                    err - optimum <= 1e-4 * total,
+                    "{rows}x{cols} rank {m}: error {err} vs optimum {optimum}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_zero_or_non_finite_matrix() {
+        let zero = Svd::of_rows(3, 5, &[0.0; 15]).unwrap();
+        assert!(zero.singular.iter().all(|&s| s == 0.0));
+        assert!(zero.truncate(2, DType::F32).unwrap().dense().iter().all(|&x| x == 0.0));
+        let mut bad = vec![1.0f32; 6];
+        bad[4] = f32::NAN;
+        assert!(matches!(
+            Svd::of_rows(2, 3, &bad),
+            Err(Error::Svd { rows: 2, cols: 3, .. })
+        ));
     }
 }

@@ -59,38 +59,19 @@ pub fn quantise_refit_ranges(
     let (sp, pq) = quantise_mat_clipped(&p, (n, m), true, grain[0], max, rows);
     let w = lr.wt.to_f32_vec();
     let weight = |t: usize| rows.map_or(1.0, |r| r[t] as f64);
-    // G = P̂ᵀ R P̂ (m x m), H = P̂ᵀ R P (m x m): the refit is G⁻¹ H Wᵀ.
-    let mut g = vec![0f64; m * m];
-    let mut h = vec![0f64; m * m];
-    for t in 0..n {
-        let (a, b, rt) = (&pq[t * m..(t + 1) * m], &p[t * m..(t + 1) * m], weight(t));
-        for i in 0..m {
-            let ai = a[i] as f64 * rt;
-            if ai == 0.0 {
-                continue;
-            }
-            for j in 0..m {
-                g[i * m + j] += ai * a[j] as f64;
-                h[i * m + j] += ai * b[j] as f64;
-            }
-        }
-    }
-    let refit = match solve_spd(&mut g, &h, m) {
+    // G = P̂ᵀ R P̂ (m x m), H = P̂ᵀ R P (m x m): the refit is G⁻¹ H Wᵀ. Both products in f64
+    // (G's condition grows as (σ₁/σ_m)²) on faer's kernels.
+    let weighted = faer::Mat::<f64>::from_fn(n, m, |t, j| pq[t * m + j] as f64 * weight(t));
+    let codes = faer::Mat::<f64>::from_fn(n, m, |t, j| pq[t * m + j] as f64);
+    let exact = faer::Mat::<f64>::from_fn(n, m, |t, j| p[t * m + j] as f64);
+    let (gm, hm) = (weighted.transpose() * &codes, weighted.transpose() * &exact);
+    let refit = match solve_spd(gm, &hm) {
         Some(x) => {
             // Wᵀ' = X Wᵀ with X = G⁻¹ H.
-            let mut out = vec![0f32; m * f];
-            for i in 0..m {
-                for k in 0..m {
-                    let c = x[i * m + k] as f32;
-                    if c == 0.0 {
-                        continue;
-                    }
-                    for (o, &y) in out[i * f..(i + 1) * f].iter_mut().zip(&w[k * f..(k + 1) * f]) {
-                        *o += c * y;
-                    }
-                }
-            }
-            out
+            let x = faer::Mat::<f32>::from_fn(m, m, |i, k| x[(i, k)] as f32);
+            let wt = faer::Mat::<f32>::from_fn(m, f, |k, c| w[k * f + c]);
+            let out = x * wt;
+            (0..m * f).map(|i| out[(i / f, i % f)]).collect()
         }
         None => w,
     };
@@ -106,48 +87,21 @@ pub fn quantise_refit_ranges(
     Ok(Some((out, Scales { p: sp, wt: sw, grain })))
 }
 
-/// X = G⁻¹ H for a symmetric positive semi-definite `g` (m x m, overwritten by its Cholesky
-/// factor; a ridge of 1e-9 of its mean diagonal keeps it definite); `None` if it is not.
-fn solve_spd(g: &mut [f64], h: &[f64], m: usize) -> Option<Vec<f64>> {
-    let ridge = 1e-9 * (0..m).map(|i| g[i * m + i]).sum::<f64>() / m as f64;
+/// X = G⁻¹ H for a symmetric positive semi-definite `g` (m x m; a ridge of 1e-9 of its mean
+/// diagonal keeps it definite), by faer's Cholesky factorisation; `None` if it is not definite
+/// or the solution is not finite.
+fn solve_spd(mut g: faer::Mat<f64>, h: &faer::Mat<f64>) -> Option<faer::Mat<f64>> {
+    use faer::prelude::Solve;
+    let m = g.nrows();
+    let ridge = 1e-9 * (0..m).map(|i| g[(i, i)]).sum::<f64>() / m as f64;
+    if !ridge.is_finite() {
+        return None;
+    }
     for i in 0..m {
-        g[i * m + i] += ridge.max(f64::MIN_POSITIVE);
+        g[(i, i)] += ridge.max(f64::MIN_POSITIVE);
     }
-    for j in 0..m {
-        let mut d = g[j * m + j];
-        for k in 0..j {
-            d -= g[j * m + k] * g[j * m + k];
-        }
-        if d <= 0.0 || !d.is_finite() {
-            return None;
-        }
-        let d = d.sqrt();
-        g[j * m + j] = d;
-        for i in j + 1..m {
-            let mut s = g[i * m + j];
-            for k in 0..j {
-                s -= g[i * m + k] * g[j * m + k];
-            }
-            g[i * m + j] = s / d;
-        }
-    }
-    let mut x = h.to_vec();
-    for c in 0..m {
-        // L y = h[:, c], then Lᵀ x = y.
-        for i in 0..m {
-            let mut s = x[i * m + c];
-            for k in 0..i {
-                s -= g[i * m + k] * x[k * m + c];
-            }
-            x[i * m + c] = s / g[i * m + i];
-        }
-        for i in (0..m).rev() {
-            let mut s = x[i * m + c];
-            for k in i + 1..m {
-                s -= g[k * m + i] * x[k * m + c];
-            }
-            x[i * m + c] = s / g[i * m + i];
-        }
-    }
-    Some(x)
+    let x = g.llt(faer::Side::Lower).ok()?.solve(h);
+    (0..m)
+        .all(|i| (0..x.ncols()).all(|c| x[(i, c)].is_finite()))
+        .then_some(x)
 }
