@@ -14,8 +14,9 @@ use crate::points::default_patch_points;
 
 mod repair;
 
-/// Linear estimates in µs. The defaults are SmolLM2-135M on a 2-core CPU (kamera-model and
-/// kamera-ops measurements, order of magnitude); a runner should calibrate them.
+/// Linear estimates in µs. The defaults are SmolLM2-135M as `kamera calibrate` measured it on a
+/// 2-core AMD EPYC (Zen 4 class, AVX-512 BF16) on 2026-12-07, rounded; a runner should calibrate
+/// them on its own machine.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct CostModel {
@@ -136,11 +137,11 @@ pub enum OrbitVariant {
 impl Default for CostModel {
     fn default() -> Self {
         CostModel {
-            prefill_us_per_token: 2000.0,
-            attn_us_per_token_ctx: 2.0,
-            place_us_per_token: 10.0,
-            read_us_per_token: 5.0,
-            svd_us_per_token: 300.0,
+            prefill_us_per_token: 1000.0,
+            attn_us_per_token_ctx: 0.02,
+            place_us_per_token: 16.0,
+            read_us_per_token: 40.0,
+            svd_us_per_token: 450.0,
             expected_reuses: 4.0,
             orbit_orderings: 6,
             revisit_rate: 0.5,
@@ -178,11 +179,40 @@ pub enum Choice {
     PrefillKeepPatch,
 }
 
+/// What a [`Decision`] decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecisionOp {
+    /// How a new chunk is placed.
+    Insert,
+    /// How an evicted chunk comes back.
+    Recall,
+    /// How a set of chunks is reordered (orbit patches, re-prefill).
+    Reorder,
+    /// What the survivors of an eviction get (blind, repaired, patched).
+    Survivors,
+    /// Whether the chunks placed blind are prefilled again before the model reads them.
+    Read,
+    /// Whether held plans run or the window is built afresh.
+    Materialize,
+}
+
+impl fmt::Display for DecisionOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            DecisionOp::Insert => "insert",
+            DecisionOp::Recall => "recall",
+            DecisionOp::Reorder => "reorder",
+            DecisionOp::Survivors => "survivors",
+            DecisionOp::Read => "read",
+            DecisionOp::Materialize => "materialize",
+        })
+    }
+}
+
 /// One decision and its explanation.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Decision {
-    /// The operation ("insert", "recall", "reorder", ...).
-    pub op: &'static str,
+    pub op: DecisionOp,
     /// The chunk, or none for a set decision.
     pub chunk: Option<ChunkId>,
     pub choice: Choice,
@@ -328,7 +358,7 @@ impl CostModel {
         if self.canonical == CanonicalSource::Kept {
             let in_place = self.prefill(n, ctx);
             return Decision {
-                op: "insert",
+                op: DecisionOp::Insert,
                 chunk: Some(chunk),
                 choice: Choice::Reprefill,
                 options: vec![
@@ -343,7 +373,7 @@ impl CostModel {
         }
         if ctx == 0 {
             return Decision {
-                op: "insert",
+                op: DecisionOp::Insert,
                 chunk: Some(chunk),
                 choice: Choice::Reprefill,
                 options: vec![(Choice::Reprefill, canonical)],
@@ -359,7 +389,7 @@ impl CostModel {
             (Choice::Reprefill, "skip")
         };
         Decision {
-            op: "insert",
+            op: DecisionOp::Insert,
             chunk: Some(chunk),
             choice,
             options: vec![(Choice::PrefillKeepPatch, keep), (Choice::Reprefill, both)],
@@ -378,7 +408,7 @@ impl CostModel {
         let reuse = self.reuse(n);
         if ctx == 0 {
             return Decision {
-                op: "recall",
+                op: DecisionOp::Recall,
                 chunk: Some(chunk),
                 choice: Choice::Relocate,
                 options: vec![(Choice::Relocate, reuse), (Choice::Reprefill, self.prefill(n, 0))],
@@ -388,7 +418,7 @@ impl CostModel {
         let prefill = self.prefill(n, ctx);
         if patch_cached {
             return Decision {
-                op: "recall",
+                op: DecisionOp::Recall,
                 chunk: Some(chunk),
                 choice: Choice::CachedPatch,
                 options: vec![(Choice::CachedPatch, reuse), (Choice::Reprefill, prefill)],
@@ -403,7 +433,7 @@ impl CostModel {
         ];
         if self.recall_blind_kl <= self.kl_budget {
             return Decision {
-                op: "recall",
+                op: DecisionOp::Recall,
                 chunk: Some(chunk),
                 choice: Choice::Blind,
                 options,
@@ -437,7 +467,7 @@ impl CostModel {
             )
         };
         Decision {
-            op: "recall",
+            op: DecisionOp::Recall,
             chunk: Some(chunk),
             choice,
             options,
@@ -457,7 +487,7 @@ impl CostModel {
         let prefill = self.prefill(tokens, ctx);
         if orbit_cached {
             return Decision {
-                op: "reorder",
+                op: DecisionOp::Reorder,
                 chunk: None,
                 choice: Choice::CachedPatch,
                 options: vec![(Choice::CachedPatch, reuse), (Choice::Reprefill, prefill)],
@@ -474,7 +504,7 @@ impl CostModel {
             Choice::Reprefill
         };
         Decision {
-            op: "reorder",
+            op: DecisionOp::Reorder,
             chunk: None,
             choice,
             options: vec![

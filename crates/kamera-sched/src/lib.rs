@@ -35,7 +35,7 @@ mod points;
 mod version;
 mod window;
 
-pub use cost::{CanonicalSource, Choice, CostModel, Decision, OrbitVariant, PatchPoint};
+pub use cost::{CanonicalSource, Choice, CostModel, Decision, DecisionOp, OrbitVariant, PatchPoint};
 pub use encoder::{BoxError, Encoder, Part, Prior, Timings};
 pub use error::{Error, Result, short};
 pub use exec::{ExecConfig, ExecStats, Executor};

@@ -10,7 +10,8 @@ use anyhow::{Context as _, Result};
 use kamera_model::{Context, Model, ModelName, default_home, fetch};
 use kamera_ops::{ChunkKv, DType, PatchConfig, Placement, RopeSpec};
 use kamera_sched::{
-    BoxError, CanonicalSource, Choice, CostModel, Encoder, ExecConfig, Executor, Prior, Window, WindowConfig,
+    BoxError, CanonicalSource, Choice, CostModel, DecisionOp, Encoder, ExecConfig, Executor, Prior, Window,
+    WindowConfig,
 };
 use kamera_store::{ChunkId, ChunkStore, EvictionPolicy, Key, ModelFp, SledStore, StoreConfig, Tiered};
 
@@ -135,7 +136,7 @@ fn evict_three_and_recall_them_in_a_new_order() -> Result<()> {
             let d = plan
                 .decisions
                 .iter()
-                .find(|d| d.op == "recall")
+                .find(|d| d.op == DecisionOp::Recall)
                 .context("a recall decision")?;
             anyhow::ensure!(d.choice == want, "round {round}: {d}");
             ex.run_now(&plan)?;

@@ -5,7 +5,7 @@
 mod common;
 
 use common::{Synth, executor, model};
-use kamera_sched::{Choice, CostModel, Step, Window, WindowConfig};
+use kamera_sched::{Choice, CostModel, DecisionOp, Step, Window, WindowConfig};
 
 /// A question about a page recalled blind: where a read of blind KV is predicted over the KL
 /// budget, the page is prefilled again in place before the answer (its KV then that of the full
@@ -38,7 +38,7 @@ fn a_questions_page_placed_blind_is_prefilled_again_before_the_answer() {
         (read, ex, [a, b])
     };
     let (read, ex, order) = run(0.1);
-    assert_eq!(read.decisions[0].op, "read");
+    assert_eq!(read.decisions[0].op, DecisionOp::Read);
     assert_eq!(read.decisions[0].choice, Choice::PrefillKeepPatch, "{read}");
     assert_eq!(
         read.steps,

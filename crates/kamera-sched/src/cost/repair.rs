@@ -2,7 +2,7 @@
 //! or prefilled again in place (and their patches kept where reuse pays), by the model's blind
 //! KL predicted at the window's size.
 
-use super::{Choice, CostModel, Decision};
+use super::{Choice, CostModel, Decision, DecisionOp};
 
 impl CostModel {
     /// `kl`, a blind KL measured at [`CostModel::blind_kl_window`], predicted for a window of
@@ -58,7 +58,7 @@ impl CostModel {
             self.keep_or_not(over, n, saved, expected_reuses)
         };
         Decision {
-            op: "survivors",
+            op: DecisionOp::Survivors,
             chunk: None,
             choice,
             options,
@@ -121,7 +121,7 @@ impl CostModel {
             self.keep_or_not(over, n, expected_reuses * prefill, expected_reuses)
         };
         Decision {
-            op: "read",
+            op: DecisionOp::Read,
             chunk: None,
             choice,
             options,

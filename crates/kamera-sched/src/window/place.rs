@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use kamera_store::{ChunkId, Key};
 
 use super::{Slot, SlotState, Window, nothing_stored, rank};
-use crate::cost::{Choice, Decision};
+use crate::cost::{Choice, Decision, DecisionOp};
 use crate::error::{Error, Result};
 use crate::plan::{Plan, Step};
 
@@ -82,7 +82,7 @@ impl Window {
     fn repair_first(&mut self, plan: &mut Plan) {
         let repair = self.repair_survivors(true);
         if !repair.is_empty() {
-            plan.decisions.retain(|d| d.op != "survivors");
+            plan.decisions.retain(|d| d.op != DecisionOp::Survivors);
         }
         plan.append(repair);
     }
@@ -264,7 +264,7 @@ impl Window {
             // Its KV was never kept: it left the window before the model read it (a rebuild
             // dropped the plans that would have kept it, [`Window::rebuild`]).
             Decision {
-                op: "recall",
+                op: DecisionOp::Recall,
                 chunk: Some(id),
                 choice: Choice::Reprefill,
                 options: vec![(Choice::Reprefill, self.cfg.cost.prefill(n, at as usize))],

@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 use kamera_store::{ChunkId, Key};
 
 use super::{Slot, SlotState, Window};
-use crate::cost::{Choice, Decision};
+use crate::cost::{Choice, Decision, DecisionOp};
 use crate::plan::{Plan, Step};
 
 /// What [`Window::materialize`] chose: the plans to run in order, and whether they are a rebuild
@@ -59,7 +59,7 @@ impl Window {
             .iter()
             .fold((0, 0), |(s, l), p| (s + p.steps.len(), l + p.background.len()));
         plan.decisions.push(Decision {
-            op: "materialize",
+            op: DecisionOp::Materialize,
             chunk: None,
             choice: Choice::Reprefill,
             options: vec![(Choice::Reprefill, fresh)],
