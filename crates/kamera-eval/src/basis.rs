@@ -132,8 +132,8 @@ impl DeficitBasis {
 }
 
 /// The eigenvectors of the symmetric PSD `gram` (`f x f`), or of D^½ · gram · D^½ with `cols` the
-/// diagonal D (a per-model metric on the features), as rows by descending eigenvalue (the right
-/// singular vectors of its SVD).
+/// diagonal D (a per-model metric on the features), as rows by descending eigenvalue
+/// ([`Svd::compute_psd`]).
 pub fn eigenbasis(gram: &[f32], f: usize, cols: Option<&[f32]>) -> Result<Vec<f32>> {
     let mut g = gram.to_vec();
     if let Some(c) = cols {
@@ -143,7 +143,7 @@ pub fn eigenbasis(gram: &[f32], f: usize, cols: Option<&[f32]>) -> Result<Vec<f3
             }
         }
     }
-    let s = Svd::compute(&Mat::from_f32(f, f, g).ops("gram")?).ops("eigenbasis")?;
+    let s = Svd::compute_psd(&Mat::from_f32(f, f, g).ops("gram")?).ops("eigenbasis")?;
     let lr = s.truncate(f, kamera_ops::DType::F32).ops("eigenbasis")?;
     Ok(lr.wt.to_f32_vec())
 }

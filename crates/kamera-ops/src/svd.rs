@@ -69,6 +69,53 @@ impl Svd {
         Ok(s)
     }
 
+    /// Decomposes a symmetric positive semi-definite matrix (a Gram matrix, a covariance): its
+    /// SVD is its eigendecomposition, taken directly (faer's symmetric eigensolver on the lower
+    /// triangle) rather than through the Gram matrix of a Gram matrix, whose f32 condition would
+    /// be squared. Eigenvalues rounded below 0 are taken as 0.
+    pub fn compute_psd(m: &Mat) -> Result<Svd> {
+        let (rows, cols) = (m.rows(), m.cols());
+        let failed = Error::Svd {
+            op: "Svd::compute_psd",
+            rows,
+            cols,
+        };
+        if rows != cols {
+            return Err(crate::error::shape(
+                "Svd::compute_psd",
+                "columns of a square matrix",
+                rows,
+                cols,
+            ));
+        }
+        let data = m.to_f32_vec();
+        if data.iter().any(|x| !x.is_finite()) {
+            return Err(failed);
+        }
+        let k = rows;
+        let a = faer::Mat::<f32>::from_fn(k, k, |i, j| data[i * k + j]);
+        let eig = a.self_adjoint_eigen(faer::Side::Lower).map_err(|_| failed.clone())?;
+        let (e, values) = (eig.U(), eig.S().column_vector());
+        let mut order: Vec<usize> = (0..k).collect();
+        order.sort_by(|&x, &y| values[y].total_cmp(&values[x]));
+        let singular: Vec<f32> = order.iter().map(|&j| values[j].max(0.0)).collect();
+        let mut us = vec![0.0f32; k * k];
+        let mut vt = vec![0.0f32; k * k];
+        for (jj, &j) in order.iter().enumerate() {
+            for i in 0..k {
+                us[i * k + jj] = e[(i, j)] * singular[jj];
+                vt[jj * k + i] = e[(i, j)];
+            }
+        }
+        Ok(Svd {
+            rows,
+            cols,
+            us,
+            vt,
+            singular,
+        })
+    }
+
     /// Decomposes a row-major `rows x cols` matrix through the eigendecomposition of its Gram
     /// matrix on the smaller side (AᵀA when rows ≥ cols, AAᵀ otherwise): A = U Σ Vᵀ gives
     /// AᵀA = V Σ² Vᵀ, so with V from the eigenvectors, U Σ = A V; the wide case is the
@@ -285,6 +332,39 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A covariance spanning 1e-6 of its top eigenvalue: its eigenvectors straight from the
+    /// symmetric solver (each Gv = λv to 1e-6 of λ₁), where the Gram path would square that span.
+    #[test]
+    fn a_psd_matrix_decomposes_as_itself() {
+        let (n, f) = (300, 64);
+        let a = decaying(n, f, f, 0.8, 9);
+        let mut g = vec![0.0f32; f * f];
+        for i in 0..f {
+            for j in 0..f {
+                g[i * f + j] = (0..n).map(|t| a[t * f + i] * a[t * f + j]).sum();
+            }
+        }
+        let s = Svd::compute_psd(&Mat::from_f32(f, f, g.clone()).unwrap()).unwrap();
+        assert!(s.singular.windows(2).all(|w| w[0] >= w[1]));
+        let top = s.singular[0] as f64;
+        assert!(
+            s.singular[f - 1] as f64 / top < 1e-6,
+            "span {}",
+            s.singular[f - 1] as f64 / top
+        );
+        for j in 0..f {
+            let v = &s.vt[j * f..(j + 1) * f];
+            let worst = (0..f)
+                .map(|i| {
+                    let gv: f64 = (0..f).map(|c| g[i * f + c] as f64 * v[c] as f64).sum();
+                    (gv - s.singular[j] as f64 * v[i] as f64).abs()
+                })
+                .fold(0.0, f64::max);
+            assert!(worst <= 1e-6 * top, "direction {j}: residual {worst} (λ₁ {top})");
+        }
+        assert!(Svd::compute_psd(&Mat::from_f32(2, 3, vec![0.0; 6]).unwrap()).is_err());
     }
 
     #[test]
