@@ -552,11 +552,11 @@ impl Model {
         self.weights.bytes()
     }
 
-    /// Sets how prefills multiply by the weights (f32 by default; from 8 tokens on a GGUF's
-    /// codes, from 2 on a checkpoint's dense matrices): a GGUF's quantized weights keep their codes; a Hugging Face checkpoint's dense matrices (text
-    /// and tower) go on the bf16 tiles (f32 ones rounded) or multiply in f32 (a bf16 checkpoint's
-    /// matrices stay bf16 either way: half the bytes, the f32 products). An error names what is missing when this CPU
-    /// cannot run `p`.
+    /// Sets how prefills multiply by the weights (f32 by default), from 8 tokens for a GGUF's
+    /// quantized weights (which keep their codes) and from 2 for a Hugging Face checkpoint's dense
+    /// matrices (text and tower): on the bf16 tiles (f32 ones rounded) or in f32 (a bf16
+    /// checkpoint's matrices stay bf16 either way: half the bytes, the f32 products). An error
+    /// names what is missing when this CPU cannot run `p`.
     pub fn set_prefill_precision(&mut self, p: crate::PrefillPrecision) -> Result<()> {
         check_precision(p)?;
         let hf = self.vision.is_some();

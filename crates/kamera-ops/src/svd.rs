@@ -74,46 +74,16 @@ impl Svd {
     /// triangle) rather than through the Gram matrix of a Gram matrix, whose f32 condition would
     /// be squared. Eigenvalues rounded below 0 are taken as 0.
     pub fn compute_psd(m: &Mat) -> Result<Svd> {
-        let (rows, cols) = (m.rows(), m.cols());
-        let failed = Error::Svd {
-            op: "Svd::compute_psd",
-            rows,
-            cols,
-        };
-        if rows != cols {
-            return Err(crate::error::shape(
-                "Svd::compute_psd",
-                "columns of a square matrix",
-                rows,
-                cols,
-            ));
+        const OP: &str = "Svd::compute_psd";
+        let k = m.rows();
+        if m.cols() != k {
+            return Err(crate::error::shape(OP, "columns of a square matrix", k, m.cols()));
         }
         let data = m.to_f32_vec();
-        if data.iter().any(|x| !x.is_finite()) {
-            return Err(failed);
-        }
-        let k = rows;
-        let a = faer::Mat::<f32>::from_fn(k, k, |i, j| data[i * k + j]);
-        let eig = a.self_adjoint_eigen(faer::Side::Lower).map_err(|_| failed.clone())?;
+        let eig = symmetric_eigen(OP, k, k, faer::Mat::<f32>::from_fn(k, k, |i, j| data[i * k + j]), &data)?;
         let (e, values) = (eig.U(), eig.S().column_vector());
-        let mut order: Vec<usize> = (0..k).collect();
-        order.sort_by(|&x, &y| values[y].total_cmp(&values[x]));
-        let singular: Vec<f32> = order.iter().map(|&j| values[j].max(0.0)).collect();
-        let mut us = vec![0.0f32; k * k];
-        let mut vt = vec![0.0f32; k * k];
-        for (jj, &j) in order.iter().enumerate() {
-            for i in 0..k {
-                us[i * k + jj] = e[(i, j)] * singular[jj];
-                vt[jj * k + i] = e[(i, j)];
-            }
-        }
-        Ok(Svd {
-            rows,
-            cols,
-            us,
-            vt,
-            singular,
-        })
+        let lambda: Vec<f64> = (0..k).map(|j| values[j].max(0.0) as f64).collect();
+        Svd::from_directions(OP, k, k, &lambda, |i, j| e[(i, j)] * lambda[j] as f32, |c, j| e[(c, j)])
     }
 
     /// Decomposes a row-major `rows x cols` matrix through the eigendecomposition of its Gram
@@ -124,76 +94,74 @@ impl Svd {
     /// zero factors. About half the time of a bidiagonal SVD at the shapes patches take
     /// (100-400 tokens x 128-192 features).
     fn of_rows(rows: usize, cols: usize, data: &[f32]) -> Result<Svd> {
-        let k = rows.min(cols);
-        let failed = Error::Svd {
-            op: "Svd::compute",
-            rows,
-            cols,
-        };
-        if k == 0 {
-            return Ok(Svd {
-                rows,
-                cols,
-                us: vec![],
-                vt: vec![],
-                singular: vec![],
-            });
-        }
-        if data.iter().any(|x| !x.is_finite()) {
-            return Err(failed);
+        const OP: &str = "Svd::compute";
+        if rows.min(cols) == 0 {
+            return Svd::from_directions(OP, rows, cols, &[], |_, _| 0.0, |_, _| 0.0);
         }
         let a = faer::Mat::<f32>::from_fn(rows, cols, |i, j| data[i * cols + j]);
         let tall = rows >= cols;
         // The Gram matrix on the small side and its eigenvectors (k x k).
         let gram = if tall { a.transpose() * &a } else { &a * a.transpose() };
-        let eig = gram.self_adjoint_eigen(faer::Side::Lower).map_err(|_| failed.clone())?;
+        let eig = symmetric_eigen(OP, rows, cols, gram, data)?;
         let e = eig.U();
         // The other side's factor, unnormalised: A e_j (tall: σ_j u_j) or Aᵀ e_j (wide: σ_j v_j).
         let other = if tall { &a * e } else { a.transpose() * e };
-        let norm = |j: usize| {
-            (0..other.nrows())
-                .map(|i| (other[(i, j)] as f64).powi(2))
-                .sum::<f64>()
-                .sqrt()
-        };
-        let sigma: Vec<f64> = (0..k).map(norm).collect();
+        let sigma: Vec<f64> = (0..e.ncols())
+            .map(|j| {
+                (0..other.nrows())
+                    .map(|i| (other[(i, j)] as f64).powi(2))
+                    .sum::<f64>()
+                    .sqrt()
+            })
+            .collect();
+        if tall {
+            // U Σ = A V; V = the eigenvectors.
+            Svd::from_directions(OP, rows, cols, &sigma, |i, j| other[(i, j)], |c, j| e[(c, j)])
+        } else {
+            // U = the eigenvectors, U Σ = U · ‖Aᵀu‖; V = Aᵀ u / ‖Aᵀu‖ (0 where σ is).
+            let v = |c: usize, j: usize| {
+                if sigma[j] > 0.0 {
+                    (other[(c, j)] as f64 / sigma[j]) as f32
+                } else {
+                    0.0
+                }
+            };
+            Svd::from_directions(OP, rows, cols, &sigma, |i, j| (e[(i, j)] as f64 * sigma[j]) as f32, v)
+        }
+    }
+
+    /// An SVD from its directions in any order: direction j's `sigma[j]`, (U Σ)_ij = `us(i, j)`
+    /// and V_cj = `v(c, j)`; stored by descending σ. A σ that is not finite is an error.
+    fn from_directions(
+        op: &'static str,
+        rows: usize,
+        cols: usize,
+        sigma: &[f64],
+        us: impl Fn(usize, usize) -> f32,
+        v: impl Fn(usize, usize) -> f32,
+    ) -> Result<Svd> {
+        if sigma.iter().any(|x| !x.is_finite()) {
+            return Err(Error::Svd { op, rows, cols });
+        }
+        let k = sigma.len();
         let mut order: Vec<usize> = (0..k).collect();
         order.sort_by(|&x, &y| sigma[y].total_cmp(&sigma[x]));
-        let singular: Vec<f32> = order.iter().map(|&j| sigma[j] as f32).collect();
-        if singular.iter().any(|x| !x.is_finite()) {
-            return Err(failed);
-        }
-        let mut us = vec![0.0f32; rows * k];
-        let mut vt = vec![0.0f32; k * cols];
-        for (jj, &j) in order.iter().enumerate() {
-            if tall {
-                // U Σ = A V; Vᵀ = the eigenvectors.
-                for i in 0..rows {
-                    us[i * k + jj] = other[(i, j)];
-                }
-                for c in 0..cols {
-                    vt[jj * cols + c] = e[(c, j)];
-                }
-            } else {
-                // U = the eigenvectors, U Σ = U · ‖Aᵀu‖; Vᵀ = (Aᵀ u)ᵀ / ‖Aᵀu‖.
-                let s = sigma[j];
-                for i in 0..rows {
-                    us[i * k + jj] = (e[(i, j)] as f64 * s) as f32;
-                }
-                if s > 0.0 {
-                    for c in 0..cols {
-                        vt[jj * cols + c] = (other[(c, j)] as f64 / s) as f32;
-                    }
-                }
-            }
-        }
-        Ok(Svd {
+        let mut out = Svd {
             rows,
             cols,
-            us,
-            vt,
-            singular,
-        })
+            us: vec![0.0f32; rows * k],
+            vt: vec![0.0f32; k * cols],
+            singular: order.iter().map(|&j| sigma[j] as f32).collect(),
+        };
+        for (jj, &j) in order.iter().enumerate() {
+            for i in 0..rows {
+                out.us[i * k + jj] = us(i, j);
+            }
+            for c in 0..cols {
+                out.vt[jj * cols + c] = v(c, j);
+            }
+        }
+        Ok(out)
     }
 
     /// The most directions this decomposition holds.
@@ -221,6 +189,22 @@ impl Svd {
             spectrum: self.singular.clone(),
         })
     }
+}
+
+/// faer's eigendecomposition of the symmetric `m` (its lower triangle), for `op` on a `rows x
+/// cols` input `data` that must be finite.
+fn symmetric_eigen(
+    op: &'static str,
+    rows: usize,
+    cols: usize,
+    m: faer::Mat<f32>,
+    data: &[f32],
+) -> Result<faer::linalg::solvers::SelfAdjointEigen<f32>> {
+    let failed = || Error::Svd { op, rows, cols };
+    if data.iter().any(|x| !x.is_finite()) {
+        return Err(failed());
+    }
+    m.self_adjoint_eigen(faer::Side::Lower).map_err(|_| failed())
 }
 
 /// A rank-m factorisation P Wᵀ of one deficit matrix, with that matrix's full spectrum.

@@ -58,13 +58,13 @@ pub fn quantise_refit_ranges(
     let p = lr.p.to_f32_vec();
     let (sp, pq) = quantise_mat_clipped(&p, (n, m), true, grain[0], max, rows);
     let w = lr.wt.to_f32_vec();
-    let weight = |t: usize| rows.map_or(1.0, |r| r[t] as f64);
     // G = P̂ᵀ R P̂ (m x m), H = P̂ᵀ R P (m x m): the refit is G⁻¹ H Wᵀ. Both products in f64
-    // (G's condition grows as (σ₁/σ_m)²) on faer's kernels.
-    let weighted = faer::Mat::<f64>::from_fn(n, m, |t, j| pq[t * m + j] as f64 * weight(t));
+    // (G's condition grows as (σ₁/σ_m)²) on faer's kernels; R P̂ is P̂ itself without row weights.
     let codes = faer::Mat::<f64>::from_fn(n, m, |t, j| pq[t * m + j] as f64);
     let exact = faer::Mat::<f64>::from_fn(n, m, |t, j| p[t * m + j] as f64);
-    let (gm, hm) = (weighted.transpose() * &codes, weighted.transpose() * &exact);
+    let weighted = rows.map(|r| faer::Mat::<f64>::from_fn(n, m, |t, j| codes[(t, j)] * r[t] as f64));
+    let rp = weighted.as_ref().unwrap_or(&codes);
+    let (gm, hm) = (rp.transpose() * &codes, rp.transpose() * &exact);
     let refit = match solve_spd(gm, &hm) {
         Some(x) => {
             // Wᵀ' = X Wᵀ with X = G⁻¹ H.
