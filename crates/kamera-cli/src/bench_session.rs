@@ -138,6 +138,8 @@ pub struct StepRow {
     pub radix_tokens: usize,
     pub radix_hit: bool,
     pub radix_dropped: usize,
+    /// Tokens of this step no cache holds (`report::Floor`).
+    pub novel_tokens: usize,
     pub question: bool,
     /// The site's true answer, on question steps.
     pub truth: Option<String>,
@@ -350,7 +352,7 @@ pub fn run(a: SessionArgs) -> Result<()> {
     let mut held = HeldBytes::default();
     // The longest sequence either layout sends: the pinned prefix, a full window and a prompt.
     let n_ctx = pinned.len() + a.window + 256;
-    let mut transcript = prefix::AppendLayout::new(pinned, a.window);
+    let mut transcript = prefix::AppendLayout::new(pinned.clone(), a.window);
     let mut rows = Vec::new();
     let mut llama_status: std::result::Result<(), String> = Err("not run: --against-llamacpp not given".into());
     let mut llama_server = None;
@@ -365,6 +367,7 @@ pub fn run(a: SessionArgs) -> Result<()> {
     }
     // The radix layout's last reference (its full re-encode), kept while the request is the same.
     let mut radix_reference: Option<(Vec<u32>, Vec<f32>)> = None;
+    let mut floor = report::Floor::default();
     for (i, (w, page)) in walk.iter().zip(&pages).enumerate() {
         let prompt = match &w.question {
             Some(q) => llm.question_prompt(q, &choices),
@@ -376,6 +379,15 @@ pub fn run(a: SessionArgs) -> Result<()> {
         let question = w.question.as_ref().map(|q| format!("{goal}\n{q}"));
         let k = kamera_step(&mut session, &model, page, a.observe, question.as_deref(), &ptoks)?;
         let (k_ttft, k_deferred) = (k.ttft_ms, k.deferred_ms);
+        // Each piece apart: a text keyed by its tokens, a screenshot by its one key.
+        let read = std::iter::once((pinned.clone(), pinned.len()))
+            .chain(
+                pieces[i]
+                    .iter()
+                    .map(|p| (prefix::keys(std::slice::from_ref(p)), p.tokens().len())),
+            )
+            .collect();
+        let novel_tokens = floor.step(read, window_chunks(&session), &ptoks);
         let peak = held.measure(&session, ptoks.len(), store.as_ref(), kv_per_token)?;
         if a.radix_bytes.is_none() {
             radix.trie.set_budget(peak);
@@ -483,6 +495,7 @@ pub fn run(a: SessionArgs) -> Result<()> {
             radix_tokens,
             radix_hit: change.hit,
             radix_dropped: change.dropped,
+            novel_tokens,
             question: w.question.is_some(),
             truth: w.answer.clone(),
             methods,
@@ -541,6 +554,7 @@ pub fn run(a: SessionArgs) -> Result<()> {
         &rows,
         session.stats(),
         radix.trie.stats,
+        floor,
         memory,
         llama_status,
     );
@@ -594,6 +608,23 @@ fn page_pieces(
         "two distinct screenshots share a radix key (a 31-bit hash collision): rerun with another --seed"
     );
     Ok(out)
+}
+
+/// The chunks in `session`'s window as content keys (their ids) and rows, for [`report::Floor`].
+fn window_chunks(session: &Session) -> Vec<report::Keyed> {
+    session
+        .window_chunks()
+        .into_iter()
+        .map(|id| {
+            let rows = session.chunk_tokens(&id).map_or(0, <[u32]>::len);
+            (
+                id.0.chunks(4)
+                    .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .collect(),
+                rows,
+            )
+        })
+        .collect()
 }
 
 /// Starts llama.cpp's step server on the model's GGUF.

@@ -140,6 +140,70 @@ pub struct MethodSummary {
     pub work_mean_vs_kamera: Option<f64>,
 }
 
+/// The tokens no cache can hold over a session: of each step, the content read for the first
+/// time, counted two ways and the lesser taken — as pieces (the pinned prefix, the page's text
+/// and screenshot, what a prefix cache's request holds; a text past its longest common start
+/// with any text read before, which is all a prefix cache could match of it) and as the chunks in
+/// Kamera's window (a page's blocks that the window reads, its screenshot; a block met but
+/// evicted before it was read is not content the model read) — plus of the prompt what follows
+/// its longest common start with an earlier prompt, at least one token (the next token's logits
+/// need a forward pass in the step's context). An engine caching pages, chunks or prefixes
+/// prefills at least these; their ratio to a method's tokens prefilled bounds what such a cache
+/// could save on it.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Floor {
+    pub tokens: usize,
+    /// Of content read for the first time.
+    pub content_tokens: usize,
+    /// Of prompts.
+    pub prompt_tokens: usize,
+    #[serde(skip)]
+    pieces: Vec<Vec<u32>>,
+    #[serde(skip)]
+    chunks: std::collections::HashSet<Vec<u32>>,
+    #[serde(skip)]
+    prompts: Vec<Vec<u32>>,
+}
+
+/// Content by its key (text tokens, a screenshot's key, a chunk id) and its rows.
+pub type Keyed = (Vec<u32>, usize);
+
+/// Rows of `rows` whose key (`key`, one per row for text, or one for all of a screenshot's)
+/// lies past its longest common start with any key of `seen`, which holds it after.
+fn past_common_start(seen: &mut Vec<Vec<u32>>, key: Vec<u32>, rows: usize) -> usize {
+    let common = seen
+        .iter()
+        .map(|s| s.iter().zip(&key).take_while(|(a, b)| a == b).count())
+        .max()
+        .unwrap_or(0);
+    let novel = rows * (key.len() - common) / key.len().max(1);
+    if common < key.len() {
+        seen.push(key);
+    }
+    novel
+}
+
+impl Floor {
+    /// Counts one step: its content as pieces and as window chunks, then the prompt. Returns
+    /// the step's tokens no cache holds.
+    pub fn step(&mut self, pieces: Vec<Keyed>, chunks: Vec<Keyed>, prompt: &[u32]) -> usize {
+        let as_pieces: usize = pieces
+            .into_iter()
+            .map(|(key, rows)| past_common_start(&mut self.pieces, key, rows))
+            .sum();
+        let as_chunks: usize = chunks
+            .into_iter()
+            .filter_map(|(key, rows)| self.chunks.insert(key).then_some(rows))
+            .sum();
+        let content = as_pieces.min(as_chunks);
+        let prompt_novel = past_common_start(&mut self.prompts, prompt.to_vec(), prompt.len()).max(1);
+        self.content_tokens += content;
+        self.prompt_tokens += prompt_novel;
+        self.tokens += content + prompt_novel;
+        content + prompt_novel
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Summary {
     pub params: Params,
@@ -152,6 +216,8 @@ pub struct Summary {
     /// The methods and policies on the work/KL Pareto front: none of the others has both less
     /// mean work and less mean KL.
     pub pareto: Vec<&'static str>,
+    /// Tokens no engine can skip over these steps.
+    pub floor: Floor,
     pub memory: Memory,
     pub session: SessionStats,
     pub radix: RadixStats,
@@ -223,6 +289,7 @@ pub fn summarize(
     rows: &[StepRow],
     session: &SessionStats,
     radix: RadixStats,
+    floor: Floor,
     memory: Memory,
     llamacpp: std::result::Result<serde_json::Value, String>,
 ) -> Summary {
@@ -243,6 +310,7 @@ pub fn summarize(
         methods,
         policies,
         pareto,
+        floor,
         memory,
         session: session.clone(),
         radix,
@@ -333,6 +401,25 @@ pub fn markdown(s: &Summary) -> String {
         m,
         "\nWork/KL Pareto front (no other row has both less mean work and less mean KL): {}.",
         s.pareto.join(", ")
+    );
+    let fl = &s.floor;
+    let of = |name: &str| {
+        s.methods
+            .iter()
+            .find(|x| x.name == name)
+            .and_then(|x| x.prefill_tokens)
+            .map_or("-".into(), |t| {
+                format!("{:.2}x {name}'s {t}", fl.tokens as f64 / t.max(1) as f64)
+            })
+    };
+    let _ = writeln!(
+        m,
+        "Tokens no cache holds: {} ({} of content read for the first time, {} of prompts past their common start with an earlier one, at least one a step): an engine caching pages, chunks or prefixes prefills at least these, {} and {}.",
+        fl.tokens,
+        fl.content_tokens,
+        fl.prompt_tokens,
+        of(METHODS[1]),
+        of(METHODS[0]),
     );
     let c = &s.session;
     let _ = writeln!(

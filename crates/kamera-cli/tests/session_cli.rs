@@ -97,8 +97,44 @@ fn bench_session_reports_every_method_and_the_front() {
         .collect();
     assert_eq!(got, want);
     assert!(!got.is_empty());
+    // The floor: the steps' novel tokens add up to it, and no method prefills fewer, on any
+    // step (a cache cannot hold what it never met) or over the walk.
+    let floor = s["floor"]["tokens"].as_u64().unwrap();
+    let steps = j["steps"].as_array().unwrap();
+    assert_eq!(
+        steps.iter().map(|r| r["novel_tokens"].as_u64().unwrap()).sum::<u64>(),
+        floor
+    );
+    assert_eq!(
+        floor,
+        s["floor"]["content_tokens"].as_u64().unwrap() + s["floor"]["prompt_tokens"].as_u64().unwrap()
+    );
+    assert!(
+        s["floor"]["content_tokens"].as_u64().unwrap() > 0,
+        "the walk meets pages"
+    );
+    for m in &methods[..3] {
+        let t = m["prefill_tokens"].as_u64().unwrap();
+        assert!(
+            t >= floor,
+            "{} prefilled {t} tokens, below the floor {floor}",
+            m["name"]
+        );
+    }
+    for row in steps {
+        let novel = row["novel_tokens"].as_u64().unwrap();
+        for n in ["kamera", "radix-cache", "full-reprefill"] {
+            let t = row["methods"][n]["prefill_tokens"].as_u64().unwrap();
+            assert!(
+                t >= novel,
+                "step {}: {n} prefilled {t} < {novel} novel tokens",
+                row["step"]
+            );
+        }
+    }
     let md = std::fs::read_to_string(dir.path().join("session.md")).unwrap();
     assert!(md.contains("Pareto front"), "{md}");
+    assert!(md.contains("Tokens no cache holds"), "{md}");
     assert!(md.contains("| kamera@kl1 |"), "{md}");
 }
 
