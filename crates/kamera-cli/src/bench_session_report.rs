@@ -204,6 +204,42 @@ impl Floor {
     }
 }
 
+/// The steps of one kind of Kamera visit (hit, new, recall; a question's apart): the floor's
+/// tokens and, for Kamera and the radix cache, tokens prefilled and total work, so a reader sees
+/// where each spends beyond the floor.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct VisitKind {
+    pub visit: String,
+    pub steps: usize,
+    pub floor_tokens: usize,
+    pub kamera_tokens: usize,
+    pub radix_tokens: usize,
+    pub kamera_work_ms: f64,
+    pub radix_work_ms: f64,
+}
+
+fn by_visit(rows: &[StepRow]) -> Vec<VisitKind> {
+    let mut kinds: std::collections::BTreeMap<String, VisitKind> = Default::default();
+    for r in rows {
+        let visit = format!("{}{}", r.visit, if r.question { ", question" } else { "" });
+        let k = kinds.entry(visit.clone()).or_insert_with(|| VisitKind {
+            visit,
+            ..VisitKind::default()
+        });
+        k.steps += 1;
+        k.floor_tokens += r.novel_tokens;
+        if let Some(m) = r.methods.get(METHODS[0]) {
+            k.kamera_tokens += m.prefill_tokens.unwrap_or(0);
+            k.kamera_work_ms += m.work_ms;
+        }
+        if let Some(m) = r.methods.get(METHODS[1]) {
+            k.radix_tokens += m.prefill_tokens.unwrap_or(0);
+            k.radix_work_ms += m.work_ms;
+        }
+    }
+    kinds.into_values().collect()
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Summary {
     pub params: Params,
@@ -218,6 +254,8 @@ pub struct Summary {
     pub pareto: Vec<&'static str>,
     /// Tokens no engine can skip over these steps.
     pub floor: Floor,
+    /// The floor, Kamera's and the radix cache's tokens and work by kind of visit.
+    pub by_visit: Vec<VisitKind>,
     pub memory: Memory,
     pub session: SessionStats,
     pub radix: RadixStats,
@@ -311,6 +349,7 @@ pub fn summarize(
         policies,
         pareto,
         floor,
+        by_visit: by_visit(rows),
         memory,
         session: session.clone(),
         radix,
@@ -421,6 +460,18 @@ pub fn markdown(s: &Summary) -> String {
         of(METHODS[1]),
         of(METHODS[0]),
     );
+    let _ = writeln!(
+        m,
+        "\n| Kamera's visit | steps | floor tokens | kamera tokens | radix-cache tokens | kamera work | radix-cache work |\n|---|---:|---:|---:|---:|---:|---:|"
+    );
+    for k in &s.by_visit {
+        let _ = writeln!(
+            m,
+            "| {} | {} | {} | {} | {} | {:.0} ms | {:.0} ms |",
+            k.visit, k.steps, k.floor_tokens, k.kamera_tokens, k.radix_tokens, k.kamera_work_ms, k.radix_work_ms
+        );
+    }
+    let _ = writeln!(m);
     let c = &s.session;
     let _ = writeln!(
         m,

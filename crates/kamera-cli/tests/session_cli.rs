@@ -132,6 +132,13 @@ fn bench_session_reports_every_method_and_the_front() {
             );
         }
     }
+    // The kinds of visit partition the steps, their floor and each method's tokens.
+    let kinds = s["by_visit"].as_array().unwrap();
+    let total = |f: &str| kinds.iter().map(|k| k[f].as_u64().unwrap()).sum::<u64>();
+    assert_eq!(total("steps"), 8);
+    assert_eq!(total("floor_tokens"), floor);
+    assert_eq!(total("kamera_tokens"), methods[0]["prefill_tokens"].as_u64().unwrap());
+    assert_eq!(total("radix_tokens"), methods[1]["prefill_tokens"].as_u64().unwrap());
     let md = std::fs::read_to_string(dir.path().join("session.md")).unwrap();
     assert!(md.contains("Pareto front"), "{md}");
     assert!(md.contains("Tokens no cache holds"), "{md}");
