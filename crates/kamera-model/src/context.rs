@@ -415,6 +415,24 @@ impl Context {
         self.rows_chunk(0, self.len)
     }
 
+    /// The whole context as one chunk, each layer's buffers freed once its rows are copied out
+    /// (a long prefill's end: [`crate::Model::prefill`] in slices), so at most one layer is held
+    /// twice.
+    pub(crate) fn into_chunk(mut self) -> Result<ChunkKv> {
+        if self.len == 0 {
+            return self.rows_chunk(0, 0);
+        }
+        let start = self.offset + self.shift_at(0);
+        let mut layers = Vec::with_capacity(self.layout.n_layers);
+        for (k, v) in std::mem::take(&mut self.layers) {
+            layers.push(LayerKv {
+                k: rows_first(&k.narrow(1, 0, self.len).ctx(OP)?)?,
+                v: rows_first(&v.narrow(1, 0, self.len).ctx(OP)?)?,
+            });
+        }
+        ChunkKv::new(self.layout, start, layers).ops("Context::into_chunk")
+    }
+
     /// Rows `start..start + n` copied out as one chunk at the rotary position of row `start`
     /// ([`Context::offset`] + `start`, shifted past any spanned chunk before it), so a prefix
     /// cache can keep a run of tokens' KV this way and push it back with [`Context::push`] (or
@@ -426,17 +444,6 @@ impl Context {
                 detail: format!("rows {start}..{start}+{n} of a context holding {}", self.len),
             });
         }
-        let rows_first = |t: &Tensor| -> Result<Mat> {
-            let (g, n, w) = t.dims3().ctx(OP)?;
-            tensor_to_mat(
-                &t.transpose(0, 1)
-                    .ctx(OP)?
-                    .contiguous()
-                    .ctx(OP)?
-                    .reshape((n, g * w))
-                    .ctx(OP)?,
-            )
-        };
         let mut layers = Vec::with_capacity(self.layout.n_layers);
         for l in 0..self.layout.n_layers {
             let rows = match self.layers.get(l) {
@@ -454,6 +461,19 @@ impl Context {
         }
         ChunkKv::new(self.layout, self.offset + start as i64 + self.shift_at(start), layers).ops("Context::rows_chunk")
     }
+}
+
+/// A head-first `[groups, rows, width]` K or V as a rows-first `[rows, groups·width]` matrix.
+fn rows_first(t: &Tensor) -> Result<Mat> {
+    let (g, n, w) = t.dims3().ctx(OP)?;
+    tensor_to_mat(
+        &t.transpose(0, 1)
+            .ctx(OP)?
+            .contiguous()
+            .ctx(OP)?
+            .reshape((n, g * w))
+            .ctx(OP)?,
+    )
 }
 
 /// A `[rows, cols]` f32 tensor as a kamera-ops matrix.

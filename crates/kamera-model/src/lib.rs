@@ -53,7 +53,7 @@ pub use gguf::Gguf;
 pub use golden::{Golden, GoldenCase, GoldenScore, bucketed_kl};
 pub use hf::SafeDir;
 pub use kamera_ops::{ChunkKv, KvLayout, PairLayout, Patch, Placement, RopeSpec};
-pub use model::{Input, Model, Prefill, PrefillOptions};
+pub use model::{Input, Model, PREFILL_SLICE, Prefill, PrefillOptions};
 pub use probe::{LayerProbe, Probe};
 pub use quant::{DecodePrecision, PrefillPrecision};
 pub use selective::{Selection, Selective};

@@ -38,6 +38,22 @@ pub struct PrefillOptions {
     pub all_logits: bool,
 }
 
+/// Tokens a long prefill runs at once (llama.cpp's default `n_ubatch`): a prefill of more tokens
+/// after nothing ([`Model::prefill`] on an empty context) runs in slices of this many, each
+/// written into one context and attending to the rows before it, so its activations are one
+/// slice's, not the whole input's. The math is the same as one pass (each token attends to the
+/// same rows); only the order of the products' sums may differ.
+pub const PREFILL_SLICE: usize = 512;
+
+/// What [`Model::extend_embedded`] returns besides writing the context.
+#[derive(Clone, Copy)]
+struct Keep {
+    /// The last row's logits.
+    logits: bool,
+    /// The new rows' K/V as a chunk (a copy of what the context holds).
+    chunk: bool,
+}
+
 /// Result of a prefill.
 #[derive(Debug, Clone)]
 pub struct Prefill {
@@ -297,6 +313,9 @@ impl Model {
                 detail: "empty input".into(),
             });
         }
+        if n > PREFILL_SLICE && context.is_empty() && mrope.is_none() && !opts.all_logits {
+            return self.prefill_in_slices(x, start_pos);
+        }
         if mrope.is_some_and(|p| p.len() != n) {
             return Err(Error::Shape {
                 op: OP,
@@ -392,10 +411,65 @@ impl Model {
         crate::team::on_pool(|| self.extend_rows(input, rotary, context))
     }
 
+    /// [`Model::forward`] of more than [`PREFILL_SLICE`] embedded rows `x` after nothing, at
+    /// `start..`: the slices extend one context in turn, which then becomes the chunk.
+    fn prefill_in_slices(&self, x: Tensor, start: i64) -> Result<Prefill> {
+        const OP: &str = "Model::prefill";
+        let n = x.dim(0).ctx(OP)?;
+        let mut context = Context::empty(self.layout, start);
+        context.reserve(n)?;
+        let mut logits = Vec::new();
+        for s in (0..n).step_by(PREFILL_SLICE) {
+            let m = PREFILL_SLICE.min(n - s);
+            let last = s + m == n;
+            let slice = x.narrow(0, s, m).ctx(OP)?;
+            let (l, _) = self.extend_embedded(
+                slice,
+                None,
+                &mut context,
+                Keep {
+                    logits: last,
+                    chunk: false,
+                },
+            )?;
+            logits = l;
+        }
+        Ok(Prefill {
+            logits,
+            all_logits: None,
+            chunk: context.into_chunk()?,
+        })
+    }
+
     /// [`Model::extend_with`] for more than one row, on a pool worker.
     fn extend_rows(&self, input: Input<'_>, rotary: Option<&[[i64; 3]]>, context: &mut Context) -> Result<Prefill> {
+        let x = self.embed(input)?;
+        let (logits, chunk) = self.extend_embedded(
+            x,
+            rotary,
+            context,
+            Keep {
+                logits: true,
+                chunk: true,
+            },
+        )?;
+        Ok(Prefill {
+            logits,
+            all_logits: None,
+            chunk: chunk.expect("kept"),
+        })
+    }
+
+    /// Appends embedded rows `x` to `context` in place; returns the last row's logits and the
+    /// new rows' K/V as a chunk, each where `keep` asks for it (empty otherwise).
+    fn extend_embedded(
+        &self,
+        mut x: Tensor,
+        rotary: Option<&[[i64; 3]]>,
+        context: &mut Context,
+        keep: Keep,
+    ) -> Result<(Vec<f32>, Option<ChunkKv>)> {
         const OP: &str = "Model::extend";
-        let mut x = self.embed(input)?;
         let n = x.dim(0).ctx(OP)?;
         if n == 0 {
             return Err(Error::Invalid {
@@ -430,19 +504,25 @@ impl Model {
             let (q, k, v) = project_qkv(&self.cfg, w, l, &self.rope, &x, &positions, mrope)?;
             let (kh, vh) = context.write(l, &k, &v)?;
             x = attend_and_mlp(&self.cfg, w, &x, &q, (&kh, &vh), &positions, &k_pos, window)?;
-            layers.push(LayerKv {
-                k: tensor_to_mat(&k)?,
-                v: tensor_to_mat(&v)?,
-            });
+            if keep.chunk {
+                layers.push(LayerKv {
+                    k: tensor_to_mat(&k)?,
+                    v: tensor_to_mat(&v)?,
+                });
+            }
         }
-        let (logits, all_logits) = self.logits(&x, PrefillOptions::default())?;
-        let chunk = ChunkKv::new(self.layout, chunk_start, layers).ops(OP)?;
+        let logits = if keep.logits {
+            self.logits(&x, PrefillOptions::default())?.0
+        } else {
+            Vec::new()
+        };
+        let chunk = if keep.chunk {
+            Some(ChunkKv::new(self.layout, chunk_start, layers).ops(OP)?)
+        } else {
+            None
+        };
         context.commit(n);
-        Ok(Prefill {
-            logits,
-            all_logits,
-            chunk,
-        })
+        Ok((logits, chunk))
     }
 
     /// The input row of a one-token input (decode), `None` for more tokens.

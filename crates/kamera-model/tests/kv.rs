@@ -239,6 +239,59 @@ fn cached_decode_matches_full_prefill_qwen25() -> Result<()> {
     Ok(())
 }
 
+/// A prefill longer than [`kamera_model::PREFILL_SLICE`] after nothing runs in slices into one
+/// context: its logits and K/V are one pass's (the first token prefilled alone, the rest in one
+/// pass after it), with Gemma's sliding window (512 keys) crossing the slices' borders.
+fn long_prefill_in_slices(name: ModelName) -> Result<()> {
+    let m = common::load(name)?;
+    let mut seq = Vec::new();
+    for i in 0.. {
+        seq.extend(toks(&m, &format!("Line {i}: {}", [A, B, C][i % 3]))?);
+        if seq.len() > 2 * kamera_model::PREFILL_SLICE + 100 {
+            break;
+        }
+    }
+    let sliced = m.prefill(&seq, 0, &m.empty_context())?;
+    let first = m.prefill(&seq[..1], 0, &m.empty_context())?;
+    let rest = m.prefill(&seq[1..], 1, &Context::from_chunk(&first.chunk)?)?;
+    let kl = common::kl(&rest.logits, &sliced.logits);
+    let mut one_pass = Context::from_chunk(&first.chunk)?;
+    one_pass.push(&rest.chunk)?;
+    let (ek, ev) = max_kv_err(&one_pass.to_chunk()?, &sliced.chunk);
+    // Relative to the largest K and V (Gemma's keys reach ~90; 1.8e-4 of it measured there).
+    let largest = |f: fn(&LayerKv) -> &Mat| {
+        sliced
+            .chunk
+            .layers()
+            .iter()
+            .map(|l| f(l).to_f32_vec().iter().fold(0f32, |a, x| a.max(x.abs())))
+            .fold(0f32, f32::max)
+    };
+    let (ek, ev) = (ek / largest(|l| &l.k), ev / largest(|l| &l.v));
+    eprintln!(
+        "{name}: {} tokens in slices vs one pass: KL {kl:.2e}, max |dK| {ek:.2e}, max |dV| {ev:.2e} of the largest",
+        seq.len()
+    );
+    anyhow::ensure!(sliced.chunk.n_tokens() == seq.len() && sliced.chunk.offset() == 0);
+    anyhow::ensure!(kl < 1e-5, "{name}: KL {kl:.3e} of the sliced prefill to one pass");
+    anyhow::ensure!(common::argmax(&rest.logits) == common::argmax(&sliced.logits));
+    anyhow::ensure!(
+        ek < 1e-3 && ev < 1e-3,
+        "{name}: K/V of the sliced prefill: {ek} {ev} of the largest"
+    );
+    Ok(())
+}
+
+#[test]
+fn long_prefill_in_slices_smollm2() -> Result<()> {
+    long_prefill_in_slices(ModelName::Smollm2_135m)
+}
+
+#[test]
+fn long_prefill_in_slices_gemma3() -> Result<()> {
+    long_prefill_in_slices(ModelName::Gemma3_270m)
+}
+
 /// `Model::extend` appends in place: token by token (across the buffers' first growth at 256
 /// rows) it gives the logits and K/V of one full prefill, and two clones of a context extended
 /// with different tokens do not disturb each other.
