@@ -133,6 +133,9 @@ pub struct Window {
     /// own evidence of how often a formed patch is used again.
     formed: u64,
     reused: u64,
+    /// Recall placements by their patch key (the chunk, what precedes it, where): how often each
+    /// context has occurred in this window, the evidence that it recurs.
+    contexts: BTreeMap<Key, u32>,
     clock: u64,
 }
 
@@ -153,6 +156,7 @@ impl Window {
             canonical: BTreeSet::new(),
             formed: 0,
             reused: 0,
+            contexts: BTreeMap::new(),
             clock: 0,
         }
     }

@@ -350,6 +350,30 @@ fn recall_after_a_changed_context_gets_a_new_patch_and_reprefills_when_not_worth
     );
 }
 
+/// A recall context that has occurred before is evidence it recurs: with a prior of no reuse,
+/// the first recall into [a, c] prefills in place, the second (the same context again) forms
+/// the patch, the third is served from it.
+#[test]
+fn a_recurring_recall_context_gets_its_patch() {
+    let mut synth = Synth::new();
+    let (a, b, c) = (synth.chunk(1, 5), synth.chunk(2, 6), synth.chunk(3, 7));
+    let mut ex = executor(synth);
+    let mut w = window(100, 0.0);
+    for (id, n) in [(a, 5), (b, 6), (c, 7)] {
+        ex.run_now(&w.insert(id, n).unwrap()).unwrap();
+    }
+    for want in [Choice::Reprefill, Choice::FormPatch, Choice::CachedPatch] {
+        ex.run_now(&w.evict(&b).unwrap()).unwrap();
+        let plan = w.recall(b).unwrap();
+        assert_eq!(plan.decisions[0].choice, want, "{plan}");
+        ex.run_now(&plan).unwrap();
+        let got = ex.window_kv().unwrap().unwrap();
+        let err = max_diff(&got, &ex.encoder().full(&[a, c, b]));
+        assert!(err < 1e-4, "{want:?}: the recalled window differs by {err}");
+    }
+    assert_eq!(ex.stats.patches_formed, 1);
+}
+
 #[test]
 fn orbit_patches_are_formed_once_per_set_and_serve_other_orders() {
     let mut synth = Synth::new();

@@ -259,7 +259,8 @@ impl Window {
             self.patches.insert(key);
         }
         let d = if self.canonical.contains(&id) || stored(&Key::canonical(self.cfg.model, id)) {
-            self.cfg.cost.recall(id, n, at as usize, cached, self.expected_reuses())
+            let reuses = self.recall_reuses(key);
+            self.cfg.cost.recall(id, n, at as usize, cached, reuses)
         } else {
             // Its KV was never kept: it left the window before the model read it (a rebuild
             // dropped the plans that would have kept it, [`Window::rebuild`]).

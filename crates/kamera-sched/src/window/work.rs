@@ -37,6 +37,18 @@ impl Window {
         (self.reused as f64 + PRIOR_WEIGHT * self.cfg.cost.expected_reuses) / (self.formed as f64 + PRIOR_WEIGHT)
     }
 
+    /// Predicted further uses of a patch for the recall context `key`, which this call counts as
+    /// occurring once more: the window's record ([`Window::expected_reuses`]), or, where this
+    /// very context has occurred before, at least as many times again as it has (a walk that
+    /// cycles through the same layouts: the record lags a cycle behind, since a patch formed at
+    /// a context's first occurrence is used only when it recurs).
+    pub(super) fn recall_reuses(&mut self, key: Key) -> f64 {
+        let seen = self.contexts.entry(key).or_insert(0);
+        let before = *seen;
+        *seen += 1;
+        self.expected_reuses().max(f64::from(before))
+    }
+
     /// Keeps the canonical record of every resident chunk that has none (before the session
     /// ends: a later session then places them from the store without a forward pass).
     pub fn keep_resident(&mut self) -> Plan {
