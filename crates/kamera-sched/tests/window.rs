@@ -318,8 +318,9 @@ fn recall_forms_a_patch_once_and_restores_the_conditioned_kv() {
     assert!(max_diff(&blind, &exact_c) > 1e-2);
 }
 
-#[test]
-fn recall_after_a_changed_context_gets_a_new_patch_and_reprefills_when_not_worth_it() {
+/// Chunks a (5 tokens), b (6), c (7) inserted in that order into a window whose cost model
+/// expects no patch to be reused, and the executor holding them.
+fn three_chunks_no_reuse() -> (Executor<Synth, MemStore>, Window, [ChunkId; 3]) {
     let mut synth = Synth::new();
     let (a, b, c) = (synth.chunk(1, 5), synth.chunk(2, 6), synth.chunk(3, 7));
     let mut ex = executor(synth);
@@ -327,6 +328,12 @@ fn recall_after_a_changed_context_gets_a_new_patch_and_reprefills_when_not_worth
     for (id, n) in [(a, 5), (b, 6), (c, 7)] {
         ex.run_now(&w.insert(id, n).unwrap()).unwrap();
     }
+    (ex, w, [a, b, c])
+}
+
+#[test]
+fn recall_after_a_changed_context_gets_a_new_patch_and_reprefills_when_not_worth_it() {
+    let (mut ex, mut w, [a, b, c]) = three_chunks_no_reuse();
     ex.run_now(&w.evict(&b).unwrap()).unwrap();
     let plan = w.recall(b).unwrap();
     assert_eq!(plan.decisions[0].choice, Choice::Reprefill, "{plan}");
@@ -355,13 +362,7 @@ fn recall_after_a_changed_context_gets_a_new_patch_and_reprefills_when_not_worth
 /// the patch, the third is served from it.
 #[test]
 fn a_recurring_recall_context_gets_its_patch() {
-    let mut synth = Synth::new();
-    let (a, b, c) = (synth.chunk(1, 5), synth.chunk(2, 6), synth.chunk(3, 7));
-    let mut ex = executor(synth);
-    let mut w = window(100, 0.0);
-    for (id, n) in [(a, 5), (b, 6), (c, 7)] {
-        ex.run_now(&w.insert(id, n).unwrap()).unwrap();
-    }
+    let (mut ex, mut w, [a, b, c]) = three_chunks_no_reuse();
     for want in [Choice::Reprefill, Choice::FormPatch, Choice::CachedPatch] {
         ex.run_now(&w.evict(&b).unwrap()).unwrap();
         let plan = w.recall(b).unwrap();
