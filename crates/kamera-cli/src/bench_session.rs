@@ -610,20 +610,12 @@ fn page_pieces(
     Ok(out)
 }
 
-/// The chunks in `session`'s window as content keys (their ids) and rows, for [`report::Floor`].
-fn window_chunks(session: &Session) -> Vec<report::Keyed> {
+/// The chunks in `session`'s window and their rows, for [`report::Floor`].
+fn window_chunks(session: &Session) -> Vec<(kamera_store::ChunkId, usize)> {
     session
         .window_chunks()
         .into_iter()
-        .map(|id| {
-            let rows = session.chunk_tokens(&id).map_or(0, <[u32]>::len);
-            (
-                id.0.chunks(4)
-                    .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                    .collect(),
-                rows,
-            )
-        })
+        .map(|id| (id, session.chunk_tokens(&id).map_or(0, <[u32]>::len)))
         .collect()
 }
 

@@ -160,12 +160,12 @@ pub struct Floor {
     #[serde(skip)]
     pieces: Vec<Vec<u32>>,
     #[serde(skip)]
-    chunks: std::collections::HashSet<Vec<u32>>,
+    chunks: std::collections::HashSet<kamera_store::ChunkId>,
     #[serde(skip)]
     prompts: Vec<Vec<u32>>,
 }
 
-/// Content by its key (text tokens, a screenshot's key, a chunk id) and its rows.
+/// A piece by its key (text tokens, or a screenshot's one key) and its rows.
 pub type Keyed = (Vec<u32>, usize);
 
 /// Rows of `rows` whose key (`key`, one per row for text, or one for all of a screenshot's)
@@ -186,7 +186,7 @@ fn past_common_start(seen: &mut Vec<Vec<u32>>, key: Vec<u32>, rows: usize) -> us
 impl Floor {
     /// Counts one step: its content as pieces and as window chunks, then the prompt. Returns
     /// the step's tokens no cache holds.
-    pub fn step(&mut self, pieces: Vec<Keyed>, chunks: Vec<Keyed>, prompt: &[u32]) -> usize {
+    pub fn step(&mut self, pieces: Vec<Keyed>, chunks: Vec<(kamera_store::ChunkId, usize)>, prompt: &[u32]) -> usize {
         let as_pieces: usize = pieces
             .into_iter()
             .map(|(key, rows)| past_common_start(&mut self.pieces, key, rows))

@@ -129,11 +129,12 @@ pub(crate) fn attend_and_mlp(
     (x + m).ctx(OP)
 }
 
-/// Rows the gated MLP takes at a time. Its two `[rows, ffn]` intermediates are a long prefill's
-/// largest buffers (Qwen2.5 at 2048 rows: 80 MB, against 48 MB for the whole KV), so a longer
-/// input goes through in blocks of this many rows, llama.cpp's default micro-batch; each row's
-/// arithmetic is the same (the rows of a product are independent).
-const MLP_ROWS: usize = 512;
+/// Rows the gated MLP takes at a time: the micro-batch of a long prefill
+/// ([`crate::PREFILL_SLICE`]), here for the inputs that are not sliced (an extend, a prefill
+/// after a context). Its two `[rows, ffn]` intermediates are a long input's largest buffers
+/// (Qwen2.5 at 2048 rows: 80 MB, against 48 MB for the whole KV); each row's arithmetic is the
+/// same (the rows of a product are independent).
+const MLP_ROWS: usize = crate::PREFILL_SLICE;
 
 /// `down(act(gate(h)) · up(h))` over the rows of `h: [n, hidden]`, [`MLP_ROWS`] at a time.
 fn mlp(cfg: &Config, w: &LayerWeights, h: &Tensor) -> Result<Tensor> {

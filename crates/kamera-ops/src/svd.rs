@@ -80,7 +80,8 @@ impl Svd {
             return Err(crate::error::shape(OP, "columns of a square matrix", k, m.cols()));
         }
         let data = m.to_f32_vec();
-        let eig = symmetric_eigen(OP, k, k, faer::Mat::<f32>::from_fn(k, k, |i, j| data[i * k + j]), &data)?;
+        finite(OP, k, k, &data)?;
+        let eig = symmetric_eigen(OP, k, k, faer::Mat::<f32>::from_fn(k, k, |i, j| data[i * k + j]))?;
         let (e, values) = (eig.U(), eig.S().column_vector());
         let lambda: Vec<f64> = (0..k).map(|j| values[j].max(0.0) as f64).collect();
         Svd::from_directions(OP, k, k, &lambda, |i, j| e[(i, j)] * lambda[j] as f32, |c, j| e[(c, j)])
@@ -98,11 +99,12 @@ impl Svd {
         if rows.min(cols) == 0 {
             return Svd::from_directions(OP, rows, cols, &[], |_, _| 0.0, |_, _| 0.0);
         }
+        finite(OP, rows, cols, data)?;
         let a = faer::Mat::<f32>::from_fn(rows, cols, |i, j| data[i * cols + j]);
         let tall = rows >= cols;
         // The Gram matrix on the small side and its eigenvectors (k x k).
         let gram = if tall { a.transpose() * &a } else { &a * a.transpose() };
-        let eig = symmetric_eigen(OP, rows, cols, gram, data)?;
+        let eig = symmetric_eigen(OP, rows, cols, gram)?;
         let e = eig.U();
         // The other side's factor, unnormalised: A e_j (tall: σ_j u_j) or Aᵀ e_j (wide: σ_j v_j).
         let other = if tall { &a * e } else { a.transpose() * e };
@@ -191,20 +193,26 @@ impl Svd {
     }
 }
 
+/// An error for `op` on the `rows x cols` input `data` unless every value is finite (checked
+/// before any product is formed from it).
+fn finite(op: &'static str, rows: usize, cols: usize, data: &[f32]) -> Result<()> {
+    if data.iter().all(|x| x.is_finite()) {
+        Ok(())
+    } else {
+        Err(Error::Svd { op, rows, cols })
+    }
+}
+
 /// faer's eigendecomposition of the symmetric `m` (its lower triangle), for `op` on a `rows x
-/// cols` input `data` that must be finite.
+/// cols` input.
 fn symmetric_eigen(
     op: &'static str,
     rows: usize,
     cols: usize,
     m: faer::Mat<f32>,
-    data: &[f32],
 ) -> Result<faer::linalg::solvers::SelfAdjointEigen<f32>> {
-    let failed = || Error::Svd { op, rows, cols };
-    if data.iter().any(|x| !x.is_finite()) {
-        return Err(failed());
-    }
-    m.self_adjoint_eigen(faer::Side::Lower).map_err(|_| failed())
+    m.self_adjoint_eigen(faer::Side::Lower)
+        .map_err(|_| Error::Svd { op, rows, cols })
 }
 
 /// A rank-m factorisation P Wᵀ of one deficit matrix, with that matrix's full spectrum.
